@@ -1,0 +1,40 @@
+// launch() for the host profile. Included by accel/primitives.hpp.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+
+#include <tutti/accel/host_shim.hpp>
+#include <tutti/core/status.hpp>
+
+namespace tutti::accel {
+
+/// Runs `kernel(ThreadIndex)` once for every logical thread of `config` and returns when all have
+/// returned (a launch on the host is synchronous: stream order holds trivially).
+/// Execution model: blocks run concurrently on the shared HostThreadPool (the caller takes part);
+/// the threads of one block run one after the other in increasing thread index on one host thread.
+/// So a kernel must not wait for a later thread of its own block (it would wait until its time
+/// budget runs out) and must not use block barriers; warp-cooperative code runs lane by lane.
+/// Errors: INVALID_ARGUMENT when blocks or threads_per_block is 0; INTERNAL when the kernel threw
+/// (kernels must not throw). Thread-safety: may be called from many threads at once.
+template <class Kernel>
+Status launch(const LaunchConfig& config, const Kernel& kernel) {
+  if (config.blocks == 0 || config.threads_per_block == 0)
+    return error(StatusCode::INVALID_ARGUMENT, "launch: blocks = {} and threads_per_block = {} must both be >= 1",
+                 config.blocks, config.threads_per_block);
+  const std::function<void(std::uint32_t)> run_block = [&](std::uint32_t block) {
+    for (std::uint32_t t = 0; t < config.threads_per_block; ++t)
+      kernel(ThreadIndex{block, t, config.blocks, config.threads_per_block});
+  };
+  try {
+    shim::HostThreadPool::instance().run(config.blocks, run_block);
+  } catch (const std::exception& e) {
+    return error(StatusCode::INTERNAL, "launch: a kernel threw: {}", e.what());
+  } catch (...) {
+    return error(StatusCode::INTERNAL, "launch: a kernel threw a non-standard exception");
+  }
+  return Status::ok();
+}
+
+}  // namespace tutti::accel

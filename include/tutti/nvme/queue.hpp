@@ -1,0 +1,443 @@
+// NVMe queue ring primitives, usable from host threads now and GPU threads later: slot
+// reservation, SQE write, doorbell coalescing, command identifiers with generations, CQ phase-tag
+// tracking, CQ head doorbell, and completion polling bounded by a time budget in nanoseconds.
+//
+// Written only against tutti/accel/ primitives (no std::atomic, no vendor headers).
+// Spec: NVMe Base Specification 2.0, 3.3.1 "Memory-based Transport Queue Model" (circular queues,
+// full when tail + 1 == head, at most depth - 1 entries outstanding), 4.2 "Completion Queue Entry"
+// (Phase Tag inverts on every pass), 3.3.1.2 "Completion Queue" and NVMe over PCIe Transport 1.0,
+// 3.1.2 (SQyTDBL / CQyHDBL doorbells).
+//
+// Model. A QueuePair is a trivially copyable view of:
+//   - the SQ and CQ rings (owned by the controller driver, libnvm's QueuePairInfo),
+//   - the doorbells and CSTS,
+//   - QueuePairState, per-slot ready words, and the command slot table, in memory every
+//     submitter and reaper can reach (host memory here; device memory for GPU kernels).
+// Submission is ticket based: tickets are 64-bit sequence numbers, slot = ticket % depth.
+//   1. reserve_submission_slots(n): one atomic CAS takes n consecutive tickets, or fails when the
+//      SQ would hold more than depth - 1 unconsumed entries (full: RESOURCE_EXHAUSTED, never blocks);
+//   2. write_submission(ticket, sqe): the SQE is copied into its slot, then the slot's ready word
+//      is set to ticket + 1;
+//   3. ring_submission_doorbell(): whoever wins a try-lock scans forward over consecutive ready
+//      slots and writes the SQ tail doorbell ONCE for the whole run, whichever threads wrote them.
+//      A thread that loses the try-lock leaves; the winner re-checks after unlocking, so the
+//      loser's entry is never stranded (see the proof at the function).
+// Completion: CQEs are reaped by any waiting thread that wins the CQ try-lock; each CQE is routed
+// to its command slot by CID (index | generation << index_bits), and the CQ head doorbell is
+// written once per reaped batch. A CQE whose CID is not in flight with that generation is a stale
+// completion: counted and dropped, never matched to the wrong command.
+// Thread-safety: all functions may be called concurrently by any number of threads on one
+// QueuePair (host threads, or GPU threads in the CUDA profile) unless noted.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <tutti/accel/primitives.hpp>
+#include <tutti/core/status.hpp>
+#include <tutti/nvme/commands.hpp>
+#include <tutti/nvme/registers.hpp>
+
+namespace tutti::nvme {
+
+/// Scope of every queue atomic: system, because the controller (a device, or the soft
+/// controller's host threads) and possibly host and GPU threads share this memory.
+inline constexpr accel::ThreadScope kQueueScope = accel::ThreadScope::system;
+template <class T>
+using QueueAtomic = accel::AtomicRef<T, kQueueScope>;
+
+/// Shared bookkeeping of one queue pair. Zero-initialised means "empty queue"; cq_phase starts
+/// at 1 (init_queue_pair_state). 8-byte aligned; lives where all submitters and reapers reach it.
+struct QueuePairState {
+  std::uint64_t sq_reserved;         ///< next SQ ticket to hand out
+  std::uint64_t sq_head_ticket;      ///< tickets the controller has fetched (from CQE SQ Head Pointer)
+  std::uint64_t sq_doorbell_ticket;  ///< tickets announced through the SQ tail doorbell
+  std::uint32_t sq_doorbell_lock;    ///< 0 free, 1 held (try-lock only)
+  std::uint32_t cq_lock;             ///< 0 free, 1 held (try-lock only)
+  std::uint32_t cq_head;             ///< next CQ slot to read, 0..depth-1 (under cq_lock)
+  std::uint32_t cq_phase;            ///< expected Phase Tag of the next CQE, 0 or 1 (under cq_lock)
+  std::uint32_t cid_hint;            ///< where CID allocation starts scanning
+  std::uint32_t reserved;
+  std::uint64_t doorbell_writes;     ///< SQ tail doorbell writes (statistics: shows coalescing)
+  std::uint64_t completions_reaped;  ///< CQEs consumed
+  std::uint64_t stale_completions;   ///< CQEs whose CID was not in flight (dropped)
+  std::uint64_t abandoned_completions;  ///< CQEs of commands the waiter gave up on (dropped, CID freed)
+  std::uint64_t invalid_completions;    ///< CQEs with a wrong SQ identifier or impossible SQ head
+};
+
+/// One command slot: the state word and the completion delivered to it. 32 bytes.
+/// state = generation << 2 | CommandState.
+struct alignas(16) CommandSlot {
+  std::uint32_t state;
+  std::uint32_t reserved[3];
+  CompletionQueueEntry completion;
+};
+static_assert(sizeof(CommandSlot) == 32);
+
+/// States of a command slot.
+enum class CommandState : std::uint32_t {
+  free = 0,       ///< CID available
+  in_flight = 1,  ///< CID allocated, completion not yet delivered
+  completed = 2,  ///< completion delivered, waiting for take_completion
+  abandoned = 3,  ///< the waiter gave up; the reaper frees the CID when the completion arrives
+};
+
+/// Outcome of waiting for a completion.
+struct WaitResult {
+  StatusCode status = StatusCode::OK;  ///< OK, TIMEOUT, or DEVICE_ERROR (CSTS.CFS set / device gone)
+  CompletionQueueEntry completion{};   ///< valid when status == OK (its NVMe status may be an error)
+};
+
+/// View of one I/O (or admin) queue pair plus its shared state. Trivially copyable; pass to
+/// kernels by value. Build it with make_queue_pair (or QueuePairStorage on the host).
+struct QueuePair {
+  SubmissionQueueEntry* sq = nullptr;             ///< depth SQEs
+  CompletionQueueEntry* cq = nullptr;             ///< depth CQEs (same depth as the SQ)
+  volatile std::uint32_t* sq_tail_doorbell = nullptr;
+  volatile std::uint32_t* cq_head_doorbell = nullptr;
+  const volatile std::uint32_t* controller_status = nullptr;  ///< CSTS, may be null (no fatal checks)
+  std::uint32_t depth = 0;                        ///< entries per ring, 2..65536
+  std::uint16_t qid = 0;                          ///< SQ identifier (CQEs must carry it)
+  std::uint32_t cid_capacity = 0;                 ///< command slots, 1..32768
+  std::uint32_t cid_index_bits = 0;               ///< bits of the CID that index the slot table
+  QueuePairState* state = nullptr;
+  std::uint64_t* sq_ready = nullptr;              ///< depth words: ticket + 1 when the slot's SQE is written
+  CommandSlot* slots = nullptr;                   ///< cid_capacity slots
+  std::uint32_t* cid_bitmap = nullptr;            ///< (cid_capacity + 31) / 32 words, bit set = allocated
+
+  // ----- command identifiers -----------------------------------------------------------------
+
+  /// Allocates a CID: a free slot index plus the slot's next generation. Returns false when all
+  /// cid_capacity CIDs are in use (never blocks). CID FFFFh is never produced.
+  TUTTI_HOST_DEVICE bool allocate_command_identifier(std::uint16_t& cid) const noexcept {
+    const std::uint32_t words = (cid_capacity + 31) / 32;
+    const std::uint32_t start = QueueAtomic<std::uint32_t>(state->cid_hint).fetch_add(1, accel::MemoryOrder::relaxed) % words;
+    for (std::uint32_t w = 0; w < words; ++w) {
+      const std::uint32_t word_index = (start + w) % words;
+      QueueAtomic<std::uint32_t> word(cid_bitmap[word_index]);
+      std::uint32_t value = word.load(accel::MemoryOrder::relaxed);
+      while (value != 0xffffffffu) {
+        const std::uint32_t bit = lowest_zero_bit(value);
+        const std::uint32_t old = word.fetch_or(1u << bit, accel::MemoryOrder::acq_rel);
+        if ((old & (1u << bit)) == 0) {
+          const std::uint32_t index = word_index * 32 + bit;
+          QueueAtomic<std::uint32_t> slot_state(slots[index].state);
+          std::uint32_t generation = (slot_state.load(accel::MemoryOrder::relaxed) >> 2) + 1;
+          if (make_cid(index, generation) == 0xffffu) ++generation;
+          // Release: a reaper that sees in_flight also sees the reset of the previous completion.
+          slot_state.store(encode_state(generation, CommandState::in_flight), accel::MemoryOrder::release);
+          cid = make_cid(index, generation);
+          return true;
+        }
+        value = old | (1u << bit);
+      }
+    }
+    return false;
+  }
+
+  /// Slot index of a CID.
+  TUTTI_HOST_DEVICE std::uint32_t cid_index(std::uint16_t cid) const noexcept { return cid & ((1u << cid_index_bits) - 1); }
+  /// Generation of a CID (16 - cid_index_bits bits).
+  TUTTI_HOST_DEVICE std::uint32_t cid_generation(std::uint16_t cid) const noexcept { return static_cast<std::uint32_t>(cid) >> cid_index_bits; }
+
+  // ----- submission --------------------------------------------------------------------------
+
+  /// Reserves `count` (1..depth-1) consecutive SQ slots; first_ticket receives the first ticket.
+  /// Returns false, reserving nothing, when the SQ lacks room (the caller resubmits later).
+  TUTTI_HOST_DEVICE bool reserve_submission_slots(std::uint32_t count, std::uint64_t& first_ticket) const noexcept {
+    if (count == 0 || count > depth - 1) return false;
+    QueueAtomic<std::uint64_t> reserved(state->sq_reserved);
+    QueueAtomic<std::uint64_t> head(state->sq_head_ticket);
+    std::uint64_t current = reserved.load(accel::MemoryOrder::relaxed);
+    for (;;) {
+      // Acquire: the controller fetched every slot before head (we may overwrite them).
+      const std::uint64_t consumed = head.load(accel::MemoryOrder::acquire);
+      if (current + count - consumed > depth - 1) return false;
+      if (reserved.compare_exchange_strong(current, current + count, accel::MemoryOrder::acq_rel)) {
+        first_ticket = current;
+        return true;
+      }
+    }
+  }
+
+  /// Copies `sqe` into the slot of `ticket` and marks it ready. `sqe` carries its CID already.
+  /// Precondition: ticket was reserved by this caller and not yet written.
+  TUTTI_HOST_DEVICE void write_submission(std::uint64_t ticket, const SubmissionQueueEntry& sqe) const noexcept {
+    sq[ticket % depth] = sqe;
+    // Seq_cst (release at least): the SQE bytes are ordered before the ready word, so the
+    // doorbell writer that observes the word announces a complete SQE; seq_cst is needed for the
+    // stranded-entry argument in ring_submission_doorbell.
+    QueueAtomic<std::uint64_t>(sq_ready[ticket % depth]).store(ticket + 1, accel::MemoryOrder::seq_cst);
+  }
+
+  /// Announces every ready entry that follows the last announced one, with ONE SQ tail doorbell
+  /// write for the whole run (entries written by any threads). Returns the entries announced by
+  /// this call (0 when another thread holds the doorbell lock: that thread announces ours).
+  /// Why no entry is stranded: a writer W stores ready (seq_cst) then fails the try-lock, so the
+  /// holder H's unlock comes later in the seq_cst order; H re-reads the next ready word after
+  /// its unlock (seq_cst) and therefore sees W's entry and loops to announce it.
+  TUTTI_HOST_DEVICE std::uint32_t ring_submission_doorbell() const noexcept {
+    QueueAtomic<std::uint32_t> lock(state->sq_doorbell_lock);
+    QueueAtomic<std::uint64_t> announced_ticket(state->sq_doorbell_ticket);
+    std::uint32_t announced = 0;
+    for (;;) {
+      std::uint32_t expected = 0;
+      if (!lock.compare_exchange_strong(expected, 1, accel::MemoryOrder::seq_cst)) return announced;
+      const std::uint64_t start = announced_ticket.load(accel::MemoryOrder::relaxed);
+      std::uint64_t end = start;
+      // Acquire: the SQE bytes of each ready slot are visible to us, hence (cumulativity through
+      // the system fence in mmio_store32) to the controller when it sees the doorbell.
+      while (end - start < depth - 1 &&
+             QueueAtomic<std::uint64_t>(sq_ready[end % depth]).load(accel::MemoryOrder::acquire) == end + 1)
+        ++end;
+      if (end != start) {
+        announced_ticket.store(end, accel::MemoryOrder::relaxed);
+        accel::mmio_store32(sq_tail_doorbell, static_cast<std::uint32_t>(end % depth));  // one write for the run
+        QueueAtomic<std::uint64_t>(state->doorbell_writes).fetch_add(1, accel::MemoryOrder::relaxed);
+      }
+      lock.store(0, accel::MemoryOrder::seq_cst);
+      announced += static_cast<std::uint32_t>(end - start);
+      if (QueueAtomic<std::uint64_t>(sq_ready[end % depth]).load(accel::MemoryOrder::seq_cst) != end + 1) return announced;
+    }
+  }
+
+  /// reserve 1 + write + ring. RESOURCE_EXHAUSTED when the SQ is full (nothing submitted).
+  TUTTI_HOST_DEVICE StatusCode submit(const SubmissionQueueEntry& sqe) const noexcept {
+    std::uint64_t ticket = 0;
+    if (!reserve_submission_slots(1, ticket)) return StatusCode::RESOURCE_EXHAUSTED;
+    write_submission(ticket, sqe);
+    ring_submission_doorbell();
+    return StatusCode::OK;
+  }
+
+  // ----- completion --------------------------------------------------------------------------
+
+  /// Consumes up to `max_entries` new CQEs if this thread wins the CQ try-lock (else returns 0),
+  /// delivers each to its command slot, and writes the CQ head doorbell once for the batch.
+  /// Returns the CQEs consumed.
+  TUTTI_HOST_DEVICE std::uint32_t reap_completions(std::uint32_t max_entries = 0xffffffffu) const noexcept {
+    QueueAtomic<std::uint32_t> lock(state->cq_lock);
+    std::uint32_t expected = 0;
+    if (!lock.compare_exchange_strong(expected, 1, accel::MemoryOrder::acquire)) return 0;
+    std::uint32_t head = state->cq_head;
+    std::uint32_t phase = state->cq_phase;
+    std::uint32_t consumed = 0;
+    while (consumed < max_entries) {
+      CompletionQueueEntry& slot = cq[head];
+      // Acquire: dwords 0-2 were written before dword 3 (the controller's release store).
+      const std::uint32_t dw3 = QueueAtomic<std::uint32_t>(slot.dw3).load(accel::MemoryOrder::acquire);
+      CompletionQueueEntry entry{};
+      entry.dw3 = dw3;
+      if (entry.status().phase() != phase) break;  // not yet written on this pass
+      entry.dw0 = slot.dw0;
+      entry.dw1 = slot.dw1;
+      entry.sq_head = slot.sq_head;
+      entry.sq_identifier = slot.sq_identifier;
+      deliver(entry);
+      ++consumed;
+      if (++head == depth) {
+        head = 0;
+        phase ^= 1u;  // the Phase Tag inverts on each pass through the CQ
+      }
+    }
+    if (consumed != 0) {
+      state->cq_head = head;
+      state->cq_phase = phase;
+      QueueAtomic<std::uint64_t>(state->completions_reaped).fetch_add(consumed, accel::MemoryOrder::relaxed);
+      // All reads of the consumed CQEs happen before the controller may overwrite them.
+      accel::mmio_store32(cq_head_doorbell, head);  // one CQ head doorbell write per batch
+    }
+    lock.store(0, accel::MemoryOrder::release);
+    return consumed;
+  }
+
+  /// If the completion of `cid` has been delivered, copies it to `out`, frees the CID and
+  /// returns true. Otherwise returns false.
+  TUTTI_HOST_DEVICE bool take_completion(std::uint16_t cid, CompletionQueueEntry& out) const noexcept {
+    const std::uint32_t index = cid_index(cid);
+    if (index >= cid_capacity) return false;
+    QueueAtomic<std::uint32_t> slot_state(slots[index].state);
+    const std::uint32_t generation = cid_generation(cid);
+    // Acquire: the completion bytes written by the reaper are visible.
+    if (slot_state.load(accel::MemoryOrder::acquire) != encode_state(generation, CommandState::completed)) return false;
+    out = slots[index].completion;
+    release_slot(index, generation);
+    return true;
+  }
+
+  /// Gives up on `cid` (after a timeout, before or after an Abort): its completion, when it
+  /// arrives, is dropped and the CID freed then. If it already arrived, it is freed now.
+  TUTTI_HOST_DEVICE void abandon(std::uint16_t cid) const noexcept {
+    const std::uint32_t index = cid_index(cid);
+    if (index >= cid_capacity) return;
+    const std::uint32_t generation = cid_generation(cid);
+    QueueAtomic<std::uint32_t> slot_state(slots[index].state);
+    std::uint32_t expected = encode_state(generation, CommandState::in_flight);
+    if (slot_state.compare_exchange_strong(expected, encode_state(generation, CommandState::abandoned), accel::MemoryOrder::acq_rel))
+      return;
+    if (expected == encode_state(generation, CommandState::completed)) release_slot(index, generation);
+  }
+
+  /// Waits for the completion of `cid` for at most budget_ns, reaping the CQ meanwhile (any
+  /// waiter reaps for all). Returns OK with the CQE, TIMEOUT (the command stays in flight: call
+  /// abandon or Abort it), or DEVICE_ERROR when CSTS reports Controller Fatal Status or all ones.
+  TUTTI_HOST_DEVICE WaitResult wait_for_completion(std::uint16_t cid, std::uint64_t budget_ns) const noexcept {
+    WaitResult result;
+    const std::uint64_t deadline = accel::deadline_after(budget_ns);
+    accel::Backoff backoff;
+    for (;;) {
+      if (take_completion(cid, result.completion)) return result;
+      if (reap_completions() != 0) {
+        backoff.reset();
+        continue;
+      }
+      if (controller_failed()) {
+        result.status = StatusCode::DEVICE_ERROR;
+        return result;
+      }
+      if (accel::timer_ns() >= deadline) {
+        // Last look: the completion may have landed while we checked the clock.
+        reap_completions();
+        if (take_completion(cid, result.completion)) return result;
+        result.status = StatusCode::TIMEOUT;
+        return result;
+      }
+      backoff.pause();
+    }
+  }
+
+  /// True when CSTS is readable and reports CFS, or reads all ones (device gone).
+  TUTTI_HOST_DEVICE bool controller_failed() const noexcept {
+    if (controller_status == nullptr) return false;
+    return ControllerStatus{accel::mmio_load32(controller_status)}.fatal();
+  }
+
+  /// Entries reserved but not yet fetched by the controller (approximate under concurrency).
+  TUTTI_HOST_DEVICE std::uint64_t submissions_outstanding() const noexcept {
+    return QueueAtomic<std::uint64_t>(state->sq_reserved).load(accel::MemoryOrder::relaxed) -
+           QueueAtomic<std::uint64_t>(state->sq_head_ticket).load(accel::MemoryOrder::relaxed);
+  }
+
+  TUTTI_HOST_DEVICE static constexpr std::uint32_t encode_state(std::uint32_t generation, CommandState s) noexcept {
+    return ((generation & 0xffffu) << 2) | static_cast<std::uint32_t>(s);
+  }
+
+ private:
+  TUTTI_HOST_DEVICE std::uint16_t make_cid(std::uint32_t index, std::uint32_t generation) const noexcept {
+    const std::uint32_t generation_mask = (1u << (16 - cid_index_bits)) - 1;
+    return static_cast<std::uint16_t>(((generation & generation_mask) << cid_index_bits) | index);
+  }
+
+  TUTTI_HOST_DEVICE static std::uint32_t lowest_zero_bit(std::uint32_t value) noexcept {
+    std::uint32_t bit = 0;
+    TUTTI_IF_DEVICE((bit = static_cast<std::uint32_t>(__ffs(static_cast<int>(~value)) - 1);),
+                    (bit = static_cast<std::uint32_t>(__builtin_ctz(~value));));
+    return bit;
+  }
+
+  TUTTI_HOST_DEVICE void release_slot(std::uint32_t index, std::uint32_t generation) const noexcept {
+    // Order: the slot becomes free (keeping its generation) before its bitmap bit is cleared,
+    // so the next allocator starts from this generation.
+    QueueAtomic<std::uint32_t>(slots[index].state).store(encode_state(generation, CommandState::free), accel::MemoryOrder::release);
+    QueueAtomic<std::uint32_t>(cid_bitmap[index / 32]).fetch_and(~(1u << (index % 32)), accel::MemoryOrder::release);
+  }
+
+  /// Routes one CQE (under the CQ lock) to its command slot and advances the SQ head ticket.
+  TUTTI_HOST_DEVICE void deliver(const CompletionQueueEntry& entry) const noexcept {
+    if (entry.sq_identifier != qid || entry.sq_head >= depth) {
+      QueueAtomic<std::uint64_t>(state->invalid_completions).fetch_add(1, accel::MemoryOrder::relaxed);
+    } else {
+      QueueAtomic<std::uint64_t> head(state->sq_head_ticket);
+      const std::uint64_t old_head = head.load(accel::MemoryOrder::relaxed);
+      const std::uint64_t advance = (entry.sq_head + depth - old_head % depth) % depth;
+      const std::uint64_t announced = QueueAtomic<std::uint64_t>(state->sq_doorbell_ticket).load(accel::MemoryOrder::acquire);
+      if (old_head + advance <= announced) {
+        // Release: the controller's fetch of those slots happened before their reuse.
+        head.store(old_head + advance, accel::MemoryOrder::release);
+      } else {
+        QueueAtomic<std::uint64_t>(state->invalid_completions).fetch_add(1, accel::MemoryOrder::relaxed);
+      }
+    }
+    const std::uint16_t cid = entry.command_identifier();
+    const std::uint32_t index = cid_index(cid);
+    if (index >= cid_capacity) {
+      QueueAtomic<std::uint64_t>(state->stale_completions).fetch_add(1, accel::MemoryOrder::relaxed);
+      return;
+    }
+    const std::uint32_t generation = cid_generation(cid);
+    QueueAtomic<std::uint32_t> slot_state(slots[index].state);
+    const std::uint32_t current = slot_state.load(accel::MemoryOrder::acquire);
+    if (current == encode_state(generation, CommandState::in_flight)) {
+      slots[index].completion = entry;
+      std::uint32_t expected = current;
+      // Release: the completion bytes before the state change the waiter acquires.
+      if (slot_state.compare_exchange_strong(expected, encode_state(generation, CommandState::completed), accel::MemoryOrder::acq_rel))
+        return;
+      // The waiter abandoned it meanwhile.
+    } else if (current != encode_state(generation, CommandState::abandoned)) {
+      QueueAtomic<std::uint64_t>(state->stale_completions).fetch_add(1, accel::MemoryOrder::relaxed);
+      return;
+    }
+    QueueAtomic<std::uint64_t>(state->abandoned_completions).fetch_add(1, accel::MemoryOrder::relaxed);
+    release_slot(index, generation);
+  }
+};
+
+/// Number of CID index bits for `capacity` command slots (at least 1, at most 15).
+TUTTI_HOST_DEVICE constexpr std::uint32_t cid_index_bits_for(std::uint32_t capacity) noexcept {
+  std::uint32_t bits = 1;
+  while ((1u << bits) < capacity) ++bits;
+  return bits;
+}
+static_assert(cid_index_bits_for(1) == 1);
+static_assert(cid_index_bits_for(256) == 8);
+static_assert(cid_index_bits_for(257) == 9);
+
+/// Host-side owner of the shared state of one queue pair (state, ready words, command slots,
+/// CID bitmap), initialised, and the QueuePair view over it. The rings and doorbells are not
+/// owned (they come from libnvm's QueuePairInfo or any controller). Not copyable; the view stays
+/// valid while this object lives.
+class QueuePairStorage {
+ public:
+  /// sq/cq: rings of `depth` entries (2..65536); cid_capacity: command slots (1..32768, default
+  /// depth). Out-of-range arguments yield an invalid storage (valid() == false).
+  QueuePairStorage(SubmissionQueueEntry* sq, CompletionQueueEntry* cq, volatile std::uint32_t* sq_tail_doorbell,
+                   volatile std::uint32_t* cq_head_doorbell, const volatile std::uint32_t* controller_status,
+                   std::uint32_t depth, std::uint16_t qid, std::uint32_t cid_capacity = 0)
+      : state_(1), ready_(depth), slots_(cid_capacity == 0 ? depth : cid_capacity),
+        bitmap_((slots_.size() + 31) / 32, 0) {
+    if (depth < 2 || depth > 65536 || slots_.empty() || slots_.size() > 32768) return;
+    for (std::size_t i = slots_.size(); i < bitmap_.size() * 32; ++i) bitmap_[i / 32] |= 1u << (i % 32);  // beyond capacity
+    state_[0].cq_phase = 1;  // the first pass expects Phase Tag 1 (CQ memory starts zeroed)
+    view_.sq = sq;
+    view_.cq = cq;
+    view_.sq_tail_doorbell = sq_tail_doorbell;
+    view_.cq_head_doorbell = cq_head_doorbell;
+    view_.controller_status = controller_status;
+    view_.depth = depth;
+    view_.qid = qid;
+    view_.cid_capacity = static_cast<std::uint32_t>(slots_.size());
+    view_.cid_index_bits = cid_index_bits_for(view_.cid_capacity);
+    view_.state = state_.data();
+    view_.sq_ready = ready_.data();
+    view_.slots = slots_.data();
+    view_.cid_bitmap = bitmap_.data();
+  }
+  QueuePairStorage(const QueuePairStorage&) = delete;
+  QueuePairStorage& operator=(const QueuePairStorage&) = delete;
+
+  bool valid() const noexcept { return view_.state != nullptr; }
+  /// The view (trivially copyable; share it with every submitter).
+  const QueuePair& queue() const noexcept { return view_; }
+  /// Statistics snapshot.
+  QueuePairState statistics() const noexcept { return state_[0]; }
+
+ private:
+  std::vector<QueuePairState> state_;
+  std::vector<std::uint64_t> ready_;
+  std::vector<CommandSlot> slots_;
+  std::vector<std::uint32_t> bitmap_;
+  QueuePair view_{};
+};
+
+}  // namespace tutti::nvme
