@@ -1,0 +1,774 @@
+// StorageRuntime<Backends...>: the one public surface applications use.
+//
+//   using Runtime = tutti::StorageRuntime<tutti::Backend<LocalFile, Uring>>;
+//   Runtime rt;
+//   auto target = rt.open("file:///mnt/nvme0/kv/layer17", {.writable = true});
+//   auto memory = rt.register_memory({buffer, bytes, tutti::MemoryKind::HOST});
+//   auto outcome = rt.submit(requests);          // per-request initial state (partial commit)
+//   auto result = rt.wait(outcome.io, 1'000'000'000);  // bounded by nanoseconds
+//   rt.release(outcome.io);
+//
+// Composition is static: each Backend<Resolver, DataPath> is a template argument, a runtime with one
+// backend has no dispatch at all, and with several the target handle's entry carries the backend
+// index and submit() buckets requests per backend under one IO handle.
+//
+// Semantics (each has a test in tests/core/):
+//  - Partial commit: submit() returns one initial state per request; requests rejected by validation
+//    or backpressure (RESOURCE_EXHAUSTED) never ran and are not covered by the IO handle.
+//  - Backpressure never blocks.
+//  - close() and unregister_memory() return BUSY while IO that uses the object is in flight.
+//  - shutdown(drain) never frees what a device may still write: when IO does not drain in time it
+//    returns TIMEOUT and the runtime keeps every registration and DataPath alive, also past its
+//    destructor (they are leaked on purpose rather than freed under DMA).
+//  - Thread-safety: every member function may be called from any thread. One mutex guards the handle
+//    tables for a few lookups; it is never held across a DataPath's open, submit or progress.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <fmt/format.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TUTTI_HAS_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TUTTI_HAS_LSAN 1
+#endif
+#endif
+#if TUTTI_HAS_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
+
+#include <tutti/core/concepts.hpp>
+#include <tutti/core/handles.hpp>
+#include <tutti/core/io.hpp>
+#include <tutti/core/status.hpp>
+
+namespace tutti {
+
+/// Settings of a StorageRuntime. Defaults are the constants below; docs/api.md lists them.
+struct RuntimeOptions {
+  static constexpr std::uint32_t kDefaultOpenBatchThreads = 8;
+  static constexpr std::uint64_t kDefaultDrainTimeoutNs = 5'000'000'000;  // 5 s
+
+  /// Threads that resolve URIs in parallel in open_batch (>= 1).
+  std::uint32_t open_batch_threads = kDefaultOpenBatchThreads;
+  /// Drain budget the destructor gives in-flight IO when shutdown() was not called, in ns.
+  std::uint64_t destructor_drain_timeout_ns = kDefaultDrainTimeoutNs;
+};
+
+namespace detail {
+
+/// Calls f(std::integral_constant<std::size_t, I>{}) for I in [0, N).
+template <std::size_t N, class F>
+constexpr void for_each_index(F&& f) {
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (f(std::integral_constant<std::size_t, I>{}), ...);
+  }(std::make_index_sequence<N>{});
+}
+
+/// Something IO pins: close/unregister are refused while in_flight > 0.
+struct Pinnable {
+  std::atomic<std::uint64_t> in_flight{0};
+};
+
+inline std::uint64_t now_ns() noexcept {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+/// a + b without wrapping (saturates at UINT64_MAX).
+constexpr std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) noexcept {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+}  // namespace detail
+
+template <class... Backends>
+class StorageRuntime {
+  static_assert(sizeof...(Backends) >= 1, "tutti::StorageRuntime needs at least one Backend<Resolver, DataPath>");
+
+  static constexpr std::size_t kBackends = sizeof...(Backends);
+  template <std::size_t I>
+  using backend_at = std::tuple_element_t<I, std::tuple<Backends...>>;
+  template <std::size_t I>
+  using datapath_at = typename backend_at<I>::datapath_type;
+
+ public:
+  /// Builds a runtime from its backends (moved in). Never fails; backends validate their own
+  /// configuration in their constructors.
+  explicit StorageRuntime(Backends&&... backends, RuntimeOptions options = {})
+      : state_(std::make_unique<State>(options, std::move(backends)...)) {}
+
+  /// Default-constructs every backend (when they allow it).
+  StorageRuntime()
+    requires(std::default_initializable<Backends> && ...)
+      : state_(std::make_unique<State>(RuntimeOptions{}, Backends{}...)) {}
+
+  StorageRuntime(const StorageRuntime&) = delete;
+  StorageRuntime& operator=(const StorageRuntime&) = delete;
+
+  /// Calls shutdown(options.destructor_drain_timeout_ns) unless shutdown succeeded before. When IO
+  /// is still in flight after that, every DataPath, registration and open target is leaked on
+  /// purpose: freeing them could free memory a device still writes.
+  ~StorageRuntime() {
+    if (!state_) return;
+    if (!state_->shut_down) (void)shutdown(state_->options.destructor_drain_timeout_ns);
+    if (!state_->shut_down) leak_on_purpose(state_.release());
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Targets
+
+  /// Resolves `uri` with the first backend whose resolver serves its scheme and opens it.
+  /// Errors: INVALID_ARGUMENT (malformed URI, unknown scheme, options a backend refuses), whatever
+  /// the resolver or DataPath returns (NOT_FOUND, UNSUPPORTED, DATA_LOSS ...), BUSY after shutdown.
+  Result<TargetHandle> open(std::string_view uri, const OpenOptions& options = {}) {
+    auto backend = backend_for(uri);
+    if (!backend) return backend.status();
+    Result<TargetHandle> out = error(StatusCode::INTERNAL, "no backend ran");
+    detail::for_each_index<kBackends>([&](auto I) {
+      if (I != *backend) return;
+      auto payload = std::get<I>(state_->backends)->resolver.resolve(uri, options);
+      out = payload ? open_resolved<I>(uri, std::move(payload.value()), options)
+                    : Result<TargetHandle>(payload.status().with_context(fmt::format("open '{}'", uri)));
+    });
+    return out;
+  }
+
+  /// Resolves many URIs in parallel (options.open_batch_threads resolver threads), then opens them.
+  /// Returns one result per URI, in input order; a failure does not stop the others.
+  std::vector<Result<TargetHandle>> open_batch(std::span<const std::string> uris, const OpenOptions& options = {}) {
+    // Per URI: the resolution status, and the payload in the slot of the backend that resolved it.
+    std::vector<Status> resolved(uris.size());
+    std::tuple<std::vector<std::optional<typename Backends::resolver_type::target_type>>...> payloads;
+    std::apply([&](auto&... slots) { (slots.resize(uris.size()), ...); }, payloads);
+    std::atomic<std::size_t> next{0};
+    auto worker = [&] {
+      for (std::size_t i = next.fetch_add(1); i < uris.size(); i = next.fetch_add(1)) {
+        auto backend = backend_for(uris[i]);
+        if (!backend) {
+          resolved[i] = backend.status();
+          continue;
+        }
+        detail::for_each_index<kBackends>([&](auto I) {
+          if (I != *backend) return;
+          auto payload = std::get<I>(state_->backends)->resolver.resolve(uris[i], options);
+          if (payload)
+            std::get<I>(payloads)[i].emplace(std::move(payload.value()));
+          else
+            resolved[i] = payload.status().with_context(fmt::format("open '{}'", uris[i]));
+        });
+      }
+    };
+    const std::size_t threads =
+        std::clamp<std::size_t>(state_->options.open_batch_threads, 1, std::max<std::size_t>(uris.size(), 1));
+    {
+      std::vector<std::jthread> pool;
+      for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+      worker();
+    }  // joins
+    std::vector<Result<TargetHandle>> out;
+    out.reserve(uris.size());
+    for (std::size_t i = 0; i < uris.size(); ++i) {
+      Result<TargetHandle> opened = resolved[i].is_ok() ? error(StatusCode::INTERNAL, "unresolved payload")
+                                                         : Result<TargetHandle>(resolved[i]);
+      detail::for_each_index<kBackends>([&](auto I) {
+        if (auto& payload = std::get<I>(payloads)[i]) opened = open_resolved<I>(uris[i], std::move(*payload), options);
+      });
+      out.push_back(std::move(opened));
+    }
+    return out;
+  }
+
+  /// Closes a target (flushing first when it was opened with flush_on_close).
+  /// Errors: INVALID_ARGUMENT / NOT_FOUND for bad handles, BUSY while IO on it is in flight, or the
+  /// DataPath's flush error (the target is released either way).
+  Status close(TargetHandle handle) {
+    std::unique_ptr<TargetEntry> entry;
+    {
+      std::scoped_lock lock(state_->tables_mutex);
+      auto found = state_->targets.find(handle, "target");
+      if (!found) return found.status();
+      if (const auto n = (*found)->in_flight.load(); n > 0)
+        return error(StatusCode::BUSY, "target {} has {} request(s) in flight; wait for them before close",
+                     handle.to_string(), n);
+      entry = state_->targets.erase(handle);
+    }
+    return close_entry(*entry);
+  }
+
+  /// The size in bytes of an open target.
+  Result<std::uint64_t> target_size(TargetHandle handle) const {
+    std::scoped_lock lock(state_->tables_mutex);
+    auto found = state_->targets.find(handle, "target");
+    if (!found) return found.status();
+    return (*found)->size;
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Memory
+
+  /// Registers a memory region with every backend that supports its kind (DMA mapping and PRP
+  /// tables are built here, never in submit). The caller keeps the memory alive until
+  /// unregister_memory returns OK.
+  /// Errors: INVALID_ARGUMENT (null address, zero size, address + size wraps, DEVICE without an
+  /// accelerator id), UNSUPPORTED (no backend takes this kind), a DataPath's registration error
+  /// (registrations already made are rolled back), BUSY after shutdown.
+  Result<MemoryHandle> register_memory(const MemoryView& view) {
+    if (view.address == nullptr) return error(StatusCode::INVALID_ARGUMENT, "memory.address is null");
+    if (view.size == 0) return error(StatusCode::INVALID_ARGUMENT, "memory.size is 0; a region needs at least 1 byte");
+    if (reinterpret_cast<std::uintptr_t>(view.address) > UINTPTR_MAX - view.size)
+      return error(StatusCode::INVALID_ARGUMENT, "memory.address {} + memory.size {} wraps around the address space",
+                   view.address, view.size);
+    if (view.kind == MemoryKind::DEVICE && view.accelerator_id < 0)
+      return error(StatusCode::INVALID_ARGUMENT, "memory.accelerator_id = {} must be >= 0 for DEVICE memory",
+                   view.accelerator_id);
+    if (state_->shutting_down.load()) return shutting_down_error("register_memory");
+
+    auto entry = std::make_unique<MemoryEntry>();
+    entry->view = view;
+    Status failure;
+    bool any = false;
+    detail::for_each_index<kBackends>([&](auto I) {
+      using D = datapath_at<I>;
+      if (!failure.is_ok() || !D::capabilities.memory_kinds.contains(view.kind)) return;
+      auto registered = std::get<I>(state_->backends)->datapath.register_memory(view);
+      if (!registered) {
+        failure = registered.status().with_context(fmt::format("register_memory with backend '{}'", D::name));
+        return;
+      }
+      std::get<I>(entry->registrations).emplace(std::move(registered.value()));
+      any = true;
+    });
+    if (!failure.is_ok() || !any) {
+      (void)unregister_entry(*entry);
+      if (!failure.is_ok()) return failure;
+      return error(StatusCode::UNSUPPORTED, "memory.kind = {} is not supported by any backend of this runtime",
+                   to_string(view.kind));
+    }
+    std::scoped_lock lock(state_->tables_mutex);
+    return state_->memory.insert(std::move(entry));
+  }
+
+  /// Unregisters a region. Errors: INVALID_ARGUMENT / NOT_FOUND for bad handles, BUSY while IO that
+  /// uses it is in flight (the region stays registered), a DataPath's unmap error.
+  Status unregister_memory(MemoryHandle handle) {
+    std::unique_ptr<MemoryEntry> entry;
+    {
+      std::scoped_lock lock(state_->tables_mutex);
+      auto found = state_->memory.find(handle, "memory");
+      if (!found) return found.status();
+      if (const auto n = (*found)->in_flight.load(); n > 0)
+        return error(StatusCode::BUSY, "memory {} has {} request(s) in flight; wait for them before unregister",
+                     handle.to_string(), n);
+      entry = state_->memory.erase(handle);
+    }
+    return unregister_entry(*entry);
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // IO
+
+  /// Validates each request and hands the valid ones, bucketed per backend, to their DataPaths.
+  /// Never blocks. See SubmitOutcome for the per-request initial states.
+  SubmitOutcome submit(std::span<const IoRequest> requests) {
+    SubmitOutcome outcome;
+    outcome.initial_states.resize(requests.size());
+    auto io = std::make_shared<IoEntry>();
+    std::tuple<Bucket<Backends>...>& buckets = io->parts;
+
+    {
+      std::scoped_lock lock(state_->tables_mutex);
+      if (state_->shutting_down.load()) {
+        for (auto& s : outcome.initial_states) s = shutting_down_error("submit");
+        return outcome;
+      }
+      for (std::size_t i = 0; i < requests.size(); ++i)
+        outcome.initial_states[i] = stage(requests[i], i, buckets);
+      ++state_->submits_in_progress;  // shutdown waits for this submit too
+    }
+
+    // Outside the lock: each DataPath gets its bucket in one call (one launch per backend).
+    detail::for_each_index<kBackends>([&](auto I) {
+      auto& bucket = std::get<I>(buckets);
+      if (bucket.requests.empty()) return;
+      std::vector<Status> states(bucket.requests.size());
+      bucket.batch.emplace(std::get<I>(state_->backends)->datapath.submit(
+          std::span<const PathRequest<datapath_at<I>>>(bucket.requests), std::span<Status>(states)));
+      bucket.completions.resize(bucket.requests.size());
+      for (std::size_t k = 0; k < states.size(); ++k) {
+        const std::size_t index = bucket.input_index[k];
+        bucket.completions[k].request_index = index;
+        if (states[k].is_ok()) {
+          bucket.accepted.push_back(k);
+          ++io->requests;
+          io->requested_bytes += bucket.requests[k].length;
+        } else {
+          unpin(bucket.pins[k]);
+          bucket.pins[k] = {};
+          outcome.initial_states[index] = states[k];
+        }
+      }
+    });
+
+    std::scoped_lock lock(state_->tables_mutex);
+    --state_->submits_in_progress;
+    outcome.accepted = io->requests;
+    if (io->requests > 0) {
+      auto slot = std::make_unique<IoSlot>(IoSlot{io});
+      auto handle = state_->ios.insert(std::move(slot));
+      if (handle) {
+        outcome.io = *handle;
+      } else {
+        // Cannot track it: keep the IO alive (never free under DMA) and report the failure.
+        state_->orphans.push_back(io);
+        for (auto& s : outcome.initial_states)
+          if (s.is_ok()) s = error(StatusCode::INTERNAL, "accepted but not trackable: {}", handle.status().message());
+      }
+    }
+    state_->drained.notify_all();
+    return outcome;
+  }
+
+  /// A non-blocking snapshot of an IO's progress. Errors: bad handle, or a DataPath progress error.
+  Result<IoProgress> query(IoHandle handle) {
+    auto io = find_io(handle);
+    if (!io) return io.status();
+    std::unique_lock guard((*io)->mutex);
+    Status s = advance(**io, 0);
+    if (!s.is_ok() && s.code() != StatusCode::TIMEOUT) return s;
+    IoProgress progress{(*io)->complete, (*io)->requests, 0};
+    detail::for_each_index<kBackends>([&](auto I) {
+      for (std::size_t k : std::get<I>((*io)->parts).accepted)
+        progress.completed_requests += std::get<I>((*io)->parts).completions[k].done ? 1 : 0;
+    });
+    return progress;
+  }
+
+  /// Waits up to timeout_ns nanoseconds for an IO to complete and returns its result. The handle stays
+  /// valid until release(). Errors: INVALID_ARGUMENT / NOT_FOUND for bad handles, TIMEOUT when the IO
+  /// is not complete in time (wait again later), a DataPath progress error (the IO stays in flight).
+  Result<IoResult> wait(IoHandle handle, std::uint64_t timeout_ns) {
+    auto io = find_io(handle);
+    if (!io) return io.status();
+    const std::uint64_t deadline = detail::saturating_add(detail::now_ns(), timeout_ns);
+    std::unique_lock guard((*io)->mutex, std::defer_lock);
+    while (!guard.try_lock()) {
+      if (detail::now_ns() >= deadline)
+        return error(StatusCode::TIMEOUT, "{} is being waited on by another thread; not complete after {} ns",
+                     handle.to_string(), timeout_ns);
+      std::this_thread::yield();
+    }
+    const std::uint64_t now = detail::now_ns();
+    Status s = advance(**io, deadline > now ? deadline - now : 0);
+    if (!s.is_ok()) return s.code() == StatusCode::TIMEOUT ? s.with_context(handle.to_string()) : s;
+    return (*io)->result;
+  }
+
+  /// Frees a completed IO's handle. Errors: bad handle, BUSY while its requests are in flight.
+  Status release(IoHandle handle) {
+    auto io = find_io(handle);
+    if (!io) return io.status();
+    {
+      std::scoped_lock guard((*io)->mutex);
+      Status s = advance(**io, 0);
+      if (!s.is_ok())
+        return error(StatusCode::BUSY, "{} still has requests in flight; wait() for it before release ({})",
+                     handle.to_string(), s.message());
+    }
+    std::scoped_lock lock(state_->tables_mutex);
+    if (state_->ios.find(handle, "io")) (void)state_->ios.erase(handle);
+    return Status::ok();
+  }
+
+  /// Stops accepting work, waits up to drain_timeout_ns for in-flight IO, then closes every target
+  /// and unregisters every region. Errors: TIMEOUT when IO did not drain (nothing is freed; call
+  /// again later), or the first close/unregister error. Calling it again after OK returns OK.
+  Status shutdown(std::uint64_t drain_timeout_ns) {
+    state_->shutting_down.store(true);
+    const std::uint64_t deadline = detail::saturating_add(detail::now_ns(), drain_timeout_ns);
+    {  // Let submits that already passed validation finish handing their buckets to the DataPaths.
+      std::unique_lock lock(state_->tables_mutex);
+      state_->drained.wait_for(lock, std::chrono::nanoseconds(drain_timeout_ns),
+                               [&] { return state_->submits_in_progress == 0; });
+      if (state_->submits_in_progress != 0)
+        return error(StatusCode::TIMEOUT, "shutdown: {} submit call(s) still running after {} ns",
+                     state_->submits_in_progress, drain_timeout_ns);
+    }
+    std::vector<std::shared_ptr<IoEntry>> ios;
+    {
+      std::scoped_lock lock(state_->tables_mutex);
+      state_->ios.for_each([&](IoHandle, IoSlot& slot) { ios.push_back(slot.io); });
+      for (auto& orphan : state_->orphans) ios.push_back(orphan);
+    }
+    std::size_t pending = 0;
+    for (auto& io : ios) {
+      std::scoped_lock guard(io->mutex);
+      const std::uint64_t now = detail::now_ns();
+      if (!advance(*io, deadline > now ? deadline - now : 0).is_ok()) ++pending;
+    }
+    if (pending > 0)
+      return error(StatusCode::TIMEOUT,
+                   "shutdown: {} IO(s) still in flight after {} ns; every registration and target stays alive "
+                   "until they complete",
+                   pending, drain_timeout_ns);
+
+    Status first;
+    std::vector<std::unique_ptr<TargetEntry>> targets;
+    std::vector<std::unique_ptr<MemoryEntry>> regions;
+    {
+      std::scoped_lock lock(state_->tables_mutex);
+      std::vector<TargetHandle> th;
+      std::vector<MemoryHandle> mh;
+      std::vector<IoHandle> ih;
+      state_->targets.for_each([&](TargetHandle h, TargetEntry&) { th.push_back(h); });
+      state_->memory.for_each([&](MemoryHandle h, MemoryEntry&) { mh.push_back(h); });
+      state_->ios.for_each([&](IoHandle h, IoSlot&) { ih.push_back(h); });
+      for (auto h : th) targets.push_back(state_->targets.erase(h));
+      for (auto h : mh) regions.push_back(state_->memory.erase(h));
+      for (auto h : ih) (void)state_->ios.erase(h);
+      state_->orphans.clear();
+    }
+    for (auto& t : targets) {
+      Status s = close_entry(*t);
+      if (first.is_ok() && !s.is_ok()) first = s;
+    }
+    for (auto& m : regions) {
+      Status s = unregister_entry(*m);
+      if (first.is_ok() && !s.is_ok()) first = s;
+    }
+    state_->shut_down = true;
+    return first;
+  }
+
+  /// The DataPath of backend I, for its own statistics and settings. Thread-safety is the DataPath's.
+  template <std::size_t I = 0>
+  datapath_at<I>& datapath() noexcept {
+    return std::get<I>(state_->backends)->datapath;
+  }
+
+ private:
+  // --- per-target, per-region and per-IO state ---------------------------------------------------
+  template <class B>
+  struct OpenTarget {
+    typename B::datapath_type::open_target target;
+  };
+  struct TargetEntry : detail::Pinnable {
+    std::uint64_t size = 0;
+    OpenOptions options;
+    std::string uri;
+    std::variant<std::monostate, OpenTarget<Backends>...> state;  // backend I at index I + 1
+    std::size_t backend = 0;
+  };
+  struct MemoryEntry : detail::Pinnable {
+    MemoryView view;
+    std::tuple<std::optional<typename Backends::datapath_type::registered_memory>...> registrations;
+  };
+  struct Pins {
+    detail::Pinnable* target = nullptr;
+    detail::Pinnable* memory = nullptr;
+  };
+  template <class B>
+  struct Bucket {
+    using D = typename B::datapath_type;
+    std::vector<PathRequest<D>> requests;
+    std::vector<std::size_t> input_index;  // requests[k] is submit input input_index[k]
+    std::vector<Pins> pins;
+    std::vector<std::size_t> accepted;     // positions k accepted by the DataPath
+    std::vector<RequestCompletion> completions;
+    std::optional<typename D::batch> batch;
+    bool complete = false;
+  };
+  struct IoEntry {
+    std::mutex mutex;  // one thread advances an IO at a time
+    std::tuple<Bucket<Backends>...> parts;
+    std::size_t requests = 0;
+    std::uint64_t requested_bytes = 0;
+    bool complete = false;
+    IoResult result;
+  };
+  struct IoSlot {
+    std::shared_ptr<IoEntry> io;
+  };
+
+  struct State {
+    template <class... Bs>
+    explicit State(RuntimeOptions o, Bs&&... bs)
+        : options(o), backends(std::make_unique<Backends>(std::forward<Bs>(bs))...) {}
+    RuntimeOptions options;
+    std::tuple<std::unique_ptr<Backends>...> backends;
+    std::uint64_t instance = next_instance_id();
+    mutable std::mutex tables_mutex;
+    std::condition_variable drained;
+    HandleTable<TargetTag, TargetEntry> targets{instance};
+    HandleTable<MemoryTag, MemoryEntry> memory{instance};
+    HandleTable<IoTag, IoSlot> ios{instance};
+    std::vector<std::shared_ptr<IoEntry>> orphans;
+    std::size_t submits_in_progress = 0;
+    std::atomic<bool> shutting_down{false};
+    bool shut_down = false;
+  };
+
+  /// Keeps IO state alive forever because a device may still write into it; tells LeakSanitizer so.
+  static void leak_on_purpose([[maybe_unused]] State* state) {
+#if TUTTI_HAS_LSAN
+    __lsan_ignore_object(state);
+#endif
+  }
+
+  static Status shutting_down_error(std::string_view operation) {
+    return error(StatusCode::BUSY, "{}: the runtime is shutting down", operation);
+  }
+
+  /// Index of the backend whose resolver serves the URI's scheme.
+  Result<std::size_t> backend_for(std::string_view uri) const {
+    const std::size_t marker = uri.find("://");
+    if (uri.empty()) return error(StatusCode::INVALID_ARGUMENT, "uri is empty; expected scheme://...");
+    if (marker == std::string_view::npos || marker == 0)
+      return error(StatusCode::INVALID_ARGUMENT, "uri '{}' has no scheme followed by '://'", uri);
+    std::string scheme(uri.substr(0, marker));
+    for (char& c : scheme) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    std::optional<std::size_t> found;
+    std::string served;
+    detail::for_each_index<kBackends>([&](auto I) {
+      constexpr std::string_view s = backend_at<I>::resolver_type::scheme;
+      if (!found && s == scheme) found = I;
+      served += (served.empty() ? "" : ", ") + std::string(s);
+    });
+    if (!found)
+      return error(StatusCode::INVALID_ARGUMENT, "uri '{}' has scheme '{}', which no backend serves (served: {})",
+                   uri, scheme, served);
+    return *found;
+  }
+
+  template <std::size_t I, class Payload>
+  Result<TargetHandle> open_resolved(std::string_view uri, Payload&& payload, const OpenOptions& options) {
+    if (state_->shutting_down.load()) return shutting_down_error("open");
+    auto& datapath = std::get<I>(state_->backends)->datapath;
+    auto opened = datapath.open(std::forward<Payload>(payload), options);
+    if (!opened) return opened.status().with_context(fmt::format("open '{}'", uri));
+    auto entry = std::make_unique<TargetEntry>();
+    entry->size = datapath.size_bytes(opened.value());
+    entry->options = options;
+    entry->uri = std::string(uri);
+    entry->backend = I;
+    entry->state.template emplace<I + 1>(OpenTarget<backend_at<I>>{std::move(opened.value())});
+    std::scoped_lock lock(state_->tables_mutex);
+    return state_->targets.insert(std::move(entry));
+  }
+
+  Status close_entry(TargetEntry& entry) {
+    Status out;
+    detail::for_each_index<kBackends>([&](auto I) {
+      if (entry.state.index() == I + 1)
+        out = std::get<I>(state_->backends)->datapath.close(std::get<I + 1>(entry.state).target);
+    });
+    return out.with_context(fmt::format("close '{}'", entry.uri));
+  }
+
+  Status unregister_entry(MemoryEntry& entry) {
+    Status out;
+    detail::for_each_index<kBackends>([&](auto I) {
+      auto& registration = std::get<I>(entry.registrations);
+      if (!registration) return;
+      Status s = std::get<I>(state_->backends)->datapath.unregister_memory(*registration);
+      registration.reset();
+      if (out.is_ok() && !s.is_ok()) out = s;
+    });
+    return out;
+  }
+
+  static void unpin(Pins pins) {
+    if (pins.target) pins.target->in_flight.fetch_sub(1);
+    if (pins.memory) pins.memory->in_flight.fetch_sub(1);
+  }
+
+  /// Validates request i (tables locked) and, when valid, pins its target and memory and appends it to
+  /// its backend's bucket. Returns OK or the reason it is rejected. Checks are overflow-safe.
+  Status stage(const IoRequest& r, std::size_t i, std::tuple<Bucket<Backends>...>& buckets) {
+    if (r.direction != Direction::READ && r.direction != Direction::WRITE && r.direction != Direction::FLUSH)
+      return error(StatusCode::INVALID_ARGUMENT, "requests[{}].direction = {} is not READ, WRITE or FLUSH", i,
+                   static_cast<unsigned>(r.direction));
+    auto target_found = state_->targets.find(r.target, fmt::format("requests[{}].target", i));
+    if (!target_found) return target_found.status();
+    TargetEntry& target = **target_found;
+
+    Status out;
+    detail::for_each_index<kBackends>([&](auto I) {
+      if (target.state.index() == I + 1) out = stage_for<I>(r, i, target, std::get<I>(buckets));
+    });
+    return out;
+  }
+
+  template <std::size_t I>
+  Status stage_for(const IoRequest& r, std::size_t i, TargetEntry& target, Bucket<backend_at<I>>& bucket) {
+    using D = datapath_at<I>;
+    constexpr Capabilities caps = D::capabilities;
+    PathRequest<D> request{r.direction, nullptr, MemoryView{}, 0, &std::get<I + 1>(target.state).target,
+                           r.target_offset, r.length};
+    if (bucket.requests.size() >= caps.max_batch_requests)
+      return error(StatusCode::RESOURCE_EXHAUSTED,
+                   "requests[{}]: backend '{}' takes at most {} requests per submit; resubmit the rest", i,
+                   D::name, caps.max_batch_requests);
+    MemoryEntry* memory = nullptr;
+    if (r.direction == Direction::FLUSH) {
+      if (!r.memory.is_null() || r.length != 0 || r.memory_offset != 0 || r.target_offset != 0)
+        return error(StatusCode::INVALID_ARGUMENT,
+                     "requests[{}] is a FLUSH: memory must be null and memory_offset, target_offset and length 0 "
+                     "(got length = {})",
+                     i, r.length);
+    } else {
+      if (r.direction == Direction::WRITE && !target.options.writable)
+        return error(StatusCode::INVALID_ARGUMENT,
+                     "requests[{}] is a WRITE but {} ('{}') was opened read-only (OpenOptions::writable = false)", i,
+                     r.target.to_string(), target.uri);
+      auto memory_found = state_->memory.find(r.memory, fmt::format("requests[{}].memory", i));
+      if (!memory_found) return memory_found.status();
+      memory = *memory_found;
+      auto& registration = std::get<I>(memory->registrations);
+      if (!registration)
+        return error(StatusCode::INVALID_ARGUMENT,
+                     "requests[{}].memory ({} memory) is not registered with backend '{}', which does not support "
+                     "that memory kind",
+                     i, to_string(memory->view.kind), D::name);
+      TUTTI_RETURN_IF_ERROR(check_bounds<caps>(r, i, memory->view, target.size));
+      request.memory = &*registration;
+      request.memory_view = memory->view;
+      request.memory_offset = r.memory_offset;
+    }
+    Pins pins{&target, memory};
+    target.in_flight.fetch_add(1);
+    if (memory) memory->in_flight.fetch_add(1);
+    bucket.requests.push_back(request);
+    bucket.input_index.push_back(i);
+    bucket.pins.push_back(pins);
+    return Status::ok();
+  }
+
+  template <Capabilities caps>
+  static Status check_bounds(const IoRequest& r, std::size_t i, const MemoryView& view, std::uint64_t target_size) {
+    if (r.length == 0)
+      return error(StatusCode::INVALID_ARGUMENT, "requests[{}].length is 0; READ and WRITE move at least 1 byte", i);
+    if (r.length > caps.max_request_bytes)
+      return error(StatusCode::INVALID_ARGUMENT, "requests[{}].length = {} exceeds the backend limit of {} bytes", i,
+                   r.length, caps.max_request_bytes);
+    if (r.target_offset > target_size || r.length > target_size - r.target_offset)
+      return error(StatusCode::OUT_OF_RANGE,
+                   "requests[{}]: target_offset = {} + length = {} reaches past the target size of {} bytes", i,
+                   r.target_offset, r.length, target_size);
+    if (r.target_offset % caps.offset_alignment != 0)
+      return error(StatusCode::INVALID_ARGUMENT, "requests[{}].target_offset = {} is not a multiple of {} bytes", i,
+                   r.target_offset, caps.offset_alignment);
+    std::uint64_t span = r.length;  // bytes of memory the transfer touches
+    if (r.length % caps.offset_alignment != 0) {
+      const bool tail = caps.unaligned_tail_at_end_of_target && r.target_offset + r.length == target_size;
+      if (!tail)
+        return error(StatusCode::INVALID_ARGUMENT,
+                     "requests[{}].length = {} is not a multiple of {} bytes{}", i, r.length, caps.offset_alignment,
+                     caps.unaligned_tail_at_end_of_target ? " and does not end at the end of the target" : "");
+      span = r.length + (caps.offset_alignment - r.length % caps.offset_alignment);
+    }
+    if (r.memory_offset > view.size || span > view.size - r.memory_offset)
+      return error(StatusCode::OUT_OF_RANGE,
+                   "requests[{}]: memory_offset = {} + {} bytes reaches past the registered region of {} bytes{}", i,
+                   r.memory_offset, span, view.size,
+                   span != r.length ? " (the unaligned tail is transferred as a whole aligned unit)" : "");
+    const auto address = reinterpret_cast<std::uintptr_t>(view.address) + r.memory_offset;
+    if (address % caps.memory_alignment != 0)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "requests[{}]: memory address + memory_offset = {:#x} is not a multiple of {} bytes", i, address,
+                   caps.memory_alignment);
+    return Status::ok();
+  }
+
+  Result<std::shared_ptr<IoEntry>> find_io(IoHandle handle) const {
+    std::scoped_lock lock(state_->tables_mutex);
+    auto found = state_->ios.find(handle, "io");
+    if (!found) return found.status();
+    return (*found)->io;
+  }
+
+  /// Drives an IO's DataPath batches for up to budget_ns (io->mutex held). OK once complete; TIMEOUT
+  /// when not complete in time; a DataPath's progress error otherwise.
+  Status advance(IoEntry& io, std::uint64_t budget_ns) {
+    if (io.complete) return Status::ok();
+    const std::uint64_t deadline = detail::saturating_add(detail::now_ns(), budget_ns);
+    Status failure;
+    detail::for_each_index<kBackends>([&](auto I) {
+      auto& bucket = std::get<I>(io.parts);
+      if (!failure.is_ok() || bucket.complete || bucket.accepted.empty()) {
+        if (bucket.accepted.empty()) bucket.complete = true;
+        return;
+      }
+      const std::uint64_t now = detail::now_ns();
+      Status s = std::get<I>(state_->backends)->datapath.progress(
+          *bucket.batch, std::span<RequestCompletion>(bucket.completions), deadline > now ? deadline - now : 0);
+      if (s.is_ok())
+        bucket.complete = true;
+      else
+        failure = s.code() == StatusCode::NOT_READY
+                      ? error(StatusCode::TIMEOUT, "IO not complete after {} ns", budget_ns)
+                      : s.with_context(fmt::format("progress of backend '{}'", datapath_at<I>::name));
+    });
+    if (!failure.is_ok()) return failure;
+    finish(io);
+    return Status::ok();
+  }
+
+  /// Marks a completed IO: unpins its targets and regions and builds its IoResult.
+  void finish(IoEntry& io) {
+    IoResult& result = io.result;
+    result.requests = io.requests;
+    result.requested_bytes = io.requested_bytes;
+    detail::for_each_index<kBackends>([&](auto I) {
+      auto& bucket = std::get<I>(io.parts);
+      for (std::size_t k : bucket.accepted) {
+        RequestCompletion c = bucket.completions[k];
+        c.request_index = bucket.input_index[k];
+        if (!c.done)  // a DataPath that reports completion must fill every entry; never claim bytes moved
+          c.status = error(StatusCode::INTERNAL, "DataPath '{}' completed without a status", datapath_at<I>::name);
+        if (!c.status.is_ok()) c.confirmed_bytes = std::min(c.confirmed_bytes, bucket.requests[k].length);
+        result.confirmed_bytes += c.confirmed_bytes;
+        result.commands += c.commands;
+        result.completions.push_back(std::move(c));
+        unpin(bucket.pins[k]);
+      }
+    });
+    std::sort(result.completions.begin(), result.completions.end(),
+              [](const RequestCompletion& a, const RequestCompletion& b) { return a.request_index < b.request_index; });
+    for (const RequestCompletion& c : result.completions) {
+      if (c.status.is_ok()) continue;
+      result.failed_requests.push_back(c.request_index);
+      if (!result.first_failed_request) {
+        result.first_failed_request = c.request_index;
+        result.failure_kind = c.status.code();
+        result.device_status = c.device_status;
+        result.status = c.status.with_context(fmt::format("requests[{}]", c.request_index));
+      }
+    }
+    io.complete = true;
+  }
+
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace tutti

@@ -1,0 +1,15 @@
+// Ready-made typed runtimes. Each is a StorageRuntime instantiated with the backends a common
+// deployment needs; applications may as well spell their own.
+#pragma once
+
+#include <tutti/core/runtime.hpp>
+#include <tutti/path/memfs.hpp>
+#include <tutti/resolve/memfs.hpp>
+
+namespace tutti {
+
+/// memfs:// targets in host memory: the sample backend, for tests and examples.
+using MemfsBackend = Backend<memfs::Resolver, memfs::DataPath>;
+using MemfsRuntime = StorageRuntime<MemfsBackend>;
+
+}  // namespace tutti

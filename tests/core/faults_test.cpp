@@ -1,0 +1,86 @@
+// Error paths of the runtime, driven by the fault-injecting DataPath.
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include <faulty_datapath.hpp>
+#include <tutti/tutti.hpp>
+
+using namespace tutti;
+using tutti::testing::FaultyBackend;
+using tutti::testing::FaultyDataPath;
+using tutti::testing::Faults;
+
+namespace {
+constexpr std::uint64_t kSecond = 1'000'000'000;
+}
+
+TEST_CASE("a short transfer is reported per request with confirmed bytes, indices and the device status") {
+  auto faults = std::make_shared<Faults>();
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  auto target = *rt.open("memfs://short?size=65536");
+  std::vector<std::byte> buffer(65536);
+  auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
+  faults->fail_after_bytes = 4096;
+  faults->device_status = 0x0281;  // SCT 2 (media error), SC 0x81 (unrecovered read error)
+  std::vector<IoRequest> batch{{Direction::READ, mem, 0, target, 0, 4096},
+                               {Direction::READ, mem, 4096, target, 4096, 8192},
+                               {Direction::READ, mem, 12288, target, 12288, 2048},
+                               {Direction::READ, mem, 16384, target, 16384, 16384}};
+  auto outcome = rt.submit(batch);
+  REQUIRE(outcome.accepted == 4);
+  auto result = rt.wait(outcome.io, kSecond);
+  REQUIRE(result.is_ok());
+  CHECK(result->status.code() == StatusCode::DATA_LOSS);
+  CHECK(result->status.message().find("requests[1]") != std::string::npos);
+  CHECK(result->failure_kind == StatusCode::DATA_LOSS);
+  REQUIRE(result->first_failed_request.has_value());
+  CHECK(*result->first_failed_request == 1);
+  CHECK(result->failed_requests == std::vector<std::size_t>{1, 3});
+  CHECK(result->device_status == 0x0281);
+  CHECK(result->requested_bytes == 4096 + 8192 + 2048 + 16384);
+  CHECK(result->confirmed_bytes == 4096 + 4096 + 2048 + 4096);
+}
+
+TEST_CASE("a failing progress keeps the IO in flight and its memory pinned until it recovers") {
+  auto faults = std::make_shared<Faults>();
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  auto target = *rt.open("memfs://progress?size=4096");
+  std::vector<std::byte> buffer(4096);
+  auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
+  faults->fail_progress = true;
+  std::vector<IoRequest> batch{{Direction::READ, mem, 0, target, 0, 4096}};
+  auto outcome = rt.submit(batch);
+  REQUIRE(outcome.accepted == 1);
+  auto failed = rt.wait(outcome.io, kSecond);
+  CHECK(failed.code() == StatusCode::DEVICE_ERROR);
+  CHECK(failed.status().message().find("faulty") != std::string::npos);
+  CHECK(rt.query(outcome.io).code() == StatusCode::DEVICE_ERROR);
+  CHECK(rt.unregister_memory(mem).code() == StatusCode::BUSY);
+  CHECK(rt.shutdown(1'000'000).code() == StatusCode::TIMEOUT);
+  faults->fail_progress = false;
+  auto done = rt.wait(outcome.io, kSecond);
+  REQUIRE(done.is_ok());
+  CHECK(done->status.is_ok());
+  CHECK(rt.shutdown(kSecond).is_ok());
+}
+
+TEST_CASE("a delayed completion honours the wait budget and completes once released") {
+  auto faults = std::make_shared<Faults>();
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  auto target = *rt.open("memfs://delay?size=4096");
+  std::vector<std::byte> buffer(4096);
+  auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
+  faults->close_gate();
+  std::vector<IoRequest> batch{{Direction::READ, mem, 0, target, 0, 4096}};
+  auto outcome = rt.submit(batch);
+  for (int i = 0; i < 3; ++i) CHECK(rt.wait(outcome.io, 1'000'000).code() == StatusCode::TIMEOUT);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    faults->open_gate();
+  });
+  auto done = rt.wait(outcome.io, 10 * kSecond);
+  opener.join();
+  REQUIRE(done.is_ok());
+  CHECK(done->confirmed_bytes == 4096);
+}

@@ -1,0 +1,40 @@
+#include <doctest/doctest.h>
+
+#include <tutti/core/uri.hpp>
+
+using tutti::parse_uri;
+using tutti::StatusCode;
+
+TEST_CASE("a file URI is split and percent-decoded") {
+  auto uri = parse_uri("file:///mnt/nvme0/kv/layer%2017");
+  REQUIRE(uri.is_ok());
+  CHECK(uri->scheme == "file");
+  CHECK(uri->authority.empty());
+  CHECK(uri->path == "/mnt/nvme0/kv/layer 17");
+}
+
+TEST_CASE("the scheme is case-insensitive and the query is decoded in order") {
+  auto uri = parse_uri("MEMFS://cache?size=4096&x=a%20b");
+  REQUIRE(uri.is_ok());
+  CHECK(uri->scheme == "memfs");
+  CHECK(uri->authority == "cache");
+  CHECK(uri->query_value("size") == "4096");
+  CHECK(uri->query_value("x") == "a b");
+  CHECK_FALSE(uri->query_value("y").has_value());
+}
+
+TEST_CASE("malformed URIs are INVALID_ARGUMENT with a message naming the problem") {
+  struct Case {
+    const char* uri;
+    const char* words;
+  };
+  for (const Case& c : {Case{"", "empty"}, Case{"no-scheme-here", "'://'"}, Case{"://x", "'://'"},
+                        Case{"file:///a%zzb", "percent-encoding"}, Case{"file:///a%2", "percent-encoding"},
+                        Case{"file:///a%00b", "NUL"}, Case{"file:///a%2Fb", "'/'"}}) {
+    CAPTURE(c.uri);
+    auto uri = parse_uri(c.uri);
+    REQUIRE_FALSE(uri.is_ok());
+    CHECK(uri.code() == StatusCode::INVALID_ARGUMENT);
+    CHECK(uri.status().message().find(c.words) != std::string::npos);
+  }
+}
