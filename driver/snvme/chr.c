@@ -1,0 +1,782 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * snvme character device /dev/snvme<C>: controller info, queue groups whose
+ * rings and doorbells userspace maps, and DMA mappings of user memory.
+ *
+ * Lifetime rule: a queue is deleted on the controller (Delete I/O SQ, then
+ * Delete I/O CQ) before its ring memory is freed and before any page mapped
+ * through the same file is unpinned. If a delete fails, the controller is
+ * disabled first (which deletes every queue) and only then is memory freed.
+ */
+#include <linux/fs.h>
+#include <linux/highmem.h>
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/scatterlist.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+
+#include "compat.h"
+#include "snvme.h"
+
+static dev_t snvme_devt;
+static struct class *snvme_class;
+
+/* One queue pair of a group. */
+struct snvme_uq {
+	u16 qid;
+	u32 entries;
+	void *sq;
+	dma_addr_t sq_dma;
+	u32 sq_bytes;
+	void *cq;
+	dma_addr_t cq_dma;
+	u32 cq_bytes;
+	bool cq_created;
+	bool sq_created;
+};
+
+struct snvme_qgroup {
+	u32 id;
+	u32 nr;
+	struct snvme_uq q[SNVME_MAX_GROUP_QUEUES];
+};
+
+static u64 snvme_sq_offset(u16 qid)
+{
+	return 2ull * qid * SNVME_MMAP_RING_STRIDE;
+}
+
+static u64 snvme_cq_offset(u16 qid)
+{
+	return (2ull * qid + 1) * SNVME_MMAP_RING_STRIDE;
+}
+
+static void snvme_count(struct snvme_ctrl *ctrl, long pages, int maps, int groups)
+{
+	atomic64_add(pages, &ctrl->cnt.pinned_pages);
+	atomic64_add(pages, &snvme_totals.pinned_pages);
+	atomic_add(maps, &ctrl->cnt.dma_maps);
+	atomic_add(maps, &snvme_totals.dma_maps);
+	atomic_add(groups, &ctrl->cnt.queue_groups);
+	atomic_add(groups, &snvme_totals.queue_groups);
+}
+
+/* ---- queue groups ----------------------------------------------------- */
+
+static void snvme_zap(struct snvme_file *f, u64 off, u64 len)
+{
+	unmap_mapping_range(f->filp->f_mapping, off, len, 1);
+}
+
+static void snvme_release_qid(struct snvme_ctrl *ctrl, u16 qid)
+{
+	spin_lock(&ctrl->uq_lock);
+	clear_bit(qid - ctrl->user_qid_first, ctrl->user_qid_map);
+	spin_unlock(&ctrl->uq_lock);
+}
+
+/*
+ * Deletes the group's queues on the controller, then revokes userspace
+ * mappings of the rings, frees them and returns the QIDs.
+ */
+static void snvme_group_destroy(struct snvme_file *f, struct snvme_qgroup *g)
+{
+	struct snvme_ctrl *ctrl = f->ctrl;
+	bool bad = false;
+	int i, ret;
+
+	for (i = 0; i < g->nr; i++) {
+		struct snvme_uq *uq = &g->q[i];
+
+		if (uq->sq_created) {
+			ret = snvme_delete_queue(ctrl, nvme_admin_delete_sq, uq->qid);
+			if (ret) {
+				dev_err(ctrl->dev, "Delete I/O SQ %u failed: %d\n", uq->qid, ret);
+				bad = true;
+			}
+		}
+		if (uq->cq_created) {
+			ret = snvme_delete_queue(ctrl, nvme_admin_delete_cq, uq->qid);
+			if (ret) {
+				dev_err(ctrl->dev, "Delete I/O CQ %u failed: %d\n", uq->qid, ret);
+				bad = true;
+			}
+		}
+	}
+	if (bad && !ctrl->failed)
+		snvme_ctrl_fail(ctrl, "queue delete failed");
+	if (bad)
+		flush_work(&ctrl->fail_work);	/* controller disabled: no DMA */
+
+	for (i = 0; i < g->nr; i++) {
+		struct snvme_uq *uq = &g->q[i];
+
+		snvme_zap(f, snvme_sq_offset(uq->qid), uq->sq_bytes);
+		snvme_zap(f, snvme_cq_offset(uq->qid), uq->cq_bytes);
+		if (uq->sq)
+			dma_free_coherent(ctrl->dev, uq->sq_bytes, uq->sq, uq->sq_dma);
+		if (uq->cq)
+			dma_free_coherent(ctrl->dev, uq->cq_bytes, uq->cq, uq->cq_dma);
+		snvme_release_qid(ctrl, uq->qid);
+	}
+	if (g->id) {
+		idr_remove(&f->groups, g->id);
+		snvme_count(ctrl, 0, 0, -1);
+	}
+	kfree(g);
+}
+
+static u16 snvme_user_queues_free(struct snvme_ctrl *ctrl)
+{
+	u16 used;
+
+	spin_lock(&ctrl->uq_lock);
+	used = bitmap_weight(ctrl->user_qid_map, ctrl->user_queues);
+	spin_unlock(&ctrl->uq_lock);
+	return ctrl->user_queues - used;
+}
+
+static int snvme_ioc_create_group(struct snvme_file *f, struct snvme_queue_group *a)
+{
+	struct snvme_ctrl *ctrl = f->ctrl;
+	u32 mqes = NVME_CAP_MQES(ctrl->cap) + 1;
+	struct snvme_qgroup *g;
+	int i, ret, id;
+	u16 avail;
+
+	if (a->flags) {
+		dev_err_ratelimited(ctrl->dev, "CREATE_QUEUE_GROUP: flags 0x%x, must be 0\n", a->flags);
+		return -EINVAL;
+	}
+	if (a->nr_queues < 1 || a->nr_queues > SNVME_MAX_GROUP_QUEUES) {
+		dev_err_ratelimited(ctrl->dev, "CREATE_QUEUE_GROUP: nr_queues %u, must be 1..%u\n",
+				    a->nr_queues, SNVME_MAX_GROUP_QUEUES);
+		return -EINVAL;
+	}
+	if (a->entries < 2 || a->entries > mqes) {
+		dev_err_ratelimited(ctrl->dev, "CREATE_QUEUE_GROUP: entries %u, must be 2..%u (CAP.MQES + 1)\n",
+				    a->entries, mqes);
+		return -EINVAL;
+	}
+	g = kzalloc(sizeof(*g), GFP_KERNEL);
+	if (!g)
+		return -ENOMEM;
+
+	/* Reserve QIDs. */
+	spin_lock(&ctrl->uq_lock);
+	avail = ctrl->user_queues - bitmap_weight(ctrl->user_qid_map, ctrl->user_queues);
+	if (a->nr_queues > avail) {
+		spin_unlock(&ctrl->uq_lock);
+		kfree(g);
+		dev_err_ratelimited(ctrl->dev, "CREATE_QUEUE_GROUP: nr_queues %u exceeds the %u free user queues (budget %u)\n",
+				    a->nr_queues, avail, ctrl->user_queues);
+		return -ENOSPC;
+	}
+	for (i = 0; i < a->nr_queues; i++) {
+		unsigned long bit = find_first_zero_bit(ctrl->user_qid_map, ctrl->user_queues);
+
+		set_bit(bit, ctrl->user_qid_map);
+		g->q[i].qid = ctrl->user_qid_first + bit;
+	}
+	g->nr = a->nr_queues;
+	spin_unlock(&ctrl->uq_lock);
+
+	for (i = 0; i < g->nr; i++) {
+		struct snvme_uq *uq = &g->q[i];
+
+		uq->entries = a->entries;
+		uq->sq_bytes = PAGE_ALIGN(a->entries * sizeof(struct nvme_command));
+		uq->cq_bytes = PAGE_ALIGN(a->entries * sizeof(struct nvme_completion));
+		uq->sq = dma_alloc_coherent(ctrl->dev, uq->sq_bytes, &uq->sq_dma, GFP_KERNEL);
+		uq->cq = dma_alloc_coherent(ctrl->dev, uq->cq_bytes, &uq->cq_dma, GFP_KERNEL);
+		if (!uq->sq || !uq->cq) {
+			ret = -ENOMEM;
+			goto destroy;
+		}
+		ret = snvme_create_cq(ctrl, uq->qid, uq->cq_dma, a->entries, -1);
+		if (ret) {
+			dev_err(ctrl->dev, "Create I/O CQ %u (%u entries) failed: %d\n",
+				uq->qid, a->entries, ret);
+			ret = ret > 0 ? -EIO : ret;
+			goto destroy;
+		}
+		uq->cq_created = true;
+		ret = snvme_create_sq(ctrl, uq->qid, uq->sq_dma, a->entries);
+		if (ret) {
+			dev_err(ctrl->dev, "Create I/O SQ %u (%u entries) failed: %d\n",
+				uq->qid, a->entries, ret);
+			ret = ret > 0 ? -EIO : ret;
+			goto destroy;
+		}
+		uq->sq_created = true;
+	}
+	id = idr_alloc(&f->groups, g, 1, 0, GFP_KERNEL);
+	if (id < 0) {
+		ret = id;
+		goto destroy;
+	}
+	g->id = id;
+	snvme_count(ctrl, 0, 0, 1);
+
+	a->group_id = id;
+	memset(a->queues, 0, sizeof(a->queues));
+	for (i = 0; i < g->nr; i++) {
+		struct snvme_queue_desc *d = &a->queues[i];
+		struct snvme_uq *uq = &g->q[i];
+
+		d->qid = uq->qid;
+		d->entries = uq->entries;
+		d->sq_doorbell = 2 * uq->qid * ctrl->db_stride;
+		d->cq_doorbell = (2 * uq->qid + 1) * ctrl->db_stride;
+		d->sq_offset = snvme_sq_offset(uq->qid);
+		d->cq_offset = snvme_cq_offset(uq->qid);
+		d->sq_bytes = uq->sq_bytes;
+		d->cq_bytes = uq->cq_bytes;
+	}
+	return 0;
+
+destroy:
+	snvme_group_destroy(f, g);
+	return ret;
+}
+
+/* ---- DMA maps ---------------------------------------------------------- */
+
+static void snvme_dmamap_free(struct snvme_file *f, struct snvme_dmamap *m)
+{
+	struct snvme_ctrl *ctrl = f->ctrl;
+
+	if (m->kind == SNVME_DMA_GPU) {
+		snvme_gpu_unmap(ctrl, m);
+	} else {
+		if (m->sgt_mapped)
+			dma_unmap_sgtable(ctrl->dev, &m->sgt, DMA_BIDIRECTIONAL, 0);
+		if (m->sgt.sgl)
+			sg_free_table(&m->sgt);
+		if (m->pages && m->nr_pages) {
+			/* The device may have written any page. */
+			unpin_user_pages_dirty_lock(m->pages, m->nr_pages, true);
+			snvme_count(ctrl, -(long)m->nr_pages, 0, 0);
+		}
+		kvfree(m->pages);
+	}
+	if (m->id) {
+		idr_remove(&f->maps, m->id);
+		snvme_count(ctrl, 0, -1, 0);
+	}
+	kvfree(m->addrs);
+	kfree(m);
+}
+
+static int snvme_map_host(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
+{
+	unsigned long pinned = 0;
+	struct sg_dma_page_iter it;
+	unsigned long i = 0;
+	int ret;
+
+	m->pages = kvmalloc_array(m->nr_pages, sizeof(*m->pages), GFP_KERNEL);
+	if (!m->pages)
+		return -ENOMEM;
+	while (pinned < m->nr_pages) {
+		ret = pin_user_pages_fast(m->vaddr + pinned * PAGE_SIZE,
+					  min_t(unsigned long, m->nr_pages - pinned, INT_MAX),
+					  FOLL_WRITE | FOLL_LONGTERM, m->pages + pinned);
+		if (ret <= 0) {
+			dev_err_ratelimited(ctrl->dev, "DMA_MAP: cannot pin vaddr 0x%llx + %lu pages: %d\n",
+					    m->vaddr, pinned, ret);
+			if (pinned)
+				unpin_user_pages(m->pages, pinned);
+			m->nr_pages = 0;	/* nothing left pinned */
+			return ret ? ret : -EFAULT;
+		}
+		pinned += ret;
+	}
+	snvme_count(ctrl, m->nr_pages, 0, 0);
+	ret = sg_alloc_table_from_pages(&m->sgt, m->pages, m->nr_pages, 0,
+					m->length, GFP_KERNEL);
+	if (ret)
+		return ret;
+	ret = dma_map_sgtable(ctrl->dev, &m->sgt, DMA_BIDIRECTIONAL, 0);
+	if (ret)
+		return ret;
+	m->sgt_mapped = true;
+	for_each_sgtable_dma_page(&m->sgt, &it, 0) {
+		if (WARN_ON_ONCE(i >= m->nr_pages))
+			return -EIO;
+		m->addrs[i++] = sg_page_iter_dma_address(&it);
+	}
+	return i == m->nr_pages ? 0 : -EIO;
+}
+
+static int snvme_ioc_dma_map(struct snvme_file *f, struct snvme_dma_map *a)
+{
+	struct snvme_ctrl *ctrl = f->ctrl;
+	u64 limit = (u64)snvme_max_dma_map_mib << 20;
+	struct snvme_dmamap *m;
+	int ret, id;
+
+	if (a->flags) {
+		dev_err_ratelimited(ctrl->dev, "DMA_MAP: flags 0x%x, must be 0\n", a->flags);
+		return -EINVAL;
+	}
+	if (a->kind != SNVME_DMA_HOST && a->kind != SNVME_DMA_GPU) {
+		dev_err_ratelimited(ctrl->dev, "DMA_MAP: kind %u unknown\n", a->kind);
+		return -EINVAL;
+	}
+	if (!IS_ALIGNED(a->vaddr, PAGE_SIZE) || !a->vaddr) {
+		dev_err_ratelimited(ctrl->dev, "DMA_MAP: vaddr 0x%llx not %lu-byte aligned or NULL\n",
+				    a->vaddr, PAGE_SIZE);
+		return -EINVAL;
+	}
+	if (!a->length || !IS_ALIGNED(a->length, PAGE_SIZE) || a->length > limit) {
+		dev_err_ratelimited(ctrl->dev, "DMA_MAP: length %llu must be a non-zero multiple of %lu up to %llu (max_dma_map_mib)\n",
+				    a->length, PAGE_SIZE, limit);
+		return -EINVAL;
+	}
+	if (a->vaddr + a->length < a->vaddr || a->vaddr + a->length > TASK_SIZE) {
+		dev_err_ratelimited(ctrl->dev, "DMA_MAP: vaddr + length overflows the address space\n");
+		return -EINVAL;
+	}
+	if (a->max_addrs < a->length / PAGE_SIZE || !a->bus_addrs) {
+		dev_err_ratelimited(ctrl->dev, "DMA_MAP: bus_addrs holds %llu entries, need %llu\n",
+				    a->max_addrs, a->length / PAGE_SIZE);
+		return -EINVAL;
+	}
+	m = kzalloc(sizeof(*m), GFP_KERNEL);
+	if (!m)
+		return -ENOMEM;
+	m->kind = a->kind;
+	m->vaddr = a->vaddr;
+	m->length = a->length;
+	m->nr_pages = a->length / PAGE_SIZE;
+	m->addrs = kvmalloc_array(m->nr_pages, sizeof(*m->addrs), GFP_KERNEL);
+	if (!m->addrs) {
+		kfree(m);
+		return -ENOMEM;
+	}
+	if (a->kind == SNVME_DMA_GPU)
+		ret = snvme_gpu_map(ctrl, m, a->vaddr, a->length);
+	else
+		ret = snvme_map_host(ctrl, m);
+	if (ret)
+		goto free;
+	if (copy_to_user(u64_to_user_ptr(a->bus_addrs), m->addrs,
+			 m->nr_pages * sizeof(u64))) {
+		ret = -EFAULT;
+		goto free;
+	}
+	id = idr_alloc(&f->maps, m, 1, SNVME_MAX_MAPS_PER_FILE + 1, GFP_KERNEL);
+	if (id < 0) {
+		ret = id == -ENOSPC ? -EMFILE : id;
+		goto free;
+	}
+	m->id = id;
+	snvme_count(ctrl, 0, 1, 0);
+	a->map_id = id;
+	a->nr_pages = m->nr_pages;
+	return 0;
+free:
+	snvme_dmamap_free(f, m);
+	return ret;
+}
+
+/* ---- file operations --------------------------------------------------- */
+
+/* Everything a file holds, in the safe order: queues first, then pins. */
+static void snvme_file_teardown(struct snvme_file *f)
+{
+	struct snvme_qgroup *g;
+	struct snvme_dmamap *m;
+	int id;
+
+	idr_for_each_entry(&f->groups, g, id)
+		snvme_group_destroy(f, g);
+	idr_for_each_entry(&f->maps, m, id)
+		snvme_dmamap_free(f, m);
+	if (f->ctrl->db_bytes)
+		snvme_zap(f, SNVME_MMAP_DOORBELLS, f->ctrl->db_bytes);
+	f->torn_down = true;
+}
+
+static int snvme_open(struct inode *inode, struct file *filp)
+{
+	struct snvme_ctrl *ctrl = container_of(inode->i_cdev, struct snvme_ctrl, cdev);
+	struct snvme_file *f;
+	int ret = 0;
+
+	f = kzalloc(sizeof(*f), GFP_KERNEL);
+	if (!f)
+		return -ENOMEM;
+	down_read(&ctrl->lifecycle);
+	if (ctrl->dead) {
+		ret = -ENODEV;
+		goto out;
+	}
+	kref_get(&ctrl->ref);
+	f->ctrl = ctrl;
+	f->filp = filp;
+	mutex_init(&f->lock);
+	idr_init(&f->groups);
+	idr_init(&f->maps);
+	mutex_lock(&ctrl->files_lock);
+	list_add(&f->node, &ctrl->files);
+	mutex_unlock(&ctrl->files_lock);
+	filp->private_data = f;
+out:
+	up_read(&ctrl->lifecycle);
+	if (ret)
+		kfree(f);
+	return ret;
+}
+
+static int snvme_release(struct inode *inode, struct file *filp)
+{
+	struct snvme_file *f = filp->private_data;
+	struct snvme_ctrl *ctrl = f->ctrl;
+
+	mutex_lock(&ctrl->files_lock);
+	list_del(&f->node);
+	mutex_lock(&f->lock);
+	if (!f->torn_down)
+		snvme_file_teardown(f);
+	mutex_unlock(&f->lock);
+	mutex_unlock(&ctrl->files_lock);
+	idr_destroy(&f->groups);
+	idr_destroy(&f->maps);
+	kfree(f);
+	snvme_ctrl_put(ctrl);
+	return 0;
+}
+
+static void snvme_fill_info(struct snvme_ctrl *ctrl, struct snvme_info *in)
+{
+	int i;
+
+	memset(in, 0, sizeof(*in));
+	in->hdr.abi_version = SNVME_ABI_VERSION;
+	in->hdr.argsz = sizeof(*in);
+	in->caps = SNVME_CAP_QUEUE_GROUPS | SNVME_CAP_DMA_HOST;
+	if (IS_ENABLED(SNVME_HAVE_NV_P2P))
+		in->caps |= SNVME_CAP_DMA_GPU;
+	if (device_iommu_mapped(ctrl->dev))
+		in->caps |= SNVME_CAP_IOMMU;
+	if (ctrl->sgls & 0x3)	/* SGLS bits 1:0: SGLs supported */
+		in->caps |= SNVME_CAP_SGL;
+	if (ctrl->vwc)
+		in->caps |= SNVME_CAP_VWC;
+	in->cap = ctrl->cap;
+	in->vs = ctrl->vs;
+	in->instance = ctrl->instance;
+	in->vid = ctrl->vid;
+	in->ssvid = ctrl->ssvid;
+	in->max_queue_entries = NVME_CAP_MQES(ctrl->cap) + 1;
+	in->doorbell_stride = ctrl->db_stride;
+	in->doorbell_bytes = ctrl->db_bytes;
+	in->page_size = SNVME_NVME_PAGE;
+	in->max_transfer = ctrl->max_xfer;
+	in->sgls = ctrl->sgls;
+	in->nn = ctrl->nn;
+	memcpy(in->serial, ctrl->serial, sizeof(in->serial));
+	memcpy(in->model, ctrl->model, sizeof(in->model));
+	memcpy(in->firmware, ctrl->firmware, sizeof(in->firmware));
+	in->kernel_queues = ctrl->kernel_queues;
+	in->user_qid_first = ctrl->user_qid_first;
+	in->user_queues = ctrl->user_queues;
+	in->user_queues_free = snvme_user_queues_free(ctrl);
+	in->max_group_queues = SNVME_MAX_GROUP_QUEUES;
+	in->pinned_pages = atomic64_read(&ctrl->cnt.pinned_pages);
+	in->dma_maps = atomic_read(&ctrl->cnt.dma_maps);
+	in->queue_groups = atomic_read(&ctrl->cnt.queue_groups);
+	in->nr_namespaces = ctrl->nr_ns;
+	for (i = 0; i < ctrl->nr_ns; i++) {
+		struct snvme_ns *ns = ctrl->ns[i];
+		struct snvme_ns_info *ni = &in->ns[i];
+
+		ni->nsid = ns->nsid;
+		ni->flbas_index = ns->flbas_index;
+		ni->nlbaf = ns->nlbaf;
+		ni->lba_shift = ns->lba_shift;
+		ni->nsze = ns->nsze;
+		ni->ncap = ns->ncap;
+		memcpy(ni->lbaf, ns->lbaf, sizeof(ni->lbaf));
+	}
+}
+
+union snvme_ioc_arg {
+	struct snvme_hdr hdr;
+	struct snvme_info info;
+	struct snvme_queue_group group;
+	struct snvme_group_id gid;
+	struct snvme_dma_map map;
+	struct snvme_dma_unmap unmap;
+};
+
+static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
+{
+	struct snvme_file *f = filp->private_data;
+	struct snvme_ctrl *ctrl = f->ctrl;
+	void __user *uarg = (void __user *)arg;
+	unsigned int size = _IOC_SIZE(cmd);
+	union snvme_ioc_arg *a;
+	long ret;
+
+	switch (cmd) {
+	case SNVME_IOC_GET_INFO:
+	case SNVME_IOC_CREATE_QUEUE_GROUP:
+	case SNVME_IOC_DESTROY_QUEUE_GROUP:
+	case SNVME_IOC_DMA_MAP:
+	case SNVME_IOC_DMA_UNMAP:
+		break;
+	default:
+		/* Also a known command with the wrong size (another ABI). */
+		return -ENOTTY;
+	}
+	a = kzalloc(sizeof(*a), GFP_KERNEL);
+	if (!a)
+		return -ENOMEM;
+	if (copy_from_user(a, uarg, size)) {
+		ret = -EFAULT;
+		goto free;
+	}
+	if (a->hdr.abi_version != SNVME_ABI_VERSION) {
+		dev_err_ratelimited(ctrl->dev, "ioctl 0x%x: abi_version %u unsupported (driver speaks %u)\n",
+				    cmd, a->hdr.abi_version, SNVME_ABI_VERSION);
+		ret = -EPROTO;
+		goto free;
+	}
+	if (a->hdr.argsz != size) {
+		dev_err_ratelimited(ctrl->dev, "ioctl 0x%x: argsz %u, expected %u\n",
+				    cmd, a->hdr.argsz, size);
+		ret = -EINVAL;
+		goto free;
+	}
+	down_read(&ctrl->lifecycle);
+	if (ctrl->dead || ctrl->failed) {
+		ret = -ENODEV;
+		goto unlock;
+	}
+	mutex_lock(&f->lock);
+	switch (cmd) {
+	case SNVME_IOC_GET_INFO:
+		snvme_fill_info(ctrl, &a->info);
+		ret = 0;
+		break;
+	case SNVME_IOC_CREATE_QUEUE_GROUP:
+		ret = snvme_ioc_create_group(f, &a->group);
+		break;
+	case SNVME_IOC_DESTROY_QUEUE_GROUP: {
+		struct snvme_qgroup *g = idr_find(&f->groups, a->gid.group_id);
+
+		ret = g ? 0 : -ENOENT;
+		if (g)
+			snvme_group_destroy(f, g);
+		break;
+	}
+	case SNVME_IOC_DMA_MAP:
+		ret = snvme_ioc_dma_map(f, &a->map);
+		break;
+	case SNVME_IOC_DMA_UNMAP: {
+		struct snvme_dmamap *m = idr_find(&f->maps, a->unmap.map_id);
+
+		ret = m ? 0 : -ENOENT;
+		if (m)
+			snvme_dmamap_free(f, m);
+		break;
+	}
+	}
+	if (!ret && (_IOC_DIR(cmd) & _IOC_READ) && copy_to_user(uarg, a, size)) {
+		/* The caller cannot learn the handle: undo what was created. */
+		if (cmd == SNVME_IOC_CREATE_QUEUE_GROUP) {
+			struct snvme_qgroup *g = idr_find(&f->groups, a->group.group_id);
+
+			if (g)
+				snvme_group_destroy(f, g);
+		} else if (cmd == SNVME_IOC_DMA_MAP) {
+			struct snvme_dmamap *m = idr_find(&f->maps, a->map.map_id);
+
+			if (m)
+				snvme_dmamap_free(f, m);
+		}
+		ret = -EFAULT;
+	}
+	mutex_unlock(&f->lock);
+unlock:
+	up_read(&ctrl->lifecycle);
+free:
+	kfree(a);
+	return ret;
+}
+
+static vm_fault_t snvme_vm_fault(struct vm_fault *vmf)
+{
+	return VM_FAULT_SIGBUS;	/* revoked: destroyed group or unbound controller */
+}
+
+static const struct vm_operations_struct snvme_vm_ops = {
+	.fault = snvme_vm_fault,
+};
+
+static int snvme_mmap(struct file *filp, struct vm_area_struct *vma)
+{
+	struct snvme_file *f = filp->private_data;
+	struct snvme_ctrl *ctrl = f->ctrl;
+	u64 off = (u64)vma->vm_pgoff << PAGE_SHIFT;
+	unsigned long len = vma->vm_end - vma->vm_start;
+	struct snvme_qgroup *g;
+	int ret = -EINVAL, id, i;
+
+	if (!(vma->vm_flags & VM_SHARED)) {
+		dev_err_ratelimited(ctrl->dev, "mmap: MAP_SHARED required\n");
+		return -EINVAL;
+	}
+	down_read(&ctrl->lifecycle);
+	if (ctrl->dead || ctrl->failed) {
+		ret = -ENODEV;
+		goto out;
+	}
+	vma->vm_ops = &snvme_vm_ops;
+	vm_flags_set(vma, VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP);
+	if (off == SNVME_MMAP_DOORBELLS) {
+		phys_addr_t db = pci_resource_start(ctrl->pdev, 0) + SNVME_DB_OFFSET;
+
+		if (!ctrl->db_bytes || len != ctrl->db_bytes) {
+			dev_err_ratelimited(ctrl->dev, "mmap: doorbell window is %u bytes, asked %lu\n",
+					    ctrl->db_bytes, len);
+			goto out;
+		}
+		vm_flags_set(vma, VM_IO | VM_PFNMAP);
+		vma->vm_page_prot = pgprot_noncached(vma->vm_page_prot);
+		ret = io_remap_pfn_range(vma, vma->vm_start, db >> PAGE_SHIFT, len,
+					 vma->vm_page_prot);
+		goto out;
+	}
+	mutex_lock(&f->lock);
+	idr_for_each_entry(&f->groups, g, id) {
+		for (i = 0; i < g->nr; i++) {
+			struct snvme_uq *uq = &g->q[i];
+			bool is_sq = off == snvme_sq_offset(uq->qid);
+			bool is_cq = off == snvme_cq_offset(uq->qid);
+			unsigned long pgoff = vma->vm_pgoff;
+			u32 bytes = is_sq ? uq->sq_bytes : uq->cq_bytes;
+
+			if (!is_sq && !is_cq)
+				continue;
+			if (len != bytes) {
+				dev_err_ratelimited(ctrl->dev, "mmap: ring at 0x%llx is %u bytes, asked %lu\n",
+						    off, bytes, len);
+				goto unlock;
+			}
+			/* dma_mmap_coherent reads vm_pgoff as an offset into the buffer. */
+			vma->vm_pgoff = 0;
+			ret = dma_mmap_coherent(ctrl->dev, vma, is_sq ? uq->sq : uq->cq,
+						is_sq ? uq->sq_dma : uq->cq_dma, bytes);
+			vma->vm_pgoff = pgoff;
+			goto unlock;
+		}
+	}
+	dev_err_ratelimited(ctrl->dev, "mmap: no ring of this file at offset 0x%llx\n", off);
+unlock:
+	mutex_unlock(&f->lock);
+out:
+	up_read(&ctrl->lifecycle);
+	return ret;
+}
+
+static const struct file_operations snvme_fops = {
+	.owner = THIS_MODULE,
+	.open = snvme_open,
+	.release = snvme_release,
+	.unlocked_ioctl = snvme_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.mmap = snvme_mmap,
+	.llseek = noop_llseek,
+};
+
+/* ---- per-controller node ------------------------------------------------ */
+
+static void snvme_cdev_dev_release(struct device *dev)
+{
+	struct snvme_ctrl *ctrl = container_of(dev, struct snvme_ctrl, cdev_dev);
+
+	snvme_ctrl_put(ctrl);
+}
+
+int snvme_chr_add(struct snvme_ctrl *ctrl)
+{
+	int ret;
+
+	cdev_init(&ctrl->cdev, &snvme_fops);
+	ctrl->cdev.owner = THIS_MODULE;
+	device_initialize(&ctrl->cdev_dev);
+	kref_get(&ctrl->ref);	/* dropped by snvme_cdev_dev_release */
+	ctrl->cdev_dev.devt = MKDEV(MAJOR(snvme_devt), ctrl->instance);
+	ctrl->cdev_dev.class = snvme_class;
+	ctrl->cdev_dev.parent = ctrl->dev;
+	ctrl->cdev_dev.release = snvme_cdev_dev_release;
+	ret = dev_set_name(&ctrl->cdev_dev, SNVME_NAME "%d", ctrl->instance);
+	if (!ret)
+		ret = cdev_device_add(&ctrl->cdev, &ctrl->cdev_dev);
+	if (ret) {
+		put_device(&ctrl->cdev_dev);
+		return ret;
+	}
+	ctrl->cdev_added = true;
+	return 0;
+}
+
+/*
+ * Called from remove() with the controller still running: stops new
+ * opens and ioctls, then tears down every open file's queues and pins.
+ */
+void snvme_chr_remove(struct snvme_ctrl *ctrl)
+{
+	struct snvme_file *f;
+
+	down_write(&ctrl->lifecycle);
+	ctrl->dead = true;
+	up_write(&ctrl->lifecycle);
+	if (!ctrl->cdev_added)
+		return;
+	cdev_device_del(&ctrl->cdev, &ctrl->cdev_dev);
+	mutex_lock(&ctrl->files_lock);
+	list_for_each_entry(f, &ctrl->files, node) {
+		mutex_lock(&f->lock);
+		if (!f->torn_down)
+			snvme_file_teardown(f);
+		mutex_unlock(&f->lock);
+	}
+	mutex_unlock(&ctrl->files_lock);
+	ctrl->cdev_added = false;
+	put_device(&ctrl->cdev_dev);
+}
+
+static char *snvme_devnode(SNVME_DEVNODE_CONST struct device *dev, umode_t *mode)
+{
+	if (mode)
+		*mode = 0600;	/* queue holders can address every LBA */
+	return NULL;
+}
+
+int snvme_chr_module_init(void)
+{
+	int ret;
+
+	ret = alloc_chrdev_region(&snvme_devt, 0, SNVME_MAX_CTRLS, SNVME_NAME);
+	if (ret)
+		return ret;
+	snvme_class = snvme_class_create(SNVME_NAME);
+	if (IS_ERR(snvme_class)) {
+		unregister_chrdev_region(snvme_devt, SNVME_MAX_CTRLS);
+		return PTR_ERR(snvme_class);
+	}
+	snvme_class->devnode = snvme_devnode;
+	return 0;
+}
+
+void snvme_chr_module_exit(void)
+{
+	class_destroy(snvme_class);
+	unregister_chrdev_region(snvme_devt, SNVME_MAX_CTRLS);
+}

@@ -1,0 +1,930 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * snvme core: module parameters, controller bring-up and teardown, the
+ * admin queue, and the root-only control device /dev/snvme-control.
+ *
+ * Bring-up order (NVMe Base Spec 2.0, 3.5.1 "Memory-based Controller
+ * Initialization"): reset (CC.EN = 0, wait CSTS.RDY = 0 within CAP.TO),
+ * admin queue (AQA/ASQ/ACQ), enable (CC.EN = 1, wait CSTS.RDY = 1),
+ * Identify Controller, Set Features Number of Queues, I/O queues for the
+ * kernel, Identify Namespace per namespace, block devices, character device.
+ */
+#include <linux/ctype.h>
+#include <linux/debugfs.h>
+#include <linux/delay.h>
+#include <linux/interrupt.h>
+#include <linux/io-64-nonatomic-lo-hi.h>
+#include <linux/miscdevice.h>
+#include <linux/module.h>
+#include <linux/seq_file.h>
+
+#include "compat.h"
+#include "snvme.h"
+
+/* ---- module parameters ------------------------------------------------- */
+
+unsigned int snvme_kernel_queues = 2;
+unsigned int snvme_user_queues = 32;
+unsigned int snvme_io_queue_depth = 256;
+unsigned int snvme_admin_timeout_ms = 10000;
+unsigned int snvme_io_timeout_ms = 30000;
+unsigned int snvme_max_dma_map_mib = 1024;
+
+#define SNVME_UINT_PARAM(name, var, lo, hi, desc)			\
+static int name##_set(const char *val, const struct kernel_param *kp)	\
+{									\
+	int ret = param_set_uint_minmax(val, kp, lo, hi);		\
+	if (ret)							\
+		pr_err(SNVME_NAME ": " #name "=%s rejected: must be %u..%u\n", \
+		       val, lo, hi);					\
+	return ret;							\
+}									\
+static const struct kernel_param_ops name##_ops = {			\
+	.set = name##_set,						\
+	.get = param_get_uint,						\
+};									\
+module_param_cb(name, &name##_ops, &var, 0444);			\
+MODULE_PARM_DESC(name, desc " (" #lo ".." #hi ")")
+
+SNVME_UINT_PARAM(kernel_queues, snvme_kernel_queues, 1, SNVME_MAX_KERNEL_QUEUES,
+		 "I/O queue pairs for the block device, QIDs 1..n");
+SNVME_UINT_PARAM(user_queues, snvme_user_queues, 0, SNVME_MAX_USER_QUEUES,
+		 "I/O queue pairs reserved for userspace queue groups");
+SNVME_UINT_PARAM(io_queue_depth, snvme_io_queue_depth, 2, 1024,
+		 "entries per kernel I/O queue, capped by CAP.MQES + 1");
+SNVME_UINT_PARAM(admin_timeout_ms, snvme_admin_timeout_ms, 100, 600000,
+		 "admin command deadline in ms");
+SNVME_UINT_PARAM(io_timeout_ms, snvme_io_timeout_ms, 1000, 600000,
+		 "block I/O deadline in ms before the controller is failed");
+SNVME_UINT_PARAM(max_dma_map_mib, snvme_max_dma_map_mib, 1, 65536,
+		 "largest DMA_MAP in MiB");
+
+struct snvme_counters snvme_totals;
+static DEFINE_IDA(snvme_instance_ida);
+static struct dentry *snvme_debugfs;
+
+/* ---- register helpers ------------------------------------------------- */
+
+static u32 snvme_readl(struct snvme_ctrl *ctrl, u32 off)
+{
+	return readl(ctrl->bar + off);
+}
+
+static void snvme_writel(struct snvme_ctrl *ctrl, u32 val, u32 off)
+{
+	writel(val, ctrl->bar + off);
+}
+
+/*
+ * Waits until (CSTS & mask) == want, within CAP.TO. An all-ones read means
+ * the device is gone; CSTS.CFS means it has failed.
+ */
+static int snvme_wait_csts(struct snvme_ctrl *ctrl, u32 mask, u32 want,
+			   const char *what)
+{
+	unsigned long deadline = jiffies + msecs_to_jiffies(ctrl->timeout_ms);
+	u32 csts;
+
+	for (;;) {
+		csts = snvme_readl(ctrl, NVME_REG_CSTS);
+		if (csts == ~0u) {
+			dev_err(ctrl->dev, "device gone while waiting for %s\n", what);
+			return -ENODEV;
+		}
+		if ((csts & mask) == want)
+			return 0;
+		if (csts & NVME_CSTS_CFS) {
+			dev_err(ctrl->dev, "controller fatal status while waiting for %s\n", what);
+			return -EIO;
+		}
+		if (time_after(jiffies, deadline)) {
+			dev_err(ctrl->dev, "timeout (CAP.TO %u ms) waiting for %s, CSTS 0x%x\n",
+				ctrl->timeout_ms, what, csts);
+			return -ETIMEDOUT;
+		}
+		usleep_range(1000, 2000);
+	}
+}
+
+static int snvme_disable(struct snvme_ctrl *ctrl)
+{
+	u32 cc = snvme_readl(ctrl, NVME_REG_CC);
+
+	if (cc == ~0u)
+		return -ENODEV;
+	if (cc & NVME_CC_ENABLE)
+		snvme_writel(ctrl, cc & ~NVME_CC_ENABLE, NVME_REG_CC);
+	return snvme_wait_csts(ctrl, NVME_CSTS_RDY, 0, "CSTS.RDY=0");
+}
+
+/* Normal shutdown (CC.SHN = 01b), then disable; best effort. */
+static void snvme_shutdown(struct snvme_ctrl *ctrl)
+{
+	u32 cc = snvme_readl(ctrl, NVME_REG_CC);
+
+	if (cc == ~0u)
+		return;
+	if (cc & NVME_CC_ENABLE) {
+		cc = (cc & ~NVME_CC_SHN_MASK) | NVME_CC_SHN_NORMAL;
+		snvme_writel(ctrl, cc, NVME_REG_CC);
+		snvme_wait_csts(ctrl, NVME_CSTS_SHST_MASK, NVME_CSTS_SHST_CMPLT,
+				"shutdown complete");
+	}
+	snvme_disable(ctrl);
+}
+
+/* ---- queues ------------------------------------------------------------- */
+
+void snvme_ring_cq_doorbell(struct snvme_queue *q)
+{
+	writel(q->cq_head, q->cq_db);
+}
+
+static int snvme_alloc_queue(struct snvme_ctrl *ctrl, struct snvme_queue *q,
+			     u16 qid, u16 depth)
+{
+	q->ctrl = ctrl;
+	q->qid = qid;
+	q->depth = depth;
+	q->sqes = dma_alloc_coherent(ctrl->dev, depth * sizeof(struct nvme_command),
+				     &q->sq_dma, GFP_KERNEL);
+	if (!q->sqes)
+		return -ENOMEM;
+	q->cqes = dma_alloc_coherent(ctrl->dev, depth * sizeof(struct nvme_completion),
+				     &q->cq_dma, GFP_KERNEL);
+	if (!q->cqes) {
+		dma_free_coherent(ctrl->dev, depth * sizeof(struct nvme_command),
+				  q->sqes, q->sq_dma);
+		q->sqes = NULL;
+		return -ENOMEM;
+	}
+	spin_lock_init(&q->sq_lock);
+	spin_lock_init(&q->cq_lock);
+	q->sq_tail = 0;
+	q->cq_head = 0;
+	q->cq_phase = 1;
+	q->sq_db = ctrl->bar + SNVME_DB_OFFSET + (2 * qid) * ctrl->db_stride;
+	q->cq_db = ctrl->bar + SNVME_DB_OFFSET + (2 * qid + 1) * ctrl->db_stride;
+	return 0;
+}
+
+static void snvme_free_queue(struct snvme_ctrl *ctrl, struct snvme_queue *q)
+{
+	if (q->cqes)
+		dma_free_coherent(ctrl->dev, q->depth * sizeof(struct nvme_completion),
+				  q->cqes, q->cq_dma);
+	if (q->sqes)
+		dma_free_coherent(ctrl->dev, q->depth * sizeof(struct nvme_command),
+				  q->sqes, q->sq_dma);
+	q->cqes = NULL;
+	q->sqes = NULL;
+}
+
+/* ---- admin commands ---------------------------------------------------- */
+
+static irqreturn_t snvme_admin_irq(int irq, void *data)
+{
+	struct snvme_ctrl *ctrl = data;
+	struct snvme_queue *q = &ctrl->adminq;
+	irqreturn_t ret = IRQ_NONE;
+	unsigned long flags;
+
+	spin_lock_irqsave(&q->cq_lock, flags);
+	while ((le16_to_cpu(READ_ONCE(q->cqes[q->cq_head].status)) & 1) == q->cq_phase) {
+		struct nvme_completion *cqe = &q->cqes[q->cq_head];
+
+		/* Read the CQE body only after its phase tag matched. */
+		dma_rmb();
+		if (cqe->command_id == ctrl->admin_cid) {
+			ctrl->admin_cqe = *cqe;
+			complete(&ctrl->admin_done);
+		} else {
+			dev_warn(ctrl->dev, "stale admin completion, CID %u (waiting for %u)\n",
+				 cqe->command_id, ctrl->admin_cid);
+		}
+		if (++q->cq_head == q->depth) {
+			q->cq_head = 0;
+			q->cq_phase ^= 1;
+		}
+		ret = IRQ_HANDLED;
+	}
+	if (ret == IRQ_HANDLED)
+		snvme_ring_cq_doorbell(q);
+	spin_unlock_irqrestore(&q->cq_lock, flags);
+	return ret;
+}
+
+/*
+ * Runs one admin command and waits for it with the admin_timeout_ms
+ * deadline. Returns 0, a negative errno, or a positive NVMe status
+ * (SCT << 8 | SC). A timeout fails the controller: the command may still
+ * be executing, so nothing it references may be freed unless the
+ * controller is disabled first, which snvme_ctrl_fail() does.
+ */
+int snvme_admin_cmd(struct snvme_ctrl *ctrl, struct nvme_command *cmd,
+		    u32 *result)
+{
+	struct snvme_queue *q = &ctrl->adminq;
+	unsigned long left;
+	u16 status;
+	int ret;
+
+	mutex_lock(&ctrl->admin_lock);
+	if (ctrl->failed) {
+		ret = -ENODEV;
+		goto out;
+	}
+	reinit_completion(&ctrl->admin_done);
+	ctrl->admin_cid++;
+	cmd->common.command_id = ctrl->admin_cid;
+
+	spin_lock_irq(&q->sq_lock);
+	memcpy(&q->sqes[q->sq_tail], cmd, sizeof(*cmd));
+	if (++q->sq_tail == q->depth)
+		q->sq_tail = 0;
+	/* writel orders the SQE stores before the doorbell store. */
+	writel(q->sq_tail, q->sq_db);
+	spin_unlock_irq(&q->sq_lock);
+
+	left = wait_for_completion_timeout(&ctrl->admin_done,
+					   msecs_to_jiffies(snvme_admin_timeout_ms));
+	if (!left) {
+		/* Maybe the interrupt was lost: poll once before giving up. */
+		snvme_admin_irq(0, ctrl);
+		if (!completion_done(&ctrl->admin_done)) {
+			dev_err(ctrl->dev, "admin opcode 0x%02x timed out after %u ms\n",
+				cmd->common.opcode, snvme_admin_timeout_ms);
+			mutex_unlock(&ctrl->admin_lock);
+			snvme_ctrl_fail(ctrl, "admin timeout");
+			return -ETIMEDOUT;
+		}
+	}
+	status = le16_to_cpu(ctrl->admin_cqe.status) >> 1;
+	if (result)
+		*result = le32_to_cpu(ctrl->admin_cqe.result.u32);
+	ret = status & 0x7ff;	/* SCT and SC, without More and DNR */
+	if (ret)
+		dev_dbg(ctrl->dev, "admin opcode 0x%02x: status 0x%x\n",
+			cmd->common.opcode, ret);
+out:
+	mutex_unlock(&ctrl->admin_lock);
+	return ret;
+}
+
+static int snvme_identify(struct snvme_ctrl *ctrl, u8 cns, u32 nsid,
+			  dma_addr_t dma)
+{
+	struct nvme_command c = { };
+
+	c.identify.opcode = nvme_admin_identify;
+	c.identify.nsid = cpu_to_le32(nsid);
+	c.identify.cns = cns;
+	c.identify.dptr.prp1 = cpu_to_le64(dma);
+	return snvme_admin_cmd(ctrl, &c, NULL);
+}
+
+/* Create I/O Completion Queue, NVMe Base Spec 2.0, 5.4. vector < 0: no interrupts. */
+int snvme_create_cq(struct snvme_ctrl *ctrl, u16 qid, dma_addr_t dma,
+		    u16 entries, int vector)
+{
+	struct nvme_command c = { };
+	u16 flags = NVME_QUEUE_PHYS_CONTIG;
+
+	if (vector >= 0)
+		flags |= NVME_CQ_IRQ_ENABLED;
+	c.create_cq.opcode = nvme_admin_create_cq;
+	c.create_cq.prp1 = cpu_to_le64(dma);
+	c.create_cq.cqid = cpu_to_le16(qid);
+	c.create_cq.qsize = cpu_to_le16(entries - 1);	/* 0's based */
+	c.create_cq.cq_flags = cpu_to_le16(flags);
+	c.create_cq.irq_vector = cpu_to_le16(vector >= 0 ? vector : 0);
+	return snvme_admin_cmd(ctrl, &c, NULL);
+}
+
+/* Create I/O Submission Queue, NVMe Base Spec 2.0, 5.5; CQID = SQID. */
+int snvme_create_sq(struct snvme_ctrl *ctrl, u16 qid, dma_addr_t dma,
+		    u16 entries)
+{
+	struct nvme_command c = { };
+
+	c.create_sq.opcode = nvme_admin_create_sq;
+	c.create_sq.prp1 = cpu_to_le64(dma);
+	c.create_sq.sqid = cpu_to_le16(qid);
+	c.create_sq.qsize = cpu_to_le16(entries - 1);	/* 0's based */
+	c.create_sq.sq_flags = cpu_to_le16(NVME_QUEUE_PHYS_CONTIG | NVME_SQ_PRIO_MEDIUM);
+	c.create_sq.cqid = cpu_to_le16(qid);
+	return snvme_admin_cmd(ctrl, &c, NULL);
+}
+
+/* Delete I/O SQ (opcode 0x00) or CQ (0x04), NVMe Base Spec 2.0, 5.6/5.7. */
+int snvme_delete_queue(struct snvme_ctrl *ctrl, u8 opcode, u16 qid)
+{
+	struct nvme_command c = { };
+
+	c.delete_queue.opcode = opcode;
+	c.delete_queue.qid = cpu_to_le16(qid);
+	return snvme_admin_cmd(ctrl, &c, NULL);
+}
+
+/*
+ * Takes the controller out of service: disables it (which deletes every
+ * queue and stops its DMA), then fails all block requests in flight.
+ * Userspace queue groups stay allocated until their owners close; their
+ * pages stay pinned until then, which is safe because the controller no
+ * longer runs.
+ */
+static void snvme_fail_work(struct work_struct *work)
+{
+	struct snvme_ctrl *ctrl = container_of(work, struct snvme_ctrl, fail_work);
+	int i;
+
+	mutex_lock(&ctrl->admin_lock);
+	snvme_disable(ctrl);
+	mutex_unlock(&ctrl->admin_lock);
+	for (i = 0; i < ctrl->nr_vecs; i++)
+		synchronize_irq(pci_irq_vector(ctrl->pdev, i));
+	snvme_blk_cancel_all(ctrl);
+}
+
+void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why)
+{
+	if (xchg(&ctrl->failed, true))
+		return;
+	dev_err(ctrl->dev, "controller failed (%s): disabled; unbind and bind to recover\n",
+		why);
+	schedule_work(&ctrl->fail_work);
+}
+
+/* ---- bring-up ---------------------------------------------------------- */
+
+/*
+ * The userspace doorbell window: doorbells of QIDs 0..last user QID, rounded
+ * up to whole pages, and refused if that page would reach the MSI-X table or
+ * PBA when they live in BAR0 (QEMU puts them right after the doorbells).
+ */
+static u32 snvme_db_window(struct snvme_ctrl *ctrl, u16 last_qid)
+{
+	u32 bytes = PAGE_ALIGN(2u * (last_qid + 1) * ctrl->db_stride);
+	u32 end = SNVME_DB_OFFSET + bytes;
+	u32 tbl, off;
+	int i;
+
+	if (end > ctrl->bar_len || bytes > SNVME_MMAP_RING_STRIDE)
+		return 0;
+	if (!ctrl->pdev->msix_cap)
+		return bytes;
+	for (i = 0; i < 2; i++) {
+		pci_read_config_dword(ctrl->pdev, ctrl->pdev->msix_cap +
+				      (i ? PCI_MSIX_PBA : PCI_MSIX_TABLE), &tbl);
+		off = tbl & PCI_MSIX_TABLE_OFFSET;
+		if ((tbl & PCI_MSIX_TABLE_BIR) == 0 && off < end && off >= SNVME_DB_OFFSET)
+			return 0;
+	}
+	return bytes;
+}
+
+static void snvme_copy_str(char *dst, const char *src, size_t n)
+{
+	memcpy(dst, src, n);
+}
+
+static int snvme_enable(struct snvme_ctrl *ctrl)
+{
+	struct snvme_queue *aq = &ctrl->adminq;
+	u32 aqa = (aq->depth - 1) | ((aq->depth - 1) << 16);	/* 0's based */
+	u32 cc;
+
+	snvme_writel(ctrl, aqa, NVME_REG_AQA);
+	lo_hi_writeq(aq->sq_dma, ctrl->bar + NVME_REG_ASQ);
+	lo_hi_writeq(aq->cq_dma, ctrl->bar + NVME_REG_ACQ);
+	cc = NVME_CC_CSS_NVM | ((ilog2(SNVME_NVME_PAGE) - 12) << NVME_CC_MPS_SHIFT) |
+	     NVME_CC_AMS_RR | NVME_CC_SHN_NONE | NVME_CC_IOSQES | NVME_CC_IOCQES |
+	     NVME_CC_ENABLE;
+	snvme_writel(ctrl, cc, NVME_REG_CC);
+	return snvme_wait_csts(ctrl, NVME_CSTS_RDY, NVME_CSTS_RDY, "CSTS.RDY=1");
+}
+
+static int snvme_identify_ctrl(struct snvme_ctrl *ctrl)
+{
+	struct nvme_id_ctrl *id;
+	dma_addr_t dma;
+	int ret;
+
+	id = dma_alloc_coherent(ctrl->dev, SNVME_NVME_PAGE, &dma, GFP_KERNEL);
+	if (!id)
+		return -ENOMEM;
+	ret = snvme_identify(ctrl, NVME_ID_CNS_CTRL, 0, dma);
+	if (ret) {
+		dev_err(ctrl->dev, "Identify Controller failed: %d\n", ret);
+		ret = ret > 0 ? -EIO : ret;
+		goto out;
+	}
+	ctrl->vid = le16_to_cpu(id->vid);
+	ctrl->ssvid = le16_to_cpu(id->ssvid);
+	snvme_copy_str(ctrl->serial, id->sn, sizeof(ctrl->serial));
+	snvme_copy_str(ctrl->model, id->mn, sizeof(ctrl->model));
+	snvme_copy_str(ctrl->firmware, id->fr, sizeof(ctrl->firmware));
+	ctrl->nn = le32_to_cpu(id->nn);
+	ctrl->sgls = le32_to_cpu(id->sgls);
+	ctrl->vwc = id->vwc & NVME_CTRL_VWC_PRESENT;
+	/* MDTS: 2^n units of CAP.MPSMIN, 0 = no limit (Figure 275). */
+	if (id->mdts)
+		ctrl->max_xfer = min_t(u64, U32_MAX,
+			(u64)(1u << (12 + NVME_CAP_MPSMIN(ctrl->cap))) << id->mdts);
+out:
+	dma_free_coherent(ctrl->dev, SNVME_NVME_PAGE, id, dma);
+	return ret;
+}
+
+/* Set Features, Number of Queues (FID 07h), NVMe Base Spec 2.0, 5.27.1.5. */
+static int snvme_set_queue_count(struct snvme_ctrl *ctrl)
+{
+	struct nvme_command c = { };
+	u32 want = snvme_kernel_queues + snvme_user_queues, result = 0;
+	u32 granted, k, u;
+	int ret;
+
+	want = min_t(u32, want, 65535);
+	c.features.opcode = nvme_admin_set_features;
+	c.features.fid = cpu_to_le32(NVME_FEAT_NUM_QUEUES);
+	c.features.dword11 = cpu_to_le32((want - 1) | ((want - 1) << 16));
+	ret = snvme_admin_cmd(ctrl, &c, &result);
+	if (ret) {
+		dev_err(ctrl->dev, "Set Features Number of Queues failed: %d\n", ret);
+		return ret > 0 ? -EIO : ret;
+	}
+	/* NSQA and NCQA are 0's based. */
+	granted = min(result & 0xffff, result >> 16) + 1;
+	k = min(snvme_kernel_queues, granted);
+	k = min_t(u32, k, ctrl->nr_vecs > 1 ? ctrl->nr_vecs - 1 : 1);
+	u = min(snvme_user_queues, granted - k);
+	if (u) {
+		/* Shrink until the doorbell window is safe to hand out. */
+		while (u && !snvme_db_window(ctrl, k + u))
+			u--;
+		if (u < min(snvme_user_queues, granted - k))
+			dev_warn(ctrl->dev, "user queues limited to %u by the BAR0 layout\n", u);
+	}
+	ctrl->kernel_queues = k;
+	ctrl->user_qid_first = k + 1;
+	ctrl->user_queues = u;
+	ctrl->db_bytes = u ? snvme_db_window(ctrl, k + u) : 0;
+	dev_info(ctrl->dev, "queues: %u granted, %u kernel (QIDs 1..%u), %u user (QIDs %u..%u)\n",
+		 granted, k, k, u, k + 1, k + u);
+	return 0;
+}
+
+static int snvme_create_io_queues(struct snvme_ctrl *ctrl)
+{
+	u16 depth = min_t(u32, snvme_io_queue_depth, NVME_CAP_MQES(ctrl->cap) + 1);
+	int i, ret;
+
+	ctrl->ioqs = kcalloc(ctrl->kernel_queues, sizeof(*ctrl->ioqs), GFP_KERNEL);
+	if (!ctrl->ioqs)
+		return -ENOMEM;
+	for (i = 0; i < ctrl->kernel_queues; i++) {
+		struct snvme_queue *q = &ctrl->ioqs[i];
+		u16 qid = i + 1;
+
+		ret = snvme_alloc_queue(ctrl, q, qid, depth);
+		if (ret)
+			return ret;
+		q->vector = ctrl->nr_vecs > 1 ? 1 + i % (ctrl->nr_vecs - 1) : 0;
+		ret = request_irq(pci_irq_vector(ctrl->pdev, q->vector), snvme_io_irq,
+				  IRQF_SHARED, SNVME_NAME "-io", q);
+		if (ret)
+			return ret;
+		q->irq_requested = true;
+		ret = snvme_create_cq(ctrl, qid, q->cq_dma, depth, q->vector);
+		if (ret) {
+			dev_err(ctrl->dev, "Create I/O CQ %u failed: %d\n", qid, ret);
+			return ret > 0 ? -EIO : ret;
+		}
+		ret = snvme_create_sq(ctrl, qid, q->sq_dma, depth);
+		if (ret) {
+			dev_err(ctrl->dev, "Create I/O SQ %u failed: %d\n", qid, ret);
+			snvme_delete_queue(ctrl, nvme_admin_delete_cq, qid);
+			return ret > 0 ? -EIO : ret;
+		}
+		q->created = true;
+	}
+	return 0;
+}
+
+static void snvme_delete_io_queues(struct snvme_ctrl *ctrl)
+{
+	int i;
+
+	if (!ctrl->ioqs)
+		return;
+	for (i = 0; i < ctrl->kernel_queues; i++) {
+		struct snvme_queue *q = &ctrl->ioqs[i];
+
+		if (q->created && !ctrl->failed) {
+			snvme_delete_queue(ctrl, nvme_admin_delete_sq, q->qid);
+			snvme_delete_queue(ctrl, nvme_admin_delete_cq, q->qid);
+		}
+		q->created = false;
+	}
+}
+
+static void snvme_free_io_queues(struct snvme_ctrl *ctrl)
+{
+	int i;
+
+	if (!ctrl->ioqs)
+		return;
+	for (i = 0; i < ctrl->kernel_queues; i++) {
+		struct snvme_queue *q = &ctrl->ioqs[i];
+
+		if (q->irq_requested)
+			free_irq(pci_irq_vector(ctrl->pdev, q->vector), q);
+		snvme_free_queue(ctrl, q);
+	}
+	kfree(ctrl->ioqs);
+	ctrl->ioqs = NULL;
+}
+
+static void snvme_ctrl_release(struct kref *ref)
+{
+	struct snvme_ctrl *ctrl = container_of(ref, struct snvme_ctrl, ref);
+
+	ida_free(&snvme_instance_ida, ctrl->instance);
+	bitmap_free(ctrl->user_qid_map);
+	pci_dev_put(ctrl->pdev);
+	kfree(ctrl);
+}
+
+void snvme_ctrl_put(struct snvme_ctrl *ctrl)
+{
+	kref_put(&ctrl->ref, snvme_ctrl_release);
+}
+
+static int snvme_probe(struct pci_dev *pdev, const struct pci_device_id *id)
+{
+	struct snvme_ctrl *ctrl;
+	int ret;
+
+	ctrl = kzalloc(sizeof(*ctrl), GFP_KERNEL);
+	if (!ctrl)
+		return -ENOMEM;
+	kref_init(&ctrl->ref);
+	ctrl->pdev = pci_dev_get(pdev);
+	ctrl->dev = &pdev->dev;
+	init_rwsem(&ctrl->lifecycle);
+	mutex_init(&ctrl->admin_lock);
+	init_completion(&ctrl->admin_done);
+	mutex_init(&ctrl->files_lock);
+	INIT_LIST_HEAD(&ctrl->files);
+	spin_lock_init(&ctrl->uq_lock);
+	INIT_WORK(&ctrl->fail_work, snvme_fail_work);
+	ret = ida_alloc_max(&snvme_instance_ida, SNVME_MAX_CTRLS - 1, GFP_KERNEL);
+	if (ret < 0) {
+		pci_dev_put(pdev);
+		kfree(ctrl);
+		return ret;
+	}
+	ctrl->instance = ret;
+	pci_set_drvdata(pdev, ctrl);
+
+	ret = pci_enable_device_mem(pdev);
+	if (ret)
+		goto put_ctrl;
+	pci_set_master(pdev);
+	ret = dma_set_mask_and_coherent(ctrl->dev, DMA_BIT_MASK(64));
+	if (ret)
+		goto disable_pci;
+	ret = pci_request_mem_regions(pdev, SNVME_NAME);
+	if (ret)
+		goto disable_pci;
+	ctrl->bar_len = pci_resource_len(pdev, 0);
+	if (ctrl->bar_len < SNVME_DB_OFFSET + PAGE_SIZE) {
+		dev_err(ctrl->dev, "BAR0 is %llu bytes, need at least %lu\n",
+			(u64)ctrl->bar_len, SNVME_DB_OFFSET + PAGE_SIZE);
+		ret = -ENODEV;
+		goto release_regions;
+	}
+	ctrl->bar = pci_iomap(pdev, 0, 0);
+	if (!ctrl->bar) {
+		ret = -ENOMEM;
+		goto release_regions;
+	}
+	ctrl->cap = lo_hi_readq(ctrl->bar + NVME_REG_CAP);
+	if (ctrl->cap == ~0ull) {
+		dev_err(ctrl->dev, "CAP reads all ones: device not responding\n");
+		ret = -ENODEV;
+		goto unmap_bar;
+	}
+	ctrl->vs = snvme_readl(ctrl, NVME_REG_VS);
+	ctrl->db_stride = 4u << NVME_CAP_STRIDE(ctrl->cap);
+	/* CAP.TO is in 500 ms units (Figure 36). */
+	ctrl->timeout_ms = (NVME_CAP_TIMEOUT(ctrl->cap) + 1) * 500;
+	if (NVME_CAP_MPSMIN(ctrl->cap) > 0) {
+		dev_err(ctrl->dev, "CAP.MPSMIN %llu: 4 KiB pages unsupported\n",
+			NVME_CAP_MPSMIN(ctrl->cap));
+		ret = -ENODEV;
+		goto unmap_bar;
+	}
+
+	/* 1. reset */
+	ret = snvme_disable(ctrl);
+	if (ret)
+		goto unmap_bar;
+	/* 2. admin queue and interrupts */
+	ret = snvme_alloc_queue(ctrl, &ctrl->adminq, 0, SNVME_ADMIN_DEPTH);
+	if (ret)
+		goto unmap_bar;
+	ret = pci_alloc_irq_vectors(pdev, 1, 1 + snvme_kernel_queues, PCI_IRQ_ALL_TYPES);
+	if (ret < 0)
+		goto free_adminq;
+	ctrl->nr_vecs = ret;
+	ret = request_irq(pci_irq_vector(pdev, 0), snvme_admin_irq, IRQF_SHARED,
+			  SNVME_NAME "-admin", ctrl);
+	if (ret)
+		goto free_vecs;
+	/* 3. enable */
+	ret = snvme_enable(ctrl);
+	if (ret)
+		goto free_admin_irq;
+	/* 4. identify, queue count, kernel I/O queues */
+	ret = snvme_identify_ctrl(ctrl);
+	if (ret)
+		goto disable_ctrl;
+	ret = snvme_set_queue_count(ctrl);
+	if (ret)
+		goto disable_ctrl;
+	ctrl->user_qid_map = bitmap_zalloc(max_t(u16, ctrl->user_queues, 1), GFP_KERNEL);
+	if (!ctrl->user_qid_map) {
+		ret = -ENOMEM;
+		goto disable_ctrl;
+	}
+	ret = snvme_create_io_queues(ctrl);
+	if (ret)
+		goto delete_io_queues;
+	/* 5. namespaces and block devices */
+	ret = snvme_blk_init(ctrl);
+	if (ret)
+		goto remove_blk;
+	/* 6. character device for userspace */
+	ret = snvme_chr_add(ctrl);
+	if (ret)
+		goto remove_blk;
+	dev_info(ctrl->dev, "snvme%d: %.40s, %d namespace(s), MDTS %u bytes, DSTRD %u bytes\n",
+		 ctrl->instance, ctrl->model, ctrl->nr_ns, ctrl->max_xfer, ctrl->db_stride);
+	return 0;
+
+remove_blk:
+	snvme_blk_remove(ctrl);
+delete_io_queues:
+	snvme_delete_io_queues(ctrl);
+disable_ctrl:
+	mutex_lock(&ctrl->admin_lock);
+	snvme_disable(ctrl);
+	ctrl->failed = true;
+	mutex_unlock(&ctrl->admin_lock);
+	cancel_work_sync(&ctrl->fail_work);
+	snvme_blk_free(ctrl);
+	snvme_free_io_queues(ctrl);
+free_admin_irq:
+	free_irq(pci_irq_vector(pdev, 0), ctrl);
+free_vecs:
+	pci_free_irq_vectors(pdev);
+free_adminq:
+	snvme_free_queue(ctrl, &ctrl->adminq);
+unmap_bar:
+	pci_iounmap(pdev, ctrl->bar);
+release_regions:
+	pci_release_mem_regions(pdev);
+disable_pci:
+	pci_clear_master(pdev);
+	pci_disable_device(pdev);
+put_ctrl:
+	pci_set_drvdata(pdev, NULL);
+	snvme_ctrl_put(ctrl);
+	return ret;
+}
+
+/*
+ * Teardown order: block devices first (flushes dirty data through the
+ * kernel's queues), then userspace state (delete user queues on the
+ * controller, then unmap and unpin), then the kernel's queues, then
+ * shutdown and disable the controller, then release interrupts and memory.
+ */
+static void snvme_remove(struct pci_dev *pdev)
+{
+	struct snvme_ctrl *ctrl = pci_get_drvdata(pdev);
+
+	snvme_blk_remove(ctrl);
+	snvme_chr_remove(ctrl);
+	snvme_delete_io_queues(ctrl);
+	mutex_lock(&ctrl->admin_lock);
+	snvme_shutdown(ctrl);
+	ctrl->failed = true;
+	mutex_unlock(&ctrl->admin_lock);
+	cancel_work_sync(&ctrl->fail_work);
+	snvme_blk_free(ctrl);
+	snvme_free_io_queues(ctrl);
+	free_irq(pci_irq_vector(pdev, 0), ctrl);
+	pci_free_irq_vectors(pdev);
+	snvme_free_queue(ctrl, &ctrl->adminq);
+	pci_iounmap(pdev, ctrl->bar);
+	ctrl->bar = NULL;
+	pci_release_mem_regions(pdev);
+	pci_clear_master(pdev);
+	pci_disable_device(pdev);
+	pci_set_drvdata(pdev, NULL);
+	dev_info(&pdev->dev, "snvme%d: unbound\n", ctrl->instance);
+	snvme_ctrl_put(ctrl);
+}
+
+static void snvme_pci_shutdown(struct pci_dev *pdev)
+{
+	struct snvme_ctrl *ctrl = pci_get_drvdata(pdev);
+
+	if (ctrl)
+		snvme_shutdown(ctrl);
+}
+
+/* Empty: snvme binds only devices whose driver_override names it. */
+static const struct pci_device_id snvme_ids[] = {
+	{ 0, }
+};
+
+static struct pci_driver snvme_pci_driver = {
+	.name = SNVME_NAME,
+	.id_table = snvme_ids,
+	.probe = snvme_probe,
+	.remove = snvme_remove,
+	.shutdown = snvme_pci_shutdown,
+};
+
+/* ---- /dev/snvme-control -------------------------------------------------- */
+
+static DEFINE_MUTEX(snvme_control_lock);
+
+/* Parses exactly "DDDD:BB:DD.F" (hex), the form sysfs uses. */
+static struct pci_dev *snvme_lookup_pci(const char *addr)
+{
+	unsigned int domain, bus, slot, fn;
+	int i;
+
+	for (i = 0; i < 12; i++) {
+		bool sep = i == 4 || i == 7 || i == 10;
+
+		if (sep ? addr[i] != (i == 10 ? '.' : ':') : !isxdigit(addr[i]))
+			break;
+	}
+	if (i != 12 || addr[12] ||
+	    sscanf(addr, "%4x:%2x:%2x.%1x", &domain, &bus, &slot, &fn) != 4 ||
+	    slot > 0x1f || fn > 7) {
+		pr_err(SNVME_NAME ": pci_addr \"%.31s\" is not DDDD:BB:DD.F\n", addr);
+		return ERR_PTR(-EINVAL);
+	}
+	return pci_get_domain_bus_and_slot(domain, bus, PCI_DEVFN(slot, fn)) ?:
+	       ERR_PTR(-ENODEV);
+}
+
+static int snvme_control_bind(struct snvme_bind *b, bool bind)
+{
+	struct pci_dev *pdev;
+	int ret = 0;
+
+	b->pci_addr[sizeof(b->pci_addr) - 1] = '\0';
+	pdev = snvme_lookup_pci(b->pci_addr);
+	if (IS_ERR(pdev))
+		return PTR_ERR(pdev);
+	if (pdev->class != PCI_CLASS_STORAGE_EXPRESS) {
+		pci_err(pdev, "class 0x%06x is not NVMe (0x010802): refusing\n", pdev->class);
+		ret = -ENODEV;
+		goto out;
+	}
+	b->instance = -1;
+	if (!bind) {
+		if (pdev->dev.driver != &snvme_pci_driver.driver) {
+			ret = -ENODEV;
+			goto out;
+		}
+		device_release_driver(&pdev->dev);
+		snvme_set_driver_override(pdev, "");
+		goto out;
+	}
+	if (pdev->dev.driver == &snvme_pci_driver.driver) {
+		ret = -EALREADY;
+		goto out;
+	}
+	if (pdev->dev.driver) {
+		pci_info(pdev, "detaching from %s\n", pdev->dev.driver->name);
+		device_release_driver(&pdev->dev);
+	}
+	ret = snvme_set_driver_override(pdev, SNVME_NAME);
+	if (ret)
+		goto out;
+	ret = device_attach(&pdev->dev);
+	if (ret <= 0) {
+		pci_err(pdev, "snvme probe failed (%d)\n", ret);
+		snvme_set_driver_override(pdev, "");
+		ret = ret ?: -EIO;
+		goto out;
+	}
+	ret = 0;
+	device_lock(&pdev->dev);
+	if (pdev->dev.driver == &snvme_pci_driver.driver && pci_get_drvdata(pdev))
+		b->instance = ((struct snvme_ctrl *)pci_get_drvdata(pdev))->instance;
+	device_unlock(&pdev->dev);
+out:
+	pci_dev_put(pdev);
+	return ret;
+}
+
+static long snvme_control_ioctl(struct file *filp, unsigned int cmd,
+				unsigned long arg)
+{
+	struct snvme_bind b;
+	int ret;
+
+	if (!capable(CAP_SYS_ADMIN))
+		return -EPERM;
+	if (cmd != SNVME_IOC_BIND && cmd != SNVME_IOC_UNBIND)
+		return -ENOTTY;
+	if (copy_from_user(&b, (void __user *)arg, sizeof(b)))
+		return -EFAULT;
+	if (b.hdr.abi_version != SNVME_ABI_VERSION) {
+		pr_err(SNVME_NAME ": control: abi_version %u unsupported (driver speaks %u)\n",
+		       b.hdr.abi_version, SNVME_ABI_VERSION);
+		return -EPROTO;
+	}
+	if (b.hdr.argsz != sizeof(b)) {
+		pr_err(SNVME_NAME ": control: argsz %u, expected %zu\n", b.hdr.argsz, sizeof(b));
+		return -EINVAL;
+	}
+	mutex_lock(&snvme_control_lock);
+	ret = snvme_control_bind(&b, cmd == SNVME_IOC_BIND);
+	mutex_unlock(&snvme_control_lock);
+	if (ret)
+		return ret;
+	return copy_to_user((void __user *)arg, &b, sizeof(b)) ? -EFAULT : 0;
+}
+
+static const struct file_operations snvme_control_fops = {
+	.owner = THIS_MODULE,
+	.unlocked_ioctl = snvme_control_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.llseek = noop_llseek,
+};
+
+static struct miscdevice snvme_control = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = "snvme-control",
+	.fops = &snvme_control_fops,
+	.mode = 0600,
+};
+
+/* ---- debugfs: module-wide leak counters -------------------------------- */
+
+static int snvme_stats_show(struct seq_file *m, void *unused)
+{
+	seq_printf(m, "pinned_pages %lld\n", atomic64_read(&snvme_totals.pinned_pages));
+	seq_printf(m, "dma_maps %d\n", atomic_read(&snvme_totals.dma_maps));
+	seq_printf(m, "queue_groups %d\n", atomic_read(&snvme_totals.queue_groups));
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(snvme_stats);
+
+static int __init snvme_init(void)
+{
+	int ret;
+
+	ret = snvme_chr_module_init();
+	if (ret)
+		return ret;
+	ret = pci_register_driver(&snvme_pci_driver);
+	if (ret)
+		goto chr_exit;
+	ret = misc_register(&snvme_control);
+	if (ret)
+		goto unregister_pci;
+	snvme_debugfs = debugfs_create_dir(SNVME_NAME, NULL);
+	debugfs_create_file("stats", 0400, snvme_debugfs, NULL, &snvme_stats_fops);
+	return 0;
+
+unregister_pci:
+	pci_unregister_driver(&snvme_pci_driver);
+chr_exit:
+	snvme_chr_module_exit();
+	return ret;
+}
+
+static void __exit snvme_exit(void)
+{
+	debugfs_remove_recursive(snvme_debugfs);
+	misc_deregister(&snvme_control);
+	pci_unregister_driver(&snvme_pci_driver);
+	snvme_chr_module_exit();
+	ida_destroy(&snvme_instance_ida);
+}
+
+module_init(snvme_init);
+module_exit(snvme_exit);
+MODULE_LICENSE("GPL");
+MODULE_DESCRIPTION("NVMe driver with a block device and userspace queue groups");
+MODULE_VERSION("0.1");

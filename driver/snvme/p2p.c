@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * DMA_MAP of GPU memory through NVIDIA's peer-to-peer API (nv-p2p.h).
+ * Built only when Kbuild finds nv-p2p.h (SNVME_HAVE_NV_P2P); otherwise
+ * DMA_MAP with kind SNVME_DMA_GPU returns -EOPNOTSUPP.
+ */
+#include "compat.h"
+#include "snvme.h"
+
+#ifdef SNVME_HAVE_NV_P2P
+#include <nv-p2p.h>
+
+#define SNVME_GPU_PAGE (64u * 1024)	/* NVIDIA_P2P_PAGE_SIZE_64KB */
+
+/*
+ * The GPU memory is being freed while mapped (the owner skipped DMA_UNMAP).
+ * The controller may still DMA into it, so fail the controller (disable =
+ * no DMA) before the pages go; the mapping is then only freed here.
+ */
+static void snvme_p2p_free_cb(void *data)
+{
+	struct snvme_dmamap *m = data;
+
+	if (xchg(&m->p2p_revoked, true))
+		return;
+	snvme_ctrl_fail(m->ctrl, "GPU memory freed while DMA-mapped");
+	nvidia_p2p_free_dma_mapping(m->p2p_mapping);
+	nvidia_p2p_free_page_table(m->p2p_table);
+}
+
+int snvme_gpu_map(struct snvme_ctrl *ctrl, struct snvme_dmamap *m, u64 vaddr,
+		  u64 length)
+{
+	struct nvidia_p2p_page_table *pt = NULL;
+	struct nvidia_p2p_dma_mapping *dm = NULL;
+	unsigned long i, k, per = SNVME_GPU_PAGE / PAGE_SIZE;
+	int ret;
+
+	if (!IS_ALIGNED(vaddr, SNVME_GPU_PAGE) || !IS_ALIGNED(length, SNVME_GPU_PAGE)) {
+		dev_err_ratelimited(ctrl->dev, "DMA_MAP(GPU): vaddr 0x%llx and length %llu must be 64 KiB multiples\n",
+				    vaddr, length);
+		return -EINVAL;
+	}
+	m->ctrl = ctrl;
+	ret = nvidia_p2p_get_pages(0, 0, vaddr, length, &pt, snvme_p2p_free_cb, m);
+	if (ret) {
+		dev_err_ratelimited(ctrl->dev, "nvidia_p2p_get_pages(0x%llx, %llu): %d\n",
+				    vaddr, length, ret);
+		return ret;
+	}
+	m->p2p_table = pt;
+	ret = nvidia_p2p_dma_map_pages(ctrl->pdev, pt, &dm);
+	if (ret) {
+		dev_err_ratelimited(ctrl->dev, "nvidia_p2p_dma_map_pages: %d\n", ret);
+		goto put_pages;
+	}
+	m->p2p_mapping = dm;
+	if (pt->page_size != NVIDIA_P2P_PAGE_SIZE_64KB || dm->entries * per != m->nr_pages) {
+		dev_err(ctrl->dev, "nv-p2p returned %u entries of size type %u for %lu pages\n",
+			dm->entries, pt->page_size, m->nr_pages);
+		ret = -EIO;
+		goto unmap;
+	}
+	for (i = 0; i < dm->entries; i++)
+		for (k = 0; k < per; k++)
+			m->addrs[i * per + k] = dm->dma_addresses[i] + k * PAGE_SIZE;
+	return 0;
+
+unmap:
+	nvidia_p2p_dma_unmap_pages(ctrl->pdev, pt, dm);
+	m->p2p_mapping = NULL;
+put_pages:
+	nvidia_p2p_put_pages(0, 0, vaddr, pt);
+	m->p2p_table = NULL;
+	return ret;
+}
+
+void snvme_gpu_unmap(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
+{
+	if (!m->p2p_table || xchg(&m->p2p_revoked, true))
+		return;
+	if (m->p2p_mapping)
+		nvidia_p2p_dma_unmap_pages(ctrl->pdev, m->p2p_table, m->p2p_mapping);
+	nvidia_p2p_put_pages(0, 0, m->vaddr, m->p2p_table);
+}
+
+#else /* !SNVME_HAVE_NV_P2P */
+
+int snvme_gpu_map(struct snvme_ctrl *ctrl, struct snvme_dmamap *m, u64 vaddr,
+		  u64 length)
+{
+	dev_err_ratelimited(ctrl->dev, "DMA_MAP(GPU): built without nv-p2p.h\n");
+	return -EOPNOTSUPP;
+}
+
+void snvme_gpu_unmap(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
+{
+}
+
+#endif

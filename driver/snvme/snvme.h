@@ -1,0 +1,211 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * snvme: a compact NVMe PCI driver that serves a blk-mq block device on the
+ * kernel's I/O queues and exports the remaining I/O queue IDs to userspace
+ * (docs/driver.md).
+ */
+#ifndef SNVME_H
+#define SNVME_H
+
+#include <linux/blk-mq.h>
+#include <linux/cdev.h>
+#include <linux/completion.h>
+#include <linux/idr.h>
+#include <linux/kref.h>
+#include <linux/mutex.h>
+#include <linux/nvme.h>
+#include <linux/pci.h>
+#include <linux/rwsem.h>
+#include <linux/spinlock.h>
+#include <linux/workqueue.h>
+
+#include "include/uapi/snvme.h"
+
+#define SNVME_NAME "snvme"
+#define SNVME_MAX_CTRLS 64		/* character device minors */
+#define SNVME_MAX_KERNEL_QUEUES 64
+#define SNVME_MAX_USER_QUEUES 1024
+#define SNVME_ADMIN_DEPTH 32		/* admin SQ/CQ entries */
+#define SNVME_NVME_PAGE 4096u		/* CC.MPS = 0: NVMe Base Spec 2.0, 3.1.4.5 */
+#define SNVME_DB_OFFSET 0x1000		/* SQ0TDBL, NVMe Base Spec 2.0, 3.1.4.21 */
+#define SNVME_MAX_KERNEL_XFER (128u * 1024) /* bytes per block-layer request */
+#define SNVME_MAX_SEGS (SNVME_MAX_KERNEL_XFER / SNVME_NVME_PAGE + 1)
+#define SNVME_CID_TAG_BITS 12		/* CID = generation << 12 | tag */
+#define SNVME_MAX_MAPS_PER_FILE 4096
+/* mmap windows: doorbells at 0, SQ of QID q at 2q * stride, its CQ at (2q + 1) * stride. */
+#define SNVME_MMAP_RING_STRIDE (4ull << 20)	/* >= 65536 entries * 64 bytes */
+
+/* Module parameters (core.c), range-checked on load. */
+extern unsigned int snvme_kernel_queues;
+extern unsigned int snvme_user_queues;
+extern unsigned int snvme_io_queue_depth;
+extern unsigned int snvme_admin_timeout_ms;
+extern unsigned int snvme_io_timeout_ms;
+extern unsigned int snvme_max_dma_map_mib;
+
+/* One SQ/CQ pair owned by the kernel (admin or block I/O). */
+struct snvme_queue {
+	struct snvme_ctrl *ctrl;
+	u16 qid;
+	u16 depth;			/* entries in SQ and CQ */
+	struct nvme_command *sqes;
+	dma_addr_t sq_dma;
+	struct nvme_completion *cqes;
+	dma_addr_t cq_dma;
+	u32 __iomem *sq_db;
+	u32 __iomem *cq_db;
+	spinlock_t sq_lock;		/* sq_tail and SQ slots */
+	spinlock_t cq_lock;		/* cq_head, cq_phase */
+	u16 sq_tail;
+	u16 cq_head;
+	u8 cq_phase;
+	bool created;			/* exists on the controller */
+	bool irq_requested;
+	int vector;			/* MSI-X/MSI index */
+};
+
+/* A namespace served as /dev/snvme<C>n<N>. */
+struct snvme_ns {
+	struct snvme_ctrl *ctrl;
+	struct gendisk *disk;
+	u32 nsid;
+	u8 lba_shift;
+	u8 flbas_index;
+	u8 nlbaf;			/* 1's based */
+	u64 nsze;			/* logical blocks */
+	u64 ncap;			/* logical blocks */
+	struct snvme_lba_format lbaf[SNVME_MAX_LBA_FORMATS];
+	bool added;
+};
+
+/* Leak counters, per controller; module-wide totals are in debugfs. */
+struct snvme_counters {
+	atomic64_t pinned_pages;
+	atomic_t dma_maps;
+	atomic_t queue_groups;
+};
+
+struct snvme_ctrl {
+	struct kref ref;
+	struct pci_dev *pdev;
+	struct device *dev;		/* &pdev->dev */
+	int instance;
+	void __iomem *bar;
+	resource_size_t bar_len;
+	u64 cap;
+	u32 vs;
+	u32 db_stride;			/* bytes, 4 << CAP.DSTRD */
+	u32 timeout_ms;			/* CAP.TO in ms */
+	int nr_vecs;
+
+	/*
+	 * lifecycle: readers are ioctls and mmaps of open files; the writer is
+	 * remove(), which sets dead and then tears down userspace state.
+	 */
+	struct rw_semaphore lifecycle;
+	bool dead;			/* unbound or failed: no more commands */
+	bool failed;			/* controller disabled after an error */
+	struct work_struct fail_work;
+
+	/* Admin queue: one command in flight, serialised by admin_lock. */
+	struct snvme_queue adminq;
+	struct mutex admin_lock;
+	struct completion admin_done;
+	u16 admin_cid;
+	struct nvme_completion admin_cqe;
+
+	/* Identify Controller facts. */
+	u32 max_xfer;			/* MDTS in bytes, 0 = none */
+	u32 nn;
+	u32 sgls;
+	bool vwc;
+	u16 vid, ssvid;
+	char serial[20], model[40], firmware[8];
+
+	/* Queue budget. */
+	u16 kernel_queues;
+	u16 user_qid_first;
+	u16 user_queues;
+	unsigned long *user_qid_map;	/* bit i: QID user_qid_first + i in use */
+	spinlock_t uq_lock;
+	u32 db_bytes;			/* userspace doorbell window, page multiple */
+
+	struct snvme_queue *ioqs;	/* [kernel_queues], QIDs 1..k */
+	struct blk_mq_tag_set tagset;
+	struct dma_pool *prp_pool;	/* PRP list pages of block requests */
+	bool tagset_alloced;
+	struct snvme_ns *ns[SNVME_MAX_NAMESPACES];
+	int nr_ns;
+
+	/* Character device. */
+	struct cdev cdev;
+	struct device cdev_dev;
+	bool cdev_added;
+	struct mutex files_lock;
+	struct list_head files;		/* struct snvme_file */
+
+	struct snvme_counters cnt;
+};
+
+/* One open file of /dev/snvme<C>. */
+struct snvme_file {
+	struct snvme_ctrl *ctrl;
+	struct file *filp;
+	struct list_head node;		/* ctrl->files */
+	struct mutex lock;		/* groups, maps */
+	struct idr groups;
+	struct idr maps;
+	bool torn_down;			/* remove() has released everything */
+};
+
+/* core.c */
+int snvme_admin_cmd(struct snvme_ctrl *ctrl, struct nvme_command *cmd,
+		    u32 *result);
+int snvme_create_cq(struct snvme_ctrl *ctrl, u16 qid, dma_addr_t dma,
+		    u16 entries, int vector);
+int snvme_create_sq(struct snvme_ctrl *ctrl, u16 qid, dma_addr_t dma,
+		    u16 entries);
+int snvme_delete_queue(struct snvme_ctrl *ctrl, u8 opcode, u16 qid);
+void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why);
+void snvme_ctrl_put(struct snvme_ctrl *ctrl);
+void snvme_ring_cq_doorbell(struct snvme_queue *q);
+extern struct snvme_counters snvme_totals;
+
+/* blk.c */
+int snvme_blk_init(struct snvme_ctrl *ctrl);
+void snvme_blk_remove(struct snvme_ctrl *ctrl);
+void snvme_blk_free(struct snvme_ctrl *ctrl);
+void snvme_blk_cancel_all(struct snvme_ctrl *ctrl);
+irqreturn_t snvme_io_irq(int irq, void *data);
+
+/* chr.c */
+int snvme_chr_module_init(void);
+void snvme_chr_module_exit(void);
+int snvme_chr_add(struct snvme_ctrl *ctrl);
+void snvme_chr_remove(struct snvme_ctrl *ctrl);
+
+/* p2p.c (nv-p2p builds) or stubs */
+struct snvme_dmamap;
+int snvme_gpu_map(struct snvme_ctrl *ctrl, struct snvme_dmamap *m, u64 vaddr,
+		  u64 length);
+void snvme_gpu_unmap(struct snvme_ctrl *ctrl, struct snvme_dmamap *m);
+
+/* A DMA_MAP handle. */
+struct snvme_dmamap {
+	u32 id;
+	u32 kind;			/* SNVME_DMA_HOST or SNVME_DMA_GPU */
+	u64 vaddr, length;
+	unsigned long nr_pages;		/* 4 KiB pages */
+	dma_addr_t *addrs;		/* [nr_pages] */
+	/* host */
+	struct page **pages;
+	struct sg_table sgt;
+	bool sgt_mapped;
+	/* gpu */
+	struct snvme_ctrl *ctrl;
+	void *p2p_table;
+	void *p2p_mapping;
+	bool p2p_revoked;
+};
+
+#endif /* SNVME_H */

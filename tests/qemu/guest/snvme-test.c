@@ -1,0 +1,871 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * Guest-side tests of the snvme driver. One binary, one subcommand per
+ * behaviour; tests/qemu/guest/suite.sh runs them. Each prints what it
+ * checked and exits 0 on success, 1 on a failed check, 2 on bad usage.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <linux/capability.h>
+#include <unistd.h>
+
+#include "uq.h"
+
+#define CTRL_PATH "/dev/snvme0"
+#define BDEV_PATH "/dev/snvme0n1"
+#define CONTROL_PATH "/dev/snvme-control"
+#define SNVME_MAX_USER_QUEUES_GUESS 128
+
+static int failures;
+
+static void check(bool ok, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	printf("%s: ", ok ? "ok" : "FAIL");
+	vprintf(fmt, ap);
+	printf("\n");
+	va_end(ap);
+	fflush(stdout);
+	if (!ok)
+		failures++;
+}
+
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	printf("FAIL: ");
+	vprintf(fmt, ap);
+	printf("\n");
+	va_end(ap);
+	exit(1);
+}
+
+static void must_open(struct uq_ctrl *c)
+{
+	int ret = uq_open(c, CTRL_PATH);
+
+	if (ret)
+		die("open %s: %s", CTRL_PATH, strerror(-ret));
+}
+
+static void fill_pattern(uint8_t *p, size_t n, uint32_t seed)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		seed = seed * 1103515245u + 12345u;
+		p[i] = seed >> 16;
+	}
+}
+
+/* ---- control device ---------------------------------------------------- */
+
+static int control(unsigned long cmd, const char *addr, uint32_t abi, int *instance)
+{
+	struct snvme_bind b = { .hdr = { abi, sizeof(b) } };
+	int fd, ret = 0;
+
+	fd = open(CONTROL_PATH, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	snprintf(b.pci_addr, sizeof(b.pci_addr), "%s", addr);
+	if (ioctl(fd, cmd, &b))
+		ret = -errno;
+	else if (instance)
+		*instance = b.instance;
+	close(fd);
+	return ret;
+}
+
+static int wait_node(const char *path, bool present, int timeout_ms)
+{
+	uint64_t deadline = uq_now_ns() + timeout_ms * 1000000ull;
+
+	while ((access(path, F_OK) == 0) != present) {
+		if (uq_now_ns() > deadline)
+			return -ETIMEDOUT;
+		usleep(10000);
+	}
+	return 0;
+}
+
+static int cmd_bind(const char *addr)
+{
+	int inst = -2, ret = control(SNVME_IOC_BIND, addr, SNVME_ABI_VERSION, &inst);
+
+	check(ret == 0, "BIND %s: %s, instance %d", addr, ret ? strerror(-ret) : "bound", inst);
+	check(inst == 0, "instance is 0");
+	check(wait_node(CTRL_PATH, true, 5000) == 0, "%s appeared", CTRL_PATH);
+	check(wait_node(BDEV_PATH, true, 5000) == 0, "%s appeared", BDEV_PATH);
+	ret = control(SNVME_IOC_BIND, addr, SNVME_ABI_VERSION, NULL);
+	check(ret == -EALREADY, "second BIND returns EALREADY (%s)", strerror(-ret));
+	return failures ? 1 : 0;
+}
+
+/* ---- info and permissions -------------------------------------------- */
+
+static int cmd_info(uint32_t lba_size, const char *serial)
+{
+	struct uq_ctrl c;
+	struct snvme_info *in = &c.info;
+	uint64_t bytes = 0;
+	int fd, ssz = 0;
+	struct snvme_ns_info *ns;
+
+	must_open(&c);
+	ns = &in->ns[0];
+	printf("model %.40s serial %.20s fw %.8s vid 0x%04x\n", in->model, in->serial,
+	       in->firmware, in->vid);
+	printf("caps 0x%llx MQES+1 %u DSTRD %u bytes MDTS %u bytes SGLS 0x%x NN %u\n",
+	       (unsigned long long)in->caps, in->max_queue_entries, in->doorbell_stride,
+	       in->max_transfer, in->sgls, in->nn);
+	printf("queues: kernel %u, user %u (QIDs %u..%u), free %u, doorbell window %u bytes\n",
+	       in->kernel_queues, in->user_queues, in->user_qid_first,
+	       in->user_qid_first + in->user_queues - 1, in->user_queues_free, in->doorbell_bytes);
+	printf("ns %u: nsze %llu ncap %llu lba_shift %u flbas %u nlbaf %u\n", ns->nsid,
+	       (unsigned long long)ns->nsze, (unsigned long long)ns->ncap, ns->lba_shift,
+	       ns->flbas_index, ns->nlbaf);
+	check(in->hdr.abi_version == SNVME_ABI_VERSION, "abi_version %u", in->hdr.abi_version);
+	check((in->caps & (SNVME_CAP_QUEUE_GROUPS | SNVME_CAP_DMA_HOST)) ==
+	      (SNVME_CAP_QUEUE_GROUPS | SNVME_CAP_DMA_HOST), "caps has QUEUE_GROUPS and DMA_HOST");
+	check(in->caps & SNVME_CAP_IOMMU, "caps has IOMMU (guest runs with intel-iommu)");
+	check(!(in->caps & SNVME_CAP_DMA_GPU), "no GPU DMA without nv-p2p");
+	check(strncmp(in->serial, serial, strlen(serial)) == 0, "Identify serial starts with %s", serial);
+	check(in->max_queue_entries >= 2 && in->max_queue_entries <= 65536,
+	      "MQES+1 %u in 2..65536", in->max_queue_entries);
+	check(in->max_queue_entries == ((in->cap & 0xffff) + 1), "MQES matches CAP");
+	check(in->doorbell_stride == 4u << ((in->cap >> 32) & 0xf), "DSTRD matches CAP");
+	check(in->doorbell_bytes && in->doorbell_bytes % 4096 == 0 &&
+	      in->doorbell_bytes >= 2u * (in->user_qid_first + in->user_queues) * in->doorbell_stride,
+	      "doorbell window %u covers the user QIDs", in->doorbell_bytes);
+	check(in->kernel_queues >= 1 && in->user_qid_first == in->kernel_queues + 1,
+	      "kernel QIDs 1..%u, user from %u", in->kernel_queues, in->user_qid_first);
+	check(in->user_queues >= 1 && in->user_queues_free == in->user_queues,
+	      "user queue budget %u, all free", in->user_queues);
+	check(in->pinned_pages == 0 && in->dma_maps == 0 && in->queue_groups == 0,
+	      "leak counters zero (pins %llu maps %u groups %u)",
+	      (unsigned long long)in->pinned_pages, in->dma_maps, in->queue_groups);
+	check(in->nr_namespaces >= 1 && ns->nsid == 1, "namespace 1 present");
+	check((1u << ns->lba_shift) == lba_size, "LBA size %u, expected %u", 1u << ns->lba_shift,
+	      lba_size);
+	check(ns->nlbaf >= 1 && ns->lbaf[ns->flbas_index].lba_shift == ns->lba_shift,
+	      "LBA format table agrees with FLBAS");
+	fd = open(BDEV_PATH, O_RDONLY);
+	if (fd < 0 || ioctl(fd, BLKGETSIZE64, &bytes) || ioctl(fd, BLKSSZGET, &ssz))
+		die("%s: %s", BDEV_PATH, strerror(errno));
+	close(fd);
+	check(bytes == ns->nsze << ns->lba_shift, "block device size %llu = NSZE * LBA size",
+	      (unsigned long long)bytes);
+	check((uint32_t)ssz == lba_size, "block device logical block size %d", ssz);
+	uq_close(&c);
+	return failures ? 1 : 0;
+}
+
+static int mode_of(const char *p)
+{
+	struct stat st;
+
+	return stat(p, &st) ? -1 : (int)(st.st_mode & 07777);
+}
+
+static int drop_cap_sys_admin(void)
+{
+	struct __user_cap_header_struct h = { _LINUX_CAPABILITY_VERSION_3, 0 };
+	struct __user_cap_data_struct d[2];
+
+	if (syscall(SYS_capget, &h, d))
+		return -1;
+	d[CAP_SYS_ADMIN / 32].effective &= ~(1u << (CAP_SYS_ADMIN % 32));
+	d[CAP_SYS_ADMIN / 32].permitted &= ~(1u << (CAP_SYS_ADMIN % 32));
+	return syscall(SYS_capset, &h, d);
+}
+
+static int cmd_perms(const char *addr)
+{
+	const char *nodes[] = { CTRL_PATH, BDEV_PATH, CONTROL_PATH };
+	int i, st;
+	pid_t pid;
+
+	for (i = 0; i < 3; i++)
+		check(mode_of(nodes[i]) == 0600, "%s mode %o", nodes[i], mode_of(nodes[i]));
+	/* An unprivileged user cannot open the nodes. */
+	pid = fork();
+	if (pid == 0) {
+		if (setresgid(65534, 65534, 65534) || setresuid(65534, 65534, 65534))
+			_exit(3);
+		_exit(open(CTRL_PATH, O_RDWR) < 0 && errno == EACCES &&
+		      open(CONTROL_PATH, O_RDWR) < 0 && errno == EACCES ? 0 : 1);
+	}
+	waitpid(pid, &st, 0);
+	check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "uid 65534 gets EACCES on %s and %s",
+	      CTRL_PATH, CONTROL_PATH);
+	/* Root without CAP_SYS_ADMIN cannot bind or unbind. */
+	pid = fork();
+	if (pid == 0) {
+		int r;
+
+		if (drop_cap_sys_admin())
+			_exit(3);
+		r = control(SNVME_IOC_UNBIND, addr, SNVME_ABI_VERSION, NULL);
+		_exit(r == -EPERM ? 0 : 1);
+	}
+	waitpid(pid, &st, 0);
+	check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "UNBIND without CAP_SYS_ADMIN gets EPERM");
+	check(access(CTRL_PATH, F_OK) == 0, "controller still bound");
+	return failures ? 1 : 0;
+}
+
+/* ---- FIEMAP-resolved IO -------------------------------------------- */
+
+struct extent {
+	uint64_t logical, physical, length;
+};
+
+static int file_extents(const char *path, struct extent *ext, int max)
+{
+	size_t sz = sizeof(struct fiemap) + max * sizeof(struct fiemap_extent);
+	struct fiemap *fm = calloc(1, sz);
+	int fd = open(path, O_RDONLY), n = 0;
+	uint32_t i;
+
+	if (fd < 0 || !fm)
+		die("open %s: %s", path, strerror(errno));
+	fsync(fd);
+	fm->fm_start = 0;
+	fm->fm_length = FIEMAP_MAX_OFFSET;
+	fm->fm_flags = FIEMAP_FLAG_SYNC;
+	fm->fm_extent_count = max;
+	if (ioctl(fd, FS_IOC_FIEMAP, fm))
+		die("FIEMAP %s: %s", path, strerror(errno));
+	for (i = 0; i < fm->fm_mapped_extents; i++) {
+		struct fiemap_extent *e = &fm->fm_extents[i];
+
+		if (e->fe_flags & (FIEMAP_EXTENT_UNKNOWN | FIEMAP_EXTENT_DELALLOC |
+				   FIEMAP_EXTENT_ENCODED | FIEMAP_EXTENT_NOT_ALIGNED |
+				   FIEMAP_EXTENT_DATA_INLINE | FIEMAP_EXTENT_UNWRITTEN))
+			die("%s: extent %u flags 0x%x cannot be read raw", path, i, e->fe_flags);
+		ext[n].logical = e->fe_logical;
+		ext[n].physical = e->fe_physical;
+		ext[n].length = e->fe_length;
+		n++;
+	}
+	close(fd);
+	free(fm);
+	return n;
+}
+
+static uint8_t *read_file(const char *path, size_t *len)
+{
+	int fd = open(path, O_RDONLY);
+	struct stat st;
+	uint8_t *p;
+	size_t got = 0;
+
+	if (fd < 0 || fstat(fd, &st))
+		die("open %s: %s", path, strerror(errno));
+	p = malloc(st.st_size + 1);
+	while (got < (size_t)st.st_size) {
+		ssize_t r = read(fd, p + got, st.st_size - got);
+
+		if (r <= 0)
+			die("read %s: %s", path, strerror(errno));
+		got += r;
+	}
+	close(fd);
+	*len = got;
+	return p;
+}
+
+/*
+ * Reads (or writes) [e.physical, +len) through queue q, in commands of at
+ * most chunk bytes, into (from) b at offset 0.
+ */
+static int extent_io(struct uq_queue *q, uint8_t opc, uint64_t phys, size_t len,
+		     struct uq_buf *b, struct uq_buf *list, bool sgl, size_t chunk)
+{
+	uint32_t lba = q->c->lba_size;
+	size_t done = 0;
+
+	while (done < len) {
+		size_t n = len - done < chunk ? len - done : chunk;
+		int st = uq_rw_sync(q, opc, (phys + done) / lba, n / lba, b, done, list, sgl);
+
+		if (st) {
+			printf("  %s at byte %llu + %zu: status 0x%x (%d)\n",
+			       opc == UQ_OPC_READ ? "read" : "write",
+			       (unsigned long long)(phys + done), n, st, st);
+			return -EIO;
+		}
+		done += n;
+	}
+	return 0;
+}
+
+/* Reads each file's extents through a user queue and compares with read(2). */
+static int cmd_fiemap_read(int argc, char **argv)
+{
+	struct snvme_queue_group g;
+	struct uq_queue q[1];
+	struct uq_buf buf, list;
+	struct uq_ctrl c;
+	struct extent ext[64];
+	size_t chunks[] = { 4096, 8192, 0 /* max_xfer */, 3 * 4096 + 0 };
+	int f, i, k, n, ret;
+	bool sgl_ok;
+
+	must_open(&c);
+	sgl_ok = c.info.caps & SNVME_CAP_SGL;
+	ret = uq_group_create(&c, 1, 64, &g, q);
+	if (ret)
+		die("CREATE_QUEUE_GROUP: %s", strerror(-ret));
+	if (uq_buf_alloc(&c, &buf, 4u << 20) || uq_buf_alloc(&c, &list, 4096))
+		die("DMA_MAP: %s", strerror(errno));
+	chunks[2] = c.max_xfer;
+	printf("QID %u, %zu-page buffer, PRP list page at 0x%llx, max transfer %u, SGL %s\n",
+	       q[0].d.qid, buf.npages, (unsigned long long)list.bus[0], c.max_xfer,
+	       sgl_ok ? "yes" : "no");
+	for (f = 0; f < argc; f++) {
+		size_t flen, covered = 0;
+		uint8_t *want;
+
+		n = file_extents(argv[f], ext, 64);
+		uq_drop_caches();
+		want = read_file(argv[f], &flen);
+		for (i = 0; i < n; i++) {
+			size_t len = ext[i].length;
+			size_t valid = ext[i].logical + len > flen ? flen - ext[i].logical : len;
+
+			if (len > buf.len)
+				die("extent of %zu bytes exceeds the test buffer", len);
+			for (k = 0; k < 4 + (sgl_ok ? 1 : 0); k++) {
+				bool sgl = k == 4;
+				size_t chunk = sgl ? 64 * 1024 : chunks[k];
+
+				memset(buf.va, 0xa5, len);
+				ret = extent_io(&q[0], UQ_OPC_READ, ext[i].physical, len, &buf, &list,
+						sgl, chunk);
+				check(ret == 0 && memcmp(buf.va, want + ext[i].logical, valid) == 0,
+				      "%s extent %d (LBA %llu, %zu bytes) via %s in %zu-byte commands matches read(2)",
+				      argv[f], i, (unsigned long long)(ext[i].physical / c.lba_size),
+				      len, sgl ? "SGL" : "PRP", chunk);
+			}
+			covered += valid;
+		}
+		check(covered == flen, "%s: extents cover all %zu bytes", argv[f], flen);
+		free(want);
+	}
+	uq_buf_free(&c, &buf);
+	uq_buf_free(&c, &list);
+	uq_group_unmap(q, 1);
+	check(uq_group_destroy(&c, g.group_id) == 0, "DESTROY_QUEUE_GROUP");
+	uq_close(&c);
+	return failures ? 1 : 0;
+}
+
+/* Overwrites a file's blocks through a user queue, then reads them through the fs. */
+static int cmd_fiemap_write(const char *path)
+{
+	struct snvme_queue_group g;
+	struct uq_queue q[1];
+	struct uq_buf buf, list;
+	struct uq_ctrl c;
+	struct extent ext[64];
+	size_t flen;
+	uint8_t *got;
+	int i, n, ret;
+
+	must_open(&c);
+	ret = uq_group_create(&c, 1, 16, &g, q);
+	if (ret)
+		die("CREATE_QUEUE_GROUP: %s", strerror(-ret));
+	if (uq_buf_alloc(&c, &buf, 4u << 20) || uq_buf_alloc(&c, &list, 4096))
+		die("DMA_MAP: %s", strerror(errno));
+	n = file_extents(path, ext, 64);
+	for (i = 0; i < n; i++) {
+		fill_pattern(buf.va, ext[i].length, 0x5eed0000u + i);
+		ret = extent_io(&q[0], UQ_OPC_WRITE, ext[i].physical, ext[i].length, &buf, &list,
+				false, c.max_xfer);
+		check(ret == 0, "wrote extent %d (%llu bytes) through QID %u", i,
+		      (unsigned long long)ext[i].length, q[0].d.qid);
+	}
+	check(uq_flush_sync(&q[0]) == 0, "Flush through the user queue");
+	uq_drop_caches();
+	got = read_file(path, &flen);
+	for (i = 0; i < n; i++) {
+		size_t valid = ext[i].logical + ext[i].length > flen ? flen - ext[i].logical
+								      : ext[i].length;
+
+		fill_pattern(buf.va, ext[i].length, 0x5eed0000u + i);
+		check(memcmp(buf.va, got + ext[i].logical, valid) == 0,
+		      "read(2) after drop_caches sees the queue's bytes in extent %d", i);
+	}
+	free(got);
+	uq_buf_free(&c, &buf);
+	uq_buf_free(&c, &list);
+	uq_group_unmap(q, 1);
+	check(uq_group_destroy(&c, g.group_id) == 0, "DESTROY_QUEUE_GROUP");
+	uq_close(&c);
+	return failures ? 1 : 0;
+}
+
+/* ---- SQ wrap ------------------------------------------------------------- */
+
+static int cmd_wrap(void)
+{
+	struct snvme_queue_group g;
+	struct uq_queue q[1];
+	struct uq_buf buf, list;
+	struct uq_ctrl c;
+	uint8_t *want;
+	int fd, i, ret, rounds = 0;
+	uint32_t lba;
+
+	must_open(&c);
+	lba = c.lba_size;
+	ret = uq_group_create(&c, 1, 4, &g, q);
+	if (ret)
+		die("CREATE_QUEUE_GROUP(4 entries): %s", strerror(-ret));
+	if (uq_buf_alloc(&c, &buf, 64 * 4096) || uq_buf_alloc(&c, &list, 4096))
+		die("DMA_MAP: %s", strerror(errno));
+	want = aligned_alloc(4096, 64 * 4096);
+	fd = open(BDEV_PATH, O_RDONLY | O_DIRECT);
+	if (fd < 0 || pread(fd, want, 64 * 4096, 0) != 64 * 4096)
+		die("pread %s: %s", BDEV_PATH, strerror(errno));
+	close(fd);
+	memset(buf.va, 0, buf.len);
+	/* 3 outstanding at a time on a 4-entry ring: tail and phase wrap every few commands. */
+	for (i = 0; i < 64 * 4096 / (int)lba;) {
+		int k, cids[3], burst = 0;
+
+		for (k = 0; k < 3 && i + k < 64 * 4096 / (int)lba; k++) {
+			struct uq_sqe s = { .opc = UQ_OPC_READ, .nsid = 1 };
+
+			uq_set_dptr(&s, &buf, (size_t)(i + k) * lba, lba, &list, false);
+			s.cdw10 = i + k;
+			s.cdw12 = 0;
+			cids[k] = uq_push(&q[0], &s);
+			if (cids[k] < 0)
+				die("SQ full with %u outstanding", q[0].outstanding);
+			burst++;
+		}
+		uq_ring(&q[0]);
+		for (k = 0; k < burst; k++) {
+			struct uq_cqe e;
+
+			if (uq_reap(&q[0], &e, 10000))
+				die("no completion within 10 s");
+			if (e.status >> 1)
+				die("status 0x%x", e.status >> 1);
+		}
+		i += burst;
+		rounds++;
+	}
+	check(memcmp(buf.va, want, 64 * 4096) == 0,
+	      "%d reads in %d bursts on a 4-entry SQ (wrapped %d times) match O_DIRECT reads",
+	      64 * 4096 / lba, rounds, 64 * 4096 / lba / 4);
+	check(q[0].tail == (64u * 4096 / lba) % 4, "SQ tail %u after the wraps", q[0].tail);
+	free(want);
+	uq_buf_free(&c, &buf);
+	uq_buf_free(&c, &list);
+	uq_group_unmap(q, 1);
+	check(uq_group_destroy(&c, g.group_id) == 0, "DESTROY_QUEUE_GROUP");
+	uq_close(&c);
+	return failures ? 1 : 0;
+}
+
+/* ---- lifetime: kill, close with queues live, leaks ------------------ */
+
+/* Keeps reads in flight on two queues until killed; touches argv path when busy. */
+static __attribute__((noreturn)) void cmd_hold_io(const char *ready)
+{
+	struct snvme_queue_group g;
+	struct uq_queue q[2];
+	struct uq_buf buf, list;
+	struct uq_ctrl c;
+	uint64_t n = 0;
+	int ret, k;
+
+	must_open(&c);
+	ret = uq_group_create(&c, 2, 32, &g, q);
+	if (ret)
+		die("CREATE_QUEUE_GROUP: %s", strerror(-ret));
+	if (uq_buf_alloc(&c, &buf, 1u << 20) || uq_buf_alloc(&c, &list, 4096))
+		die("DMA_MAP: %s", strerror(errno));
+	for (;;) {
+		for (k = 0; k < 2; k++) {
+			struct uq_cqe e;
+
+			while (q[k].outstanding + 1 < q[k].d.entries) {
+				struct uq_sqe s = { .opc = UQ_OPC_READ, .nsid = 1 };
+
+				uq_set_dptr(&s, &buf, (n % 8) * 128 * 1024, 8192, &list, false);
+				s.cdw10 = (n * 16) % 4096;
+				s.cdw12 = 8192 / c.lba_size - 1;
+				uq_push(&q[k], &s);
+				n++;
+			}
+			uq_ring(&q[k]);
+			if (uq_reap(&q[k], &e, 10000))
+				die("no completion within 10 s");
+		}
+		if (n > 1000 && ready) {
+			close(open(ready, O_CREAT | O_WRONLY, 0600));
+			ready = NULL;
+		}
+	}
+}
+
+static int read_stat(const char *key)
+{
+	char line[128], k[64];
+	long long v;
+	FILE *f = fopen("/sys/kernel/debug/snvme/stats", "r");
+	int ret = -1;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "%63s %lld", k, &v) == 2 && !strcmp(k, key))
+			ret = (int)v;
+	fclose(f);
+	return ret;
+}
+
+static int cmd_leaks(void)
+{
+	struct snvme_queue_group g[4];
+	struct uq_queue q[SNVME_MAX_GROUP_QUEUES];
+	struct uq_ctrl c;
+	int i, ng = 0, ret;
+	uint32_t left;
+
+	must_open(&c);
+	check(c.info.pinned_pages == 0 && c.info.dma_maps == 0 && c.info.queue_groups == 0,
+	      "controller counters zero: pins %llu maps %u groups %u",
+	      (unsigned long long)c.info.pinned_pages, c.info.dma_maps, c.info.queue_groups);
+	check(c.info.user_queues_free == c.info.user_queues, "all %u user queues free (%u)",
+	      c.info.user_queues, c.info.user_queues_free);
+	check(read_stat("pinned_pages") == 0 && read_stat("dma_maps") == 0 &&
+	      read_stat("queue_groups") == 0, "debugfs module totals zero");
+	/*
+	 * Recreate every user QID: Create I/O CQ/SQ fails on the controller if a
+	 * queue with that ID still exists there, so success proves deletion.
+	 */
+	for (left = c.info.user_queues; left; ng++) {
+		uint32_t nr = left > SNVME_MAX_GROUP_QUEUES ? SNVME_MAX_GROUP_QUEUES : left;
+
+		ret = uq_group_create(&c, nr, 8, &g[ng], q);
+		check(ret == 0, "recreated %u queues on the controller: %s", nr,
+		      ret ? strerror(-ret) : "ok");
+		if (ret)
+			break;
+		uq_group_unmap(q, nr);
+		left -= nr;
+	}
+	for (i = 0; i < ng; i++)
+		uq_group_destroy(&c, g[i].group_id);
+	uq_get_info(c.fd, &c.info);
+	check(c.info.user_queues_free == c.info.user_queues && c.info.queue_groups == 0,
+	      "budget restored after destroy");
+	uq_close(&c);
+	return failures ? 1 : 0;
+}
+
+/* Close the fd with queues live and rings still mapped, then unmap. */
+static int cmd_close_live(void)
+{
+	struct snvme_queue_group g;
+	struct uq_queue q[3];
+	struct uq_buf buf, list;
+	struct uq_ctrl c, w;
+	struct snvme_info in;
+	int k, ret;
+
+	must_open(&c);
+	must_open(&w);
+	ret = uq_group_create(&c, 3, 16, &g, q);
+	if (ret)
+		die("CREATE_QUEUE_GROUP: %s", strerror(-ret));
+	if (uq_buf_alloc(&c, &buf, 256 * 1024) || uq_buf_alloc(&c, &list, 4096))
+		die("DMA_MAP: %s", strerror(errno));
+	/* Commands submitted and never reaped. */
+	for (k = 0; k < 3; k++) {
+		struct uq_sqe s = { .opc = UQ_OPC_READ, .nsid = 1 };
+
+		uq_set_dptr(&s, &buf, 0, 16384, &list, false);
+		s.cdw12 = 16384 / c.lba_size - 1;
+		uq_push(&q[k], &s);
+		uq_push(&q[k], &s);
+		uq_ring(&q[k]);
+	}
+	close(c.fd);	/* the rings' mmaps still hold the file */
+	uq_get_info(w.fd, &in);
+	check(in.queue_groups == 1 && in.dma_maps == 2, "after close(fd) with live mmaps: %u group, %u maps",
+	      in.queue_groups, in.dma_maps);
+	munmap((void *)c.doorbells, c.info.doorbell_bytes);
+	uq_group_unmap(q, 3);	/* last reference: release() runs */
+	uq_get_info(w.fd, &in);
+	check(in.queue_groups == 0 && in.dma_maps == 0 && in.pinned_pages == 0,
+	      "after the last munmap: groups %u maps %u pins %llu", in.queue_groups, in.dma_maps,
+	      (unsigned long long)in.pinned_pages);
+	check(in.user_queues_free == in.user_queues, "QIDs returned (%u free)", in.user_queues_free);
+	munmap(buf.va, buf.len);
+	munmap(list.va, list.len);
+	uq_close(&w);
+	return failures ? 1 : 0;
+}
+
+/* ---- bad arguments --------------------------------------------------- */
+
+#define EXPECT(call, err, what) do {					\
+	int r_ = (call) ? errno : 0;					\
+	check(r_ == (err), "%s -> %s (want %s)", what, r_ ? strerror(r_) : "success", \
+	      strerror(err));						\
+} while (0)
+
+static int cmd_bad_ioctl(void)
+{
+	struct uq_ctrl c;
+	struct snvme_info in;
+	struct snvme_queue_group g;
+	struct snvme_dma_map m;
+	struct snvme_dma_unmap u = { .hdr = { SNVME_ABI_VERSION, sizeof(u) }, .map_id = 999 };
+	struct snvme_group_id gi = { .hdr = { SNVME_ABI_VERSION, sizeof(gi) }, .group_id = 999 };
+	uint64_t addrs[64];
+	uint8_t *mem, *ro, *gone;
+	char small[8] = { 0 };
+	int ret;
+	void *p;
+
+	must_open(&c);
+	/* Header checks. */
+	memset(&in, 0, sizeof(in));
+	in.hdr.abi_version = 0;
+	in.hdr.argsz = sizeof(in);
+	EXPECT(ioctl(c.fd, SNVME_IOC_GET_INFO, &in), EPROTO, "GET_INFO with stale abi_version 0");
+	in.hdr.abi_version = SNVME_ABI_VERSION + 1;
+	EXPECT(ioctl(c.fd, SNVME_IOC_GET_INFO, &in), EPROTO, "GET_INFO with future abi_version");
+	in.hdr.abi_version = SNVME_ABI_VERSION;
+	in.hdr.argsz = sizeof(in) - 8;
+	EXPECT(ioctl(c.fd, SNVME_IOC_GET_INFO, &in), EINVAL, "GET_INFO with argsz - 8");
+	EXPECT(ioctl(c.fd, _IOWR(SNVME_IOC_MAGIC, 0x00, char[8]), small), ENOTTY,
+	       "GET_INFO number with an 8-byte size");
+	EXPECT(ioctl(c.fd, _IO(SNVME_IOC_MAGIC, 0x7f)), ENOTTY, "unknown ioctl");
+	EXPECT(ioctl(c.fd, SNVME_IOC_GET_INFO, NULL), EFAULT, "GET_INFO with NULL");
+	EXPECT(ioctl(c.fd, SNVME_IOC_GET_INFO, (void *)16), EFAULT, "GET_INFO with address 16");
+
+	/* Queue groups. */
+#define GROUP(nr_, ent_, flags_) (memset(&g, 0, sizeof(g)), g.hdr.abi_version = SNVME_ABI_VERSION, \
+	g.hdr.argsz = sizeof(g), g.nr_queues = (nr_), g.entries = (ent_), g.flags = (flags_), \
+	ioctl(c.fd, SNVME_IOC_CREATE_QUEUE_GROUP, &g))
+	EXPECT(GROUP(0, 16, 0), EINVAL, "CREATE_QUEUE_GROUP nr_queues 0");
+	EXPECT(GROUP(SNVME_MAX_GROUP_QUEUES + 1, 16, 0), EINVAL, "CREATE_QUEUE_GROUP nr_queues 17");
+	{
+		/* Use up all but < 16 queues, then ask for one more than is left. */
+		uint32_t held[SNVME_MAX_USER_QUEUES_GUESS], nh = 0, left = c.info.user_queues_free, i;
+
+		while (left >= SNVME_MAX_GROUP_QUEUES && nh < SNVME_MAX_USER_QUEUES_GUESS &&
+		       GROUP(SNVME_MAX_GROUP_QUEUES, 4, 0) == 0) {
+			held[nh++] = g.group_id;
+			left -= SNVME_MAX_GROUP_QUEUES;
+		}
+		EXPECT(GROUP(left + 1, 16, 0), ENOSPC, "CREATE_QUEUE_GROUP one queue past the budget");
+		for (i = 0; i < nh; i++)
+			uq_group_destroy(&c, held[i]);
+	}
+	EXPECT(GROUP(1, 1, 0), EINVAL, "CREATE_QUEUE_GROUP entries 1");
+	EXPECT(GROUP(1, c.info.max_queue_entries + 1, 0), EINVAL, "CREATE_QUEUE_GROUP entries MQES+2");
+	EXPECT(GROUP(1, 16, 1), EINVAL, "CREATE_QUEUE_GROUP flags 1");
+	EXPECT(ioctl(c.fd, SNVME_IOC_DESTROY_QUEUE_GROUP, &gi), ENOENT, "DESTROY unknown group");
+
+	/* DMA maps. */
+	mem = mmap(NULL, 64 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	ro = mmap(NULL, 4 * 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	gone = mmap(NULL, 4 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	munmap(gone, 4 * 4096);
+#define MAP(va_, len_, kind_, addrs_, max_) (memset(&m, 0, sizeof(m)), \
+	m.hdr.abi_version = SNVME_ABI_VERSION, m.hdr.argsz = sizeof(m), m.kind = (kind_), \
+	m.vaddr = (uintptr_t)(va_), m.length = (len_), m.bus_addrs = (uintptr_t)(addrs_), \
+	m.max_addrs = (max_), ioctl(c.fd, SNVME_IOC_DMA_MAP, &m))
+	EXPECT(MAP(mem + 512, 4096, SNVME_DMA_HOST, addrs, 64), EINVAL, "DMA_MAP unaligned vaddr");
+	EXPECT(MAP(mem, 0, SNVME_DMA_HOST, addrs, 64), EINVAL, "DMA_MAP length 0");
+	EXPECT(MAP(mem, 4096 + 512, SNVME_DMA_HOST, addrs, 64), EINVAL, "DMA_MAP unaligned length");
+	EXPECT(MAP(mem, 64 * 4096, SNVME_DMA_HOST, addrs, 63), EINVAL, "DMA_MAP max_addrs too small");
+	EXPECT(MAP(mem, 4096, 7, addrs, 64), EINVAL, "DMA_MAP kind 7");
+	EXPECT(MAP(mem, 4096, SNVME_DMA_GPU, addrs, 64), EOPNOTSUPP, "DMA_MAP GPU without nv-p2p");
+	EXPECT(MAP(mem, 1ull << 40, SNVME_DMA_HOST, addrs, 64), EINVAL, "DMA_MAP 1 TiB");
+	EXPECT(MAP(0xfffffffffffff000ull, 8192, SNVME_DMA_HOST, addrs, 64), EINVAL,
+	       "DMA_MAP wrapping range");
+	EXPECT(MAP(gone, 4 * 4096, SNVME_DMA_HOST, addrs, 64), EFAULT, "DMA_MAP unmapped memory");
+	EXPECT(MAP(ro, 4 * 4096, SNVME_DMA_HOST, addrs, 64), EFAULT, "DMA_MAP read-only memory");
+	EXPECT(MAP(mem, 4 * 4096, SNVME_DMA_HOST, (void *)16, 64), EFAULT,
+	       "DMA_MAP with bus_addrs at address 16");
+	EXPECT(MAP(mem, 4 * 4096, SNVME_DMA_HOST, NULL, 64), EINVAL, "DMA_MAP with bus_addrs NULL");
+	EXPECT(ioctl(c.fd, SNVME_IOC_DMA_UNMAP, &u), ENOENT, "DMA_UNMAP unknown id");
+	uq_get_info(c.fd, &in);
+	check(in.pinned_pages == 0 && in.dma_maps == 0 && in.queue_groups == 0,
+	      "no pins, maps or groups left by the failed calls");
+	check(in.user_queues_free == in.user_queues, "no QIDs leaked by the failed calls");
+
+	/* mmap. */
+	p = mmap(NULL, c.info.doorbell_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, c.fd, 0);
+	check(p == MAP_FAILED && errno == EINVAL, "MAP_PRIVATE of the doorbells refused");
+	p = mmap(NULL, c.info.doorbell_bytes + 4096, PROT_READ | PROT_WRITE, MAP_SHARED, c.fd, 0);
+	check(p == MAP_FAILED && errno == EINVAL, "doorbell window + 1 page refused (rest of BAR0)");
+	p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, c.fd, 8ull << 20);
+	check(p == MAP_FAILED && errno == EINVAL, "ring offset of a group this file does not own refused");
+	p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, c.fd, 4096);
+	check(p == MAP_FAILED && errno == EINVAL, "unknown offset refused");
+
+	/* Control device. */
+	ret = control(SNVME_IOC_BIND, "zz", SNVME_ABI_VERSION, NULL);
+	check(ret == -EINVAL, "BIND \"zz\" -> %s", strerror(-ret));
+	ret = control(SNVME_IOC_BIND, "0000:00:00.0x", SNVME_ABI_VERSION, NULL);
+	check(ret == -EINVAL, "BIND with trailing junk -> %s", strerror(-ret));
+	ret = control(SNVME_IOC_BIND, "0000:05:1f.7", SNVME_ABI_VERSION, NULL);
+	check(ret == -ENODEV, "BIND absent device -> %s", strerror(-ret));
+	ret = control(SNVME_IOC_BIND, "0000:00:00.0", SNVME_ABI_VERSION, NULL);
+	check(ret == -ENODEV, "BIND host bridge (not NVMe) -> %s", strerror(-ret));
+	ret = control(SNVME_IOC_BIND, "0000:00:00.0", 0, NULL);
+	check(ret == -EPROTO, "BIND with stale abi_version -> %s", strerror(-ret));
+	uq_close(&c);
+	return failures ? 1 : 0;
+}
+
+/* ---- rebind ------------------------------------------------------------ */
+
+static int cmd_rebind(const char *addr, int rounds)
+{
+	struct snvme_queue_group g;
+	struct uq_queue q[2];
+	struct uq_buf buf;
+	struct uq_ctrl c;
+	struct snvme_info in;
+	int i, ret, inst, bad = 0;
+
+	for (i = 0; i < rounds; i++) {
+		bool hold = i % 10 == 0;
+
+		if (hold) {
+			/* Keep an fd with live queues and pins across the unbind. */
+			must_open(&c);
+			if (uq_group_create(&c, 2, 8, &g, q) || uq_buf_alloc(&c, &buf, 64 * 1024))
+				die("setup before unbind %d failed", i);
+		}
+		ret = control(SNVME_IOC_UNBIND, addr, SNVME_ABI_VERSION, NULL);
+		if (ret || wait_node(CTRL_PATH, false, 5000)) {
+			printf("round %d: UNBIND: %s\n", i, strerror(-ret));
+			bad++;
+			break;
+		}
+		if (hold) {
+			ret = uq_get_info(c.fd, &in);
+			if (ret != -ENODEV) {
+				printf("round %d: GET_INFO on an unbound controller: %d\n", i, ret);
+				bad++;
+			}
+			if (*(volatile uint32_t *)buf.va != 0)	/* memory stays usable */
+				bad++;
+			uq_group_unmap(q, 2);
+			munmap(buf.va, buf.len);
+			free(buf.bus);
+			uq_close(&c);
+		}
+		ret = control(SNVME_IOC_BIND, addr, SNVME_ABI_VERSION, &inst);
+		if (ret || wait_node(CTRL_PATH, true, 5000) || wait_node(BDEV_PATH, true, 5000)) {
+			printf("round %d: BIND: %s\n", i, strerror(-ret));
+			bad++;
+			break;
+		}
+	}
+	check(!bad && i == rounds, "%d unbind/bind rounds (every 10th with live queues and pins)", i);
+	must_open(&c);
+	check(c.info.pinned_pages == 0 && c.info.queue_groups == 0 && c.info.dma_maps == 0,
+	      "controller works after the rounds, counters zero");
+	uq_close(&c);
+	check(read_stat("pinned_pages") == 0 && read_stat("dma_maps") == 0 &&
+	      read_stat("queue_groups") == 0, "debugfs module totals zero after the rounds");
+	return failures ? 1 : 0;
+}
+
+/* ---- negative control: a DMA the IOMMU must stop -------------------- */
+
+static int cmd_bad_dma(void)
+{
+	struct snvme_queue_group g;
+	struct uq_queue q[1];
+	struct uq_buf buf, list;
+	struct uq_ctrl c;
+	uint64_t stale;
+	struct snvme_dma_unmap u = { .hdr = { SNVME_ABI_VERSION, sizeof(u) } };
+	int st;
+
+	must_open(&c);
+	if (uq_group_create(&c, 1, 8, &g, q) || uq_buf_alloc(&c, &buf, 64 * 1024) ||
+	    uq_buf_alloc(&c, &list, 4096))
+		die("setup: %s", strerror(errno));
+	/* Unmap the buffer but keep using its bus addresses: a use-after-unmap bug. */
+	stale = buf.bus[0];
+	u.map_id = buf.map_id;
+	if (ioctl(c.fd, SNVME_IOC_DMA_UNMAP, &u))
+		die("DMA_UNMAP: %s", strerror(errno));
+	buf.map_id = 0;
+	st = uq_rw_sync(&q[0], UQ_OPC_READ, 0, 8192 / c.lba_size, &buf, 0, &list, false);
+	printf("read of 8 KiB into unmapped IOVA 0x%llx completed with status 0x%x: "
+	       "only the IOMMU log can tell\n", (unsigned long long)stale, st);
+	uq_buf_free(&c, &list);
+	uq_group_unmap(q, 1);
+	uq_group_destroy(&c, g.group_id);
+	uq_close(&c);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc >= 3 && !strcmp(argv[1], "bind"))
+		return cmd_bind(argv[2]);
+	if (argc >= 4 && !strcmp(argv[1], "info"))
+		return cmd_info(atoi(argv[2]), argv[3]);
+	if (argc >= 3 && !strcmp(argv[1], "perms"))
+		return cmd_perms(argv[2]);
+	if (argc >= 3 && !strcmp(argv[1], "fiemap-read"))
+		return cmd_fiemap_read(argc - 2, argv + 2);
+	if (argc >= 3 && !strcmp(argv[1], "fiemap-write"))
+		return cmd_fiemap_write(argv[2]);
+	if (argc >= 2 && !strcmp(argv[1], "wrap"))
+		return cmd_wrap();
+	if (argc >= 2 && !strcmp(argv[1], "hold-io"))
+		cmd_hold_io(argc >= 3 ? argv[2] : NULL);
+	if (argc >= 2 && !strcmp(argv[1], "leaks"))
+		return cmd_leaks();
+	if (argc >= 2 && !strcmp(argv[1], "close-live"))
+		return cmd_close_live();
+	if (argc >= 2 && !strcmp(argv[1], "bad-ioctl"))
+		return cmd_bad_ioctl();
+	if (argc >= 4 && !strcmp(argv[1], "rebind"))
+		return cmd_rebind(argv[2], atoi(argv[3]));
+	if (argc >= 2 && !strcmp(argv[1], "bad-dma"))
+		return cmd_bad_dma();
+	fprintf(stderr, "usage: %s bind ADDR | info LBA SERIAL | perms ADDR | fiemap-read FILE... |\n"
+		"  fiemap-write FILE | wrap | hold-io [READY] | leaks | close-live | bad-ioctl |\n"
+		"  rebind ADDR N | bad-dma\n", argv[0]);
+	return 2;
+}

@@ -1,0 +1,151 @@
+#!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
+#
+# /init of the snvme test guest (busybox sh). Kernel command line:
+#   tutti.lba=<bytes>      LBA size QEMU was given, checked by "info"
+#   tutti.mode=normal      the full suite
+#   tutti.mode=bad-dma     only the negative control: a DMA to an unmapped IOVA
+# Prints "TUTTI-TEST <name> PASS|FAIL" per test, the kernel log between
+# TUTTI-DMESG-BEGIN/END, then "TUTTI-SUITE pass=<n> fail=<m>", and powers off.
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t debugfs debugfs /sys/kernel/debug
+mkdir -p /mnt /tmp
+mount -t tmpfs tmpfs /tmp
+
+LBA=512
+MODE=normal
+for a in $(cat /proc/cmdline); do
+	case $a in
+	tutti.lba=*) LBA=${a#tutti.lba=} ;;
+	tutti.mode=*) MODE=${a#tutti.mode=} ;;
+	esac
+done
+PASS=0
+FAIL=0
+T=/bin/snvme-test
+
+# t NAME CMD...: runs CMD with a deadline, records the verdict.
+t() {
+	name=$1
+	shift
+	echo "=== $name: $*"
+	case $(type "$1") in
+	*function*) set -- "$@" ;;	# shell steps: the rig's qemu timeout bounds them
+	*) set -- timeout 300 "$@" ;;
+	esac
+	if "$@"; then
+		echo "TUTTI-TEST $name PASS"
+		PASS=$((PASS + 1))
+	else
+		echo "TUTTI-TEST $name FAIL (exit $?)"
+		FAIL=$((FAIL + 1))
+	fi
+}
+
+finish() {
+	echo "TUTTI-DMESG-BEGIN"
+	dmesg
+	echo "TUTTI-DMESG-END"
+	echo "TUTTI-SUITE pass=$PASS fail=$FAIL mode=$MODE lba=$LBA kernel=$(uname -r)"
+	sync
+	poweroff -f
+}
+
+# The emulated NVMe controller, by class code 0x010802.
+ADDR=
+for d in /sys/bus/pci/devices/*; do
+	[ "$(cat $d/class)" = 0x010802 ] && ADDR=${d##*/}
+done
+
+no_grab() {
+	[ -n "$ADDR" ] || { echo "no NVMe device (class 0x010802)"; return 1; }
+	[ ! -e /sys/bus/pci/devices/$ADDR/driver ] || { echo "$ADDR bound on load"; return 1; }
+	[ ! -e /dev/snvme0 ] || return 1
+	echo "snvme loaded; $ADDR has no driver"
+}
+
+param_range() {
+	# Out-of-range module parameters are refused at load with a message.
+	if insmod /lib/snvme.ko kernel_queues=0 2>/dev/null; then
+		echo "kernel_queues=0 accepted"; rmmod snvme; return 1
+	fi
+	if insmod /lib/snvme.ko user_queues=5000 2>/dev/null; then
+		echo "user_queues=5000 accepted"; rmmod snvme; return 1
+	fi
+	dmesg | grep -q "kernel_queues=0 rejected: must be 1..64" || return 1
+	dmesg | grep -q "user_queues=5000 rejected: must be 0..1024" || return 1
+}
+
+t param-range param_range
+insmod /lib/snvme.ko kernel_queues=2 user_queues=20 || echo "insmod failed"
+t no-grab-on-load no_grab
+t bind $T bind "$ADDR"
+
+if [ "$MODE" = bad-dma ]; then
+	t bad-dma $T bad-dma
+	finish
+fi
+
+t perms $T perms "$ADDR"
+t info $T info "$LBA" deadbeef
+t bad-ioctl $T bad-ioctl
+
+load_ext4() {
+	# crc32c-intel needs SSE4.2, which the emulated CPU may lack: optional.
+	while read -r m; do insmod "$m" 2>/dev/null; done </lib/modules.load
+	grep -qw ext4 /proc/filesystems
+}
+t load-ext4 load_ext4
+
+make_fs() {
+	mkfs.ext4 -F -q -b 4096 -E nodiscard /dev/snvme0n1 || return 1
+	mount -t ext4 /dev/snvme0n1 /mnt || return 1
+	head -c 5000 /dev/urandom >/mnt/small
+	head -c 1048576 /dev/urandom >/mnt/one-mib
+	head -c 3145851 /dev/urandom >/mnt/three-mib
+	mkdir /mnt/dir && cp /mnt/small /mnt/dir/copy
+	sync
+	md5sum /mnt/small /mnt/one-mib /mnt/three-mib >/tmp/sums
+	cmp /mnt/small /mnt/dir/copy
+}
+t mkfs-mount-write make_fs
+t fiemap-read $T fiemap-read /mnt/small /mnt/one-mib /mnt/three-mib
+t fiemap-write $T fiemap-write /mnt/one-mib
+t wrap $T wrap
+
+kill_mid_io() {
+	rm -f /tmp/ready
+	$T hold-io /tmp/ready &
+	pid=$!
+	i=0
+	while [ ! -e /tmp/ready ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+	[ -e /tmp/ready ] || { kill -9 $pid; echo "hold-io never got busy"; return 1; }
+	kill -9 $pid
+	wait $pid
+	echo "killed hold-io (pid $pid) with commands in flight"
+}
+t kill-9-mid-io kill_mid_io
+t leaks-after-kill $T leaks
+t close-with-queues-live $T close-live
+t leaks-after-close $T leaks
+
+fs_check() {
+	umount /mnt || return 1
+	# The queue wrote new bytes into one-mib: it must differ from the old sum.
+	e2fsck -fn /dev/snvme0n1 || return 1
+}
+t umount-fsck fs_check
+t rebind-50 $T rebind "$ADDR" 50
+remount() {
+	mount -t ext4 /dev/snvme0n1 /mnt || return 1
+	md5sum /mnt/small /mnt/three-mib >/tmp/sums2
+	grep -v one-mib /tmp/sums | cmp - /tmp/sums2 || return 1
+	cmp /mnt/small /mnt/dir/copy || return 1
+	umount /mnt
+}
+t remount-after-rebind remount
+t leaks-final $T leaks
+finish
