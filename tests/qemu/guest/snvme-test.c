@@ -298,14 +298,14 @@ static uint8_t *read_file(const char *path, size_t *len)
  * most chunk bytes, into (from) b at offset 0.
  */
 static int extent_io(struct uq_queue *q, uint8_t opc, uint64_t phys, size_t len,
-		     struct uq_buf *b, struct uq_buf *list, bool sgl, size_t chunk)
+		     struct uq_buf *b, size_t boff, struct uq_buf *list, bool sgl, size_t chunk)
 {
 	uint32_t lba = q->c->lba_size;
 	size_t done = 0;
 
 	while (done < len) {
 		size_t n = len - done < chunk ? len - done : chunk;
-		int st = uq_rw_sync(q, opc, (phys + done) / lba, n / lba, b, done, list, sgl);
+		int st = uq_rw_sync(q, opc, (phys + done) / lba, n / lba, b, boff + done, list, sgl);
 
 		if (st) {
 			printf("  %s at byte %llu + %zu: status 0x%x (%d)\n",
@@ -359,12 +359,22 @@ static int cmd_fiemap_read(int argc, char **argv)
 				size_t chunk = sgl ? 64 * 1024 : chunks[k];
 
 				memset(buf.va, 0xa5, len);
-				ret = extent_io(&q[0], UQ_OPC_READ, ext[i].physical, len, &buf, &list,
-						sgl, chunk);
+				ret = extent_io(&q[0], UQ_OPC_READ, ext[i].physical, len, &buf, 0,
+						&list, sgl, chunk);
 				check(ret == 0 && memcmp(buf.va, want + ext[i].logical, valid) == 0,
 				      "%s extent %d (LBA %llu, %zu bytes) via %s in %zu-byte commands matches read(2)",
 				      argv[f], i, (unsigned long long)(ext[i].physical / c.lba_size),
 				      len, sgl ? "SGL" : "PRP", chunk);
+			}
+			/* PRP1 with an in-page offset: a 3-page transfer needs PRP1 + a 3-entry list. */
+			if (len >= 3 * 4096 && len + 4096 <= buf.len) {
+				memset(buf.va, 0xa5, buf.len);
+				ret = extent_io(&q[0], UQ_OPC_READ, ext[i].physical, 3 * 4096, &buf, 512,
+						&list, false, 3 * 4096);
+				check(ret == 0 && memcmp(buf.va + 512, want + ext[i].logical, 3 * 4096) == 0 &&
+				      buf.va[511] == 0xa5 && buf.va[512 + 3 * 4096] == 0xa5,
+				      "%s extent %d: 12 KiB into buffer offset 512 (PRP1 offset, PRP list) matches, no overrun",
+				      argv[f], i);
 			}
 			covered += valid;
 		}
@@ -400,8 +410,8 @@ static int cmd_fiemap_write(const char *path)
 	n = file_extents(path, ext, 64);
 	for (i = 0; i < n; i++) {
 		fill_pattern(buf.va, ext[i].length, 0x5eed0000u + i);
-		ret = extent_io(&q[0], UQ_OPC_WRITE, ext[i].physical, ext[i].length, &buf, &list,
-				false, c.max_xfer);
+		ret = extent_io(&q[0], UQ_OPC_WRITE, ext[i].physical, ext[i].length, &buf, 0,
+				&list, false, c.max_xfer);
 		check(ret == 0, "wrote extent %d (%llu bytes) through QID %u", i,
 		      (unsigned long long)ext[i].length, q[0].d.qid);
 	}
