@@ -1,0 +1,84 @@
+// The KV-cache data set of the layer-wise example: its shape, its on-file layout, the content of
+// every tensor, and the per-tensor checksums every read is verified against.
+//
+// Layout (layer-major, docs/kv-cache.md): one file per layer, "layer-NNN.kv". A prefix of
+// `context_tokens` tokens is cut into chunks of `chunk_tokens`; each chunk holds a K and a V tensor
+// of `tensor_bytes` bytes for every layer. In a layer's file, chunk c's K tensor is at byte offset
+// (2c) * tensor_bytes and its V tensor at (2c + 1) * tensor_bytes.
+//
+// Hits and misses: the first `hit_chunks` chunks of the prefix are in the SSD cache (restored by
+// reads); the remaining chunks are recomputed and written back (writes of layer L-1).
+#pragma once
+
+#include <xxhash.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace layerwise {
+
+/// Shape of the data set. All sizes in bytes.
+struct Shape {
+  std::uint32_t layers = 80;
+  std::uint32_t context_tokens = 4096;
+  std::uint32_t chunk_tokens = 256;
+  std::uint32_t hit_percent = 75;             ///< Share of the prefix's chunks found in the cache.
+  std::uint64_t tensor_bytes = 512 * 1024;    ///< One K or V tensor of one chunk of one layer.
+
+  std::uint32_t chunks() const { return (context_tokens + chunk_tokens - 1) / chunk_tokens; }
+  std::uint32_t hit_chunks() const { return static_cast<std::uint32_t>(std::uint64_t{chunks()} * hit_percent / 100); }
+  std::uint32_t miss_chunks() const { return chunks() - hit_chunks(); }
+  std::uint64_t layer_file_bytes() const { return std::uint64_t{chunks()} * 2 * tensor_bytes; }
+  /// Byte offset of chunk `chunk`'s K (kind 0) or V (kind 1) tensor in its layer file.
+  std::uint64_t tensor_offset(std::uint32_t chunk, std::uint32_t kind) const {
+    return (std::uint64_t{chunk} * 2 + kind) * tensor_bytes;
+  }
+  std::string layer_file_name(std::uint32_t layer) const { return fmt::format("layer-{:03}.kv", layer); }
+};
+
+/// Fills `out` with the deterministic content of one tensor (a splitmix64 stream seeded by its
+/// coordinates), so any process can regenerate what a tensor must hold.
+inline void fill_tensor(std::span<std::byte> out, std::uint32_t layer, std::uint32_t chunk, std::uint32_t kind) {
+  std::uint64_t state = (std::uint64_t{layer} << 40) ^ (std::uint64_t{chunk} << 8) ^ kind ^ 0x7475747469ULL;
+  const std::size_t words = out.size() / sizeof(std::uint64_t);
+  auto* w = reinterpret_cast<std::uint64_t*>(out.data());
+  for (std::size_t i = 0; i < words; ++i) {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    w[i] = z ^ (z >> 31);
+  }
+  for (std::size_t i = words * sizeof(std::uint64_t); i < out.size(); ++i) out[i] = static_cast<std::byte>(i);
+}
+
+/// The checksum of one tensor's bytes (XXH3, 64 bits).
+inline std::uint64_t checksum(std::span<const std::byte> bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+
+/// Expected checksums, indexed [layer][chunk * 2 + kind].
+struct Checksums {
+  std::vector<std::vector<std::uint64_t>> by_layer;
+  std::uint64_t at(std::uint32_t layer, std::uint32_t chunk, std::uint32_t kind) const {
+    return by_layer[layer][chunk * 2 + kind];
+  }
+};
+
+/// Computes the checksum of every tensor of the data set.
+inline Checksums expected_checksums(const Shape& shape) {
+  Checksums sums;
+  std::vector<std::byte> tensor(shape.tensor_bytes);
+  sums.by_layer.resize(shape.layers);
+  for (std::uint32_t l = 0; l < shape.layers; ++l)
+    for (std::uint32_t c = 0; c < shape.chunks(); ++c)
+      for (std::uint32_t k = 0; k < 2; ++k) {
+        fill_tensor(tensor, l, c, k);
+        sums.by_layer[l].push_back(checksum(tensor));
+      }
+  return sums;
+}
+
+}  // namespace layerwise

@@ -1,0 +1,318 @@
+// layerwise_kv_overlap: restore a long prefix's KV cache from files, layer by layer, while the model
+// computes: read(L+1) || compute(L) || write(L-1). Verifies every tensor it reads and exits non-zero
+// on any mismatch. See docs/kv-cache.md for the layout and README.md for how to run it.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <uriparser/Uri.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <tutti/tutti.hpp>
+
+#include "dataset.hpp"
+#include "pipeline.hpp"
+
+namespace fs = std::filesystem;
+using namespace layerwise;
+
+namespace {
+
+struct Options {
+  Settings settings;
+  std::string backend = "uring";
+  std::string data_dir;
+  std::string json_path;
+  bool drop_caches = geteuid() == 0;
+  bool pread_baseline = true;
+  double compute_ms = 2.0;
+};
+
+/// file:// URI of an absolute path, each segment percent-encoded.
+std::string file_uri(const fs::path& path) {
+  std::string uri = "file://";
+  for (const auto& part : fs::absolute(path)) {
+    if (part == "/") continue;
+    const std::string segment = part.string();
+    std::string escaped(segment.size() * 3 + 1, '\0');
+    char* end = uriEscapeA(segment.c_str(), escaped.data(), URI_FALSE, URI_FALSE);
+    escaped.resize(static_cast<std::size_t>(end - escaped.data()));
+    uri += "/" + escaped;
+  }
+  return uri;
+}
+
+void progress_bar(const char* what, std::uint32_t done, std::uint32_t total) {
+  constexpr int kWidth = 40;
+  const int filled = total ? static_cast<int>(std::uint64_t{done} * kWidth / total) : kWidth;
+  fmt::print(stderr, "\r{} [{}{}] {}/{}", what, std::string(filled, '#'), std::string(kWidth - filled, '.'), done, total);
+  if (done == total) fmt::print(stderr, "\n");
+  std::fflush(stderr);
+}
+
+nlohmann::json shape_json(const Shape& s) {
+  return {{"layers", s.layers},           {"context_tokens", s.context_tokens}, {"chunk_tokens", s.chunk_tokens},
+          {"tensor_bytes", s.tensor_bytes}, {"format", 1}};
+}
+
+/// Writes the layer files (first run, or when the shape changed) with a progress bar.
+tutti::Status prepare_files(const Shape& shape, const fs::path& dir) {
+  const fs::path manifest = dir / "manifest.json";
+  if (fs::exists(manifest)) {
+    std::ifstream in(manifest);
+    auto saved = nlohmann::json::parse(in, nullptr, false);
+    bool complete = !saved.is_discarded() && saved == shape_json(shape);
+    for (std::uint32_t l = 0; complete && l < shape.layers; ++l)
+      complete = fs::exists(dir / shape.layer_file_name(l)) &&
+                 fs::file_size(dir / shape.layer_file_name(l)) == shape.layer_file_bytes();
+    if (complete) return tutti::Status::ok();
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return tutti::error(tutti::StatusCode::INVALID_ARGUMENT, "data directory '{}': {}", dir.string(), ec.message());
+  fs::remove(manifest, ec);
+  std::vector<std::byte> tensor(shape.tensor_bytes);
+  for (std::uint32_t l = 0; l < shape.layers; ++l) {
+    const fs::path path = dir / shape.layer_file_name(l);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return tutti::error(tutti::StatusCode::DEVICE_ERROR, "create '{}': {}", path.string(), std::strerror(errno));
+    for (std::uint32_t c = 0; c < shape.chunks(); ++c)
+      for (std::uint32_t k = 0; k < 2; ++k) {
+        fill_tensor(tensor, l, c, k);
+        const auto offset = static_cast<off_t>(shape.tensor_offset(c, k));
+        if (::pwrite(fd, tensor.data(), tensor.size(), offset) != static_cast<ssize_t>(tensor.size())) {
+          ::close(fd);
+          return tutti::error(tutti::StatusCode::DEVICE_ERROR, "write '{}': {}", path.string(), std::strerror(errno));
+        }
+      }
+    const bool synced = ::fsync(fd) == 0;
+    ::close(fd);
+    if (!synced) return tutti::error(tutti::StatusCode::DEVICE_ERROR, "fsync '{}'", path.string());
+    progress_bar("preparing KV files", l + 1, shape.layers);
+  }
+  std::ofstream(manifest) << shape_json(shape).dump(2) << "\n";
+  return tutti::Status::ok();
+}
+
+void drop_page_cache(const Options& o) {
+  if (!o.drop_caches) return;
+  ::sync();
+  if (FILE* f = std::fopen("/proc/sys/vm/drop_caches", "w")) {
+    std::fputs("3\n", f);
+    std::fclose(f);
+  }
+}
+
+/// The baseline: the same cached tensors through plain pread (one thread, O_DIRECT) into the same memory.
+template <class Runtime>
+tutti::Status pread_baseline(const Options& o, const fs::path& dir, Pipeline<Runtime>& pipeline,
+                             const Checksums& sums, Report& report) {
+  const Shape& shape = o.settings.shape;
+  const auto start = Clock::now();
+  for (std::uint32_t l = 0; l < shape.layers; ++l) {
+    const fs::path path = dir / shape.layer_file_name(l);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+    if (fd < 0) return tutti::error(tutti::StatusCode::DEVICE_ERROR, "open '{}': {}", path.string(), std::strerror(errno));
+    std::byte* slot = pipeline.read_slot(l);
+    std::uint32_t index = 0;
+    for (std::uint32_t c = 0; c < shape.hit_chunks(); ++c)
+      for (std::uint32_t k = 0; k < 2; ++k, ++index) {
+        std::byte* dst = slot + index * shape.tensor_bytes;
+        const ssize_t n = ::pread(fd, dst, shape.tensor_bytes, static_cast<off_t>(shape.tensor_offset(c, k)));
+        if (n != static_cast<ssize_t>(shape.tensor_bytes)) {
+          ::close(fd);
+          return tutti::error(tutti::StatusCode::DATA_LOSS, "pread '{}' returned {}", path.string(), n);
+        }
+        report.pread_baseline.bytes += shape.tensor_bytes;
+        ++report.pread_baseline.requests;
+        if (o.settings.verify && checksum(std::span(dst, shape.tensor_bytes)) != sums.at(l, c, k)) {
+          ++report.mismatched_tensors;
+          report.mismatches.push_back(fmt::format("pread layer {} chunk {}", l, c));
+        }
+      }
+    ::close(fd);
+  }
+  report.pread_baseline.ns = elapsed_ns(start);
+  return tutti::Status::ok();
+}
+
+double ms(std::uint64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+void print_report(const Options& o, const Report& r, const fs::path& dir) {
+  const Shape& s = o.settings.shape;
+  fmt::print("\nlayerwise_kv_overlap  backend={}  data={}\n", o.backend, o.backend == "memfs" ? "memfs" : dir.string());
+  fmt::print("  shape: {} layers, {} tokens in {} chunks of {}, {}% cached ({} chunks), {} KiB K/V tensors\n", s.layers,
+             s.context_tokens, s.chunks(), s.chunk_tokens, s.hit_percent, s.hit_chunks(), s.tensor_bytes / 1024);
+  fmt::print("  restore only   : {:8.1f} MiB in {:8.2f} ms = {:6.2f} GB/s  ({} requests, {} device commands)\n",
+             static_cast<double>(r.restore_only.bytes) / (1 << 20), ms(r.restore_only.ns),
+             r.restore_only.gigabytes_per_second(), r.restore_only.requests, r.restore_only.commands);
+  if (r.pread_baseline.ns)
+    fmt::print("  plain pread    : {:8.1f} MiB in {:8.2f} ms = {:6.2f} GB/s  (same tensors, same memory, O_DIRECT, 1 thread)"
+               "  -> tutti/pread = {:.2f}x\n",
+               static_cast<double>(r.pread_baseline.bytes) / (1 << 20), ms(r.pread_baseline.ns),
+               r.pread_baseline.gigabytes_per_second(),
+               r.restore_only.gigabytes_per_second() / r.pread_baseline.gigabytes_per_second());
+  fmt::print("  pipeline       : {:8.2f} ms for {} layers: read {:6.2f} GB/s, write {:6.2f} GB/s ({} + {} requests, {} + {} "
+             "commands)\n",
+             ms(r.pipeline_ns), s.layers, static_cast<double>(r.pipeline_reads.bytes) / static_cast<double>(r.pipeline_ns),
+             static_cast<double>(r.pipeline_writes.bytes) / static_cast<double>(r.pipeline_ns), r.pipeline_reads.requests,
+             r.pipeline_writes.requests, r.pipeline_reads.commands, r.pipeline_writes.commands);
+  fmt::print("  time split     : compute {:.2f} ms, waiting for reads {:.2f} ms, waiting for writes {:.2f} ms, verify "
+             "{:.2f} ms\n",
+             ms(r.compute_ns), ms(r.read_stall_ns), ms(r.write_stall_ns), ms(r.verify_ns));
+  // Share of the read time hidden: restore alone takes R; inside the pipeline compute waited S for reads.
+  const double hidden = r.restore_only.ns ? 1.0 - static_cast<double>(r.read_stall_ns) / static_cast<double>(r.restore_only.ns) : 0.0;
+  fmt::print("  overlap        : compute waited {:.2f} ms for reads that take {:.2f} ms alone: {:.0f}% of the read time "
+             "was hidden behind compute and writes\n",
+             ms(r.read_stall_ns), ms(r.restore_only.ns), 100.0 * std::clamp(hidden, 0.0, 1.0));
+  if (o.settings.verify)
+    fmt::print("  verify         : {} tensors checked (XXH3 per tensor), {} mismatched -> {}\n", r.verified_tensors,
+               r.mismatched_tensors, r.mismatched_tensors == 0 ? "VERIFIED" : "FAILED");
+  else
+    fmt::print("  verify         : off (--no-verify)\n");
+}
+
+void write_json(const Options& o, const Report& r) {
+  if (o.json_path.empty()) return;
+  auto phase = [](const PhaseStats& p) {
+    return nlohmann::json{{"bytes", p.bytes}, {"requests", p.requests}, {"commands", p.commands}, {"ns", p.ns},
+                          {"gb_per_s", p.gigabytes_per_second()}};
+  };
+  nlohmann::json j = {{"backend", o.backend},
+                      {"shape", shape_json(o.settings.shape)},
+                      {"restore_only", phase(r.restore_only)},
+                      {"pread_baseline", phase(r.pread_baseline)},
+                      {"pipeline_reads", phase(r.pipeline_reads)},
+                      {"pipeline_writes", phase(r.pipeline_writes)},
+                      {"pipeline_ns", r.pipeline_ns},
+                      {"compute_ns", r.compute_ns},
+                      {"read_stall_ns", r.read_stall_ns},
+                      {"write_stall_ns", r.write_stall_ns},
+                      {"verified_tensors", r.verified_tensors},
+                      {"mismatched_tensors", r.mismatched_tensors}};
+  std::ofstream(o.json_path) << j.dump(2) << "\n";
+}
+
+/// Runs every phase on one runtime. `uris[l]` names layer l's target.
+template <class Runtime>
+int run(Runtime& runtime, const Options& o, const fs::path& dir, const std::vector<std::string>& uris,
+        bool file_backed, const std::function<tutti::Status(Runtime&)>& prepare_in_runtime) {
+  Report report;
+  const Checksums sums = expected_checksums(o.settings.shape);
+  if (prepare_in_runtime) {
+    if (auto s = prepare_in_runtime(runtime); !s.is_ok()) {
+      fmt::print(stderr, "error: preparing data: {}\n", s.to_string());
+      return 2;
+    }
+  }
+  Pipeline<Runtime> pipeline(runtime, o.settings, sums);
+  auto fail = [&](const tutti::Status& s, const char* phase) {
+    fmt::print(stderr, "error: {}: {}\n", phase, s.to_string());
+    return 2;
+  };
+  if (auto s = pipeline.open(uris); !s.is_ok()) return fail(s, "open");
+  drop_page_cache(o);
+  if (auto s = pipeline.restore_only(report); !s.is_ok()) return fail(s, "restore");
+  if (file_backed && o.pread_baseline) {
+    drop_page_cache(o);
+    if (auto s = pread_baseline(o, dir, pipeline, sums, report); !s.is_ok()) return fail(s, "pread baseline");
+  }
+  drop_page_cache(o);
+  if (auto s = pipeline.run(report); !s.is_ok()) return fail(s, "pipeline");
+  if (o.settings.verify)
+    if (auto s = pipeline.verify_written(report); !s.is_ok()) return fail(s, "verify written tensors");
+  print_report(o, report, dir);
+  write_json(o, report);
+  if (report.mismatched_tensors != 0) {
+    fmt::print(stderr, "error: {} tensors did not match their checksums, first: {}\n", report.mismatched_tensors,
+               report.mismatches.empty() ? "" : report.mismatches.front());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  Shape& shape = o.settings.shape;
+  CLI::App app{"Restore a prefix's KV cache from files layer by layer, overlapped with compute: "
+               "read(L+1) || compute(L) || write(L-1). Every tensor read is verified."};
+  app.add_option("--layers", shape.layers, "Model layers")->check(CLI::Range(1u, 1024u))->capture_default_str();
+  app.add_option("--context-tokens", shape.context_tokens, "Prefix length in tokens")
+      ->check(CLI::Range(1u, 1u << 24))->capture_default_str();
+  app.add_option("--chunk-tokens", shape.chunk_tokens, "Tokens per KV chunk")->check(CLI::Range(1u, 1u << 20))->capture_default_str();
+  app.add_option("--hit-percent", shape.hit_percent, "Share of the prefix's chunks found in the cache")
+      ->check(CLI::Range(0u, 100u))->capture_default_str();
+  app.add_option("--tensor-bytes", shape.tensor_bytes, "Bytes of one K or V tensor of one chunk (multiple of 4096)")
+      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))->capture_default_str();
+  app.add_option("--compute-ms", o.compute_ms, "Simulated compute time per layer in milliseconds")
+      ->check(CLI::Range(0.0, 10000.0))->capture_default_str();
+  app.add_option("--backend", o.backend, "Backend: uring (io_uring, any file system) or memfs (host memory)")
+      ->check(CLI::IsMember({"uring", "memfs"}))->capture_default_str();
+  app.add_option("--data-dir", o.data_dir, "Where the layer files live (default: $TMPDIR/tutti-layerwise-kv)");
+  app.add_option("--json", o.json_path, "Also write the figures as JSON to this file");
+  app.add_flag("--verify,!--no-verify", o.settings.verify, "Verify every tensor read (default on)");
+  app.add_flag("--drop-caches,!--no-drop-caches", o.drop_caches, "Drop the page cache between phases (root only)");
+  app.add_flag("--pread-baseline,!--no-pread-baseline", o.pread_baseline, "Measure plain pread in the same run");
+  CLI11_PARSE(app, argc, argv);
+  if (shape.tensor_bytes % 4096 != 0) {
+    fmt::print(stderr, "error: --tensor-bytes = {} must be a multiple of 4096 (O_DIRECT alignment)\n", shape.tensor_bytes);
+    return 2;
+  }
+  o.settings.compute_ns_per_layer = static_cast<std::uint64_t>(o.compute_ms * 1e6);
+  const char* tmp = std::getenv("TMPDIR");
+  const fs::path dir = o.data_dir.empty() ? fs::path(tmp && *tmp ? tmp : "/tmp") / "tutti-layerwise-kv" : fs::path(o.data_dir);
+
+  std::vector<std::string> uris;
+  if (o.backend == "memfs") {
+    for (std::uint32_t l = 0; l < shape.layers; ++l)
+      uris.push_back(fmt::format("memfs://layer-{:03}?size={}", l, shape.layer_file_bytes()));
+    tutti::MemfsRuntime runtime;
+    return run<tutti::MemfsRuntime>(runtime, o, dir, uris, false, [&](tutti::MemfsRuntime& rt) {
+      // memfs lives in this process: write the data set through the runtime itself.
+      AlignedBuffer tensor(shape.tensor_bytes);
+      auto memory = rt.register_memory({tensor.data, tensor.size, tutti::MemoryKind::HOST});
+      if (!memory) return memory.status();
+      Window<tutti::MemfsRuntime> window(rt, o.settings.io_timeout_ns);
+      for (std::uint32_t l = 0; l < shape.layers; ++l) {
+        auto target = rt.open(uris[l], {.writable = true});
+        if (!target) return target.status();
+        for (std::uint32_t c = 0; c < shape.chunks(); ++c)
+          for (std::uint32_t k = 0; k < 2; ++k) {
+            fill_tensor(std::span(tensor.data, tensor.size), l, c, k);
+            TUTTI_RETURN_IF_ERROR(window.submit({{tutti::Direction::WRITE, *memory, 0, *target, shape.tensor_offset(c, k), shape.tensor_bytes}}));
+            TUTTI_RETURN_IF_ERROR(window.drain());
+          }
+        TUTTI_RETURN_IF_ERROR(rt.close(*target));
+        progress_bar("preparing KV tensors", l + 1, shape.layers);
+      }
+      return rt.unregister_memory(*memory);
+    });
+  }
+
+  if (auto s = prepare_files(shape, dir); !s.is_ok()) {
+    fmt::print(stderr, "error: preparing data files: {}\n", s.to_string());
+    return 2;
+  }
+  for (std::uint32_t l = 0; l < shape.layers; ++l) uris.push_back(file_uri(dir / shape.layer_file_name(l)));
+#if __has_include(<tutti/presets/uring.hpp>)
+  tutti::UringRuntime runtime;
+  return run<tutti::UringRuntime>(runtime, o, dir, uris, true, {});
+#else
+  fmt::print(stderr, "error: the uring backend is not built in this tree\n");
+  return 2;
+#endif
+}
