@@ -153,7 +153,7 @@ static_assert(offsetof(IdentifyNamespace, lbaf) == 128);
 /// SMART / Health Information log page (Base 2.0, 5.16.1.3, Figure 207), the counters used here.
 struct SmartHealthLog {
   std::uint8_t critical_warning;     ///< 0
-  std::uint16_t composite_temperature;  ///< 2:1 Kelvin
+  std::uint8_t composite_temperature[2];  ///< 2:1 Kelvin, little-endian (unaligned in the page)
   std::uint8_t available_spare;      ///< 3
   std::uint8_t available_spare_threshold;  ///< 4
   std::uint8_t percentage_used;      ///< 5
@@ -165,8 +165,9 @@ struct SmartHealthLog {
   std::uint8_t reserved_96[160 - 96];
   std::uint64_t media_errors[2];        ///< 175:160
   std::uint8_t reserved_176[512 - 176];
-} __attribute__((packed));
+};
 static_assert(sizeof(SmartHealthLog) == 512);
+static_assert(offsetof(SmartHealthLog, composite_temperature) == 1);
 static_assert(offsetof(SmartHealthLog, data_units_read) == 32);
 static_assert(offsetof(SmartHealthLog, host_write_commands) == 80);
 static_assert(offsetof(SmartHealthLog, media_errors) == 160);

@@ -151,8 +151,13 @@ class SoftController {
   /// Errors: INVALID_ARGUMENT (null, 0, misaligned, overlaps an existing mapping),
   /// RESOURCE_EXHAUSTED (bus space exhausted).
   Result<DmaMapping> map(void* host_address, std::size_t length);
-  /// Unmaps. Errors: NOT_FOUND, BUSY (an admin or I/O queue of this controller lives in it).
+  /// Unmaps (and frees memory from allocate_dma_buffer). Errors: NOT_FOUND, BUSY (an admin or
+  /// I/O queue of this controller lives in it).
   Status unmap(std::uint64_t mapping_id);
+  /// Allocates zeroed page-aligned host memory of `length` bytes rounded up to 4096 and maps it
+  /// bus-contiguously (even with scatter_bus_pages), for queues, PRP lists and SGL segments.
+  /// Free with unmap(buffer.id). Errors: INVALID_ARGUMENT (0), RESOURCE_EXHAUSTED.
+  Result<DmaBuffer> allocate_dma_buffer(std::size_t length);
   /// Host address of [bus_address, bus_address + length) if it lies in one mapped page run of
   /// one region, else nullptr (for tests and tools; the data path uses it internally).
   void* translate(std::uint64_t bus_address, std::size_t length) const;
