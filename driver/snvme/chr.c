@@ -12,6 +12,7 @@
 #include <linux/highmem.h>
 #include <linux/mm.h>
 #include <linux/module.h>
+#include <linux/sched/mm.h>
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
@@ -260,6 +261,14 @@ static void snvme_dmamap_free(struct snvme_file *f, struct snvme_dmamap *m)
 			snvme_count(ctrl, -(long)m->nr_pages, 0, 0);
 		}
 		kvfree(m->pages);
+		if (m->mm) {
+			/* The mm may be exiting (process death): then there is nothing to uncharge. */
+			if (mmget_not_zero(m->mm)) {
+				account_locked_vm(m->mm, m->locked, false);
+				mmput(m->mm);
+			}
+			mmdrop(m->mm);
+		}
 	}
 	if (m->id) {
 		idr_remove(&f->maps, m->id);
@@ -279,6 +288,17 @@ static int snvme_map_host(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
 	m->pages = kvmalloc_array(m->nr_pages, sizeof(*m->pages), GFP_KERNEL);
 	if (!m->pages)
 		return -ENOMEM;
+	/* Long-term pins count against RLIMIT_MEMLOCK unless CAP_IPC_LOCK. */
+	ret = account_locked_vm(current->mm, m->nr_pages, true);
+	if (ret) {
+		dev_err_ratelimited(ctrl->dev, "DMA_MAP: %lu pages exceed RLIMIT_MEMLOCK\n",
+				    m->nr_pages);
+		m->nr_pages = 0;
+		return ret;
+	}
+	m->mm = current->mm;
+	mmgrab(m->mm);
+	m->locked = m->nr_pages;
 	while (pinned < m->nr_pages) {
 		ret = pin_user_pages_fast(m->vaddr + pinned * PAGE_SIZE,
 					  min_t(unsigned long, m->nr_pages - pinned, INT_MAX),

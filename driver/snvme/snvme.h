@@ -198,6 +198,8 @@ struct snvme_dmamap {
 	unsigned long nr_pages;		/* 4 KiB pages */
 	dma_addr_t *addrs;		/* [nr_pages] */
 	/* host */
+	struct mm_struct *mm;		/* charged for RLIMIT_MEMLOCK, mmgrab'ed */
+	unsigned long locked;		/* pages charged to mm->locked_vm */
 	struct page **pages;
 	struct sg_table sgt;
 	bool sgt_mapped;

@@ -20,6 +20,8 @@
 #   TUTTI_QEMU_LBAS       LBA sizes in bytes (default "512 4096")
 #   TUTTI_QEMU_TIMEOUT    seconds one guest may run before it is killed (default 900)
 #   TUTTI_QEMU_SELFTEST   1 (default): also run the bad-DMA boot that must be caught
+#   TUTTI_QEMU_NVP2P      1 (default): also build the module against nv-p2p.h from
+#                         Debian non-free nvidia-kernel-source (build check only)
 #   TUTTI_QEMU_KEEP       1: keep the work folder for inspection
 #
 # Usage: tests/qemu/run.sh [--expect-dmar]
@@ -34,6 +36,7 @@ readonly LINES=${TUTTI_QEMU_LINES:-bookworm bookworm-backports}
 readonly LBAS=${TUTTI_QEMU_LBAS:-512 4096}
 readonly GUEST_TIMEOUT=${TUTTI_QEMU_TIMEOUT:-900}
 readonly SELFTEST=${TUTTI_QEMU_SELFTEST:-1}
+readonly NVP2P=${TUTTI_QEMU_NVP2P:-1}
 readonly FORBIDDEN='DMAR: \[DMA|BUG:|WARNING:|Oops'
 
 MODE=normal
@@ -161,6 +164,24 @@ fetch_kernel() {
 	done < <(find "$k/root/usr/src" -type l)
 	touch "$k/.done"
 	echo "$abi"
+}
+
+# Unpacks nv-p2p.h from Debian non-free nvidia-kernel-source; prints the
+# folder to pass as NVIDIA_SRC.
+fetch_nvidia() {
+	local d=$CACHE/nvidia
+	if [[ ! -f $d/.done ]]; then
+		rm -rf "$d"
+		mkdir -p "$d/deb"
+		log "fetching nvidia-kernel-source (non-free) for the nv-p2p build check"
+		(cd "$d/deb" && apt-get "${APT_OPTS[@]}" download -q nvidia-kernel-source >/dev/null)
+		dpkg-deb --fsys-tarfile "$d"/deb/nvidia-kernel-source_*.deb |
+			tar -xO ./usr/src/nvidia-kernel.tar.xz |
+			tar -xJ -C "$d" --wildcards '*/nvidia/nv-p2p.h'
+		rm -rf "$d/deb"
+		touch "$d/.done"
+	fi
+	dirname "$(dirname "$(find "$d" -path '*/nvidia/nv-p2p.h' | head -1)")"
 }
 
 # --- builds --------------------------------------------------------------
@@ -306,6 +327,13 @@ main() {
 	for abi in "${abis[@]}"; do
 		ko=$(build_module "$abi")
 		log "$abi: built $(basename "$ko") ($(stat -c %s "$ko") bytes)"
+		if [[ $NVP2P == 1 ]]; then
+			local nvko
+			nvko=$(build_module "$abi" "$(fetch_nvidia)")
+			nm -u "$nvko" | grep -q nvidia_p2p_get_pages ||
+				die "$abi: nv-p2p build did not compile the GPU path"
+			log "$abi: nv-p2p build OK (GPU DMA path compiled; not loadable here)"
+		fi
 		initrd=$(build_initramfs "$abi" "$ko")
 		if [[ $MODE == normal ]]; then
 			for lba in $LBAS; do

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -185,15 +186,15 @@ static int mode_of(const char *p)
 	return stat(p, &st) ? -1 : (int)(st.st_mode & 07777);
 }
 
-static int drop_cap_sys_admin(void)
+static int drop_cap(int cap)
 {
 	struct __user_cap_header_struct h = { _LINUX_CAPABILITY_VERSION_3, 0 };
 	struct __user_cap_data_struct d[2];
 
 	if (syscall(SYS_capget, &h, d))
 		return -1;
-	d[CAP_SYS_ADMIN / 32].effective &= ~(1u << (CAP_SYS_ADMIN % 32));
-	d[CAP_SYS_ADMIN / 32].permitted &= ~(1u << (CAP_SYS_ADMIN % 32));
+	d[cap / 32].effective &= ~(1u << (cap % 32));
+	d[cap / 32].permitted &= ~(1u << (cap % 32));
 	return syscall(SYS_capset, &h, d);
 }
 
@@ -221,7 +222,7 @@ static int cmd_perms(const char *addr)
 	if (pid == 0) {
 		int r;
 
-		if (drop_cap_sys_admin())
+		if (drop_cap(CAP_SYS_ADMIN))
 			_exit(3);
 		r = control(SNVME_IOC_UNBIND, addr, SNVME_ABI_VERSION, NULL);
 		_exit(r == -EPERM ? 0 : 1);
@@ -729,6 +730,31 @@ static int cmd_bad_ioctl(void)
 	       "DMA_MAP with bus_addrs at address 16");
 	EXPECT(MAP(mem, 4 * 4096, SNVME_DMA_HOST, NULL, 64), EINVAL, "DMA_MAP with bus_addrs NULL");
 	EXPECT(ioctl(c.fd, SNVME_IOC_DMA_UNMAP, &u), ENOENT, "DMA_UNMAP unknown id");
+	{
+		/* Without CAP_IPC_LOCK, pins are charged to RLIMIT_MEMLOCK. */
+		pid_t pid = fork();
+		int st;
+
+		if (pid == 0) {
+			struct rlimit rl = { 64 * 1024, 64 * 1024 };
+			struct uq_ctrl cc;
+			struct uq_buf b;
+			int r1, r2;
+
+			if (drop_cap(CAP_IPC_LOCK) || setrlimit(RLIMIT_MEMLOCK, &rl) ||
+			    uq_open(&cc, CTRL_PATH))
+				_exit(3);
+			r1 = uq_buf_alloc(&cc, &b, 1 << 20);
+			uq_buf_free(&cc, &b);
+			r2 = uq_buf_alloc(&cc, &b, 32 * 1024);
+			uq_buf_free(&cc, &b);
+			uq_close(&cc);
+			_exit(r1 == -ENOMEM && r2 == 0 ? 0 : 1);
+		}
+		waitpid(pid, &st, 0);
+		check(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		      "without CAP_IPC_LOCK: 1 MiB DMA_MAP over a 64 KiB RLIMIT_MEMLOCK gets ENOMEM, 32 KiB works");
+	}
 	uq_get_info(c.fd, &in);
 	check(in.pinned_pages == 0 && in.dma_maps == 0 && in.queue_groups == 0,
 	      "no pins, maps or groups left by the failed calls");

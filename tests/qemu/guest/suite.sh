@@ -90,6 +90,14 @@ if [ "$MODE" = bad-dma ]; then
 fi
 
 t perms $T perms "$ADDR"
+queue_flags() {
+	# Identify Controller VWC is set by QEMU: the disk must be write back with FUA.
+	q=/sys/block/snvme0n1/queue
+	echo "write_cache=$(cat $q/write_cache) fua=$(cat $q/fua) lbs=$(cat $q/logical_block_size) max_hw_sectors_kb=$(cat $q/max_hw_sectors_kb)"
+	[ "$(cat $q/write_cache)" = "write back" ] && [ "$(cat $q/fua)" = 1 ] &&
+		[ "$(cat $q/logical_block_size)" = "$LBA" ]
+}
+t queue-flush-fua queue_flags
 t info $T info "$LBA" deadbeef
 t bad-ioctl $T bad-ioctl
 
