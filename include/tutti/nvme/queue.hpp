@@ -122,8 +122,9 @@ struct QueuePair {
         if ((old & (1u << bit)) == 0) {
           const std::uint32_t index = word_index * 32 + bit;
           QueueAtomic<std::uint32_t> slot_state(slots[index].state);
-          std::uint32_t generation = (slot_state.load(accel::MemoryOrder::relaxed) >> 2) + 1;
-          if (make_cid(index, generation) == 0xffffu) ++generation;
+          // The state keeps the generation exactly as the CID carries it (16 - cid_index_bits bits).
+          std::uint32_t generation = ((slot_state.load(accel::MemoryOrder::relaxed) >> 2) + 1) & generation_mask();
+          if (make_cid(index, generation) == 0xffffu) generation = (generation + 1) & generation_mask();
           // Release: a reaper that sees in_flight also sees the reset of the previous completion.
           slot_state.store(encode_state(generation, CommandState::in_flight), accel::MemoryOrder::release);
           cid = make_cid(index, generation);
@@ -323,9 +324,9 @@ struct QueuePair {
   }
 
  private:
+  TUTTI_HOST_DEVICE std::uint32_t generation_mask() const noexcept { return (1u << (16 - cid_index_bits)) - 1; }
   TUTTI_HOST_DEVICE std::uint16_t make_cid(std::uint32_t index, std::uint32_t generation) const noexcept {
-    const std::uint32_t generation_mask = (1u << (16 - cid_index_bits)) - 1;
-    return static_cast<std::uint16_t>(((generation & generation_mask) << cid_index_bits) | index);
+    return static_cast<std::uint16_t>(((generation & generation_mask()) << cid_index_bits) | index);
   }
 
   TUTTI_HOST_DEVICE static std::uint32_t lowest_zero_bit(std::uint32_t value) noexcept {
