@@ -1,0 +1,102 @@
+// The plain-file payload: what tutti::file::Resolver produces and tutti::uring::DataPath opens.
+//
+// One open regular file of any Linux file system, reached through the kernel's file interface (no
+// FIEMAP, no block addresses): the file descriptor (owned, closed on destruction), the file's size in
+// bytes at open time, and the alignment the file system requires for O_DIRECT.
+//
+// Thread-safety: a payload is a plain, move-only value. The descriptors may be used by several
+// threads at once (pread/pwrite and io_uring take explicit offsets; nothing uses the file position).
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace tutti::file {
+
+/// An owned file descriptor: closed on destruction, move-only. -1 means "none".
+class FileDescriptor {
+ public:
+  FileDescriptor() noexcept = default;
+  /// Takes ownership of `fd` (a descriptor from open(2), or -1).
+  explicit FileDescriptor(int fd) noexcept : fd_(fd) {}
+  FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FileDescriptor& operator=(FileDescriptor&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() { reset(); }
+
+  /// The descriptor, or -1.
+  int get() const noexcept { return fd_; }
+  bool valid() const noexcept { return fd_ >= 0; }
+  /// Closes the descriptor (close(2) errors are ignored: the descriptor is released either way).
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+/// The text of an errno value with its symbolic name, e.g. "Input/output error (EIO)".
+/// Thread-safe (GNU strerrordesc_np / strerrorname_np return static strings).
+inline std::string errno_text(int error_number) {
+  const char* description = ::strerrordesc_np(error_number);
+  const char* symbol = ::strerrorname_np(error_number);
+  std::string text = description ? description : "Unknown error " + std::to_string(error_number);
+  if (symbol) text.append(" (").append(symbol).append(")");
+  return text;
+}
+
+/// Where Target::direct_io_alignment came from.
+enum class AlignmentSource : std::uint8_t {
+  STATX = 0,  ///< statx(2) with STATX_DIOALIGN: stx_dio_offset_align (Linux 6.1+, per file system).
+  BLOCK_DEVICE = 1,    ///< The logical block size of the block device behind the file system (BLKSSZGET / sysfs).
+  PROBE = 2,           ///< A probing O_DIRECT read at growing sizes (512 .. 4096 bytes).
+  BUFFERED = 3,        ///< Not O_DIRECT (OpenOptions::allow_buffered): the page cache needs no alignment (1).
+};
+
+constexpr std::string_view to_string(AlignmentSource source) noexcept {
+  switch (source) {
+    case AlignmentSource::STATX: return "STATX";
+    case AlignmentSource::BLOCK_DEVICE: return "BLOCK_DEVICE";
+    case AlignmentSource::PROBE: return "PROBE";
+    case AlignmentSource::BUFFERED: return "BUFFERED";
+  }
+  return "UNKNOWN_ALIGNMENT_SOURCE";
+}
+
+/// The payload: one open regular file.
+struct Target {
+  /// The file, opened O_CLOEXEC, O_RDWR when `writable` else O_RDONLY, plus O_DIRECT when `direct`.
+  FileDescriptor fd;
+  /// For writable O_DIRECT targets only: the same inode opened again without O_DIRECT (through
+  /// /proc/self/fd), so that a write of an unaligned tail that ends at the end of the file can be
+  /// written exactly, without extending the file (see docs/uring.md, "The tail rule"). -1 otherwise.
+  FileDescriptor tail_fd;
+  std::string path;                         ///< The decoded absolute path, for messages.
+  std::string filesystem;                   ///< File system type name from statfs(2), e.g. "ext4", "tmpfs".
+  std::uint64_t size = 0;                   ///< File size in bytes at open time.
+  std::uint32_t direct_io_alignment = 1;    ///< Bytes: O_DIRECT offsets and lengths must be multiples (1 when buffered).
+  std::uint32_t direct_io_memory_alignment = 1;  ///< Bytes: O_DIRECT buffer addresses must be multiples (1 when buffered).
+  AlignmentSource alignment_source = AlignmentSource::BUFFERED;
+  bool direct = false;    ///< Opened with O_DIRECT (page cache bypassed).
+  bool writable = false;  ///< Opened read-write (OpenOptions::writable).
+
+  /// The file's size in bytes at open time (the runtime checks request bounds against it).
+  std::uint64_t size_bytes() const noexcept { return size; }
+};
+
+}  // namespace tutti::file

@@ -1,0 +1,120 @@
+// The pinned staging ring of the uring DataPath (CUDA profile only): a bounded set of page-locked host
+// buffers (cudaHostAlloc) through which file data reaches DEVICE memory.
+//
+// READ into DEVICE memory, per chunk of at most buffer_bytes:
+//     acquire a buffer -> io_uring READ file -> buffer -> cudaMemcpyAsync(H2D) + event -> event done ->
+//     release the buffer.
+// WRITE from DEVICE memory: acquire -> cudaMemcpyAsync(D2H) + event -> event done -> io_uring WRITE
+//     buffer -> file -> release.
+// While one chunk's copy runs on the ring's stream, other chunks' disk reads run in the kernel, so disk
+// reads and host-to-device copies overlap. Staging memory is bounded: buffers x buffer_bytes bytes,
+// allocated once when the first DEVICE region is registered.
+//
+// Thread-safety: not synchronised; the DataPath guards it with its staging mutex.
+#pragma once
+
+#include <tutti/accel/config.hpp>
+
+#if defined(TUTTI_ACCELERATOR_CUDA)
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <tutti/core/status.hpp>
+
+namespace tutti::uring::detail {
+
+/// A Status for a CUDA runtime error: DEVICE_ERROR with the call and cudaGetErrorString's text.
+inline Status cuda_status(cudaError_t code, const char* call) {
+  if (code == cudaSuccess) return Status::ok();
+  return error(StatusCode::DEVICE_ERROR, "{} failed: {} ({})", call, cudaGetErrorString(code),
+               cudaGetErrorName(code));
+}
+
+class StagingRing {
+ public:
+  /// Allocates `buffers` pinned buffers of `buffer_bytes` bytes (4096-aligned; cudaHostAlloc returns
+  /// page-aligned memory), one event per buffer and one non-blocking stream, on accelerator `device`.
+  /// Errors: DEVICE_ERROR naming the failing CUDA call (no device, out of pinned memory ...).
+  static Result<std::unique_ptr<StagingRing>> create(std::uint32_t buffers, std::uint64_t buffer_bytes, int device) {
+    auto ring = std::unique_ptr<StagingRing>(new StagingRing());
+    ring->device_ = device;
+    ring->buffer_bytes_ = buffer_bytes;
+    TUTTI_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
+    TUTTI_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&ring->stream_, cudaStreamNonBlocking),
+                                      "cudaStreamCreateWithFlags"));
+    for (std::uint32_t i = 0; i < buffers; ++i) {
+      void* memory = nullptr;
+      TUTTI_RETURN_IF_ERROR(cuda_status(cudaHostAlloc(&memory, buffer_bytes, cudaHostAllocPortable), "cudaHostAlloc"));
+      ring->buffers_.push_back(static_cast<std::byte*>(memory));
+      cudaEvent_t event = nullptr;
+      TUTTI_RETURN_IF_ERROR(cuda_status(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate"));
+      ring->events_.push_back(event);
+      ring->free_.push_back(static_cast<int>(i));
+    }
+    return ring;
+  }
+
+  StagingRing(const StagingRing&) = delete;
+  StagingRing& operator=(const StagingRing&) = delete;
+  /// Waits for the stream (the DataPath only destroys the ring with no copy in flight), then frees.
+  ~StagingRing() {
+    if (stream_) (void)cudaStreamSynchronize(stream_);
+    for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+    for (std::byte* b : buffers_) (void)cudaFreeHost(b);
+    if (stream_) (void)cudaStreamDestroy(stream_);
+  }
+
+  int device() const noexcept { return device_; }
+  std::uint64_t buffer_bytes() const noexcept { return buffer_bytes_; }
+  std::size_t buffers() const noexcept { return buffers_.size(); }
+
+  /// A free buffer's slot, or -1 when every buffer is in use.
+  int acquire() {
+    if (free_.empty()) return -1;
+    const int slot = free_.back();
+    free_.pop_back();
+    return slot;
+  }
+  void release(int slot) { free_.push_back(slot); }
+  std::byte* buffer(int slot) const noexcept { return buffers_[static_cast<std::size_t>(slot)]; }
+
+  /// Starts copying `bytes` from the slot's buffer to `device_destination` and records the slot's event.
+  Status copy_to_device(int slot, void* device_destination, std::uint64_t bytes) {
+    TUTTI_RETURN_IF_ERROR(cuda_status(
+        cudaMemcpyAsync(device_destination, buffer(slot), bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync"));
+    return cuda_status(cudaEventRecord(events_[static_cast<std::size_t>(slot)], stream_), "cudaEventRecord");
+  }
+  /// Starts copying `bytes` from `device_source` into the slot's buffer and records the slot's event.
+  Status copy_to_host(int slot, const void* device_source, std::uint64_t bytes) {
+    TUTTI_RETURN_IF_ERROR(cuda_status(
+        cudaMemcpyAsync(buffer(slot), device_source, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync"));
+    return cuda_status(cudaEventRecord(events_[static_cast<std::size_t>(slot)], stream_), "cudaEventRecord");
+  }
+  /// Whether the slot's last copy finished (cudaEventQuery; never blocks): true, false, or the CUDA error.
+  Result<bool> copy_done(int slot) const {
+    const cudaError_t code = cudaEventQuery(events_[static_cast<std::size_t>(slot)]);
+    if (code == cudaSuccess) return true;
+    if (code == cudaErrorNotReady) return false;
+    return cuda_status(code, "cudaEventQuery");
+  }
+
+ private:
+  StagingRing() = default;
+  int device_ = 0;
+  std::uint64_t buffer_bytes_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::vector<std::byte*> buffers_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<int> free_;
+};
+
+}  // namespace tutti::uring::detail
+
+#endif  // TUTTI_ACCELERATOR_CUDA

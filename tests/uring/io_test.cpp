@@ -1,0 +1,343 @@
+// The uring DataPath on real files of the root file system (ext4 with O_DIRECT here): reads and
+// writes byte for byte, tails, batches, backpressure, truncation, flush, concurrency. No root needed.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "uring_test_support.hpp"
+
+using namespace tutti;
+using namespace tutti::testing;
+
+namespace {
+
+struct Fixture {
+  explicit Fixture(uring::Options options = {})
+      : runtime(UringBackend{file::Resolver{}, uring::DataPath(options)}) {}
+  TargetHandle open(const std::string& path, OpenOptions options = {}) {
+    auto t = runtime.open("file://" + path, options);
+    REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
+    return *t;
+  }
+  MemoryHandle memory(const AlignedBuffer& buffer) {
+    auto m = runtime.register_memory(buffer.view());
+    REQUIRE_MESSAGE(m.is_ok(), m.status().to_string());
+    return *m;
+  }
+  TempDirectory dir;
+  UringRuntime runtime;
+};
+
+IoRequest read_request(MemoryHandle m, std::uint64_t memory_offset, TargetHandle t, std::uint64_t offset,
+                       std::uint64_t length) {
+  return {Direction::READ, m, memory_offset, t, offset, length};
+}
+
+}  // namespace
+
+TEST_CASE("an aligned read returns exactly the bytes the file system holds") {
+  Fixture f;
+  const auto path = f.dir.file("aligned");
+  write_pattern_file(path, 1 << 20, 1);
+  auto t = f.open(path);
+  AlignedBuffer buffer(256 << 10);
+  auto m = f.memory(buffer);
+  auto c = run_all(f.runtime, {read_request(m, 0, t, 64 << 10, 256 << 10)});
+  REQUIRE_MESSAGE(c[0].status.is_ok(), c[0].status.to_string());
+  CHECK(c[0].confirmed_bytes == 256u << 10);
+  CHECK(c[0].commands == 1);
+  CHECK(matches_pattern(buffer.get(), 64 << 10, 256 << 10, 1));
+  CHECK(std::memcmp(buffer.get(), read_plain(path, 64 << 10, 256 << 10).data(), 256 << 10) == 0);
+  CHECK(f.runtime.datapath().stats().fixed_buffer_registrations == 1);
+}
+
+TEST_CASE("an unaligned tail read ending at end of file reports length bytes and moves the whole last unit") {
+  Fixture f;
+  const auto path = f.dir.file("tail");
+  const std::uint64_t size = 3 * 4096 + 1234;
+  write_pattern_file(path, size, 2);
+  auto t = f.open(path);
+  AlignedBuffer buffer(4 * 4096);
+  std::memset(buffer.get(), 0xAB, buffer.bytes);
+  auto m = f.memory(buffer);
+  auto c = run_all(f.runtime, {read_request(m, 0, t, 4096, size - 4096)});
+  REQUIRE_MESSAGE(c[0].status.is_ok(), c[0].status.to_string());
+  CHECK(c[0].confirmed_bytes == size - 4096);
+  CHECK(matches_pattern(buffer.get(), 4096, size - 4096, 2));
+
+  SUBCASE("a tail that is not at the end of the file is refused by the runtime") {
+    auto outcome = f.runtime.submit(std::vector<IoRequest>{read_request(m, 0, t, 0, 1000)});
+    CHECK(outcome.initial_states[0].code() == StatusCode::INVALID_ARGUMENT);
+  }
+  SUBCASE("a tail whose rounded-up unit does not fit the memory is refused") {
+    AlignedBuffer small(4096);
+    auto sm = f.memory(small);
+    auto outcome = f.runtime.submit(std::vector<IoRequest>{read_request(sm, 0, t, 3 * 4096, 1234)});
+    CHECK(outcome.initial_states[0].is_ok());
+    auto r = f.runtime.wait(outcome.io, 10 * kSecond);
+    REQUIRE(r.is_ok());
+    CHECK(r->status.is_ok());
+    CHECK(matches_pattern(small.get(), 3 * 4096, 1234, 2));
+    CHECK(f.runtime.release(outcome.io).is_ok());
+    auto refused = f.runtime.submit(std::vector<IoRequest>{read_request(sm, 0, t, 4096, size - 4096)});
+    CHECK(refused.initial_states[0].code() == StatusCode::OUT_OF_RANGE);
+  }
+}
+
+TEST_CASE("aligned and tail writes land byte for byte and never grow the file") {
+  Fixture f;
+  const auto path = f.dir.file("write");
+  const std::uint64_t size = 5 * 4096 + 777;
+  write_pattern_file(path, size, 3);
+  auto t = f.open(path, {.writable = true});
+  AlignedBuffer buffer(6 * 4096);
+  for (std::uint64_t i = 0; i < buffer.bytes; ++i) buffer.get()[i] = pattern_byte(i, 99);
+  auto m = f.memory(buffer);
+  std::vector<IoRequest> writes{
+      {Direction::WRITE, m, 0, t, 0, 2 * 4096},                       // aligned
+      {Direction::WRITE, m, 2 * 4096, t, 4 * 4096, size - 4 * 4096},  // tail: one unit + 777 bytes
+      {Direction::FLUSH, {}, 0, t, 0, 0},
+  };
+  auto c = run_all(f.runtime, writes);
+  for (const auto& one : c) REQUIRE_MESSAGE(one.status.is_ok(), one.status.to_string());
+  CHECK(c[1].confirmed_bytes == size - 4 * 4096);
+  CHECK(file_size(path) == size);
+  const auto on_disk = read_plain(path, 0, size);
+  CHECK(matches_pattern(on_disk.data(), 0, 2 * 4096, 99));
+  CHECK(matches_pattern(on_disk.data() + 2 * 4096, 2 * 4096, 2 * 4096, 3));  // untouched
+  CHECK(std::memcmp(on_disk.data() + 4 * 4096, buffer.get() + 2 * 4096, size - 4 * 4096) == 0);
+
+  // Read back through O_DIRECT: the tail written through the page cache is seen by direct reads.
+  AlignedBuffer back(2 * 4096);
+  auto bm = f.memory(back);
+  auto r = run_all(f.runtime, {read_request(bm, 0, t, 4 * 4096, size - 4 * 4096)});
+  REQUIRE(r[0].status.is_ok());
+  CHECK(std::memcmp(back.get(), buffer.get() + 2 * 4096, size - 4 * 4096) == 0);
+}
+
+TEST_CASE("batches of 1 to 4096 requests complete with every byte checked") {
+  Fixture f(uring::Options{.queue_depth = 4096});
+  const auto path = f.dir.file("batch");
+  const std::uint64_t units = 4096;
+  write_pattern_file(path, units * 4096, 4);
+  auto t = f.open(path);
+  AlignedBuffer buffer(units * 4096);
+  auto m = f.memory(buffer);
+  for (std::uint64_t n : {1u, 7u, 64u, 255u, 1000u, 4096u}) {
+    CAPTURE(n);
+    std::memset(buffer.get(), 0, buffer.bytes);
+    std::vector<IoRequest> requests;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const std::uint64_t unit = (i * 2654435761u) % units;  // scattered offsets
+      requests.push_back(read_request(m, i * 4096, t, unit * 4096, 4096));
+    }
+    auto outcome = f.runtime.submit(requests);
+    REQUIRE(outcome.accepted == n);
+    auto result = f.runtime.wait(outcome.io, 60 * kSecond);
+    REQUIRE_MESSAGE(result.is_ok(), result.status().to_string());
+    REQUIRE_MESSAGE(result->status.is_ok(), result->status.to_string());
+    CHECK(result->confirmed_bytes == n * 4096);
+    for (std::uint64_t i = 0; i < n; ++i)
+      REQUIRE(matches_pattern(buffer.get() + i * 4096, ((i * 2654435761u) % units) * 4096, 4096, 4));
+    CHECK(f.runtime.release(outcome.io).is_ok());
+  }
+}
+
+TEST_CASE("a full queue rejects the excess with RESOURCE_EXHAUSTED without blocking, and resubmission completes") {
+  Fixture f(uring::Options{.queue_depth = 8});
+  const auto path = f.dir.file("pressure");
+  write_pattern_file(path, 64 * 4096, 5);
+  auto t = f.open(path);
+  AlignedBuffer buffer(64 * 4096);
+  auto m = f.memory(buffer);
+  std::vector<IoRequest> requests;
+  for (std::uint64_t i = 0; i < 64; ++i) requests.push_back(read_request(m, i * 4096, t, i * 4096, 4096));
+  auto outcome = f.runtime.submit(requests);
+  CHECK(outcome.accepted == 8);
+  std::size_t rejected = 0;
+  for (const auto& s : outcome.initial_states)
+    if (s.code() == StatusCode::RESOURCE_EXHAUSTED) ++rejected;
+  CHECK(rejected == 56);
+  CHECK(f.runtime.datapath().stats().rejected_backpressure >= 56);
+  REQUIRE(f.runtime.wait(outcome.io, 10 * kSecond).is_ok());
+  REQUIRE(f.runtime.release(outcome.io).is_ok());
+  auto c = run_all(f.runtime, requests);
+  for (const auto& one : c) CHECK(one.status.is_ok());
+  CHECK(matches_pattern(buffer.get(), 0, 64 * 4096, 5));
+}
+
+TEST_CASE("a large request is split into commands and arrives whole") {
+  Fixture f;
+  const auto path = f.dir.file("large");
+  const std::uint64_t size = (16u << 20) + 4096 + 100;
+  write_pattern_file(path, size, 6);
+  auto t = f.open(path);
+  AlignedBuffer buffer(size);
+  auto m = f.memory(buffer);
+  auto c = run_all(f.runtime, {read_request(m, 0, t, 0, size)});
+  REQUIRE_MESSAGE(c[0].status.is_ok(), c[0].status.to_string());
+  CHECK(c[0].commands == 17);  // 16 MiB + 4196 bytes in 1 MiB commands
+  CHECK(matches_pattern(buffer.get(), 0, size, 6));
+}
+
+TEST_CASE("a file truncated under an open target fails reads OUT_OF_RANGE, never reporting stale bytes") {
+  Fixture f;
+  const auto path = f.dir.file("shrinking");
+  write_pattern_file(path, 8 * 4096 + 500, 7);
+  auto t = f.open(path);
+  AlignedBuffer buffer(9 * 4096);
+  auto m = f.memory(buffer);
+  REQUIRE(::truncate(path.c_str(), 3 * 4096) == 0);
+  auto c = run_all(f.runtime, {
+                                  read_request(m, 0, t, 0, 2 * 4096),             // still inside: OK
+                                  read_request(m, 0, t, 2 * 4096, 4 * 4096),      // ends early: short, then EOF
+                                  read_request(m, 0, t, 5 * 4096, 4096),          // wholly past the new end
+                                  read_request(m, 0, t, 8 * 4096, 500),           // the old tail
+                              });
+  CHECK(c[0].status.is_ok());
+  CHECK(c[1].status.code() == StatusCode::OUT_OF_RANGE);
+  CHECK(c[1].confirmed_bytes == 4096);
+  CHECK(c[1].status.message().find(path) != std::string::npos);
+  CHECK(c[2].status.code() == StatusCode::OUT_OF_RANGE);
+  CHECK(c[2].confirmed_bytes == 0);
+  CHECK(c[3].status.code() == StatusCode::OUT_OF_RANGE);
+  CHECK(f.runtime.datapath().stats().short_transfer_resubmissions >= 1);
+
+  SUBCASE("truncated to an unaligned size inside a read: OUT_OF_RANGE, not a short success") {
+    REQUIRE(::truncate(path.c_str(), 4096 + 10) == 0);
+    auto d = run_all(f.runtime, {read_request(m, 0, t, 0, 2 * 4096)});
+    CHECK(d[0].status.code() == StatusCode::OUT_OF_RANGE);
+    CHECK(d[0].confirmed_bytes == 4096 + 10);
+  }
+}
+
+TEST_CASE("fixed buffers fall back to plain reads when the table is full or disabled, and say why") {
+  Fixture f(uring::Options{.fixed_buffers = 1});
+  const auto path = f.dir.file("fallback");
+  write_pattern_file(path, 8 * 4096, 8);
+  auto t = f.open(path);
+  AlignedBuffer a(4 * 4096), b(4 * 4096);
+  auto ma = f.memory(a);
+  auto mb = f.memory(b);
+  auto stats = f.runtime.datapath().stats();
+  CHECK(stats.fixed_buffer_registrations == 1);
+  CHECK(stats.fixed_buffer_fallbacks == 1);
+  auto c = run_all(f.runtime, {read_request(ma, 0, t, 0, 4 * 4096), read_request(mb, 0, t, 4 * 4096, 4 * 4096)});
+  CHECK(c[0].status.is_ok());
+  CHECK(c[1].status.is_ok());
+  CHECK(matches_pattern(a.get(), 0, 4 * 4096, 8));
+  CHECK(matches_pattern(b.get(), 4 * 4096, 4 * 4096, 8));
+  // Unregistering frees the slot for the next region.
+  REQUIRE(f.runtime.unregister_memory(ma).is_ok());
+  AlignedBuffer d(4096);
+  auto md = f.memory(d);
+  CHECK(f.runtime.datapath().stats().fixed_buffer_registrations == 2);
+  CHECK(f.runtime.unregister_memory(md).is_ok());
+
+  uring::DataPath disabled(uring::Options{.registered_files = 0, .fixed_buffers = 0});
+  auto r = disabled.register_memory(a.view());
+  REQUIRE(r.is_ok());
+  CHECK(r->fixed_buffer_index == -1);
+  CHECK(r->fixed_buffer_fallback.find("fixed_buffers = 0") != std::string::npos);
+  CHECK(disabled.unregister_memory(*r).is_ok());
+}
+
+TEST_CASE("memory and targets in use are BUSY for unregister and close until the IO completes") {
+  Fixture f;
+  const auto path = f.dir.file("busy");
+  write_pattern_file(path, 16 << 20, 9);
+  auto t = f.open(path);
+  AlignedBuffer buffer(16 << 20);
+  auto m = f.memory(buffer);
+  auto outcome = f.runtime.submit(std::vector<IoRequest>{read_request(m, 0, t, 0, 16 << 20)});
+  REQUIRE(outcome.accepted == 1);
+  const Status busy_memory = f.runtime.unregister_memory(m);
+  const Status busy_target = f.runtime.close(t);
+  auto result = f.runtime.wait(outcome.io, 30 * kSecond);
+  REQUIRE(result.is_ok());
+  CHECK(result->status.is_ok());
+  if (!busy_memory.is_ok()) CHECK(busy_memory.code() == StatusCode::BUSY);
+  if (!busy_target.is_ok()) CHECK(busy_target.code() == StatusCode::BUSY);
+  REQUIRE(f.runtime.release(outcome.io).is_ok());
+  if (!busy_memory.is_ok()) CHECK(f.runtime.unregister_memory(m).is_ok());
+  if (!busy_target.is_ok()) CHECK(f.runtime.close(t).is_ok());
+}
+
+TEST_CASE("several threads submit and wait concurrently on one DataPath") {
+  Fixture f(uring::Options{.queue_depth = 64});
+  const auto path = f.dir.file("threads");
+  write_pattern_file(path, 4 << 20, 10);
+  auto t = f.open(path);
+  constexpr int kThreads = 4;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int id = 0; id < kThreads; ++id) {
+    threads.emplace_back([&, id] {
+      AlignedBuffer buffer(64 * 4096);
+      auto m = f.runtime.register_memory(buffer.view());
+      if (!m) {
+        ++failures;
+        return;
+      }
+      for (int round = 0; round < 20; ++round) {
+        std::vector<IoRequest> requests;
+        for (std::uint64_t i = 0; i < 16; ++i) {
+          const std::uint64_t unit = (static_cast<std::uint64_t>(id) * 97 + round * 31 + i * 7) % 1024;
+          requests.push_back(read_request(*m, i * 4096, t, unit * 4096, 4096));
+        }
+        auto outcome = f.runtime.submit(requests);
+        if (outcome.accepted > 0) {
+          auto r = f.runtime.wait(outcome.io, 30 * kSecond);
+          if (!r || !r->status.is_ok()) ++failures;
+          (void)f.runtime.release(outcome.io);
+        }
+        for (std::size_t i = 0; i < requests.size(); ++i) {
+          if (!outcome.initial_states[i].is_ok()) {
+            if (outcome.initial_states[i].code() != StatusCode::RESOURCE_EXHAUSTED) ++failures;
+            continue;
+          }
+          if (!matches_pattern(buffer.get() + i * 4096, requests[i].target_offset, 4096, 10)) ++failures;
+        }
+      }
+      if (!f.runtime.unregister_memory(*m).is_ok()) ++failures;
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(failures.load() == 0);
+}
+
+TEST_CASE("SQPOLL runs the same IO") {
+  Fixture f(uring::Options{.sqpoll = true});
+  if (!f.runtime.datapath().status().is_ok()) {
+    MESSAGE("SQPOLL refused here: ", f.runtime.datapath().status().to_string());
+    return;
+  }
+  CHECK(f.runtime.datapath().stats().sqpoll_active);
+  const auto path = f.dir.file("sqpoll");
+  write_pattern_file(path, 64 * 4096, 11);
+  auto t = f.open(path);
+  AlignedBuffer buffer(64 * 4096);
+  auto m = f.memory(buffer);
+  std::vector<IoRequest> requests;
+  for (std::uint64_t i = 0; i < 64; ++i) requests.push_back(read_request(m, i * 4096, t, (63 - i) * 4096, 4096));
+  auto c = run_all(f.runtime, requests);
+  for (std::uint64_t i = 0; i < 64; ++i) {
+    CHECK(c[i].status.is_ok());
+    CHECK(matches_pattern(buffer.get() + i * 4096, (63 - i) * 4096, 4096, 11));
+  }
+}
+
+TEST_CASE("WRITE to a target opened read-only is refused before it runs") {
+  Fixture f;
+  const auto path = f.dir.file("readonly");
+  write_pattern_file(path, 4096, 12);
+  auto t = f.open(path);
+  AlignedBuffer buffer(4096);
+  auto m = f.memory(buffer);
+  auto outcome = f.runtime.submit(std::vector<IoRequest>{{Direction::WRITE, m, 0, t, 0, 4096}});
+  CHECK(outcome.initial_states[0].code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(read_plain(path, 0, 4096) == std::vector<std::byte>(read_plain(path, 0, 4096)));
+  CHECK(matches_pattern(read_plain(path, 0, 4096).data(), 0, 4096, 12));
+}

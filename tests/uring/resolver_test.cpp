@@ -1,0 +1,119 @@
+// file:// resolution, the errno -> Status table and the pinned defaults of the uring DataPath.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "uring_test_support.hpp"
+
+using namespace tutti;
+using namespace tutti::testing;
+
+TEST_CASE("uring options have the documented defaults") {
+  uring::Options o;
+  CHECK(o.queue_depth == 256);
+  CHECK(o.sqpoll == false);
+  CHECK(o.sqpoll_idle_ms == 1000);
+  CHECK(o.registered_files == 256);
+  CHECK(o.fixed_buffers == 64);
+  CHECK(o.max_command_bytes == (1u << 20));
+  CHECK(o.wait_slice_ns == 1'000'000);
+  CHECK(o.staging_buffers == 8);
+  CHECK(o.staging_buffer_bytes == (4u << 20));
+  CHECK(o.drain_timeout_ns == 5'000'000'000ull);
+  constexpr Capabilities caps = uring::DataPath::capabilities;
+  CHECK(caps.offset_alignment == 4096);
+  CHECK(caps.memory_alignment == 4096);
+  CHECK(caps.max_request_bytes == (64u << 20));
+  CHECK(caps.max_batch_requests == 8192);
+  CHECK(caps.unaligned_tail_at_end_of_target);
+  CHECK(caps.memory_kinds.contains(MemoryKind::HOST));
+  CHECK(caps.memory_kinds.contains(MemoryKind::PINNED_HOST));
+#if !defined(TUTTI_ACCELERATOR_CUDA)
+  CHECK_FALSE(caps.memory_kinds.contains(MemoryKind::DEVICE));
+#endif
+}
+
+TEST_CASE("options are normalised: queue depth clamped, command size big enough for the largest request") {
+  uring::DataPath d(uring::Options{.queue_depth = 0, .max_command_bytes = 1000});
+  CHECK(d.options().queue_depth == 1);
+  CHECK(d.options().max_command_bytes == (64u << 20));
+  uring::DataPath e(uring::Options{.queue_depth = 16, .max_command_bytes = 1000});
+  CHECK(e.options().max_command_bytes == (4u << 20));
+}
+
+TEST_CASE("errno values map to status codes with the errno text") {
+  CHECK(uring::status_code_of_errno(EIO) == StatusCode::DEVICE_ERROR);
+  CHECK(uring::status_code_of_errno(EINVAL) == StatusCode::INVALID_ARGUMENT);
+  CHECK(uring::status_code_of_errno(ENOSPC) == StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(uring::status_code_of_errno(EOPNOTSUPP) == StatusCode::UNSUPPORTED);
+  CHECK(uring::status_code_of_errno(EBADMSG) == StatusCode::DATA_LOSS);
+  CHECK(uring::status_code_of_errno(12345) == StatusCode::DEVICE_ERROR);
+  const Status s = uring::status_from_errno(EIO, "READ of 4096 bytes at offset 0 of '/x'");
+  CHECK(s.code() == StatusCode::DEVICE_ERROR);
+  CHECK(s.message() == "READ of 4096 bytes at offset 0 of '/x': Input/output error (EIO)");
+}
+
+TEST_CASE("bad file URIs are refused with messages that say why") {
+  file::Resolver resolver;
+  auto code = [&](const std::string& uri) { return resolver.resolve(uri, {}).code(); };
+  CHECK(code("") == StatusCode::INVALID_ARGUMENT);
+  CHECK(code("/etc/hostname") == StatusCode::INVALID_ARGUMENT);
+  CHECK(code("memfs://a") == StatusCode::INVALID_ARGUMENT);
+  CHECK(code("file://otherhost/etc/hostname") == StatusCode::INVALID_ARGUMENT);
+  CHECK(code("file:///etc/hostname?direct=0") == StatusCode::INVALID_ARGUMENT);
+  CHECK(code("file:///") == StatusCode::INVALID_ARGUMENT);
+  CHECK(code("file:///a%zz") == StatusCode::INVALID_ARGUMENT);
+  CHECK(code("file:///nonexistent/tutti-no-such-file") == StatusCode::NOT_FOUND);
+  auto missing = resolver.resolve("file:///nonexistent/tutti-no-such-file", {});
+  CHECK(missing.status().message().find("/nonexistent/tutti-no-such-file") != std::string::npos);
+  CHECK(missing.status().message().find("No such file or directory (ENOENT)") != std::string::npos);
+  auto host = resolver.resolve("file://otherhost/x", {});
+  CHECK(host.status().message().find("otherhost") != std::string::npos);
+}
+
+TEST_CASE("only regular files resolve; a FIFO is refused without blocking") {
+  TempDirectory dir;
+  file::Resolver resolver;
+  auto d = resolver.resolve("file://" + dir.path, {});
+  CHECK(d.code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(d.status().message().find("not a regular file") != std::string::npos);
+  const std::string fifo = dir.file("fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(resolver.resolve("file://" + fifo, {}).code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(resolver.resolve("file:///dev/null", {}).code() == StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_CASE("a file on ext4 resolves with O_DIRECT, its size and its alignment; localhost and percent-encoding work") {
+  TempDirectory dir;
+  const std::string path = dir.file("with space");
+  write_pattern_file(path, 12345, 1);
+  file::Resolver resolver;
+  auto t = resolver.resolve("file://localhost" + dir.path + "/with%20space", {});
+  REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
+  CHECK(t->path == path);
+  CHECK(t->size_bytes() == 12345);
+  CHECK(t->fd.valid());
+  CHECK_FALSE(t->writable);
+  CHECK_FALSE(t->tail_fd.valid());
+  if (t->direct) {
+    CHECK(t->direct_io_alignment >= 512);
+    CHECK(t->direct_io_alignment <= 4096);
+    CHECK(t->alignment_source != file::AlignmentSource::BUFFERED);
+  }
+  MESSAGE("file system ", t->filesystem, ", direct ", t->direct, ", alignment ", t->direct_io_alignment, " from ",
+          file::to_string(t->alignment_source));
+  auto w = resolver.resolve("file://" + dir.path + "/with%20space", {.writable = true});
+  REQUIRE_MESSAGE(w.is_ok(), w.status().to_string());
+  CHECK(w->writable);
+  if (w->direct) CHECK(w->tail_fd.valid());
+}
+
+TEST_CASE("DEVICE memory is unsupported by the host profile") {
+#if !defined(TUTTI_ACCELERATOR_CUDA)
+  uring::DataPath d;
+  AlignedBuffer b(4096);
+  auto r = d.register_memory({b.get(), 4096, MemoryKind::DEVICE, 0});
+  CHECK(r.code() == StatusCode::UNSUPPORTED);
+  UringRuntime runtime;
+  CHECK(runtime.register_memory({b.get(), 4096, MemoryKind::DEVICE, 0}).code() == StatusCode::UNSUPPORTED);
+#endif
+}
