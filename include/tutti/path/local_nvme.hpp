@@ -1,0 +1,526 @@
+// The local_nvme DataPath: reads, writes and flushes of local files (local_file::Target: extents
+// on one NVMe namespace) issued as NVMe commands on I/O queue pairs of one libnvm Controller.
+//
+// Execution model (host profile; docs/local-nvme.md): submit() stages one RequestState per
+// request and makes ONE accel::launch over them (one logical thread per request; host threads
+// here, GPU threads in the CUDA profile): each thread resolves its LBAs by binary search over the
+// target's extents, splits the request at extent boundaries and at the command size limit
+// (MDTS, 65536 LBAs), takes queue credits (backpressure: RESOURCE_EXHAUSTED, never blocking),
+// writes SQEs with PRPs looked up in the registration's prebuilt PRP table, and rings the SQ tail
+// doorbell once for its commands. progress() launches the poll kernel over the batch until every
+// accepted request completed or the budget ran out; between launches the host sends NVMe Abort
+// for commands past their deadline (admin commands are host-only).
+//
+// Timeouts and memory safety: a command not completed within Options::command_timeout_ns is
+// aborted (Base 2.0, 5.1); its request completes with TIMEOUT once the controller answers, or
+// after Options::abort_timeout_ns without an answer. A command the controller never answered is a
+// "zombie": its credit, CID and DMA mapping stay reserved (unregister_memory returns BUSY and
+// the mapping outlives the runtime's registration object) until its completion arrives or the
+// DataPath deletes its queues (Base 2.0, 5.6: SQ deletion ends every command in it).
+//
+// Limits (capabilities): target offsets and lengths multiples of 4096 bytes (the largest LBA
+// size; 512-byte LBA namespaces still get 4096-aligned requests), except a request that ends at
+// end of file (the tail rule: the last LBA is transferred whole; the memory must have room for
+// the length rounded up to the LBA size); memory addresses dword (4-byte) aligned (PRP1 rule,
+// Base 2.0, 4.3.1); up to 1 GiB per request and 65536 requests per submit; HOST and PINNED_HOST
+// memory. Writes of the tail write the whole last LBA: the bytes past end of file come from the
+// caller's memory, are invisible through the file system, and are documented in
+// docs/local-nvme.md ("The tail rule").
+//
+// Thread-safety: submit and progress may run concurrently from many threads on different
+// batches; open/close/register/unregister may run concurrently with them.
+// Lifetime: the Controller must outlive the DataPath; the DataPath deletes its queue pairs in its
+// destructor, then frees zombie mappings.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <tutti/accel/primitives.hpp>
+#include <tutti/bind/extents.hpp>
+#include <tutti/core/concepts.hpp>
+#include <tutti/core/io.hpp>
+#include <tutti/core/status.hpp>
+#include <tutti/libnvm/controller.hpp>
+#include <tutti/nvme/queue.hpp>
+#include <tutti/nvme/status.hpp>
+#include <tutti/path/local_nvme/kernels.hpp>
+#include <tutti/path/local_nvme/prp_table.hpp>
+
+namespace tutti::local_nvme {
+
+class DataPath {
+ public:
+  /// Settings; each default is a kDefault* constant (tests pin them; docs/local-nvme.md lists them).
+  struct Options {
+    static constexpr std::uint32_t kDefaultQueuePairs = 2;
+    static constexpr std::uint32_t kDefaultQueueDepth = 256;
+    static constexpr std::uint64_t kDefaultCommandTimeoutNs = 5'000'000'000;  // 5 s
+    static constexpr std::uint64_t kDefaultAbortTimeoutNs = 1'000'000'000;    // 1 s
+    static constexpr std::uint64_t kDefaultAdminTimeoutNs = 1'000'000'000;    // 1 s
+    static constexpr std::uint32_t kDefaultRequestWindow = 16;
+    static constexpr std::uint32_t kDefaultThreadsPerBlock = 32;
+    /// I/O queue pairs to create (1..the controller's allocated queues). Requests of a batch are
+    /// spread round robin over them.
+    std::uint32_t queue_pairs = kDefaultQueuePairs;
+    /// Entries per SQ and CQ (2..CAP.MQES + 1); depth - 1 commands in flight per queue pair.
+    std::uint32_t queue_depth = kDefaultQueueDepth;
+    /// A command not completed within this many ns is aborted.
+    std::uint64_t command_timeout_ns = kDefaultCommandTimeoutNs;
+    /// After an Abort, how long to wait for the command's completion before declaring it a zombie, ns.
+    std::uint64_t abort_timeout_ns = kDefaultAbortTimeoutNs;
+    /// Budget of each admin command (Abort), ns.
+    std::uint64_t admin_timeout_ns = kDefaultAdminTimeoutNs;
+    /// Commands one request keeps in flight at once (1..kMaxWindow); more are issued as they complete.
+    std::uint32_t request_window = kDefaultRequestWindow;
+    /// Logical threads (requests) per block of the submit and poll launches.
+    std::uint32_t threads_per_block = kDefaultThreadsPerBlock;
+    /// Largest command in bytes (0: the controller's MDTS, or 65536 LBAs when it reports none).
+    std::uint64_t max_command_bytes = 0;
+  };
+
+  using target_type = local_file::Target;
+
+  /// The open target: the payload (its lease and extents) plus the device-resident handle.
+  struct open_target {
+    std::unique_ptr<local_file::Target> payload;  ///< stable address: device_target points into it
+    DeviceTarget device_target;
+  };
+
+ private:
+  /// A DMA mapping and its prebuilt PRP lists. Shared by the registration and any zombie command
+  /// that may still make the controller touch it; the last owner unmaps.
+  struct Mapping {
+    libnvm::Controller* controller = nullptr;
+    libnvm::DmaMapping mapping;
+    libnvm::DmaBuffer lists;
+    PrpTable table;
+    std::uintptr_t user_address = 0;  ///< first byte of the user region
+    std::uint64_t user_size = 0;
+    std::atomic<std::uint32_t> zombies{0};
+    ~Mapping() {
+      if (controller == nullptr) return;
+      if (lists.id != 0) (void)controller->free_dma_buffer(lists.id);
+      if (mapping.id != 0) (void)controller->dma_unmap(mapping.id);
+    }
+  };
+  struct Queue {
+    libnvm::QueuePairInfo info;
+    std::unique_ptr<nvme::QueuePairStorage> storage;
+    alignas(64) std::uint32_t credits = 0;
+    DeviceQueue device() noexcept { return DeviceQueue{storage->queue(), &credits}; }
+  };
+  struct Zombie {
+    std::uint32_t queue_index;
+    std::uint16_t cid;
+    std::shared_ptr<Mapping> mapping;  ///< null for Flush
+  };
+  struct State {
+    libnvm::Controller* controller = nullptr;
+    Options options;
+    std::uint32_t lba_size = 0;
+    std::uint64_t max_command_bytes = 0;
+    std::vector<std::unique_ptr<Queue>> queues;
+    std::atomic<std::uint64_t> next_queue{0};
+    std::mutex zombie_mutex;
+    std::vector<Zombie> zombies;
+    std::atomic<std::uint64_t> aborts_sent{0};
+    ~State() {
+      for (auto& q : queues)
+        if (q) (void)controller->delete_io_queue_pair(q->info.qid);  // ends every command in it
+      zombies.clear();  // now the mappings may go
+    }
+  };
+
+ public:
+  /// One registration (register_memory).
+  struct registered_memory {
+    std::shared_ptr<Mapping> mapping;
+  };
+
+  /// One submit's in-flight state.
+  struct batch {
+    std::unique_ptr<std::vector<RequestState>> requests;   ///< one per submitted request
+    std::unique_ptr<std::vector<CommandRecord>> records;   ///< window records of every request
+    std::vector<std::shared_ptr<Mapping>> mappings;        ///< per request (zombie hand-off)
+    std::vector<std::uint8_t> reported;                    ///< completion already reported
+  };
+
+  static constexpr std::string_view name = "local_nvme";
+  static constexpr Capabilities capabilities{
+      .offset_alignment = 4096,
+      .memory_alignment = 4,
+      .max_request_bytes = std::uint64_t{1} << 30,
+      .max_batch_requests = 65536,
+      .memory_kinds = {MemoryKind::HOST, MemoryKind::PINNED_HOST},
+      .unaligned_tail_at_end_of_target = true,
+  };
+
+  /// Creates the queue pairs on a brought-up controller. Errors: INVALID_ARGUMENT (options out of
+  /// range, controller not brought up, LBA size not 512/4096, memory page size not 4096..65536),
+  /// and the controller's create_io_queue_pair errors (queues already created are deleted).
+  static Result<DataPath> create(libnvm::Controller& controller) { return create(controller, Options()); }
+  static Result<DataPath> create(libnvm::Controller& controller, Options options) {
+    const libnvm::ControllerIdentity& id = controller.identity();
+    if (id.lba_size != 512 && id.lba_size != 4096)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "local_nvme: controller LBA size is {} (bring_up must succeed; 512 or 4096 supported)", id.lba_size);
+    if (id.memory_page_size < 4096 || (id.memory_page_size & (id.memory_page_size - 1)) != 0)
+      return error(StatusCode::INVALID_ARGUMENT, "local_nvme: memory page size {} unsupported", id.memory_page_size);
+    if (options.queue_pairs == 0 || options.queue_pairs > std::max<std::uint32_t>(1, id.io_submission_queues_allocated))
+      return error(StatusCode::INVALID_ARGUMENT, "local_nvme: queue_pairs = {} outside 1..{} (allocated by the controller)",
+                   options.queue_pairs, id.io_submission_queues_allocated);
+    if (options.queue_depth < 2 || (id.max_queue_entries != 0 && options.queue_depth > id.max_queue_entries))
+      return error(StatusCode::INVALID_ARGUMENT, "local_nvme: queue_depth = {} outside 2..{} (CAP.MQES + 1)",
+                   options.queue_depth, id.max_queue_entries);
+    if (options.request_window == 0 || options.request_window > kMaxWindow)
+      return error(StatusCode::INVALID_ARGUMENT, "local_nvme: request_window = {} outside 1..{}", options.request_window,
+                   kMaxWindow);
+    if (options.threads_per_block == 0)
+      return error(StatusCode::INVALID_ARGUMENT, "local_nvme: threads_per_block must be >= 1");
+    if (options.command_timeout_ns == 0 || options.abort_timeout_ns == 0 || options.admin_timeout_ns == 0)
+      return error(StatusCode::INVALID_ARGUMENT, "local_nvme: timeouts must be > 0 ns");
+    std::uint64_t max_bytes = std::uint64_t{65536} * id.lba_size;  // NLB is 16 bits, 0's based
+    if (id.max_data_transfer_bytes != 0) max_bytes = std::min(max_bytes, id.max_data_transfer_bytes);
+    if (options.max_command_bytes != 0) max_bytes = std::min(max_bytes, options.max_command_bytes);
+    max_bytes = max_bytes / id.lba_size * id.lba_size;
+    if (max_bytes == 0)
+      return error(StatusCode::INVALID_ARGUMENT, "local_nvme: max_command_bytes is smaller than one LBA");
+
+    auto state = std::make_unique<State>();
+    state->controller = &controller;
+    state->options = options;
+    state->lba_size = id.lba_size;
+    state->max_command_bytes = max_bytes;
+    for (std::uint32_t i = 0; i < options.queue_pairs; ++i) {
+      auto info = controller.create_io_queue_pair(options.queue_depth);
+      if (!info) return info.status().with_context(fmt::format("local_nvme: creating I/O queue pair {}", i + 1));
+      auto q = std::make_unique<Queue>();
+      q->info = *info;
+      q->storage = std::make_unique<nvme::QueuePairStorage>(info->submission_queue, info->completion_queue,
+                                                            info->submission_queue_tail_doorbell,
+                                                            info->completion_queue_head_doorbell,
+                                                            info->controller_status, info->depth, info->qid);
+      q->credits = info->depth - 1;
+      const bool valid = q->storage->valid();
+      state->queues.push_back(std::move(q));
+      if (!valid) return error(StatusCode::INTERNAL, "local_nvme: queue pair {} has an invalid depth {}", info->qid, info->depth);
+    }
+    return DataPath(std::move(state));
+  }
+
+  DataPath(DataPath&&) noexcept = default;
+  DataPath& operator=(DataPath&&) noexcept = default;
+
+  /// The settings in force and the LBA size / command size limit derived from the controller.
+  const Options& options() const noexcept { return state_->options; }
+  std::uint32_t lba_size() const noexcept { return state_->lba_size; }
+  std::uint64_t max_command_bytes() const noexcept { return state_->max_command_bytes; }
+  /// NVMe Abort commands sent so far.
+  std::uint64_t aborts_sent() const noexcept { return state_->aborts_sent.load(); }
+  /// Commands that timed out and were never answered, still holding their memory mapping.
+  std::size_t zombie_commands() {
+    reap_zombies();
+    std::scoped_lock lock(state_->zombie_mutex);
+    return state_->zombies.size();
+  }
+  /// Shared statistics of queue pair `i` (doorbell writes, completions reaped, stale CQEs).
+  nvme::QueuePairState queue_statistics(std::size_t i) const { return state_->queues.at(i)->storage->statistics(); }
+
+  /// Builds the device-resident handle. Errors: INVALID_ARGUMENT when the payload's LBA size is
+  /// not the controller's, or its invariants (Target::validate) do not hold.
+  Result<open_target> open(local_file::Target&& target, const OpenOptions&) {
+    if (target.lba_size != state_->lba_size)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "local_nvme: '{}' was resolved for {}-byte LBAs but the namespace uses {}-byte LBAs", target.path,
+                   target.lba_size, state_->lba_size);
+    TUTTI_RETURN_IF_ERROR(target.validate());
+    open_target t;
+    t.payload = std::make_unique<local_file::Target>(std::move(target));
+    t.device_target = DeviceTarget{t.payload->extents.data(), t.payload->extents.size(), t.payload->file_size,
+                                   t.payload->lba_size, t.payload->nsid};
+    return t;
+  }
+  std::uint64_t size_bytes(const open_target& t) const noexcept { return t.payload->file_size; }
+  /// Closes the lease. Flushing on close is the runtime's request (a FLUSH) — here nothing is in flight.
+  Status close(open_target& t) {
+    t.payload.reset();
+    return Status::ok();
+  }
+
+  /// DMA-maps the pages that hold the region and prebuilds its PRP lists (two variants, see
+  /// prp_table.hpp). Errors: the controller's dma_map / allocate_dma_buffer errors (e.g.
+  /// INVALID_ARGUMENT when a page of the region is already mapped by another registration).
+  Result<registered_memory> register_memory(const MemoryView& view) {
+    auto m = std::make_shared<Mapping>();
+    const std::uint64_t page = 4096;
+    const auto address = reinterpret_cast<std::uintptr_t>(view.address);
+    const std::uintptr_t first = address / page * page;
+    const std::uint64_t length = (address + view.size - first + page - 1) / page * page;
+    auto mapped = state_->controller->dma_map(reinterpret_cast<void*>(first), length);
+    if (!mapped) return mapped.status().with_context("local_nvme: register_memory: dma_map");
+    m->controller = state_->controller;
+    m->mapping = std::move(mapped.value());
+    m->user_address = address;
+    m->user_size = view.size;
+    m->table.pages = m->mapping.page_table();
+    const std::uint32_t page_size = m->mapping.page_size;
+    m->table.list_pages = PrpTable::list_pages_for(m->table.pages.page_count, page_size);
+    auto lists = state_->controller->allocate_dma_buffer(2 * m->table.list_pages * page_size);
+    if (!lists) return lists.status().with_context("local_nvme: register_memory: PRP list buffer");
+    m->lists = *lists;
+    for (unsigned v = 0; v < 2; ++v) {
+      m->table.list_bus_address[v] = m->lists.bus_address + v * m->table.list_pages * page_size;
+      m->table.fill(v, static_cast<std::uint64_t*>(m->lists.host_address) + v * m->table.list_pages * (page_size / 8));
+    }
+    return registered_memory{std::move(m)};
+  }
+
+  /// Unmaps the region. BUSY (and the mapping is kept alive until the controller is done) while a
+  /// timed-out command that the controller never answered may still transfer into it.
+  Status unregister_memory(registered_memory& memory) {
+    if (!memory.mapping) return Status::ok();
+    reap_zombies();
+    if (const auto z = memory.mapping->zombies.load(); z > 0)
+      return error(StatusCode::BUSY,
+                   "local_nvme: {} timed-out command(s) on this region were never answered by the controller; the "
+                   "mapping stays until they complete or the queues are deleted",
+                   z);
+    memory.mapping.reset();
+    return Status::ok();
+  }
+
+  /// One launch over the batch (see the file comment). Never blocks.
+  batch submit(std::span<const PathRequest<DataPath>> requests, std::span<Status> states) {
+    batch b;
+    const std::size_t n = requests.size();
+    b.requests = std::make_unique<std::vector<RequestState>>(n);
+    const std::uint32_t window = state_->options.request_window;
+    b.records = std::make_unique<std::vector<CommandRecord>>(n * window);
+    b.mappings.resize(n);
+    b.reported.assign(n, 0);
+    const std::uint64_t base = state_->next_queue.fetch_add(n, std::memory_order_relaxed);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& p = requests[i];
+      RequestState& r = (*b.requests)[i];
+      r.opcode = p.direction == Direction::READ    ? nvme::NvmOpcode::read
+                 : p.direction == Direction::WRITE ? nvme::NvmOpcode::write
+                                                   : nvme::NvmOpcode::flush;
+      r.queue_index = static_cast<std::uint32_t>((base + i) % state_->queues.size());
+      r.target = p.target->device_target;
+      r.target_offset = p.target_offset;
+      r.length = p.length;
+      r.max_command_bytes = state_->max_command_bytes;
+      r.command_timeout_ns = state_->options.command_timeout_ns;
+      r.max_window = window;
+      r.records = b.records->data() + i * window;
+      if (p.memory != nullptr && p.memory->mapping) {
+        const Mapping& m = *p.memory->mapping;
+        r.memory = m.table;
+        // The mapping starts at the page that holds the region's first byte.
+        r.memory_offset = (m.user_address - reinterpret_cast<std::uintptr_t>(m.mapping.host_address)) + p.memory_offset;
+        r.memory_room = p.memory_view.size - p.memory_offset;
+        b.mappings[i] = p.memory->mapping;
+      }
+    }
+    auto* rs = b.requests->data();
+    auto* queues = state_->queues.data();
+    const Status launched = launch_over(n, [=](std::size_t i) {
+      admit_request(rs[i], queues[rs[i].queue_index]->device());
+    });
+    for (std::size_t i = 0; i < n; ++i) {
+      const RequestState& r = rs[i];
+      if (!launched.is_ok() && !r.accepted) {
+        states[i] = launched;
+        (*b.requests)[i].done = true;
+        continue;
+      }
+      states[i] = r.accepted ? Status::ok() : rejection(r, requests[i]);
+      if (!r.accepted) b.reported[i] = 1;
+    }
+    return b;
+  }
+
+  /// Polls the batch for up to timeout_ns (see the concept). OK when every accepted request has
+  /// completed, NOT_READY when the budget ran out first.
+  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
+    const std::uint64_t deadline = accel::deadline_after(timeout_ns);
+    const std::size_t n = b.requests->size();
+    auto* rs = b.requests->data();
+    auto* queues = state_->queues.data();
+    accel::Backoff backoff;
+    for (;;) {
+      const std::uint64_t now = accel::timer_ns();
+      TUTTI_RETURN_IF_ERROR(launch_over(n, [=](std::size_t i) {
+        poll_request(rs[i], queues[rs[i].queue_index]->device(), now);
+      }));
+      bool all_done = true;
+      bool any_new = false;
+      for (std::size_t i = 0; i < n; ++i) {
+        RequestState& r = rs[i];
+        if (!r.accepted || b.reported[i]) continue;
+        send_aborts(r);
+        hand_off_zombies(r, b.mappings[i]);
+        if (!r.done) {
+          all_done = false;
+          continue;
+        }
+        completions[i] = completion_of(r, i);
+        b.reported[i] = 1;
+        any_new = true;
+      }
+      reap_zombies();
+      if (all_done) return Status::ok();
+      if (accel::timer_ns() >= deadline)
+        return Status(StatusCode::NOT_READY, "local_nvme: batch still in flight");
+      if (any_new) backoff.reset();
+      backoff.pause();
+    }
+  }
+
+ private:
+  explicit DataPath(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+  template <class F>
+  Status launch_over(std::size_t n, const F& body) {
+    if (n == 0) return Status::ok();
+    const std::uint32_t tpb = state_->options.threads_per_block;
+    const accel::LaunchConfig config{static_cast<std::uint32_t>((n + tpb - 1) / tpb), tpb, nullptr};
+    return accel::launch(config, [&](accel::ThreadIndex t) {
+      const std::size_t i = t.global();
+      if (i < n) body(i);
+    });
+  }
+
+  Status rejection(const RequestState& r, const PathRequest<DataPath>& p) const {
+    const Queue& q = *state_->queues[r.queue_index];
+    switch (r.outcome) {
+      case RequestOutcome::rejected_backpressure:
+        return error(StatusCode::RESOURCE_EXHAUSTED,
+                     "local_nvme: I/O queue {} has no free command slots (depth {}); resubmit later", q.info.qid,
+                     q.info.depth);
+      case RequestOutcome::rejected_alignment:
+        return error(StatusCode::INVALID_ARGUMENT,
+                     "local_nvme: target_offset = {} and length = {} must be multiples of the {}-byte LBA size unless "
+                     "the request ends at end of file ({})",
+                     p.target_offset, p.length, r.target.lba_size, r.target.file_size);
+      case RequestOutcome::rejected_memory_room:
+        return error(StatusCode::OUT_OF_RANGE,
+                     "local_nvme: the tail is transferred as a whole {}-byte LBA ({} bytes) but only {} bytes of "
+                     "memory follow memory_offset = {}",
+                     r.target.lba_size, r.transfer_length, r.memory_room, p.memory_offset);
+      default:
+        return error(StatusCode::INTERNAL, "local_nvme: request not accepted (outcome {})",
+                     static_cast<unsigned>(r.outcome));
+    }
+  }
+
+  RequestCompletion completion_of(const RequestState& r, std::size_t i) const {
+    RequestCompletion c;
+    c.request_index = i;
+    c.done = true;
+    c.commands = r.commands;
+    c.device_status = r.nvme_status;
+    c.confirmed_bytes = std::min(r.confirmed_bytes, r.length);
+    const Queue& q = *state_->queues[r.queue_index];
+    const nvme::StatusField field = nvme::StatusField::make(static_cast<std::uint8_t>(r.nvme_status >> 8),
+                                                            static_cast<std::uint8_t>(r.nvme_status & 0xff), false);
+    switch (r.outcome) {
+      case RequestOutcome::ok:
+        c.status = Status::ok();
+        break;
+      case RequestOutcome::nvme_error:
+        c.status = error(StatusCode::DEVICE_ERROR,
+                         "local_nvme: command at file offset {} (SLBA {}, I/O queue {}) failed: {}; {} of {} bytes confirmed",
+                         r.failed_file_offset, r.failed_lba, q.info.qid, nvme::describe_status(field),
+                         c.confirmed_bytes, r.length);
+        break;
+      case RequestOutcome::timed_out:
+        c.status = error(StatusCode::TIMEOUT,
+                         "local_nvme: a command at file offset {} (SLBA {}, I/O queue {}) did not complete within {} ns "
+                         "and was aborted{}; {} of {} bytes confirmed",
+                         r.failed_file_offset, r.failed_lba, q.info.qid, state_->options.command_timeout_ns,
+                         r.zombies > 0 ? " (no answer: its memory stays mapped)" : "", c.confirmed_bytes, r.length);
+        break;
+      case RequestOutcome::controller_fatal:
+        c.status = error(StatusCode::DEVICE_ERROR,
+                         "local_nvme: controller fatal status (CSTS.CFS) or device gone with I/O queue {} busy; {} of {} "
+                         "bytes confirmed",
+                         q.info.qid, c.confirmed_bytes, r.length);
+        break;
+      case RequestOutcome::no_extent:
+        c.status = error(StatusCode::DATA_LOSS, "local_nvme: no extent maps file offset {}", r.failed_file_offset);
+        break;
+      case RequestOutcome::prp_error:
+        c.status = error(StatusCode::OUT_OF_RANGE,
+                         "local_nvme: memory for file offset {} lies outside the registered region", r.failed_file_offset);
+        break;
+      default:
+        c.status = error(StatusCode::INTERNAL, "local_nvme: unexpected outcome {}", static_cast<unsigned>(r.outcome));
+    }
+    return c;
+  }
+
+  /// Host step between poll launches: NVMe Abort for every command the kernel marked timed out.
+  void send_aborts(RequestState& r) {
+    for (std::uint32_t k = 0; k < r.window; ++k) {
+      CommandRecord& rec = r.records[k];
+      if (rec.phase != CommandPhase::timed_out) continue;
+      const Queue& q = *state_->queues[r.queue_index];
+      // The answer (aborted or not found) does not change what follows: the command's own CQE,
+      // or its absence until abort_timeout_ns, decides.
+      (void)state_->controller->abort(q.info.qid, rec.cid, state_->options.admin_timeout_ns);
+      state_->aborts_sent.fetch_add(1);
+      rec.deadline_ns = accel::timer_ns() + state_->options.abort_timeout_ns;
+      rec.phase = CommandPhase::abort_sent;
+    }
+  }
+
+  /// Moves zombie commands of a request to the DataPath's list (they keep the mapping alive).
+  void hand_off_zombies(RequestState& r, const std::shared_ptr<Mapping>& mapping) {
+    for (std::uint32_t k = 0; k < r.max_window; ++k) {
+      CommandRecord& rec = r.records[k];
+      if (rec.phase != CommandPhase::zombie) continue;
+      if (mapping) mapping->zombies.fetch_add(1);
+      {
+        std::scoped_lock lock(state_->zombie_mutex);
+        state_->zombies.push_back(Zombie{r.queue_index, rec.cid, mapping});
+      }
+      rec.phase = CommandPhase::free;
+    }
+  }
+
+  /// Frees zombies whose completion finally arrived: their credit returns, their mapping may go.
+  void reap_zombies() {
+    std::scoped_lock lock(state_->zombie_mutex);
+    auto& z = state_->zombies;
+    for (std::size_t i = 0; i < z.size();) {
+      Queue& q = *state_->queues[z[i].queue_index];
+      q.storage->queue().reap_completions();
+      nvme::CompletionQueueEntry cqe{};
+      if (q.storage->queue().take_completion(z[i].cid, cqe)) {
+        detail::return_credits(&q.credits, 1);
+        if (z[i].mapping) z[i].mapping->zombies.fetch_sub(1);
+        z[i] = std::move(z.back());
+        z.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  std::unique_ptr<State> state_;
+};
+
+static_assert(tutti::DataPath<DataPath>);
+
+}  // namespace tutti::local_nvme
