@@ -1,5 +1,9 @@
 // Ready-made typed runtimes. Each is a StorageRuntime instantiated with the backends a common
 // deployment needs; applications may as well spell their own.
+//
+//   MemfsRuntime      memfs:// targets in host memory (sample backend, tests, examples)
+//   UringRuntime      file:// on any file system through io_uring and O_DIRECT
+//   LocalNvmeRuntime  file:// resolved with FIEMAP to LBAs, IO through NVMe queues (libnvm)
 #pragma once
 
 #include <tutti/core/runtime.hpp>
@@ -13,3 +17,7 @@ using MemfsBackend = Backend<memfs::Resolver, memfs::DataPath>;
 using MemfsRuntime = StorageRuntime<MemfsBackend>;
 
 }  // namespace tutti
+
+#if __has_include(<tutti/presets/uring.hpp>)
+#include <tutti/presets/uring.hpp>
+#endif
