@@ -402,6 +402,78 @@ free:
 	return ret;
 }
 
+/* ---- identify, abort ---------------------------------------------------- */
+
+static int snvme_ioc_identify(struct snvme_file *f, struct snvme_identify *a)
+{
+	struct snvme_ctrl *ctrl = f->ctrl;
+	struct nvme_command c = { };
+	dma_addr_t dma;
+	void *buf;
+	int ret;
+
+	if (a->cns == SNVME_IDENTIFY_CNS_NS ? !a->nsid || a->nsid > ctrl->nn
+					    : a->cns != SNVME_IDENTIFY_CNS_CTRL || a->nsid) {
+		dev_err_ratelimited(ctrl->dev, "IDENTIFY: cns %u nsid %u: need cns 0 with nsid 1..%u or cns 1 with nsid 0\n",
+				    a->cns, a->nsid, ctrl->nn);
+		return -EINVAL;
+	}
+	buf = dma_alloc_coherent(ctrl->dev, SNVME_IDENTIFY_BYTES, &dma, GFP_KERNEL);
+	if (!buf)
+		return -ENOMEM;
+	c.identify.opcode = nvme_admin_identify;
+	c.identify.nsid = cpu_to_le32(a->nsid);
+	c.identify.cns = a->cns;
+	c.identify.dptr.prp1 = cpu_to_le64(dma);
+	ret = snvme_admin_cmd(ctrl, &c, NULL);
+	if (ret > 0) {
+		dev_err_ratelimited(ctrl->dev, "IDENTIFY cns %u nsid %u: NVMe status 0x%x\n",
+				    a->cns, a->nsid, ret);
+		ret = -EIO;
+	}
+	if (!ret && copy_to_user(u64_to_user_ptr(a->data), buf, SNVME_IDENTIFY_BYTES))
+		ret = -EFAULT;
+	dma_free_coherent(ctrl->dev, SNVME_IDENTIFY_BYTES, buf, dma);
+	return ret;
+}
+
+static bool snvme_file_owns_qid(struct snvme_file *f, u16 qid)
+{
+	struct snvme_qgroup *g;
+	int id, i;
+
+	idr_for_each_entry(&f->groups, g, id)
+		for (i = 0; i < g->nr; i++)
+			if (g->q[i].qid == qid && g->q[i].sq_created)
+				return true;
+	return false;
+}
+
+static int snvme_ioc_abort(struct snvme_file *f, struct snvme_abort *a)
+{
+	struct snvme_ctrl *ctrl = f->ctrl;
+	struct nvme_command c = { };
+	u32 result = 0;
+	int ret;
+
+	if (!snvme_file_owns_qid(f, a->sqid)) {
+		dev_err_ratelimited(ctrl->dev, "ABORT: SQ %u is not in a queue group of this file\n",
+				    a->sqid);
+		return -ENOENT;
+	}
+	c.abort.opcode = nvme_admin_abort_cmd;
+	c.abort.sqid = cpu_to_le16(a->sqid);
+	c.abort.cid = a->cid;
+	ret = snvme_admin_cmd(ctrl, &c, &result);
+	if (ret > 0) {
+		/* Abort Command Limit Exceeded (SCT 1h, SC 03h): try again later. */
+		dev_dbg(ctrl->dev, "ABORT SQ %u CID 0x%x: NVMe status 0x%x\n", a->sqid, a->cid, ret);
+		ret = ret == NVME_SC_ABORT_LIMIT ? -EBUSY : -EIO;
+	}
+	a->result = result;
+	return ret;
+}
+
 /* ---- file operations --------------------------------------------------- */
 
 /* Everything a file holds, in the safe order: queues first, then pins. */
@@ -477,7 +549,8 @@ static void snvme_fill_info(struct snvme_ctrl *ctrl, struct snvme_info *in)
 	memset(in, 0, sizeof(*in));
 	in->hdr.abi_version = SNVME_ABI_VERSION;
 	in->hdr.argsz = sizeof(*in);
-	in->caps = SNVME_CAP_QUEUE_GROUPS | SNVME_CAP_DMA_HOST;
+	in->caps = SNVME_CAP_QUEUE_GROUPS | SNVME_CAP_DMA_HOST | SNVME_CAP_IDENTIFY |
+		   SNVME_CAP_ABORT;
 	if (IS_ENABLED(SNVME_HAVE_NV_P2P))
 		in->caps |= SNVME_CAP_DMA_GPU;
 	if (device_iommu_mapped(ctrl->dev))
@@ -531,6 +604,8 @@ union snvme_ioc_arg {
 	struct snvme_group_id gid;
 	struct snvme_dma_map map;
 	struct snvme_dma_unmap unmap;
+	struct snvme_identify identify;
+	struct snvme_abort abort;
 };
 
 static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
@@ -548,6 +623,8 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	case SNVME_IOC_DESTROY_QUEUE_GROUP:
 	case SNVME_IOC_DMA_MAP:
 	case SNVME_IOC_DMA_UNMAP:
+	case SNVME_IOC_IDENTIFY:
+	case SNVME_IOC_ABORT:
 		break;
 	default:
 		/* Also a known command with the wrong size (another ABI). */
@@ -605,6 +682,12 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 			snvme_dmamap_free(f, m);
 		break;
 	}
+	case SNVME_IOC_IDENTIFY:
+		ret = snvme_ioc_identify(f, &a->identify);
+		break;
+	case SNVME_IOC_ABORT:
+		ret = snvme_ioc_abort(f, &a->abort);
+		break;
 	}
 	if (!ret && (_IOC_DIR(cmd) & _IOC_READ) && copy_to_user(uarg, a, size)) {
 		/* The caller cannot learn the handle: undo what was created. */

@@ -60,7 +60,7 @@ fi
 
 # --- host packages -----------------------------------------------------------
 readonly HOST_PKGS=(qemu-system-x86 qemu-utils busybox-static cpio kmod pahole
-	e2fsprogs make gcc gcc-12 g++ libc6-dev libelf-dev bc flex bison xz-utils
+	e2fsprogs make gcc gcc-12 g++ libc6-dev libfmt-dev libelf-dev bc flex bison xz-utils
 	zstd dpkg-dev apt)
 
 install_host_packages() {

@@ -755,6 +755,30 @@ static int cmd_bad_ioctl(void)
 		check(WIFEXITED(st) && WEXITSTATUS(st) == 0,
 		      "without CAP_IPC_LOCK: 1 MiB DMA_MAP over a 64 KiB RLIMIT_MEMLOCK gets ENOMEM, 32 KiB works");
 	}
+	{
+		struct snvme_identify id = { .hdr = { SNVME_ABI_VERSION, sizeof(id) } };
+		struct snvme_abort ab = { .hdr = { SNVME_ABI_VERSION, sizeof(ab) }, .sqid = 1 };
+
+		id.data = (uintptr_t)mem;
+		id.cns = 2;
+		EXPECT(ioctl(c.fd, SNVME_IOC_IDENTIFY, &id), EINVAL, "IDENTIFY cns 2 (only 0 and 1 allowed)");
+		id.cns = SNVME_IDENTIFY_CNS_NS;
+		id.nsid = 0;
+		EXPECT(ioctl(c.fd, SNVME_IOC_IDENTIFY, &id), EINVAL, "IDENTIFY namespace 0");
+		id.nsid = 0xffffffff;
+		EXPECT(ioctl(c.fd, SNVME_IOC_IDENTIFY, &id), EINVAL, "IDENTIFY namespace FFFFFFFFh");
+		id.nsid = 1;
+		id.data = 16;
+		EXPECT(ioctl(c.fd, SNVME_IOC_IDENTIFY, &id), EFAULT, "IDENTIFY into address 16");
+		id.cns = SNVME_IDENTIFY_CNS_CTRL;
+		id.nsid = 0;
+		id.data = (uintptr_t)mem;
+		EXPECT(ioctl(c.fd, SNVME_IOC_IDENTIFY, &id), 0, "IDENTIFY controller");
+		check(memcmp(mem + 4, c.info.serial, 20) == 0, "IDENTIFY controller SN matches GET_INFO");
+		EXPECT(ioctl(c.fd, SNVME_IOC_ABORT, &ab), ENOENT, "ABORT on the kernel's SQ 1");
+		ab.sqid = 0;
+		EXPECT(ioctl(c.fd, SNVME_IOC_ABORT, &ab), ENOENT, "ABORT on the admin SQ");
+	}
 	uq_get_info(c.fd, &in);
 	check(in.pinned_pages == 0 && in.dma_maps == 0 && in.queue_groups == 0,
 	      "no pins, maps or groups left by the failed calls");

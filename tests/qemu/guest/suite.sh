@@ -109,7 +109,8 @@ load_ext4() {
 t load-ext4 load_ext4
 
 make_fs() {
-	mkfs.ext4 -F -q -b 4096 -E nodiscard /dev/snvme0n1 || return 1
+	# 240 MiB of the 256 MiB namespace: the tail is scratch space for raw writes.
+	mkfs.ext4 -F -q -b 4096 -E nodiscard /dev/snvme0n1 61440 || return 1
 	mount -t ext4 /dev/snvme0n1 /mnt || return 1
 	head -c 5000 /dev/urandom >/mnt/small
 	head -c 1048576 /dev/urandom >/mnt/one-mib
@@ -123,6 +124,9 @@ t mkfs-mount-write make_fs
 t fiemap-read $T fiemap-read /mnt/small /mnt/one-mib /mnt/three-mib
 t fiemap-write $T fiemap-write /mnt/one-mib
 t wrap $T wrap
+if [ -x /bin/libnvm-snvme-test ]; then
+	t libnvm-snvme-controller /bin/libnvm-snvme-test "$LBA" $((245 * 1048576 / LBA))
+fi
 
 kill_mid_io() {
 	rm -f /tmp/ready

@@ -35,6 +35,8 @@
 #define SNVME_CAP_IOMMU (1ull << 3)	   /* bus addresses are IOMMU IOVAs */
 #define SNVME_CAP_SGL (1ull << 4)	   /* controller supports SGLs for NVM I/O */
 #define SNVME_CAP_VWC (1ull << 5)	   /* volatile write cache present */
+#define SNVME_CAP_IDENTIFY (1ull << 6)	   /* SNVME_IOC_IDENTIFY */
+#define SNVME_CAP_ABORT (1ull << 7)	   /* SNVME_IOC_ABORT */
 
 /* Header of every ioctl argument. */
 struct snvme_hdr {
@@ -164,6 +166,34 @@ struct snvme_dma_unmap {
 };
 
 /*
+ * SNVME_IOC_IDENTIFY: the raw Identify data structure (NVMe Base Spec 2.0,
+ * 5.17), read-only: CNS 00h (Identify Namespace, Figure 276's command set
+ * structure) for an active nsid, or CNS 01h (Identify Controller, Figure 275).
+ */
+#define SNVME_IDENTIFY_CNS_NS 0u
+#define SNVME_IDENTIFY_CNS_CTRL 1u
+#define SNVME_IDENTIFY_BYTES 4096u
+
+struct snvme_identify {
+	struct snvme_hdr hdr;
+	__u32 cns;	/* in: SNVME_IDENTIFY_CNS_NS or SNVME_IDENTIFY_CNS_CTRL */
+	__u32 nsid;	/* in: for CNS 00h, 1..nn; else 0 */
+	__u64 data;	/* in: user pointer to SNVME_IDENTIFY_BYTES bytes */
+};
+
+/*
+ * SNVME_IOC_ABORT: Abort (NVMe Base Spec 2.0, 5.1) command cid of I/O SQ
+ * sqid, which must belong to one of this file's queue groups. The aborted
+ * command still completes on its own CQ (status "Command Abort Requested").
+ */
+struct snvme_abort {
+	struct snvme_hdr hdr;
+	__u16 sqid;	/* in */
+	__u16 cid;	/* in */
+	__u32 result;	/* out: Abort completion dword 0; bit 0 clear = aborted */
+};
+
+/*
  * /dev/snvme-control: CAP_SYS_ADMIN only. pci_addr is "DDDD:BB:DD.F",
  * NUL terminated. BIND detaches whatever driver holds the device, sets
  * driver_override to "snvme" and probes; UNBIND releases it (files that
@@ -183,6 +213,8 @@ struct snvme_bind {
 #define SNVME_IOC_DESTROY_QUEUE_GROUP _IOW(SNVME_IOC_MAGIC, 0x02, struct snvme_group_id)
 #define SNVME_IOC_DMA_MAP _IOWR(SNVME_IOC_MAGIC, 0x03, struct snvme_dma_map)
 #define SNVME_IOC_DMA_UNMAP _IOW(SNVME_IOC_MAGIC, 0x04, struct snvme_dma_unmap)
+#define SNVME_IOC_IDENTIFY _IOW(SNVME_IOC_MAGIC, 0x05, struct snvme_identify)
+#define SNVME_IOC_ABORT _IOWR(SNVME_IOC_MAGIC, 0x06, struct snvme_abort)
 #define SNVME_IOC_BIND _IOWR(SNVME_IOC_MAGIC, 0x10, struct snvme_bind)
 #define SNVME_IOC_UNBIND _IOW(SNVME_IOC_MAGIC, 0x11, struct snvme_bind)
 
@@ -204,6 +236,8 @@ SNVME_STATIC_ASSERT(sizeof(struct snvme_queue_group) == 664, "snvme_queue_group"
 SNVME_STATIC_ASSERT(sizeof(struct snvme_group_id) == 16, "snvme_group_id");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_dma_map) == 56, "snvme_dma_map");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_dma_unmap) == 16, "snvme_dma_unmap");
+SNVME_STATIC_ASSERT(sizeof(struct snvme_identify) == 24, "snvme_identify");
+SNVME_STATIC_ASSERT(sizeof(struct snvme_abort) == 16, "snvme_abort");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_bind) == 48, "snvme_bind");
 #undef SNVME_STATIC_ASSERT
 

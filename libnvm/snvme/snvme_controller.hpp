@@ -1,0 +1,110 @@
+// SnvmeController: libnvm's Controller over the snvme kernel driver's character device
+// (/dev/snvme<C>, ABI in driver/snvme/include/uapi/snvme.h, design in docs/driver.md).
+//
+// The kernel driver owns the controller: it resets and enables it, runs the admin queue and
+// serves the namespaces as block devices on its own I/O queues. This class gets the I/O queue
+// IDs the driver reserves for userspace (queue groups), maps their rings and the doorbell page,
+// and DMA-maps host memory, so tutti/nvme/queue.hpp drives the queues directly.
+//
+// Differences from the Controller contract, all reported, never silent:
+//  - bring_up does not reset the controller (the kernel did); it validates the driver's ABI and
+//    capabilities, reads Identify Controller / Namespace through the driver, maps the doorbells,
+//    and deletes the queue pairs and mappings this object held before. Its register time budgets
+//    are unused. io_queue_pairs_requested larger than the driver's user queue budget is
+//    INVALID_ARGUMENT.
+//  - QIDs are the driver's user QIDs (ControllerIdentity::io_submission_queues_allocated counts
+//    them; they start at snvme_info.user_qid_first, not at 1).
+//  - shutdown deletes this object's queue pairs and mappings; the controller stays up.
+//  - controller_status() is synthesised: CSTS.RDY while the driver answers, all ones once the
+//    controller is unbound or failed (the driver does not map the register page to userspace).
+//    QueuePairInfo::controller_status is therefore null, and the bus addresses of the rings are 0
+//    (the driver does not expose them).
+//  - submit_admin is UNSUPPORTED: admin commands belong to the kernel; Identify and Abort are
+//    offered through bring_up and abort().
+//  - allocate_dma_buffer maps anonymous memory and returns RESOURCE_EXHAUSTED if its bus
+//    addresses are not contiguous (possible without an IOMMU for more than one page).
+//
+// Thread-safety: all member functions may be called concurrently; they serialise on one mutex.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include <tutti/libnvm/controller.hpp>
+
+namespace tutti::libnvm {
+
+class SnvmeController final : public Controller {
+ public:
+  /// Default character device of the first controller snvme bound.
+  static constexpr std::string_view kDefaultDevice = "/dev/snvme0";
+
+  /// Opens the character device and checks the ABI version and the capabilities libnvm needs
+  /// (queue groups, host DMA maps, Identify, Abort) before anything else.
+  /// Errors: NOT_FOUND (no such node), DEVICE_ERROR (open or GET_INFO failed: errno text),
+  /// UNSUPPORTED (ABI version mismatch or a capability missing: message names it).
+  static Result<std::unique_ptr<SnvmeController>> open(std::string_view device_path = kDefaultDevice);
+
+  ~SnvmeController() override;
+  SnvmeController(const SnvmeController&) = delete;
+  SnvmeController& operator=(const SnvmeController&) = delete;
+
+  std::string_view kind() const noexcept override { return "snvme"; }
+  Status bring_up(const BringUpOptions& options) override;
+  Status shutdown(std::uint64_t timeout_ns) override;
+  const ControllerIdentity& identity() const noexcept override { return identity_; }
+  nvme::ControllerStatus controller_status() const noexcept override;
+  Result<QueuePairInfo> create_io_queue_pair(std::uint32_t depth) override;
+  Status delete_io_queue_pair(std::uint16_t qid) override;
+  Result<DmaMapping> dma_map(void* host_address, std::size_t length) override;
+  Status dma_unmap(std::uint64_t mapping_id) override;
+  Result<DmaBuffer> allocate_dma_buffer(std::size_t length) override;
+  Status free_dma_buffer(std::uint64_t id) override;
+  Result<nvme::CompletionQueueEntry> submit_admin(const nvme::SubmissionQueueEntry& command,
+                                                  std::uint64_t timeout_ns) override;
+  Result<bool> abort(std::uint16_t sqid, std::uint16_t cid, std::uint64_t timeout_ns) override;
+
+  /// The driver's leak counters and queue budget (snvme_info), fresh from GET_INFO.
+  struct DriverCounters {
+    std::uint64_t pinned_pages = 0;
+    std::uint32_t dma_maps = 0;
+    std::uint32_t queue_groups = 0;
+    std::uint16_t user_queues = 0;
+    std::uint16_t user_queues_free = 0;
+  };
+  Result<DriverCounters> driver_counters() const;
+
+ private:
+  struct Ring {
+    std::uint32_t group_id = 0;
+    void* sq = nullptr;
+    void* cq = nullptr;
+    std::size_t sq_bytes = 0;
+    std::size_t cq_bytes = 0;
+  };
+  struct Buffer {
+    void* host = nullptr;
+    std::size_t length = 0;
+    std::uint32_t map_id = 0;
+  };
+
+  SnvmeController(int fd, std::string path);
+  Status release_all_locked();
+  Status destroy_ring_locked(std::uint16_t qid, Ring& ring);
+  Result<DmaMapping> dma_map_locked(void* host_address, std::size_t length);
+
+  int fd_ = -1;
+  std::string path_;
+  mutable std::mutex mutex_;
+  ControllerIdentity identity_{};
+  volatile std::uint8_t* doorbells_ = nullptr;
+  std::size_t doorbell_bytes_ = 0;
+  std::map<std::uint16_t, Ring> rings_;      // by QID
+  std::map<std::uint64_t, Buffer> buffers_;  // allocate_dma_buffer, by map id
+};
+
+}  // namespace tutti::libnvm
