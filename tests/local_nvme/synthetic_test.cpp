@@ -1,8 +1,440 @@
-// local_nvme against a soft controller backed by a plain file, with hand-built extents (no root).
+// local_nvme Path against a soft controller backed by a plain file, with hand-built extents
+// (no root needed): splitting at extents and MDTS, prebuilt PRP lists (both variants, scattered
+// bus pages), writes, flush, injected NVMe errors, lost completions (TIMEOUT + Abort), zombie
+// commands keeping memory mapped, backpressure, concurrent submitters, null mode, defaults.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <optional>
+#include <thread>
+
 #include <doctest/doctest.h>
 
-#include <tutti/path/local_nvme/prp_table.hpp>
+#include <tutti/libnvm/soft_controller.hpp>
+#include <tutti/path/local_nvme.hpp>
 
-TEST_CASE("PRP table list sizes cover every page") {
-  CHECK(tutti::local_nvme::PrpTable::list_pages_for(1, 4096) >= 1);
+#include "test_files.hpp"
+
+using namespace tutti;
+using Path = local_nvme::DataPath;
+
+namespace {
+
+constexpr std::uint64_t kSecond = 1'000'000'000;
+
+struct Buffer {
+  explicit Buffer(std::size_t n) : size(n) {
+    REQUIRE(posix_memalign(&data, 4096, n) == 0);
+    std::memset(data, 0xEE, n);
+  }
+  ~Buffer() { free(data); }
+  std::uint8_t* bytes() { return static_cast<std::uint8_t*>(data); }
+  void* data = nullptr;
+  std::size_t size;
+};
+
+/// A soft controller on a pattern-filled backing file, its driver and a Path.
+struct Rig {
+  explicit Rig(Path::Options options = {}, libnvm::SoftControllerConfig config = {},
+               std::uint64_t backing_bytes = 64 << 20) {
+    if (!config.null_mode) {
+      char name[] = "/tmp/tutti-lnvme-XXXXXX";
+      const int fd = mkstemp(name);
+      REQUIRE(fd >= 0);
+      ::close(fd);
+      backing = name;
+      tutti::testing::write_pattern_file(backing, 77, backing_bytes);
+      config.backing_path = backing;
+    }
+    config.scatter_bus_pages = true;
+    auto d = libnvm::SoftController::create(config);
+    REQUIRE_MESSAGE(d.is_ok(), d.status().to_string());
+    device = *d;
+    auto c = libnvm::open_soft_controller(device);
+    REQUIRE(c.is_ok());
+    controller = std::move(c.value());
+    REQUIRE(controller->bring_up({}).is_ok());
+    auto p = Path::create(*controller, options);
+    REQUIRE_MESSAGE(p.is_ok(), p.status().to_string());
+    path.emplace(std::move(p.value()));
+  }
+  ~Rig() {
+    path.reset();
+    controller.reset();
+    device.reset();
+    if (!backing.empty()) ::unlink(backing.c_str());
+  }
+
+  Path::open_target open(std::vector<local_file::Extent> extents, std::uint64_t size) {
+    local_file::Target t;
+    t.path = "synthetic";
+    t.extents = std::move(extents);
+    t.file_size = size;
+    t.lba_size = controller->identity().lba_size;
+    auto o = path->open(std::move(t), {});
+    REQUIRE_MESSAGE(o.is_ok(), o.status().to_string());
+    return std::move(o.value());
+  }
+  Path::registered_memory map(Buffer& b) {
+    auto m = path->register_memory({b.data, b.size, MemoryKind::HOST, -1});
+    REQUIRE_MESSAGE(m.is_ok(), m.status().to_string());
+    return std::move(m.value());
+  }
+  PathRequest<Path> request(Direction d, Path::registered_memory& m, Buffer& b, std::uint64_t memory_offset,
+                                Path::open_target& t, std::uint64_t offset, std::uint64_t length) {
+    return PathRequest<Path>{d, &m, MemoryView{b.data, b.size, MemoryKind::HOST, -1}, memory_offset, &t, offset,
+                                 length};
+  }
+  /// Submits and waits; returns the states and completions.
+  std::pair<std::vector<Status>, std::vector<RequestCompletion>> run(const std::vector<PathRequest<Path>>& rs,
+                                                                     std::uint64_t budget = 20 * kSecond) {
+    std::vector<Status> states(rs.size());
+    auto b = path->submit(rs, states);
+    std::vector<RequestCompletion> completions(rs.size());
+    Status s = path->progress(b, completions, budget);
+    REQUIRE_MESSAGE(s.is_ok(), s.to_string());
+    return {states, completions};
+  }
+  /// Bytes of the backing file (the namespace) at byte offset `at`.
+  std::vector<std::uint8_t> device_bytes(std::uint64_t at, std::uint64_t n) {
+    return tutti::testing::read_file(backing, at, n);
+  }
+
+  std::string backing;
+  std::shared_ptr<libnvm::SoftController> device;
+  std::unique_ptr<libnvm::Controller> controller;
+  std::optional<Path> path;
+};
+
+/// Extents that scatter file blocks over the namespace in reverse order, `run` LBAs per extent.
+std::vector<local_file::Extent> reversed_extents(std::uint64_t blocks, std::uint64_t run, std::uint64_t lba) {
+  std::vector<local_file::Extent> out;
+  for (std::uint64_t b = 0; b < blocks; b += run)
+    out.push_back({b * lba, (blocks - b - run) * lba + 4096 * 16, run * lba});
+  return out;
+}
+
+/// What the file's bytes are, read from the namespace through the extents.
+std::vector<std::uint8_t> expected_from_extents(Rig& rig, const std::vector<local_file::Extent>& e, std::uint64_t offset,
+                                                std::uint64_t length) {
+  std::vector<std::uint8_t> out;
+  for (const auto& x : e) {
+    const std::uint64_t lo = std::max(offset, x.file_offset), hi = std::min(offset + length, x.file_end());
+    if (lo >= hi) continue;
+    auto part = rig.device_bytes(x.device_offset + (lo - x.file_offset), hi - lo);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("option defaults are pinned") {
+  Path::Options o;
+  CHECK(o.queue_pairs == 2);
+  CHECK(o.queue_depth == 256);
+  CHECK(o.command_timeout_ns == 5'000'000'000u);
+  CHECK(o.abort_timeout_ns == 1'000'000'000u);
+  CHECK(o.admin_timeout_ns == 1'000'000'000u);
+  CHECK(o.request_window == 16);
+  CHECK(o.threads_per_block == 32);
+  CHECK(o.max_command_bytes == 0);
+  CHECK(Path::capabilities.offset_alignment == 4096);
+  CHECK(Path::capabilities.unaligned_tail_at_end_of_target);
+}
+
+TEST_CASE("invalid options are rejected naming the field") {
+  libnvm::SoftControllerConfig config;
+  config.null_mode = true;
+  config.namespace_size_lbas = 1024;
+  auto d = libnvm::SoftController::create(config);
+  REQUIRE(d.is_ok());
+  auto c = libnvm::open_soft_controller(*d);
+  REQUIRE(c.is_ok());
+  CHECK(Path::create(**c).code() == StatusCode::INVALID_ARGUMENT);  // not brought up
+  REQUIRE((*c)->bring_up({}).is_ok());
+  Path::Options o;
+  o.queue_depth = 1;
+  CHECK(Path::create(**c, o).status().message().find("queue_depth") != std::string::npos);
+  o = {};
+  o.request_window = 0;
+  CHECK(Path::create(**c, o).status().message().find("request_window") != std::string::npos);
+  o = {};
+  o.queue_pairs = 1000;
+  CHECK(Path::create(**c, o).status().message().find("queue_pairs") != std::string::npos);
+}
+
+TEST_CASE("a request is split at extent boundaries and at the command size limit, and reads the right bytes") {
+  Path::Options o;
+  o.max_command_bytes = 64 << 10;
+  Rig rig(o);
+  const std::uint64_t blocks = 1024;  // 4 MiB file in extents of 48 KiB, reversed on the device
+  auto extents = reversed_extents(blocks, 12, 4096);
+  extents.back().length = (blocks - (extents.size() - 1) * 12) * 4096;
+  auto t = rig.open(extents, blocks * 4096 - 100);
+  Buffer buffer(8 << 20);
+  auto m = rig.map(buffer);
+  struct Case {
+    std::uint64_t offset, length, memory_offset;
+  };
+  for (Case c : {Case{0, 4096, 0}, Case{4096, 49152, 4}, Case{40960, 200 * 4096, 4096 * 3 + 64},
+                 Case{0, blocks * 4096 - 100, 0}, Case{12 * 4096, 24 * 4096, 2048}}) {
+    CAPTURE(c.offset);
+    CAPTURE(c.length);
+    std::memset(buffer.data, 0xEE, buffer.size);
+    auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, c.memory_offset, t, c.offset, c.length)});
+    REQUIRE(states[0].is_ok());
+    REQUIRE_MESSAGE(done[0].status.is_ok(), done[0].status.to_string());
+    CHECK(done[0].confirmed_bytes == c.length);
+    // Expected commands: one per extent piece, each piece split at 64 KiB.
+    std::uint32_t commands = 0;
+    for (const auto& e : extents) {
+      const std::uint64_t lo = std::max(c.offset, e.file_offset);
+      const std::uint64_t hi = std::min((c.offset + c.length + 4095) / 4096 * 4096, e.file_end());
+      if (lo < hi) commands += static_cast<std::uint32_t>((hi - lo + (64 << 10) - 1) / (64 << 10));
+    }
+    CHECK(done[0].commands == commands);
+    auto expected = expected_from_extents(rig, extents, c.offset, c.length);
+    CHECK(std::equal(expected.begin(), expected.end(), buffer.bytes() + c.memory_offset));
+  }
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("prebuilt PRP lists serve every start page, both list variants and chained list pages") {
+  Rig rig;  // MDTS 1 MiB: 256 pages per command, lists cross list pages often
+  auto t = rig.open({{0, 0, 48 << 20}}, 48 << 20);
+  Buffer buffer(12 << 20);  // 3072 pages: several list pages per variant
+  auto m = rig.map(buffer);
+  std::vector<PathRequest<Path>> batch;
+  // Command last pages e with e % 511 == 0 need variant 1; sweep start pages across 511 boundaries.
+  for (std::uint64_t start_page : {0ull, 1ull, 254ull, 255ull, 256ull, 510ull, 511ull, 766ull, 767ull, 1021ull,
+                                   1022ull, 1277ull, 2300ull, 2555ull, 2800ull}) {
+    std::memset(buffer.data, 0xEE, buffer.size);
+    const std::uint64_t length = std::min<std::uint64_t>(1 << 20, buffer.size - start_page * 4096);
+    const std::uint64_t file_offset = start_page * 8192;
+    auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, start_page * 4096, t, file_offset, length)});
+    REQUIRE_MESSAGE(done[0].status.is_ok(), done[0].status.to_string());
+    auto expected = rig.device_bytes(file_offset, length);
+    CHECK_MESSAGE(std::equal(expected.begin(), expected.end(), buffer.bytes() + start_page * 4096),
+                  "start page ", start_page);
+  }
+  CHECK(rig.device->counters().dma_faults == 0);
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("writes land on the namespace at the extents' LBAs and FLUSH issues one NVMe Flush") {
+  Rig rig;
+  auto extents = reversed_extents(64, 4, 4096);
+  auto t = rig.open(extents, 64 * 4096);
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  auto data = tutti::testing::pattern(5, 0, 40 * 4096);
+  std::memcpy(buffer.data, data.data(), data.size());
+  auto [states, done] = rig.run({rig.request(Direction::WRITE, m, buffer, 0, t, 8 * 4096, 40 * 4096)});
+  REQUIRE_MESSAGE(done[0].status.is_ok(), done[0].status.to_string());
+  CHECK(done[0].commands == 10);
+  CHECK(expected_from_extents(rig, extents, 8 * 4096, 40 * 4096) == data);
+  PathRequest<Path> flush{Direction::FLUSH, nullptr, MemoryView{}, 0, &t, 0, 0};
+  const auto before = rig.device->counters().flush_commands;
+  auto [fs, fd] = rig.run({flush});
+  CHECK(fd[0].status.is_ok());
+  CHECK(fd[0].commands == 1);
+  CHECK(rig.device->counters().flush_commands == before + 1);
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("an injected media error on an LBA range fails only the requests that touch it, with the raw NVMe status") {
+  Rig rig;
+  auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
+  Buffer buffer(4 << 20);
+  auto m = rig.map(buffer);
+  libnvm::SoftFaultRule rule;
+  rule.lba_range_only = true;
+  rule.first_lba = 300;
+  rule.last_lba = 300;
+  rule.max_fires = 0;
+  rig.device->inject_fault(rule);
+  auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, 0, t, 0, 1 << 20),          // LBAs 0..255
+                                 rig.request(Direction::READ, m, buffer, 1 << 20, t, 1 << 20, 1 << 20),  // 256..511
+                                 rig.request(Direction::READ, m, buffer, 2 << 20, t, 2 << 20, 64 << 10)});
+  CHECK(done[0].status.is_ok());
+  CHECK(done[0].confirmed_bytes == 1 << 20);
+  CHECK(done[1].status.code() == StatusCode::DEVICE_ERROR);
+  CHECK(done[1].device_status == 0x281);  // SCT 2 (media), SC 81h Unrecovered Read Error
+  CHECK(done[1].confirmed_bytes == 0);
+  CHECK(done[1].status.message().find("Unrecovered Read Error") != std::string::npos);
+  CHECK(done[2].status.is_ok());
+  // A split request: the failing command fails the request; the others' bytes are confirmed.
+  Path::Options o;
+  o.max_command_bytes = 256 << 10;
+  Rig split(o);
+  auto t2 = split.open({{0, 0, 16 << 20}}, 16 << 20);
+  auto m2 = split.map(buffer);
+  split.device->inject_fault(rule);
+  auto [s2, d2] = split.run({split.request(Direction::READ, m2, buffer, 0, t2, 0, 2 << 20)});
+  CHECK(d2[0].status.code() == StatusCode::DEVICE_ERROR);
+  CHECK(d2[0].commands == 8);
+  CHECK(d2[0].confirmed_bytes == 7 * (256u << 10));
+  CHECK(split.path->unregister_memory(m2).is_ok());
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("a lost completion times out, is aborted with NVMe Abort, and reports TIMEOUT") {
+  Path::Options o;
+  o.command_timeout_ns = 50'000'000;  // 50 ms
+  Rig rig(o);
+  auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  libnvm::SoftFaultRule rule;
+  rule.action = libnvm::SoftFaultRule::Action::lose_completion;
+  rule.lba_range_only = true;
+  rule.first_lba = 16;
+  rule.last_lba = 16;
+  rig.device->inject_fault(rule);
+  const auto start = accel::timer_ns();
+  auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, 0, t, 16 * 4096, 4096),
+                                 rig.request(Direction::READ, m, buffer, 8192, t, 0, 4096)});
+  const auto elapsed = accel::timer_ns() - start;
+  CHECK(done[0].status.code() == StatusCode::TIMEOUT);
+  CHECK(done[0].device_status == 0x007);  // Command Abort Requested
+  CHECK(done[0].confirmed_bytes == 0);
+  CHECK(done[1].status.is_ok());
+  CHECK(rig.path->aborts_sent() == 1);
+  CHECK(rig.device->counters().aborted_commands == 1);
+  CHECK(elapsed >= 50'000'000u);
+  CHECK(elapsed < 5 * kSecond);
+  CHECK(rig.path->zombie_commands() == 0);
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("progress never hangs: a short budget returns NOT_READY and the IO finishes later") {
+  Path::Options o;
+  o.command_timeout_ns = 200'000'000;
+  Rig rig(o);
+  auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  libnvm::SoftFaultRule rule;
+  rule.action = libnvm::SoftFaultRule::Action::lose_completion;
+  rig.device->inject_fault(rule);
+  std::vector<Status> states(1);
+  std::vector<PathRequest<Path>> rs{rig.request(Direction::READ, m, buffer, 0, t, 0, 4096)};
+  auto b = rig.path->submit(rs, states);
+  std::vector<RequestCompletion> completions(1);
+  CHECK(rig.path->progress(b, completions, 1'000'000).code() == StatusCode::NOT_READY);
+  CHECK_FALSE(completions[0].done);
+  CHECK(rig.path->progress(b, completions, 10 * kSecond).is_ok());
+  CHECK(completions[0].status.code() == StatusCode::TIMEOUT);
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("commands the controller never answers keep their memory mapped: unregister is BUSY") {
+  Path::Options o;
+  o.command_timeout_ns = 20'000'000;
+  o.abort_timeout_ns = 20'000'000;
+  o.admin_timeout_ns = 20'000'000;
+  Rig rig(o);
+  auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  libnvm::SoftFaultRule rule;
+  rule.action = libnvm::SoftFaultRule::Action::lose_completion;
+  rig.device->inject_fault(rule);
+  std::vector<Status> states(1);
+  std::vector<PathRequest<Path>> rs{rig.request(Direction::READ, m, buffer, 0, t, 0, 4096)};
+  auto b = rig.path->submit(rs, states);
+  REQUIRE(states[0].is_ok());
+  rig.device->set_controller_fatal();  // the Abort cannot be answered either
+  std::vector<RequestCompletion> completions(1);
+  REQUIRE(rig.path->progress(b, completions, 10 * kSecond).is_ok());
+  CHECK(completions[0].status.code() == StatusCode::DEVICE_ERROR);
+  CHECK(completions[0].confirmed_bytes == 0);
+  CHECK(rig.path->zombie_commands() == 1);
+  CHECK(rig.path->unregister_memory(m).code() == StatusCode::BUSY);
+}
+
+TEST_CASE("backpressure: a full queue rejects requests with RESOURCE_EXHAUSTED and they never run") {
+  Path::Options o;
+  o.queue_pairs = 1;
+  o.queue_depth = 4;  // 3 commands in flight
+  o.request_window = 1;
+  Rig rig(o);
+  auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  std::vector<PathRequest<Path>> rs;
+  for (std::uint64_t i = 0; i < 8; ++i) rs.push_back(rig.request(Direction::READ, m, buffer, i * 4096, t, i * 4096, 4096));
+  std::vector<Status> states(rs.size());
+  const auto reads_before = rig.device->counters().read_commands;
+  auto b = rig.path->submit(rs, states);
+  std::size_t accepted = 0;
+  for (auto& s : states) {
+    if (s.is_ok()) ++accepted;
+    else CHECK(s.code() == StatusCode::RESOURCE_EXHAUSTED);
+  }
+  CHECK(accepted == 3);
+  std::vector<RequestCompletion> completions(rs.size());
+  REQUIRE(rig.path->progress(b, completions, 10 * kSecond).is_ok());
+  CHECK(rig.device->counters().read_commands - reads_before == 3);
+  // Credits are back: the same requests are accepted now (window 1 spreads a big request).
+  std::vector<Status> again(1);
+  std::vector<PathRequest<Path>> big{rig.request(Direction::READ, m, buffer, 0, t, 0, 1 << 20)};
+  auto b2 = rig.path->submit(big, again);
+  CHECK(again[0].is_ok());
+  std::vector<RequestCompletion> c2(1);
+  REQUIRE(rig.path->progress(b2, c2, 10 * kSecond).is_ok());
+  CHECK(c2[0].status.is_ok());
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("several threads submit and progress concurrently on shared queues") {
+  Rig rig;
+  auto t = rig.open({{0, 0, 32 << 20}}, 32 << 20);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      Buffer buffer(256 << 10);
+      auto reg = rig.path->register_memory({buffer.data, buffer.size, MemoryKind::HOST, -1});
+      if (!reg) {
+        ++failures;
+        return;
+      }
+      for (int round = 0; round < 50; ++round) {
+        std::vector<PathRequest<Path>> rs;
+        for (std::uint64_t i = 0; i < 16; ++i)
+          rs.push_back(PathRequest<Path>{Direction::READ, &*reg, MemoryView{buffer.data, buffer.size, MemoryKind::HOST, -1},
+                                             i * 16384, &t, ((k * 50 + round) * 16 + i) % 2048 * 16384, 16384});
+        std::vector<Status> states(rs.size());
+        auto b = rig.path->submit(rs, states);
+        std::vector<RequestCompletion> completions(rs.size());
+        if (!rig.path->progress(b, completions, 20 * kSecond).is_ok()) ++failures;
+        for (std::size_t i = 0; i < rs.size(); ++i) {
+          if (!states[i].is_ok()) continue;  // backpressure is allowed
+          if (!completions[i].status.is_ok()) ++failures;
+          auto expected = tutti::testing::pattern(77, rs[i].target_offset, 16384);
+          if (std::memcmp(expected.data(), buffer.bytes() + i * 16384, 16384) != 0) ++failures;
+        }
+      }
+      if (!rig.path->unregister_memory(*reg).is_ok()) ++failures;
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(failures.load() == 0);
+}
+
+TEST_CASE("null mode completes commands without moving data (submission cost measurements)") {
+  libnvm::SoftControllerConfig config;
+  config.null_mode = true;
+  config.namespace_size_lbas = 1 << 20;
+  Rig rig({}, config);
+  auto t = rig.open({{0, 0, 1 << 30}}, 1 << 30);
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, 0, t, 0, 1 << 20)});
+  CHECK(done[0].status.is_ok());
+  CHECK(buffer.bytes()[0] == 0xEE);
+  CHECK(rig.path->unregister_memory(m).is_ok());
 }
