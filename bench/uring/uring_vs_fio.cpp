@@ -1,0 +1,230 @@
+// uring_vs_fio: the uring DataPath (through tutti::UringRuntime) against fio --ioengine=io_uring
+// --direct=1, in the same run, on the same file, at the same block size and queue depth:
+//   4 KiB random reads and 512 KiB sequential reads, page cache dropped before every run.
+// Prints throughput (MB/s, 10^6 bytes per second), IOPS and the ratio uring / fio.
+//
+//   uring_vs_fio [--file PATH] [--size BYTES] [--iodepth N] [--seconds S] [--fio PATH] [--batch N]
+//
+// --file      the test file (created with random-looking bytes when missing or smaller than --size);
+//             default /var/tmp/tutti-uring-bench.dat. Pick a file system with O_DIRECT.
+// --size      bytes of the file used, default 1 GiB.
+// --iodepth   requests in flight, default 32 (both sides).
+// --seconds   seconds per measurement, default 10 (time based on both sides).
+// --repeat    measurements per side and workload, default 3, alternating uring and fio; the median
+//             is reported (this machine's disk is shared, single runs vary by +-30%).
+// --batch     requests per runtime submit, default 4: the uring side keeps iodepth / batch submits of
+//             `batch` requests in flight and replaces the oldest when it completes.
+// Needs root for drop_caches (without it the runs are warm for buffered readers; O_DIRECT reads do
+// not use the page cache either way).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <tutti/presets/uring.hpp>
+
+namespace {
+
+struct Settings {
+  std::string file = "/var/tmp/tutti-uring-bench.dat";
+  std::uint64_t size = std::uint64_t{1} << 30;
+  std::uint32_t iodepth = 32;
+  std::uint32_t seconds = 10;
+  std::uint32_t batch = 4;
+  std::uint32_t repeat = 3;
+  std::string fio = "fio";
+};
+
+struct Figures {
+  double bytes_per_second = 0;
+  double iops = 0;
+};
+
+void drop_caches() {
+  if (geteuid() != 0) return;
+  if (std::system("sync && echo 3 > /proc/sys/vm/drop_caches") != 0) std::fprintf(stderr, "drop_caches failed\n");
+}
+
+bool prepare_file(const Settings& s) {
+  const int fd = ::open(s.file.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  struct stat st {};
+  ::fstat(fd, &st);
+  if (static_cast<std::uint64_t>(st.st_size) < s.size) {
+    std::fprintf(stderr, "writing %llu bytes to %s ...\n", static_cast<unsigned long long>(s.size), s.file.c_str());
+    std::vector<std::uint64_t> chunk((8u << 20) / 8);
+    std::mt19937_64 random(42);
+    for (std::uint64_t done = 0; done < s.size; done += chunk.size() * 8) {
+      for (auto& word : chunk) word = random();
+      if (::pwrite(fd, chunk.data(), chunk.size() * 8, static_cast<off_t>(done)) < 0) return false;
+    }
+    ::fsync(fd);
+  }
+  ::close(fd);
+  return true;
+}
+
+/// Keeps iodepth requests in flight through UringRuntime for `seconds`: iodepth / batch submits of
+/// `batch` requests; when the oldest completes it is released and a new one submitted.
+Figures run_uring(const Settings& s, std::uint64_t block, bool random_offsets) {
+  tutti::UringRuntime runtime(tutti::UringBackend{
+      tutti::file::Resolver{}, tutti::uring::DataPath(tutti::uring::Options{.queue_depth = s.iodepth * 2})});
+  auto target = runtime.open("file://" + s.file);
+  if (!target) {
+    std::fprintf(stderr, "open: %s\n", target.status().to_string().c_str());
+    std::exit(1);
+  }
+  const std::uint64_t buffer_bytes = block * s.iodepth;
+  std::unique_ptr<std::byte, void (*)(void*)> buffer(
+      static_cast<std::byte*>(std::aligned_alloc(4096, buffer_bytes)), std::free);
+  auto memory = runtime.register_memory({buffer.get(), buffer_bytes, tutti::MemoryKind::HOST, -1});
+  if (!memory) {
+    std::fprintf(stderr, "register_memory: %s\n", memory.status().to_string().c_str());
+    std::exit(1);
+  }
+  const std::uint64_t blocks = s.size / block;
+  std::mt19937_64 random(7);
+  std::uint64_t next_sequential = 0;
+  auto next_offset = [&] {
+    if (random_offsets) return (random() % blocks) * block;
+    const std::uint64_t o = next_sequential * block;
+    next_sequential = (next_sequential + 1) % blocks;
+    return o;
+  };
+  const std::uint32_t batch = std::max<std::uint32_t>(1, std::min(s.batch, s.iodepth));
+  const std::uint32_t groups = std::max<std::uint32_t>(1, s.iodepth / batch);
+  struct InFlight {
+    tutti::IoHandle io;
+    std::uint32_t group;
+  };
+  std::deque<InFlight> ring;
+  std::uint64_t bytes = 0, requests = 0;
+  auto submit_group = [&](std::uint32_t g) {
+    std::vector<tutti::IoRequest> batch_requests;
+    for (std::uint32_t i = 0; i < batch; ++i)
+      batch_requests.push_back({tutti::Direction::READ, *memory, (std::uint64_t{g} * batch + i) * block, *target,
+                                next_offset(), block});
+    auto outcome = runtime.submit(batch_requests);
+    if (outcome.accepted != batch_requests.size()) {
+      std::fprintf(stderr, "submit: %s\n", outcome.initial_states[0].to_string().c_str());
+      std::exit(1);
+    }
+    ring.push_back({outcome.io, g});
+  };
+  const auto start = std::chrono::steady_clock::now();
+  const auto end = start + std::chrono::seconds(s.seconds);
+  for (std::uint32_t g = 0; g < groups; ++g) submit_group(g);
+  auto now = start;
+  while (!ring.empty()) {
+    InFlight oldest = ring.front();
+    ring.pop_front();
+    auto result = runtime.wait(oldest.io, 30'000'000'000ull);
+    if (!result || !result->status.is_ok()) {
+      std::fprintf(stderr, "wait: %s\n",
+                   (result ? result->status : result.status()).to_string().c_str());
+      std::exit(1);
+    }
+    bytes += result->confirmed_bytes;
+    requests += result->requests;
+    (void)runtime.release(oldest.io);
+    now = std::chrono::steady_clock::now();
+    if (now < end) submit_group(oldest.group);
+  }
+  const double elapsed = std::chrono::duration<double>(now - start).count();
+  return {static_cast<double>(bytes) / elapsed, static_cast<double>(requests) / elapsed};
+}
+
+Figures run_fio(const Settings& s, std::uint64_t block, bool random_offsets, std::string& command) {
+  command = fmt::format(
+      "{} --name=tutti --filename={} --size={} --ioengine=io_uring --direct=1 --rw={} --bs={} --iodepth={} "
+      "--runtime={} --time_based --norandommap --randrepeat=0 --group_reporting --output-format=json",
+      s.fio, s.file, s.size, random_offsets ? "randread" : "read", block, s.iodepth, s.seconds);
+  FILE* pipe = popen((command + " 2>/dev/null").c_str(), "r");
+  if (pipe == nullptr) {
+    std::fprintf(stderr, "cannot run fio\n");
+    std::exit(1);
+  }
+  std::string output;
+  char chunk[4096];
+  while (std::size_t n = std::fread(chunk, 1, sizeof chunk, pipe)) output.append(chunk, n);
+  pclose(pipe);
+  const auto json_start = output.find('{');
+  if (json_start == std::string::npos) {
+    std::fprintf(stderr, "fio printed no JSON:\n%s\n", output.c_str());
+    std::exit(1);
+  }
+  const auto json = nlohmann::json::parse(output.substr(json_start));
+  const auto& read = json.at("jobs").at(0).at("read");
+  return {read.at("bw_bytes").get<double>(), read.at("iops").get<double>()};
+}
+
+/// The run with the median throughput.
+Figures median(std::vector<Figures> runs) {
+  std::sort(runs.begin(), runs.end(),
+            [](const Figures& a, const Figures& b) { return a.bytes_per_second < b.bytes_per_second; });
+  return runs[runs.size() / 2];
+}
+
+std::uint64_t number(const char* text) { return std::strtoull(text, nullptr, 10); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings s;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string key = argv[i];
+    if (key == "--file") s.file = argv[i + 1];
+    else if (key == "--size") s.size = number(argv[i + 1]);
+    else if (key == "--iodepth") s.iodepth = static_cast<std::uint32_t>(number(argv[i + 1]));
+    else if (key == "--seconds") s.seconds = static_cast<std::uint32_t>(number(argv[i + 1]));
+    else if (key == "--batch") s.batch = static_cast<std::uint32_t>(number(argv[i + 1]));
+    else if (key == "--fio") s.fio = argv[i + 1];
+    else if (key == "--repeat") s.repeat = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(number(argv[i + 1])));
+    else {
+      std::fprintf(stderr, "unknown option %s\n", key.c_str());
+      return 2;
+    }
+  }
+  s.size = s.size / (512 << 10) * (512 << 10);
+  if (s.size == 0 || s.iodepth == 0 || s.seconds == 0 || !prepare_file(s)) {
+    std::fprintf(stderr, "bad settings or cannot prepare %s\n", s.file.c_str());
+    return 2;
+  }
+  std::printf("file %s, %llu bytes, iodepth %u, %u s per run, median of %u runs each, uring batch %u, cold cache: %s\n",
+              s.file.c_str(), static_cast<unsigned long long>(s.size), s.iodepth, s.seconds, s.repeat, s.batch,
+              geteuid() == 0 ? "drop_caches before each run" : "no (not root)");
+  std::printf("| workload | uring MB/s | uring IOPS | fio MB/s | fio IOPS | uring / fio |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  std::vector<std::string> commands;
+  for (const auto& [name, block, random_offsets] :
+       {std::tuple{"4 KiB random read", std::uint64_t{4096}, true},
+        std::tuple{"512 KiB sequential read", std::uint64_t{512} << 10, false}}) {
+    std::vector<Figures> uring_runs, fio_runs;
+    std::string command;
+    for (std::uint32_t r = 0; r < s.repeat; ++r) {
+      drop_caches();
+      uring_runs.push_back(run_uring(s, block, random_offsets));
+      drop_caches();
+      fio_runs.push_back(run_fio(s, block, random_offsets, command));
+    }
+    commands.push_back(command);
+    const Figures uring = median(uring_runs), fio = median(fio_runs);
+    std::printf("| %s | %.1f | %.0f | %.1f | %.0f | %.3f |\n", name, uring.bytes_per_second / 1e6, uring.iops,
+                fio.bytes_per_second / 1e6, fio.iops, fio.bytes_per_second > 0 ? uring.bytes_per_second / fio.bytes_per_second : 0.0);
+    std::fflush(stdout);
+  }
+  for (const auto& c : commands) std::printf("fio command: %s\n", c.c_str());
+  return 0;
+}
