@@ -328,7 +328,9 @@ struct SoftController::Impl {
 
   void set_fatal() {
     fatal.store(true);
-    set_csts_bits(nvme::ControllerStatus::CFS::encode(csts(), 1));
+    // Read-modify-write as one atomic: another thread may update RDY or SHST at the same time.
+    std::atomic_ref<std::uint32_t>(*const_cast<std::uint32_t*>(reg(offsetof(nvme::ControllerRegisters, csts))))
+        .fetch_or(nvme::ControllerStatus::CFS::encode(0, 1), std::memory_order_acq_rel);
   }
 
   // ----- counters ------------------------------------------------------------------------------
@@ -959,6 +961,7 @@ struct SoftController::Impl {
     cq->base = static_cast<nvme::CompletionQueueEntry*>(base);
     cq->bus = sqe.data_pointer.prp.prp1;
     cq->head_doorbell = reg(nvme::completion_queue_head_doorbell_offset(qid, dstrd()));
+    store32(cq->head_doorbell, 0);  // a new queue starts at head 0, whatever an earlier queue left there
     cq->worker = (qid - 1u) % static_cast<unsigned>(workers.size());
     {
       std::unique_lock lock(bus.mutex);
@@ -989,7 +992,7 @@ struct SoftController::Impl {
     sq->bus = sqe.data_pointer.prp.prp1;
     sq->cq = cq->second.get();
     sq->tail_doorbell = reg(nvme::submission_queue_tail_doorbell_offset(qid, dstrd()));
-    store32(sq->tail_doorbell, 0);
+    store32(sq->tail_doorbell, 0);  // a new queue starts at tail 0
     {
       std::unique_lock lock(bus.mutex);
       bus.add_queue_user_locked(sq->bus, +1);

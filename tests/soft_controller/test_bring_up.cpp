@@ -302,3 +302,19 @@ TEST_CASE("admin commands report the specification's status codes") {
   CHECK(static_cast<std::uint32_t*>(f.list_area.host_address)[0] == 1);
   CHECK(f.device->counters().errors_by_status.size() >= 10);
 }
+
+TEST_CASE("regression: a re-created queue pair starts from doorbell 0 even after its QID was used") {
+  libnvm::SoftControllerConfig config;
+  config.null_mode = true;
+  config.namespace_size_lbas = 1024;
+  SoftFixture f(config, 1u << 20, 1u << 20, 8);
+  // One command leaves CQ head doorbell 1: for a fresh CQ at tail 0 that reads as "full".
+  REQUIRE(f.run(f.read_write(false, 0, 1, 0)).status().success());
+  REQUIRE(accel::mmio_load32(f.io.info.completion_queue_head_doorbell) == 1);
+  const std::uint16_t qid = f.io.info.qid;
+  f.io.storage.reset();
+  REQUIRE(f.controller->delete_io_queue_pair(qid).is_ok());
+  f.io = make_io_queue(*f.controller, 8);
+  REQUIRE(f.io.info.qid == qid);
+  for (int i = 0; i < 20; ++i) REQUIRE(f.run(f.read_write(false, 0, 1, 0)).status().success());
+}
