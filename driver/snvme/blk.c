@@ -137,7 +137,12 @@ static blk_status_t snvme_map_data(struct snvme_ctrl *ctrl, struct request *rq,
 	return st;
 }
 
-static void snvme_submit(struct snvme_queue *q, struct nvme_command *cmd)
+/*
+ * Copies one SQE into the ring. The tail doorbell is written only for the
+ * last request of a batch (bd->last) or from commit_rqs: one MMIO write per
+ * batch instead of one per command.
+ */
+static void snvme_submit(struct snvme_queue *q, struct nvme_command *cmd, bool last)
 {
 	unsigned long flags;
 
@@ -145,8 +150,24 @@ static void snvme_submit(struct snvme_queue *q, struct nvme_command *cmd)
 	memcpy(&q->sqes[q->sq_tail], cmd, sizeof(*cmd));
 	if (++q->sq_tail == q->depth)
 		q->sq_tail = 0;
-	/* writel orders the SQE stores before the doorbell store. */
-	writel(q->sq_tail, q->sq_db);
+	if (last && q->sq_tail != q->last_sq_tail) {
+		/* writel orders the SQE stores before the doorbell store. */
+		writel(q->sq_tail, q->sq_db);
+		q->last_sq_tail = q->sq_tail;
+	}
+	spin_unlock_irqrestore(&q->sq_lock, flags);
+}
+
+static void snvme_commit_rqs(struct blk_mq_hw_ctx *hctx)
+{
+	struct snvme_queue *q = hctx->driver_data;
+	unsigned long flags;
+
+	spin_lock_irqsave(&q->sq_lock, flags);
+	if (q->sq_tail != q->last_sq_tail) {
+		writel(q->sq_tail, q->sq_db);
+		q->last_sq_tail = q->sq_tail;
+	}
 	spin_unlock_irqrestore(&q->sq_lock, flags);
 }
 
@@ -191,7 +212,7 @@ static blk_status_t snvme_queue_rq(struct blk_mq_hw_ctx *hctx,
 	iod->gen = (iod->gen + 1) & 0xf;
 	cmd.common.command_id = (iod->gen << SNVME_CID_TAG_BITS) | rq->tag;
 	blk_mq_start_request(rq);
-	snvme_submit(q, &cmd);
+	snvme_submit(q, &cmd, bd->last);
 	return BLK_STS_OK;
 }
 
@@ -298,6 +319,7 @@ static int snvme_init_hctx(struct blk_mq_hw_ctx *hctx, void *data, unsigned int 
 
 static const struct blk_mq_ops snvme_mq_ops = {
 	.queue_rq = snvme_queue_rq,
+	.commit_rqs = snvme_commit_rqs,
 	.complete = snvme_complete_rq,
 	.init_hctx = snvme_init_hctx,
 	.timeout = snvme_timeout,

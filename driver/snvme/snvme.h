@@ -57,6 +57,7 @@ struct snvme_queue {
 	spinlock_t sq_lock;		/* sq_tail and SQ slots */
 	spinlock_t cq_lock;		/* cq_head, cq_phase */
 	u16 sq_tail;
+	u16 last_sq_tail;		/* value last written to the SQ tail doorbell */
 	u16 cq_head;
 	u8 cq_phase;
 	bool created;			/* exists on the controller */
