@@ -269,7 +269,7 @@ class DataPath {
     target.flush_on_close = options.flush_on_close;
     target.file = std::move(payload);
     engine_->register_file(target);
-    return target;
+    return Result<open_target>(std::move(target));
   }
 
   /// The file's size in bytes at open time.
@@ -302,13 +302,13 @@ class DataPath {
 #if defined(TUTTI_ACCELERATOR_CUDA)
       TUTTI_RETURN_IF_ERROR(engine_->ensure_staging(view.accelerator_id));
       memory.fixed_buffer_fallback = "DEVICE memory moves through the pinned staging ring";
-      return memory;
+      return Result<registered_memory>(std::move(memory));
 #else
       return error(StatusCode::UNSUPPORTED, "the uring DataPath moves DEVICE memory only in the CUDA profile");
 #endif
     }
     engine_->register_buffer(memory);
-    return memory;
+    return Result<registered_memory>(std::move(memory));
   }
 
   /// Removes the region's fixed buffer from the table. BUSY while commands using it are in flight.
@@ -366,7 +366,8 @@ class DataPath {
     std::timed_mutex completion_mutex;  // the CQ and every BatchState's completion fields
     std::atomic<std::uint32_t> waiting_reapers{0};
     std::atomic<std::uint32_t> in_flight_commands{0};
-    bool submit_pending = false;     // io_uring_submit failed; retried by progress (submission_mutex)
+    std::atomic<bool> submit_pending{false};  // io_uring_submit failed; progress retries it
+    std::atomic<bool> has_orphans{false};     // orphan_failures is not empty
 
     std::mutex table_mutex;          // free lists of the file and buffer tables
     std::vector<int> free_file_slots, free_buffer_slots;
@@ -695,6 +696,7 @@ class DataPath {
       if (sqe == nullptr) {
         // Cannot happen while in_flight_commands <= queue_depth = SQ entries; fail closed if it does.
         orphan_failures.push_back(&c);
+        has_orphans.store(true);
         return;
       }
       commands.fetch_add(1);
@@ -727,7 +729,7 @@ class DataPath {
     void submit_locked() {
       io_uring_submits.fetch_add(1);
       const int rc = io_uring_submit(&ring);
-      submit_pending = rc < 0;
+      submit_pending.store(rc < 0);
     }
 
     // --- completion ------------------------------------------------------------------------------
@@ -751,14 +753,15 @@ class DataPath {
     void reap() {
       std::vector<Command*> resubmit;
       std::vector<std::shared_ptr<BatchState>> retired;
-      {
+      if (submit_pending.load(std::memory_order_relaxed) || has_orphans.load(std::memory_order_relaxed)) {
         std::scoped_lock lock(submission_mutex);
-        if (submit_pending) submit_locked();
+        if (submit_pending.load()) submit_locked();
         for (Command* c : orphan_failures) {
           fail(*c, error(StatusCode::INTERNAL, "no SQ entry was free for a command within the in-flight budget"));
           finish(*c, retired);
         }
         orphan_failures.clear();
+        has_orphans.store(false);
       }
       unsigned head = 0, seen = 0;
       io_uring_cqe* cqe = nullptr;

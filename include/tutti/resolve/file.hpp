@@ -198,7 +198,7 @@ class Resolver {
       target.direct = false;
       target.direct_io_alignment = target.direct_io_memory_alignment = 1;
       target.alignment_source = AlignmentSource::BUFFERED;
-      return target;
+      return Result<Target>(std::move(target));
     }
     target.direct = true;
     if (options.writable) {
@@ -207,7 +207,7 @@ class Resolver {
       target.tail_fd = FileDescriptor(
           ::open(fmt::format("/proc/self/fd/{}", target.fd.get()).c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY));
     }
-    return target;
+    return Result<Target>(std::move(target));
   }
 
  private:

@@ -58,7 +58,7 @@ class StagingRing {
       ring->events_.push_back(event);
       ring->free_.push_back(static_cast<int>(i));
     }
-    return ring;
+    return Result<std::unique_ptr<StagingRing>>(std::move(ring));
   }
 
   StagingRing(const StagingRing&) = delete;
