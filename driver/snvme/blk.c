@@ -437,6 +437,7 @@ int snvme_blk_init(struct snvme_ctrl *ctrl)
 	set->queue_depth = ctrl->ioqs[0].depth - 1;	/* one slot stays empty */
 	set->numa_node = dev_to_node(ctrl->dev);
 	set->cmd_size = sizeof(struct snvme_iod);
+	set->flags = SNVME_MQ_F_MERGE;
 	set->timeout = msecs_to_jiffies(snvme_io_timeout_ms);
 	set->driver_data = ctrl;
 	ret = blk_mq_alloc_tag_set(set);

@@ -34,6 +34,13 @@ static inline void vm_flags_set(struct vm_area_struct *vma, unsigned long flags)
 }
 #endif
 
+/* 6.14 made merging the default and removed BLK_MQ_F_SHOULD_MERGE. */
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 14, 0)
+#define SNVME_MQ_F_MERGE BLK_MQ_F_SHOULD_MERGE
+#else
+#define SNVME_MQ_F_MERGE 0
+#endif
+
 /*
  * Request queue limits of one namespace, applied by snvme_alloc_disk().
  * 6.9: blk_mq_alloc_disk() takes struct queue_limits; 6.11: the write

@@ -38,6 +38,12 @@ readonly GUEST_TIMEOUT=${TUTTI_QEMU_TIMEOUT:-900}
 readonly SELFTEST=${TUTTI_QEMU_SELFTEST:-1}
 readonly NVP2P=${TUTTI_QEMU_NVP2P:-1}
 readonly FORBIDDEN='DMAR: \[DMA|BUG:|WARNING:|Oops'
+# Every normal boot must report each of these as PASS: a test that silently
+# did not run fails the rig.
+readonly EXPECTED_TESTS=(param-range no-grab-on-load bind perms queue-flush-fua info
+	bad-ioctl load-ext4 mkfs-mount-write fiemap-read fiemap-write wrap
+	libnvm-snvme-controller kill-9-mid-io leaks-after-kill close-with-queues-live
+	leaks-after-close umount-fsck rebind-50 remount-after-rebind leaks-final)
 
 MODE=normal
 case "${1:-}" in
@@ -219,9 +225,7 @@ build_guest_programs() {
 	mkdir -p "$WORK/bin"
 	gcc -std=gnu11 -O2 -Wall -Wextra -Werror -static -o "$WORK/bin/snvme-test" \
 		"$ROOT/tests/qemu/guest/snvme-test.c" "$ROOT/tests/qemu/guest/uq.c"
-	if [[ -f $ROOT/tests/qemu/guest/build-libnvm.sh ]]; then
-		bash "$ROOT/tests/qemu/guest/build-libnvm.sh" "$ROOT" "$WORK/bin"
-	fi
+	bash "$ROOT/tests/qemu/guest/build-libnvm.sh" "$ROOT" "$WORK/bin"
 }
 
 # copy_with_libs ROOTFS BINARY...: copies binaries and the libraries ldd names.
@@ -290,9 +294,9 @@ boot() {
 	return $rc
 }
 
-# verdict LOG: 0 if the suite passed and the log is clean; prints why not.
+# verdict LOG [normal]: 0 if the suite passed and the log is clean; prints why not.
 verdict() {
-	local logf=$1 ok=0 summary
+	local logf=$1 mode=${2:-} ok=0 summary t missing=()
 	summary=$(grep -a 'TUTTI-SUITE' "$logf" | tail -1 | tr -d '\r')
 	if [[ -z $summary ]]; then
 		echo "no TUTTI-SUITE line: guest crashed, hung or timed out"
@@ -300,6 +304,15 @@ verdict() {
 	elif [[ $summary != *" fail=0 "* ]]; then
 		echo "failed tests: $(grep -a 'TUTTI-TEST .* FAIL' "$logf" | tr -d '\r' | awk '{ print $2 }' | tr '\n' ' ')"
 		ok=1
+	fi
+	if [[ $mode == normal ]]; then
+		for t in "${EXPECTED_TESTS[@]}"; do
+			grep -aq "^TUTTI-TEST $t PASS" "$logf" || missing+=("$t")
+		done
+		if ((${#missing[@]})); then
+			echo "tests without a PASS: ${missing[*]}"
+			ok=1
+		fi
 	fi
 	if grep -aE "$FORBIDDEN" "$logf" >/dev/null; then
 		echo "guest log has: $(grep -aoE "$FORBIDDEN" "$logf" | sort | uniq -c | tr '\n' ' ')"
@@ -342,7 +355,7 @@ main() {
 				local t0=$SECONDS why
 				boot "$abi" "$initrd" "$lba" normal "$logf" || log "qemu exited with $?"
 				runs=$((runs + 1))
-				if why=$(verdict "$logf"); then
+				if why=$(verdict "$logf" normal); then
 					log "$abi, LBA $lba: PASS ($(grep -ac 'TUTTI-TEST .* PASS' "$logf") tests, $((SECONDS - t0)) s)"
 				else
 					log "$abi, LBA $lba: FAIL: $why"

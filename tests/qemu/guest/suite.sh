@@ -124,9 +124,7 @@ t mkfs-mount-write make_fs
 t fiemap-read $T fiemap-read /mnt/small /mnt/one-mib /mnt/three-mib
 t fiemap-write $T fiemap-write /mnt/one-mib
 t wrap $T wrap
-if [ -x /bin/libnvm-snvme-test ]; then
-	t libnvm-snvme-controller /bin/libnvm-snvme-test "$LBA" $((245 * 1048576 / LBA))
-fi
+t libnvm-snvme-controller /bin/libnvm-snvme-test "$LBA" $((245 * 1048576 / LBA))
 
 kill_mid_io() {
 	rm -f /tmp/ready
