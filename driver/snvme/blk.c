@@ -46,7 +46,7 @@ static blk_status_t snvme_status_to_blk(u16 status)
 
 /*
  * Builds PRP1/PRP2 and, for more than two pages, one PRP list page
- * (NVMe Base Spec 2.0, 4.1.1). The queue limits (virt boundary 4 KiB,
+ * (NVMe Base Spec 2.0, 4.3.1). The queue limits (virt boundary 4 KiB,
  * at most SNVME_MAX_KERNEL_XFER bytes) guarantee one list page suffices.
  */
 static blk_status_t snvme_setup_prps(struct snvme_ctrl *ctrl, struct request *rq,

@@ -617,7 +617,7 @@ static int snvme_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	}
 	ctrl->vs = snvme_readl(ctrl, NVME_REG_VS);
 	ctrl->db_stride = 4u << NVME_CAP_STRIDE(ctrl->cap);
-	/* CAP.TO is in 500 ms units (Figure 36). */
+	/* CAP.TO is in 500 ms units (NVMe Base Spec 2.0, 3.1.3.1). */
 	ctrl->timeout_ms = (NVME_CAP_TIMEOUT(ctrl->cap) + 1) * 500;
 	if (NVME_CAP_MPSMIN(ctrl->cap) > 0) {
 		dev_err(ctrl->dev, "CAP.MPSMIN %llu: 4 KiB pages unsupported\n",

@@ -24,7 +24,13 @@ static void snvme_p2p_free_cb(void *data)
 	if (xchg(&m->p2p_revoked, true))
 		return;
 	snvme_ctrl_fail(m->ctrl, "GPU memory freed while DMA-mapped");
-	nvidia_p2p_free_dma_mapping(m->p2p_mapping);
+	/*
+	 * The disable must finish before the pages can be reused; the callback
+	 * runs in process context (GDRCopy and nvidia-peermem sleep in theirs).
+	 */
+	flush_work(&m->ctrl->fail_work);
+	if (m->p2p_mapping)
+		nvidia_p2p_free_dma_mapping(m->p2p_mapping);
 	nvidia_p2p_free_page_table(m->p2p_table);
 }
 

@@ -26,8 +26,8 @@
 #define SNVME_MAX_KERNEL_QUEUES 64
 #define SNVME_MAX_USER_QUEUES 1024
 #define SNVME_ADMIN_DEPTH 32		/* admin SQ/CQ entries */
-#define SNVME_NVME_PAGE 4096u		/* CC.MPS = 0: NVMe Base Spec 2.0, 3.1.4.5 */
-#define SNVME_DB_OFFSET 0x1000		/* SQ0TDBL, NVMe Base Spec 2.0, 3.1.4.21 */
+#define SNVME_NVME_PAGE 4096u		/* CC.MPS = 0: NVMe Base Spec 2.0, 3.1.3.5 */
+#define SNVME_DB_OFFSET 0x1000		/* SQ0TDBL, NVMe Base Spec 2.0, 3.1.3 (Figure 33) */
 #define SNVME_MAX_KERNEL_XFER (128u * 1024) /* bytes per block-layer request */
 #define SNVME_MAX_SEGS (SNVME_MAX_KERNEL_XFER / SNVME_NVME_PAGE + 1)
 #define SNVME_CID_TAG_BITS 12		/* CID = generation << 12 | tag */

@@ -225,7 +225,7 @@ int uq_set_dptr(struct uq_sqe *sqe, const struct uq_buf *b, size_t off, size_t l
 	} else if (n == 2) {
 		sqe->dptr[1] = b->bus[first + 1];
 	} else {
-		/* PRP list: entries 2..n, one 4 KiB list page (NVMe Base Spec 2.0, 4.1.1). */
+		/* PRP list: entries 2..n, one 4 KiB list page (NVMe Base Spec 2.0, 4.3.1). */
 		if (n - 1 > list->len / 8 || n - 1 > 512)
 			return -E2BIG;
 		prp = (uint64_t *)list->va;

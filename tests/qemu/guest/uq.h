@@ -17,7 +17,7 @@
 /* Submission Queue Entry, NVMe Base Spec 2.0, Figure 88 (64 bytes). */
 struct uq_sqe {
 	uint8_t opc;
-	uint8_t flags;		/* bits 7:6 PSDT: 00b PRP, 01b SGL (Figure 89) */
+	uint8_t flags;		/* bits 7:6 PSDT: 00b PRP, 01b SGL (Figure 87) */
 	uint16_t cid;
 	uint32_t nsid;
 	uint32_t cdw2, cdw3;
@@ -41,7 +41,7 @@ struct uq_cqe {
 };
 _Static_assert(sizeof(struct uq_cqe) == 16, "CQE is 16 bytes");
 
-/* SGL descriptor, NVMe Base Spec 2.0, 4.1.2 (16 bytes). */
+/* SGL descriptor, NVMe Base Spec 2.0, 4.3.2, Figure 114 (16 bytes). */
 struct uq_sgl {
 	uint64_t addr;
 	uint32_t length;

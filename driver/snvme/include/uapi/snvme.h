@@ -15,7 +15,7 @@
  *
  * Memory map of /dev/snvme<C> (mmap offsets in bytes):
  *  SNVME_MMAP_DOORBELLS        the controller's doorbell registers only
- *                              (BAR0 + 0x1000, NVMe Base Spec 2.0, 3.1.4.21),
+ *                              (SQ0TDBL at BAR0 + 1000h, NVMe Base Spec 2.0, 3.1.3),
  *                              info.doorbell_bytes long, never the rest of BAR0
  *  snvme_queue_desc.sq_offset  one SQ ring, DMA-coherent, sq_bytes long
  *  snvme_queue_desc.cq_offset  one CQ ring, DMA-coherent, cq_bytes long
@@ -44,7 +44,7 @@ struct snvme_hdr {
 	__u32 argsz;	   /* in: sizeof the whole argument structure */
 };
 
-/* NVMe Base Spec 2.0, Figure 276 (LBA Format Data Structure), decoded. */
+/* LBA Format Data Structure (NVM Command Set Spec 1.0, Figure 98), decoded. */
 struct snvme_lba_format {
 	__u16 metadata_bytes; /* MS */
 	__u8 lba_shift;	      /* LBADS: LBA size is 1 << lba_shift bytes */
@@ -71,7 +71,7 @@ struct snvme_ns_info {
 struct snvme_info {
 	struct snvme_hdr hdr;
 	__u64 caps;		 /* SNVME_CAP_* */
-	__u64 cap;		 /* CAP register, NVMe Base Spec 2.0, 3.1.4.1 */
+	__u64 cap;		 /* CAP register, NVMe Base Spec 2.0, 3.1.3.1 */
 	__u32 vs;		 /* VS register */
 	__u32 instance;		 /* <C> in /dev/snvme<C> */
 	__u16 vid;		 /* PCI vendor ID (Identify Controller VID) */
@@ -167,8 +167,9 @@ struct snvme_dma_unmap {
 
 /*
  * SNVME_IOC_IDENTIFY: the raw Identify data structure (NVMe Base Spec 2.0,
- * 5.17), read-only: CNS 00h (Identify Namespace, Figure 276's command set
- * structure) for an active nsid, or CNS 01h (Identify Controller, Figure 275).
+ * 5.17), read-only: CNS 00h, Identify Namespace for an active nsid (NVM
+ * Command Set Spec 1.0, Figure 97), or CNS 01h, Identify Controller (NVMe
+ * Base Spec 2.0, Figure 275).
  */
 #define SNVME_IDENTIFY_CNS_NS 0u
 #define SNVME_IDENTIFY_CNS_CTRL 1u
