@@ -282,7 +282,8 @@ class RegisterController final : public Controller {
     }
   }
 
-  Result<nvme::CompletionQueueEntry> submit_admin_locked(nvme::SubmissionQueueEntry command, std::uint64_t timeout_ns) {
+  Result<nvme::CompletionQueueEntry> submit_admin_locked(const nvme::SubmissionQueueEntry& request, std::uint64_t timeout_ns) {
+    nvme::SubmissionQueueEntry command = request;
     if (!brought_up_ || !admin_) return error(StatusCode::NOT_READY, "admin command before a successful bring_up");
     const nvme::QueuePair& queue = admin_->queue();
     std::uint16_t cid = 0;

@@ -141,7 +141,8 @@ struct SoftFixture {
   }
 
   /// Submits on `q` and waits (budget kWait); returns the CQE. Fails the test on transport errors.
-  nvme::CompletionQueueEntry run(nvme::SubmissionQueueEntry sqe, const nvme::QueuePair* q = nullptr) {
+  nvme::CompletionQueueEntry run(const nvme::SubmissionQueueEntry& request, const nvme::QueuePair* q = nullptr) {
+    nvme::SubmissionQueueEntry sqe = request;
     const nvme::QueuePair& queue = q != nullptr ? *q : io.queue();
     std::uint16_t cid = 0;
     REQUIRE(queue.allocate_command_identifier(cid));

@@ -207,7 +207,7 @@ TEST_CASE("admin commands report the specification's status codes") {
   config.namespace_size_lbas = 1024;
   config.max_queue_entries = 64;
   SoftFixture f(config, 1u << 20, 1u << 20, 16);
-  auto admin = [&](nvme::SubmissionQueueEntry sqe) {
+  auto admin = [&](const nvme::SubmissionQueueEntry& sqe) {
     auto done = f.controller->submit_admin(sqe, kWait);
     REQUIRE(done.is_ok());
     return *done;
