@@ -235,7 +235,9 @@ int snvme_admin_cmd(struct snvme_ctrl *ctrl, struct nvme_command *cmd,
 		goto out;
 	}
 	reinit_completion(&ctrl->admin_done);
-	ctrl->admin_cid++;
+	/* CID FFFFh is reserved (it means "no command" in the Error log). */
+	if (++ctrl->admin_cid == 0xffff)
+		ctrl->admin_cid = 0;
 	cmd->common.command_id = ctrl->admin_cid;
 
 	spin_lock_irq(&q->sq_lock);
@@ -353,6 +355,33 @@ void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why)
 	dev_err(ctrl->dev, "controller failed (%s): disabled; unbind and bind to recover\n",
 		why);
 	schedule_work(&ctrl->fail_work);
+}
+
+/*
+ * <debugfs>/snvme/snvme<C>/fail: writing 1 takes the same path as an I/O or
+ * admin timeout (snvme_ctrl_fail), so the escalation can be tested on a
+ * controller that never times out (QEMU's).
+ */
+static int snvme_debugfs_fail_set(void *data, u64 val)
+{
+	struct snvme_ctrl *ctrl = data;
+
+	if (val != 1)
+		return -EINVAL;
+	snvme_ctrl_fail(ctrl, "injected through debugfs");
+	flush_work(&ctrl->fail_work);
+	return 0;
+}
+DEFINE_DEBUGFS_ATTRIBUTE(snvme_debugfs_fail_fops, NULL, snvme_debugfs_fail_set, "%llu\n");
+
+static void snvme_debugfs_add(struct snvme_ctrl *ctrl)
+{
+	char name[16];
+
+	snprintf(name, sizeof(name), SNVME_NAME "%d", ctrl->instance);
+	ctrl->debugfs = debugfs_create_dir(name, snvme_debugfs);
+	debugfs_create_file_unsafe("fail", 0200, ctrl->debugfs, ctrl,
+				   &snvme_debugfs_fail_fops);
 }
 
 /* ---- bring-up ---------------------------------------------------------- */
@@ -619,6 +648,12 @@ static int snvme_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	ctrl->db_stride = 4u << NVME_CAP_STRIDE(ctrl->cap);
 	/* CAP.TO is in 500 ms units (NVMe Base Spec 2.0, 3.1.3.1). */
 	ctrl->timeout_ms = (NVME_CAP_TIMEOUT(ctrl->cap) + 1) * 500;
+	if (!(NVME_CAP_CSS(ctrl->cap) & NVME_CAP_CSS_NVM)) {
+		dev_err(ctrl->dev, "CAP.CSS 0x%llx lacks the NVM command set\n",
+			NVME_CAP_CSS(ctrl->cap));
+		ret = -ENODEV;
+		goto unmap_bar;
+	}
 	if (NVME_CAP_MPSMIN(ctrl->cap) > 0) {
 		dev_err(ctrl->dev, "CAP.MPSMIN %llu: 4 KiB pages unsupported\n",
 			NVME_CAP_MPSMIN(ctrl->cap));
@@ -669,6 +704,7 @@ static int snvme_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	ret = snvme_chr_add(ctrl);
 	if (ret)
 		goto remove_blk;
+	snvme_debugfs_add(ctrl);
 	dev_info(ctrl->dev, "snvme%d: %.40s, %d namespace(s), MDTS %u bytes, DSTRD %u bytes\n",
 		 ctrl->instance, ctrl->model, ctrl->nr_ns, ctrl->max_xfer, ctrl->db_stride);
 	return 0;
@@ -714,6 +750,8 @@ static void snvme_remove(struct pci_dev *pdev)
 {
 	struct snvme_ctrl *ctrl = pci_get_drvdata(pdev);
 
+	/* Waits for a running fail write; none can start afterwards. */
+	debugfs_remove_recursive(ctrl->debugfs);
 	snvme_blk_remove(ctrl);
 	snvme_chr_remove(ctrl);
 	snvme_delete_io_queues(ctrl);
@@ -894,32 +932,34 @@ static int __init snvme_init(void)
 {
 	int ret;
 
+	snvme_debugfs = debugfs_create_dir(SNVME_NAME, NULL);
+	debugfs_create_file("stats", 0400, snvme_debugfs, NULL, &snvme_stats_fops);
 	ret = snvme_chr_module_init();
 	if (ret)
-		return ret;
+		goto remove_debugfs;
 	ret = pci_register_driver(&snvme_pci_driver);
 	if (ret)
 		goto chr_exit;
 	ret = misc_register(&snvme_control);
 	if (ret)
 		goto unregister_pci;
-	snvme_debugfs = debugfs_create_dir(SNVME_NAME, NULL);
-	debugfs_create_file("stats", 0400, snvme_debugfs, NULL, &snvme_stats_fops);
 	return 0;
 
 unregister_pci:
 	pci_unregister_driver(&snvme_pci_driver);
 chr_exit:
 	snvme_chr_module_exit();
+remove_debugfs:
+	debugfs_remove_recursive(snvme_debugfs);
 	return ret;
 }
 
 static void __exit snvme_exit(void)
 {
-	debugfs_remove_recursive(snvme_debugfs);
 	misc_deregister(&snvme_control);
 	pci_unregister_driver(&snvme_pci_driver);
 	snvme_chr_module_exit();
+	debugfs_remove_recursive(snvme_debugfs);
 	ida_destroy(&snvme_instance_ida);
 }
 

@@ -146,6 +146,7 @@ struct snvme_ctrl {
 	struct list_head files;		/* struct snvme_file */
 
 	struct snvme_counters cnt;
+	struct dentry *debugfs;		/* <debugfs>/snvme/snvme<C>/ */
 };
 
 /* One open file of /dev/snvme<C>. */

@@ -43,7 +43,8 @@ readonly FORBIDDEN='DMAR: \[DMA|BUG:|WARNING:|Oops'
 readonly EXPECTED_TESTS=(param-range no-grab-on-load bind perms queue-flush-fua info
 	bad-ioctl load-ext4 mkfs-mount-write fiemap-read fiemap-write wrap
 	libnvm-snvme-controller kill-9-mid-io leaks-after-kill close-with-queues-live
-	leaks-after-close umount-fsck rebind-50 remount-after-rebind leaks-final)
+	leaks-after-close umount-fsck rebind-50 remount-after-rebind controller-failure
+	leaks-final)
 
 MODE=normal
 case "${1:-}" in
@@ -78,8 +79,9 @@ install_host_packages() {
 	((${#missing[@]} == 0)) && return 0
 	log "installing host packages: ${missing[*]}"
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -q >/dev/null
-	apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+	apt-get update -q >/dev/null || die "apt-get update failed"
+	apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
+		die "apt-get install ${missing[*]} failed"
 }
 
 # --- private apt configuration for kernel packages --------------------------

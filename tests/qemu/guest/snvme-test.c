@@ -865,6 +865,64 @@ static int cmd_rebind(const char *addr, int rounds)
 	return failures ? 1 : 0;
 }
 
+/* ---- controller failure (the timeout escalation) ------------------------ */
+
+static int write_file(const char *path, const char *text)
+{
+	int fd = open(path, O_WRONLY), ok;
+
+	if (fd < 0)
+		return -errno;
+	ok = write(fd, text, strlen(text)) == (ssize_t)strlen(text);
+	close(fd);
+	return ok ? 0 : -EIO;
+}
+
+static int cmd_fail(const char *addr)
+{
+	struct snvme_queue_group g;
+	struct uq_queue q[2];
+	struct uq_buf buf;
+	struct uq_ctrl c;
+	struct snvme_info in;
+	uint64_t t0;
+	void *p, *blk;
+	int fd, ret, inst;
+
+	must_open(&c);
+	if (uq_group_create(&c, 2, 8, &g, q) || uq_buf_alloc(&c, &buf, 64 * 1024))
+		die("setup: %s", strerror(errno));
+	t0 = uq_now_ns();
+	ret = write_file("/sys/kernel/debug/snvme/snvme0/fail", "1\n");
+	check(ret == 0, "failure injected through debugfs (%s), %llu ms", strerror(-ret),
+	      (unsigned long long)((uq_now_ns() - t0) / 1000000));
+	check(uq_get_info(c.fd, &in) == -ENODEV, "GET_INFO on a failed controller is ENODEV");
+	p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, c.fd, q[0].d.sq_offset);
+	check(p == MAP_FAILED && errno == ENODEV, "mmap on a failed controller is ENODEV");
+	blk = aligned_alloc(4096, 4096);
+	fd = open(BDEV_PATH, O_RDONLY | O_DIRECT);
+	t0 = uq_now_ns();
+	ret = fd >= 0 && pread(fd, blk, 4096, 0) < 0 ? errno : 0;
+	check(ret == EIO, "O_DIRECT read of the disk fails with EIO (%s) in %llu ms, no hang",
+	      strerror(ret), (unsigned long long)((uq_now_ns() - t0) / 1000000));
+	if (fd >= 0)
+		close(fd);
+	free(blk);
+	uq_group_unmap(q, 2);
+	uq_buf_free(&c, &buf);	/* DMA_UNMAP fails with ENODEV; the pages go at close */
+	uq_close(&c);
+	check(read_stat("pinned_pages") == 0 && read_stat("dma_maps") == 0 &&
+	      read_stat("queue_groups") == 0, "close released pins, maps and groups of the failed controller");
+	ret = control(SNVME_IOC_UNBIND, addr, SNVME_ABI_VERSION, NULL);
+	check(ret == 0 && wait_node(CTRL_PATH, false, 5000) == 0, "UNBIND of the failed controller");
+	ret = control(SNVME_IOC_BIND, addr, SNVME_ABI_VERSION, &inst);
+	check(ret == 0 && wait_node(CTRL_PATH, true, 5000) == 0, "BIND brings it back (instance %d)", inst);
+	must_open(&c);
+	check(c.info.user_queues_free == c.info.user_queues, "fresh controller has its whole budget");
+	uq_close(&c);
+	return failures ? 1 : 0;
+}
+
 /* ---- negative control: a DMA the IOMMU must stop -------------------- */
 
 static int cmd_bad_dma(void)
@@ -922,10 +980,12 @@ int main(int argc, char **argv)
 		return cmd_bad_ioctl();
 	if (argc >= 4 && !strcmp(argv[1], "rebind"))
 		return cmd_rebind(argv[2], atoi(argv[3]));
+	if (argc >= 3 && !strcmp(argv[1], "fail"))
+		return cmd_fail(argv[2]);
 	if (argc >= 2 && !strcmp(argv[1], "bad-dma"))
 		return cmd_bad_dma();
 	fprintf(stderr, "usage: %s bind ADDR | info LBA SERIAL | perms ADDR | fiemap-read FILE... |\n"
 		"  fiemap-write FILE | wrap | hold-io [READY] | leaks | close-live | bad-ioctl |\n"
-		"  rebind ADDR N | bad-dma\n", argv[0]);
+		"  rebind ADDR N | fail ADDR | bad-dma\n", argv[0]);
 	return 2;
 }

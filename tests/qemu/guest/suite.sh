@@ -157,5 +157,6 @@ remount() {
 	umount /mnt
 }
 t remount-after-rebind remount
+t controller-failure $T fail "$ADDR"
 t leaks-final $T leaks
 finish
