@@ -45,6 +45,17 @@
 
 #include <fmt/format.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define TUTTI_LOCAL_NVME_HAS_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TUTTI_LOCAL_NVME_HAS_LSAN 1
+#endif
+#endif
+#if TUTTI_LOCAL_NVME_HAS_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
+
 #include <tutti/accel/primitives.hpp>
 #include <tutti/bind/extents.hpp>
 #include <tutti/core/concepts.hpp>
@@ -57,6 +68,16 @@
 #include <tutti/path/local_nvme/prp_table.hpp>
 
 namespace tutti::local_nvme {
+
+namespace detail {
+/// Keeps an object alive forever (a device may still DMA into what it owns); tells LSan so.
+template <class T>
+void leak_on_purpose([[maybe_unused]] T* object) {
+#if TUTTI_LOCAL_NVME_HAS_LSAN
+  __lsan_ignore_object(object);
+#endif
+}
+}  // namespace detail
 
 class DataPath {
  public:
@@ -135,9 +156,16 @@ class DataPath {
     std::vector<Zombie> zombies;
     std::atomic<std::uint64_t> aborts_sent{0};
     ~State() {
+      bool all_deleted = true;
       for (auto& q : queues)
-        if (q) (void)controller->delete_io_queue_pair(q->info.qid);  // ends every command in it
-      zombies.clear();  // now the mappings may go
+        if (q && !controller->delete_io_queue_pair(q->info.qid).is_ok()) all_deleted = false;  // ends its commands
+      if (!all_deleted) {
+        // The controller did not confirm the queues are gone (e.g. CSTS.CFS): it might still DMA
+        // for a zombie command, so its mapping is leaked on purpose rather than unmapped.
+        for (Zombie& z : zombies)
+          if (z.mapping) detail::leak_on_purpose(new std::shared_ptr<Mapping>(std::move(z.mapping)));
+      }
+      zombies.clear();  // the mappings may go now
     }
   };
 
@@ -328,7 +356,7 @@ class DataPath {
         r.memory = m.table;
         // The mapping starts at the page that holds the region's first byte.
         r.memory_offset = (m.user_address - reinterpret_cast<std::uintptr_t>(m.mapping.host_address)) + p.memory_offset;
-        r.memory_room = p.memory_view.size - p.memory_offset;
+        r.memory_room = p.memory_offset <= p.memory_view.size ? p.memory_view.size - p.memory_offset : 0;
         b.mappings[i] = p.memory->mapping;
       }
     }
