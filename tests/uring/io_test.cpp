@@ -341,3 +341,56 @@ TEST_CASE("WRITE to a target opened read-only is refused before it runs") {
   CHECK(read_plain(path, 0, 4096) == std::vector<std::byte>(read_plain(path, 0, 4096)));
   CHECK(matches_pattern(read_plain(path, 0, 4096).data(), 0, 4096, 12));
 }
+
+TEST_CASE("the DataPath itself refuses unregister and close while its commands are in flight") {
+  TempDirectory dir;
+  const auto path = dir.file("guard");
+  write_pattern_file(path, 8 * 4096, 14);
+  auto payload = file::Resolver{}.resolve("file://" + path, {});
+  REQUIRE(payload.is_ok());
+  uring::DataPath d;
+  auto t = d.open(std::move(payload).value(), {});
+  REQUIRE(t.is_ok());
+  AlignedBuffer b(8 * 4096);
+  auto m = d.register_memory(b.view());
+  REQUIRE(m.is_ok());
+  const PathRequest<uring::DataPath> r{Direction::READ, &*m, b.view(), 0, &*t, 0, 8 * 4096};
+  std::vector<Status> states(1);
+  auto batch = d.submit(std::span(&r, 1), states);
+  REQUIRE(states[0].is_ok());
+  // Nothing is reaped before progress(): the commands count as in flight until then.
+  CHECK(d.unregister_memory(*m).code() == StatusCode::BUSY);
+  CHECK(d.close(*t).code() == StatusCode::BUSY);
+  std::vector<RequestCompletion> completions(1);
+  REQUIRE(d.progress(batch, completions, 10 * kSecond).is_ok());
+  CHECK(completions[0].done);
+  CHECK(completions[0].status.is_ok());
+  CHECK(completions[0].confirmed_bytes == 8 * 4096);
+  CHECK(matches_pattern(b.get(), 0, 8 * 4096, 14));
+  CHECK(d.unregister_memory(*m).is_ok());
+  CHECK(d.close(*t).is_ok());
+}
+
+TEST_CASE("an unaligned tail WRITE on O_DIRECT without a tail descriptor is rejected at submit, naming the file") {
+  TempDirectory dir;
+  const auto path = dir.file("notail");
+  write_pattern_file(path, 4096 + 10, 13);
+  auto payload = file::Resolver{}.resolve("file://" + path, {.writable = true});
+  REQUIRE(payload.is_ok());
+  if (!payload->direct) return;  // only O_DIRECT targets need the tail descriptor
+  payload->tail_fd.reset();
+  uring::DataPath d;
+  auto t = d.open(std::move(payload).value(), {.writable = true});
+  REQUIRE(t.is_ok());
+  AlignedBuffer b(8192);
+  auto m = d.register_memory(b.view());
+  REQUIRE(m.is_ok());
+  const PathRequest<uring::DataPath> r{Direction::WRITE, &*m, b.view(), 0, &*t, 0, 4096 + 10};
+  std::vector<Status> states(1);
+  auto batch = d.submit(std::span(&r, 1), states);
+  CHECK(states[0].code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(states[0].message().find(path) != std::string::npos);
+  CHECK(file_size(path) == 4096 + 10);
+  CHECK(d.unregister_memory(*m).is_ok());
+  CHECK(d.close(*t).is_ok());
+}

@@ -32,6 +32,22 @@ TEST_CASE("uring options have the documented defaults") {
 #endif
 }
 
+TEST_CASE("options come from TUTTI_URING_* environment variables, and bad values name the variable") {
+  ::setenv("TUTTI_URING_QUEUE_DEPTH", "64", 1);
+  ::setenv("TUTTI_URING_SQPOLL", "1", 1);
+  auto o = uring::Options::from_environment();
+  REQUIRE(o.is_ok());
+  CHECK(o->queue_depth == 64);
+  CHECK(o->sqpoll);
+  CHECK(o->fixed_buffers == uring::Options::kDefaultFixedBuffers);
+  ::setenv("TUTTI_URING_QUEUE_DEPTH", "lots", 1);
+  auto bad = uring::Options::from_environment();
+  CHECK(bad.code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(bad.status().message().find("TUTTI_URING_QUEUE_DEPTH") != std::string::npos);
+  ::unsetenv("TUTTI_URING_QUEUE_DEPTH");
+  ::unsetenv("TUTTI_URING_SQPOLL");
+}
+
 TEST_CASE("options are normalised: queue depth clamped, command size big enough for the largest request") {
   uring::DataPath d(uring::Options{.queue_depth = 0, .max_command_bytes = 1000});
   CHECK(d.options().queue_depth == 1);

@@ -50,6 +50,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -61,6 +62,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -116,6 +118,41 @@ struct Options {
   std::uint64_t staging_buffer_bytes = kDefaultStagingBufferBytes;
   /// Budget in ns the destructor gives in-flight commands before it tears the ring down.
   std::uint64_t drain_timeout_ns = kDefaultDrainTimeoutNs;
+
+  /// The defaults overridden by environment variables, one per field: TUTTI_URING_QUEUE_DEPTH,
+  /// TUTTI_URING_SQPOLL (0/1), TUTTI_URING_SQPOLL_IDLE_MS, TUTTI_URING_REGISTERED_FILES,
+  /// TUTTI_URING_FIXED_BUFFERS, TUTTI_URING_MAX_COMMAND_BYTES, TUTTI_URING_WAIT_SLICE_NS,
+  /// TUTTI_URING_STAGING_BUFFERS, TUTTI_URING_STAGING_BUFFER_BYTES, TUTTI_URING_DRAIN_TIMEOUT_NS.
+  /// Errors: INVALID_ARGUMENT naming the variable when a value is not a decimal number in range.
+  /// Thread-safety: reads the environment (getenv); do not call while another thread sets it.
+  static Result<Options> from_environment() {
+    Options o;
+    Status failure;
+    auto read = [&](const char* variable, auto& field, std::uint64_t max) {
+      const char* text = std::getenv(variable);
+      if (text == nullptr || !failure.is_ok()) return;
+      const std::string_view value(text);
+      std::uint64_t parsed = 0;
+      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), parsed);
+      if (value.empty() || ec != std::errc() || end != value.data() + value.size() || parsed > max) {
+        failure = error(StatusCode::INVALID_ARGUMENT, "{} = '{}' is not a decimal number in 0..{}", variable, value, max);
+        return;
+      }
+      field = static_cast<std::remove_reference_t<decltype(field)>>(parsed);
+    };
+    read("TUTTI_URING_QUEUE_DEPTH", o.queue_depth, 32768);
+    read("TUTTI_URING_SQPOLL", o.sqpoll, 1);
+    read("TUTTI_URING_SQPOLL_IDLE_MS", o.sqpoll_idle_ms, UINT32_MAX);
+    read("TUTTI_URING_REGISTERED_FILES", o.registered_files, 1u << 20);
+    read("TUTTI_URING_FIXED_BUFFERS", o.fixed_buffers, 16384);
+    read("TUTTI_URING_MAX_COMMAND_BYTES", o.max_command_bytes, std::uint64_t{64} << 20);
+    read("TUTTI_URING_WAIT_SLICE_NS", o.wait_slice_ns, UINT64_MAX);
+    read("TUTTI_URING_STAGING_BUFFERS", o.staging_buffers, 4096);
+    read("TUTTI_URING_STAGING_BUFFER_BYTES", o.staging_buffer_bytes, std::uint64_t{1} << 30);
+    read("TUTTI_URING_DRAIN_TIMEOUT_NS", o.drain_timeout_ns, UINT64_MAX);
+    if (!failure.is_ok()) return failure;
+    return o;
+  }
 };
 
 /// Counters of one DataPath (monotonic unless noted). Read with DataPath::stats().
