@@ -87,7 +87,8 @@ static void snvme_group_destroy(struct snvme_file *f, struct snvme_qgroup *g)
 	bool bad = false;
 	int i, ret;
 
-	for (i = 0; i < g->nr; i++) {
+	/* A failed controller is disabled (or about to be): its queues are gone. */
+	for (i = 0; i < g->nr && !READ_ONCE(ctrl->failed); i++) {
 		struct snvme_uq *uq = &g->q[i];
 
 		if (uq->sq_created) {
@@ -105,9 +106,9 @@ static void snvme_group_destroy(struct snvme_file *f, struct snvme_qgroup *g)
 			}
 		}
 	}
-	if (bad && !ctrl->failed)
-		snvme_ctrl_fail(ctrl, "queue delete failed");
 	if (bad)
+		snvme_ctrl_fail(ctrl, "queue delete failed");
+	if (READ_ONCE(ctrl->failed))
 		flush_work(&ctrl->fail_work);	/* controller disabled: no DMA */
 
 	for (i = 0; i < g->nr; i++) {
