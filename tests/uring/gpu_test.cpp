@@ -42,8 +42,11 @@ TEST_CASE("reads into DEVICE memory through the staging ring, larger than the st
   write_pattern_file(path, size, 31);
   UringRuntime runtime(UringBackend{
       file::Resolver{}, uring::DataPath(uring::Options{.staging_buffers = 4, .staging_buffer_bytes = 4u << 20})});
-  auto t = runtime.open("file://" + path);
+  auto t = runtime.open("file://" + path, {.allow_buffered = true});
   REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
+  auto payload = file::Resolver{}.resolve("file://" + path, {.allow_buffered = true});
+  REQUIRE(payload.is_ok());
+  MESSAGE("file system ", payload->filesystem, ", O_DIRECT ", payload->direct);
   DeviceBuffer device(size + 4096);
   auto m = runtime.register_memory(device.view());
   REQUIRE_MESSAGE(m.is_ok(), m.status().to_string());
@@ -64,7 +67,7 @@ TEST_CASE("writes from DEVICE memory land byte for byte, tail included, without 
   const std::uint64_t size = (9u << 20) + 100;
   write_pattern_file(path, size, 32);
   UringRuntime runtime;
-  auto t = runtime.open("file://" + path, {.writable = true});
+  auto t = runtime.open("file://" + path, {.writable = true, .allow_buffered = true});
   REQUIRE(t.is_ok());
   std::vector<std::byte> source(size + 4096);
   for (std::uint64_t i = 0; i < source.size(); ++i) source[i] = pattern_byte(i, 33);
@@ -85,7 +88,7 @@ TEST_CASE("many small DEVICE reads (16 KiB blocks) share the bounded staging rin
   const auto path = dir.file("blocks");
   write_pattern_file(path, 16u << 20, 34);
   UringRuntime runtime(UringBackend{file::Resolver{}, uring::DataPath(uring::Options{.queue_depth = 1024})});
-  auto t = runtime.open("file://" + path);
+  auto t = runtime.open("file://" + path, {.allow_buffered = true});
   REQUIRE(t.is_ok());
   DeviceBuffer device(16u << 20);
   auto m = runtime.register_memory(device.view());
