@@ -222,6 +222,30 @@ TEST_CASE("a 512-byte LBA format resolves files on a 512-byte-sector loop device
   check_extents_against_image(*fs, *r);
 }
 
+TEST_CASE("every fsync policy resolves a freshly written (dirty, delayed-allocation) file to its bytes") {
+  auto fs = make_ext4(64 << 20);
+  for (auto policy : {local_file::FsyncPolicy::always, local_file::FsyncPolicy::writable_opens,
+                      local_file::FsyncPolicy::never}) {
+    const std::string path = fs->path(fmt::format("dirty{}", static_cast<int>(policy)));
+    {
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);  // no fsync: dirty pages
+      REQUIRE(fd >= 0);
+      auto bytes = tutti::testing::pattern(40, 0, 300000);
+      REQUIRE(::write(fd, bytes.data(), bytes.size()) == 300000);
+      ::close(fd);
+    }
+    local_file::Resolver::Options o;
+    o.block_device_path = fs->loop_device();
+    o.partition_start_bytes = 0;
+    o.fsync_policy = policy;
+    auto resolver = local_file::Resolver::create(o);
+    REQUIRE(resolver.is_ok());
+    auto r = resolver->resolve("file://" + path, {});
+    REQUIRE_MESSAGE(r.is_ok(), r.status().to_string());
+    check_extents_against_image(*fs, *r);
+  }
+}
+
 TEST_CASE("writable opens use O_RDWR; read-only opens O_RDONLY") {
   auto fs = make_ext4(64 << 20);
   const std::string path = fs->path("rw");

@@ -64,6 +64,8 @@ TEST_CASE("resolver options are validated") {
         StatusCode::INVALID_ARGUMENT);  // not a multiple of the 4096-byte LBA size
   CHECK(local_file::Resolver::Options{}.lba_size == 4096);
   CHECK(local_file::Resolver::Options{}.nsid == 1);
+  CHECK(local_file::Resolver::Options{}.fsync_policy == local_file::FsyncPolicy::writable_opens);
+  CHECK(local_file::Resolver::Options{}.sysfs_root == "/sys");
 }
 
 TEST_CASE("the partition start is read from sysfs in 512-byte sectors, and 0 for a whole disk") {
