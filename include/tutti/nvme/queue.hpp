@@ -292,7 +292,9 @@ struct QueuePair {
         backoff.reset();
         continue;
       }
-      if (controller_failed()) {
+      // CSTS is a device register (an uncached MMIO read on real hardware, a PCIe round trip from
+      // a GPU): read it only once the poll has backed off to sleeping, and at the deadline.
+      if ((backoff.sleeping() || accel::timer_ns() >= deadline) && controller_failed()) {
         result.status = StatusCode::DEVICE_ERROR;
         return result;
       }
@@ -430,7 +432,7 @@ class QueuePairStorage {
   bool valid() const noexcept { return view_.state != nullptr; }
   /// The view (trivially copyable; share it with every submitter).
   const QueuePair& queue() const noexcept { return view_; }
-  /// Statistics snapshot.
+  /// Statistics snapshot (plain reads: approximate while other threads use the queue).
   QueuePairState statistics() const noexcept { return state_[0]; }
 
  private:
