@@ -254,10 +254,8 @@ int main(int argc, char** argv) {
     }
     if (c.drop_caches) std::system("sync; echo 3 > /proc/sys/vm/drop_caches");
     for (std::uint32_t f = 0; f < c.files; ++f) uris.push_back(file_uri(fs::path(c.dir) / fmt::format("bench-{}.dat", f)));
-#if __has_include(<tutti/presets/uring.hpp>)
     tutti::UringRuntime rt;
     results = run(rt, c, uris);
-#endif
   }
   if (!results) {
     fmt::print(stderr, "error: {}\n", results.status().to_string());

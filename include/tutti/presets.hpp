@@ -3,7 +3,9 @@
 //
 //   MemfsRuntime      memfs:// targets in host memory (sample backend, tests, examples)
 //   UringRuntime      file:// on any file system through io_uring and O_DIRECT
-//   LocalNvmeRuntime  file:// resolved with FIEMAP to LBAs, IO through NVMe queues (libnvm)
+//
+// LocalNvmeRuntime (file:// resolved with FIEMAP to LBAs, IO through NVMe queues) needs the compiled
+// libnvm: include <tutti/presets/local_nvme.hpp> and link libnvm (meson: libnvm_dep) for it.
 #pragma once
 
 #include <tutti/core/runtime.hpp>
@@ -18,6 +20,4 @@ using MemfsRuntime = StorageRuntime<MemfsBackend>;
 
 }  // namespace tutti
 
-#if __has_include(<tutti/presets/uring.hpp>)
 #include <tutti/presets/uring.hpp>
-#endif
