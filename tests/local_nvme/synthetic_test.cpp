@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <tutti/libnvm/soft_controller.hpp>
+#include <tutti/nvme/status.hpp>
 #include <tutti/path/local_nvme.hpp>
 
 #include "test_files.hpp"
@@ -242,6 +243,36 @@ TEST_CASE("writes land on the namespace at the extents' LBAs and FLUSH issues on
   CHECK(fd[0].commands == 1);
   CHECK(rig.device->counters().flush_commands == before + 1);
   CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("close flushes the namespace when the target was opened with flush_on_close") {
+  Rig rig;
+  local_file::Target t;
+  t.path = "synthetic";
+  t.extents = {{0, 0, 1 << 20}};
+  t.file_size = 1 << 20;
+  t.lba_size = 4096;
+  auto opened = rig.path->open(std::move(t), OpenOptions{true, true, false});
+  REQUIRE(opened.is_ok());
+  const auto before = rig.device->counters().flush_commands;
+  CHECK(rig.path->close(*opened).is_ok());
+  CHECK(rig.device->counters().flush_commands == before + 1);
+  // Without flush_on_close, close issues nothing.
+  auto plain = rig.open({{0, 0, 1 << 20}}, 1 << 20);
+  CHECK(rig.path->close(plain).is_ok());
+  CHECK(rig.device->counters().flush_commands == before + 1);
+  // A failing Flush is reported by close.
+  libnvm::SoftFaultRule rule;
+  rule.opcode = static_cast<int>(nvme::NvmOpcode::flush);
+  rig.device->inject_fault(rule);
+  local_file::Target t2;
+  t2.path = "synthetic";
+  t2.extents = {{0, 0, 1 << 20}};
+  t2.file_size = 1 << 20;
+  t2.lba_size = 4096;
+  auto failing = rig.path->open(std::move(t2), OpenOptions{true, true, false});
+  REQUIRE(failing.is_ok());
+  CHECK(rig.path->close(*failing).code() == StatusCode::DEVICE_ERROR);
 }
 
 TEST_CASE("an injected media error on an LBA range fails only the requests that touch it, with the raw NVMe status") {

@@ -115,6 +115,7 @@ class DataPath {
   struct open_target {
     std::unique_ptr<local_file::Target> payload;  ///< stable address: device_target points into it
     DeviceTarget device_target;
+    bool flush_on_close = false;  ///< OpenOptions::flush_on_close: close() issues an NVMe Flush first
   };
 
  private:
@@ -264,25 +265,51 @@ class DataPath {
   /// Shared statistics of queue pair `i` (doorbell writes, completions reaped, stale CQEs).
   nvme::QueuePairState queue_statistics(std::size_t i) const { return state_->queues.at(i)->storage->statistics(); }
 
-  /// Builds the device-resident handle. Errors: INVALID_ARGUMENT when the payload's LBA size is
+  /// Builds the device-resident handle (host profile: the extents stay in the payload's host
+  /// vector, which the launch threads read). Errors: INVALID_ARGUMENT when the payload's LBA size is
   /// not the controller's, or its invariants (Target::validate) do not hold.
-  Result<open_target> open(local_file::Target&& target, const OpenOptions&) {
+  Result<open_target> open(local_file::Target&& target, const OpenOptions& options) {
     if (target.lba_size != state_->lba_size)
       return error(StatusCode::INVALID_ARGUMENT,
                    "local_nvme: '{}' was resolved for {}-byte LBAs but the namespace uses {}-byte LBAs", target.path,
                    target.lba_size, state_->lba_size);
     TUTTI_RETURN_IF_ERROR(target.validate());
     open_target t;
+    t.flush_on_close = options.flush_on_close;
     t.payload = std::make_unique<local_file::Target>(std::move(target));
     t.device_target = DeviceTarget{t.payload->extents.data(), t.payload->extents.size(), t.payload->file_size,
                                    t.payload->lba_size, t.payload->nsid};
     return t;
   }
+  /// The file size in bytes.
   std::uint64_t size_bytes(const open_target& t) const noexcept { return t.payload->file_size; }
-  /// Closes the lease. Flushing on close is the runtime's request (a FLUSH) — here nothing is in flight.
+  /// Ends the lease (closes the fd). Only called with no IO in flight on the target. When the
+  /// target was opened with flush_on_close, first issues one NVMe Flush of its namespace and waits
+  /// for it (at most command_timeout_ns + abort_timeout_ns); its failure is returned (the lease is
+  /// released either way): RESOURCE_EXHAUSTED (queue full), DEVICE_ERROR, TIMEOUT.
   Status close(open_target& t) {
+    Status flushed;
+    if (t.flush_on_close && t.payload) {
+      const PathRequest<DataPath> flush{Direction::FLUSH, nullptr, MemoryView{}, 0, &t, 0, 0};
+      Status state;
+      batch b = submit(std::span<const PathRequest<DataPath>>(&flush, 1), std::span<Status>(&state, 1));
+      if (!state.is_ok()) {
+        flushed = state.with_context("flush on close");
+      } else {
+        RequestCompletion completion;
+        Status s = progress(b, std::span<RequestCompletion>(&completion, 1),
+                            state_->options.command_timeout_ns + state_->options.abort_timeout_ns + state_->options.admin_timeout_ns);
+        if (!s.is_ok()) {
+          // Still in flight: keep the batch (and what it references) alive rather than free it.
+          detail::leak_on_purpose(new batch(std::move(b)));
+          flushed = error(StatusCode::TIMEOUT, "flush on close: the NVMe Flush did not complete in time");
+        } else {
+          flushed = completion.status.with_context("flush on close");
+        }
+      }
+    }
     t.payload.reset();
-    return Status::ok();
+    return flushed;
   }
 
   /// DMA-maps the pages that hold the region and prebuilds its PRP lists (two variants, see

@@ -54,12 +54,14 @@ enum class CommandPhase : std::uint32_t {
   zombie = 4,      ///< no completion even after Abort: handed to the DataPath's zombie list
 };
 
+/// One NVMe command of a request: where it reads or writes, its CID and deadline. 40 bytes,
+/// trivially copyable; `max_window` of them per request live in the batch.
 struct CommandRecord {
-  std::uint64_t deadline_ns = 0;
-  std::uint64_t starting_lba = 0;
-  std::uint64_t bytes = 0;  ///< bytes the command transfers (0 for Flush)
-  std::uint64_t file_offset = 0;
-  std::uint16_t cid = 0;
+  std::uint64_t deadline_ns = 0;   ///< accel::timer_ns() value after which the command is late
+  std::uint64_t starting_lba = 0;  ///< SLBA (CDW10-11), LBAs of the namespace
+  std::uint64_t bytes = 0;         ///< bytes the command transfers (NLB + 1 LBAs; 0 for Flush)
+  std::uint64_t file_offset = 0;   ///< file byte the command starts at (for messages)
+  std::uint16_t cid = 0;           ///< Command Identifier with generation (nvme/queue.hpp)
   CommandPhase phase = CommandPhase::free;
 };
 
@@ -111,6 +113,7 @@ struct RequestState {
 
 namespace detail {
 
+/// Takes n command credits of a queue pair with one CAS loop; false (nothing taken) when fewer remain.
 TUTTI_HOST_DEVICE inline bool take_credits(std::uint32_t* credits, std::uint32_t n) noexcept {
   accel::SystemAtomicRef<std::uint32_t> c(*credits);
   std::uint32_t current = c.load(accel::MemoryOrder::relaxed);
@@ -118,6 +121,7 @@ TUTTI_HOST_DEVICE inline bool take_credits(std::uint32_t* credits, std::uint32_t
     if (c.compare_exchange_strong(current, current - n, accel::MemoryOrder::acq_rel)) return true;
   return false;
 }
+/// Gives n credits back (completed commands, or a zombie whose completion finally arrived).
 TUTTI_HOST_DEVICE inline void return_credits(std::uint32_t* credits, std::uint32_t n) noexcept {
   accel::SystemAtomicRef<std::uint32_t>(*credits).fetch_add(n, accel::MemoryOrder::acq_rel);
 }
@@ -139,6 +143,8 @@ TUTTI_HOST_DEVICE inline bool split_at(const RequestState& r, std::uint64_t offs
 
 /// Issues as many commands as free records and remaining bytes allow, with one SQ tail doorbell
 /// write for all of them (NVMe Base 2.0, 3.3.1: the tail doorbell announces every entry before it).
+/// SQEs: Read (NVM Command Set 1.0, 3.2.4) / Write (3.2.6) with SLBA in CDW10-11, NLB 0's based in
+/// CDW12 15:0, PRP1/PRP2 (Base 2.0, 4.3.1); Flush (NVM 1.0, 3.2.2; Base 2.0, 7.1) has no data.
 TUTTI_HOST_DEVICE inline void issue_commands(RequestState& r, const DeviceQueue& q) noexcept {
   if (r.outcome != RequestOutcome::ok) return;
   nvme::SubmissionQueueEntry sqes[kMaxWindow];
@@ -205,6 +211,8 @@ TUTTI_HOST_DEVICE inline void issue_commands(RequestState& r, const DeviceQueue&
   if (is_flush) r.flush_issued = true;
 }
 
+/// Marks the request done when nothing of it is in flight and it issued everything (or failed),
+/// returning its credits except those of zombie commands.
 TUTTI_HOST_DEVICE inline void finish_if_idle(RequestState& r, const DeviceQueue& q) noexcept {
   if (r.in_flight != 0 || r.done) return;
   const bool all_issued = r.opcode == nvme::NvmOpcode::flush ? r.flush_issued : r.issued_bytes >= r.transfer_length;
