@@ -1,7 +1,8 @@
 // uring_vs_fio: the uring DataPath (through tutti::UringRuntime) against fio --ioengine=io_uring
 // --direct=1, in the same run, on the same file, at the same block size and queue depth:
 //   4 KiB random reads and 512 KiB sequential reads, page cache dropped before every run.
-// Prints throughput (MB/s, 10^6 bytes per second), IOPS and the ratio uring / fio.
+// Prints throughput (MB/s, 10^6 bytes per second), IOPS, the ratio uring / fio, and CPU time per IO
+// (user + system, microseconds: getrusage for uring, fio's usr_cpu + sys_cpu for fio).
 //
 //   uring_vs_fio [--file PATH] [--size BYTES] [--iodepth N] [--seconds S] [--fio PATH] [--batch N]
 //
@@ -17,6 +18,7 @@
 // Needs root for drop_caches (without it the runs are warm for buffered readers; O_DIRECT reads do
 // not use the page cache either way).
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,7 +52,15 @@ struct Settings {
 struct Figures {
   double bytes_per_second = 0;
   double iops = 0;
+  double cpu_us_per_io = 0;  ///< user + system CPU time per request, in microseconds
 };
+
+double cpu_seconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
 
 void drop_caches() {
   if (geteuid() != 0) return;
@@ -123,6 +133,7 @@ Figures run_uring(const Settings& s, std::uint64_t block, bool random_offsets) {
     }
     ring.push_back({outcome.io, g});
   };
+  const double cpu_start = cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
   const auto end = start + std::chrono::seconds(s.seconds);
   for (std::uint32_t g = 0; g < groups; ++g) submit_group(g);
@@ -143,7 +154,9 @@ Figures run_uring(const Settings& s, std::uint64_t block, bool random_offsets) {
     if (now < end) submit_group(oldest.group);
   }
   const double elapsed = std::chrono::duration<double>(now - start).count();
-  return {static_cast<double>(bytes) / elapsed, static_cast<double>(requests) / elapsed};
+  const double cpu = cpu_seconds() - cpu_start;
+  return {static_cast<double>(bytes) / elapsed, static_cast<double>(requests) / elapsed,
+          requests ? cpu / static_cast<double>(requests) * 1e6 : 0.0};
 }
 
 Figures run_fio(const Settings& s, std::uint64_t block, bool random_offsets, std::string& command) {
@@ -166,8 +179,13 @@ Figures run_fio(const Settings& s, std::uint64_t block, bool random_offsets, std
     std::exit(1);
   }
   const auto json = nlohmann::json::parse(output.substr(json_start));
-  const auto& read = json.at("jobs").at(0).at("read");
-  return {read.at("bw_bytes").get<double>(), read.at("iops").get<double>()};
+  const auto& job = json.at("jobs").at(0);
+  const auto& read = job.at("read");
+  // usr_cpu / sys_cpu are percentages of the job's runtime (ms).
+  const double cpu = (job.at("usr_cpu").get<double>() + job.at("sys_cpu").get<double>()) / 100.0 *
+                     job.at("job_runtime").get<double>() / 1e3;
+  const double ios = read.at("total_ios").get<double>();
+  return {read.at("bw_bytes").get<double>(), read.at("iops").get<double>(), ios > 0 ? cpu / ios * 1e6 : 0.0};
 }
 
 /// The run with the median throughput.
@@ -205,8 +223,8 @@ int main(int argc, char** argv) {
   std::printf("file %s, %llu bytes, iodepth %u, %u s per run, median of %u runs each, uring batch %u, cold cache: %s\n",
               s.file.c_str(), static_cast<unsigned long long>(s.size), s.iodepth, s.seconds, s.repeat, s.batch,
               geteuid() == 0 ? "drop_caches before each run" : "no (not root)");
-  std::printf("| workload | uring MB/s | uring IOPS | fio MB/s | fio IOPS | uring / fio |\n");
-  std::printf("|---|---|---|---|---|---|\n");
+  std::printf("| workload | uring MB/s | uring IOPS | fio MB/s | fio IOPS | uring / fio | uring CPU us/IO | fio CPU us/IO |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> commands;
   for (const auto& [name, block, random_offsets] :
        {std::tuple{"4 KiB random read", std::uint64_t{4096}, true},
@@ -221,8 +239,10 @@ int main(int argc, char** argv) {
     }
     commands.push_back(command);
     const Figures uring = median(uring_runs), fio = median(fio_runs);
-    std::printf("| %s | %.1f | %.0f | %.1f | %.0f | %.3f |\n", name, uring.bytes_per_second / 1e6, uring.iops,
-                fio.bytes_per_second / 1e6, fio.iops, fio.bytes_per_second > 0 ? uring.bytes_per_second / fio.bytes_per_second : 0.0);
+    std::printf("| %s | %.1f | %.0f | %.1f | %.0f | %.3f | %.1f | %.1f |\n", name, uring.bytes_per_second / 1e6,
+                uring.iops, fio.bytes_per_second / 1e6, fio.iops,
+                fio.bytes_per_second > 0 ? uring.bytes_per_second / fio.bytes_per_second : 0.0, uring.cpu_us_per_io,
+                fio.cpu_us_per_io);
     std::fflush(stdout);
   }
   for (const auto& c : commands) std::printf("fio command: %s\n", c.c_str());
