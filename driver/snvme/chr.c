@@ -148,7 +148,8 @@ static int snvme_ioc_create_group(struct snvme_file *f, struct snvme_queue_group
 	u16 avail;
 
 	if (a->flags) {
-		dev_err_ratelimited(ctrl->dev, "CREATE_QUEUE_GROUP: flags 0x%x, must be 0\n", a->flags);
+		dev_err_ratelimited(ctrl->dev, "CREATE_QUEUE_GROUP: flags 0x%x, must be 0\n",
+				    a->flags);
 		return -EINVAL;
 	}
 	if (a->nr_queues < 1 || a->nr_queues > SNVME_MAX_GROUP_QUEUES) {
@@ -263,7 +264,7 @@ static void snvme_dmamap_free(struct snvme_file *f, struct snvme_dmamap *m)
 		}
 		kvfree(m->pages);
 		if (m->mm) {
-			/* The mm may be exiting (process death): then there is nothing to uncharge. */
+			/* An exiting mm (process death) has nothing to uncharge. */
 			if (mmget_not_zero(m->mm)) {
 				account_locked_vm(m->mm, m->locked, false);
 				mmput(m->mm);
@@ -468,7 +469,8 @@ static int snvme_ioc_abort(struct snvme_file *f, struct snvme_abort *a)
 	ret = snvme_admin_cmd(ctrl, &c, &result);
 	if (ret > 0) {
 		/* Abort Command Limit Exceeded (SCT 1h, SC 03h): try again later. */
-		dev_dbg(ctrl->dev, "ABORT SQ %u CID 0x%x: NVMe status 0x%x\n", a->sqid, a->cid, ret);
+		dev_dbg(ctrl->dev, "ABORT SQ %u CID 0x%x: NVMe status 0x%x\n",
+			a->sqid, a->cid, ret);
 		ret = ret == NVME_SC_ABORT_LIMIT ? -EBUSY : -EIO;
 	}
 	a->result = result;

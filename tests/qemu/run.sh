@@ -73,7 +73,7 @@ readonly HOST_PKGS=(qemu-system-x86 qemu-utils busybox-static cpio kmod pahole
 install_host_packages() {
 	local missing=() p
 	for p in "${HOST_PKGS[@]}"; do
-		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
+		[[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true) == "install ok installed" ]] ||
 			missing+=("$p")
 	done
 	((${#missing[@]} == 0)) && return 0
@@ -122,7 +122,7 @@ resolve_image() {
 	local line=$1 spec=linux-image-amd64
 	[[ $line == bookworm-backports ]] && spec=linux-image-amd64/bookworm-backports
 	apt-cache "${APT_OPTS[@]}" depends "$spec" 2>/dev/null |
-		awk '/Depends: linux-image-[0-9]/ { print $2; exit }'
+		awk '/Depends: linux-image-[0-9]/ && !found { print $2; found = 1 }'
 }
 
 # Fetches image + headers (amd64, common) + kbuild into $CACHE/debs/<abi>
@@ -189,7 +189,7 @@ fetch_nvidia() {
 		rm -rf "$d/deb"
 		touch "$d/.done"
 	fi
-	dirname "$(dirname "$(find "$d" -path '*/nvidia/nv-p2p.h' | head -1)")"
+	dirname "$(dirname "$(find "$d" -path '*/nvidia/nv-p2p.h' -print -quit)")"
 }
 
 # --- builds --------------------------------------------------------------
@@ -345,7 +345,8 @@ main() {
 		if [[ $NVP2P == 1 ]]; then
 			local nvko
 			nvko=$(build_module "$abi" "$(fetch_nvidia)")
-			nm -u "$nvko" | grep -q nvidia_p2p_get_pages ||
+			# No "nm | grep -q": with pipefail, nm's SIGPIPE would fail the check.
+			[[ $(nm -u "$nvko") == *nvidia_p2p_get_pages* ]] ||
 				die "$abi: nv-p2p build did not compile the GPU path"
 			log "$abi: nv-p2p build OK (GPU DMA path compiled; not loadable here)"
 		fi
