@@ -536,7 +536,7 @@ static __attribute__((noreturn)) void cmd_hold_io(const char *ready)
 			if (uq_reap(&q[k], &e, 10000))
 				die("no completion within 10 s");
 		}
-		if (n > 1000 && ready) {
+		if (n > 256 && ready) {
 			close(open(ready, O_CREAT | O_WRONLY, 0600));
 			ready = NULL;
 		}

@@ -131,7 +131,7 @@ kill_mid_io() {
 	$T hold-io /tmp/ready &
 	pid=$!
 	i=0
-	while [ ! -e /tmp/ready ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+	while [ ! -e /tmp/ready ] && [ $i -lt 900 ]; do sleep 0.1; i=$((i + 1)); done
 	[ -e /tmp/ready ] || { kill -9 $pid; echo "hold-io never got busy"; return 1; }
 	kill -9 $pid
 	wait $pid
