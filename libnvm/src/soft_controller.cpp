@@ -1022,6 +1022,17 @@ struct SoftController::Impl {
         post(sq, held.sqe.command_identifier, make_status(GenericStatus::aborted_sq_deletion, true));
       }
       sq.held.clear();
+      // Commands submitted but not fetched yet are aborted the same way: every command previously
+      // submitted to the queue is completed or aborted (NVMe Base Spec 2.0, 5.7 Delete I/O
+      // Submission Queue). Without this a command racing the deletion would never complete.
+      // Acquire: the SQEs up to the tail were written before the doorbell.
+      const std::uint32_t tail = load32(sq.tail_doorbell);
+      while (tail < sq.size && sq.head != tail) {
+        const std::uint16_t cid = sq.base[sq.head].command_identifier;
+        sq.head = (sq.head + 1) % sq.size;
+        counters.io_commands.fetch_add(1, std::memory_order_relaxed);
+        post(sq, cid, make_status(GenericStatus::aborted_sq_deletion, true));
+      }
       --sq.cq->sq_users;
     }
     {
