@@ -84,3 +84,36 @@ TEST_CASE("a delayed completion honours the wait budget and completes once relea
   REQUIRE(done.is_ok());
   CHECK(done->confirmed_bytes == 4096);
 }
+
+TEST_CASE("unregister_memory keeps the handle valid while the DataPath says the device still uses the memory") {
+  auto faults = std::make_shared<Faults>();
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  auto target = *rt.open("memfs://held?size=4096");
+  std::vector<std::byte> buffer(4096);
+  auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
+  faults->unregister_busy = true;
+  CHECK(rt.unregister_memory(mem).code() == StatusCode::BUSY);
+  CHECK(rt.unregister_memory(mem).code() == StatusCode::BUSY);  // still the same live handle
+  CHECK(rt.shutdown(1'000'000).code() == StatusCode::BUSY);     // shutdown keeps it registered too
+  faults->unregister_busy = false;
+  CHECK(rt.shutdown(kSecond).is_ok());
+  CHECK(rt.unregister_memory(mem).code() == StatusCode::NOT_FOUND);
+  (void)target;
+}
+
+TEST_CASE("after a BUSY unregister the region stays registered and usable") {
+  auto faults = std::make_shared<Faults>();
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  auto target = *rt.open("memfs://held2?size=4096");
+  std::vector<std::byte> buffer(4096);
+  auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
+  faults->unregister_busy = true;
+  REQUIRE(rt.unregister_memory(mem).code() == StatusCode::BUSY);
+  // After a BUSY unregister the handle is live again and usable.
+  std::vector<IoRequest> batch{{Direction::READ, mem, 0, target, 0, 4096}};
+  auto outcome = rt.submit(batch);
+  CHECK(outcome.accepted == 1);
+  REQUIRE(rt.wait(outcome.io, kSecond).is_ok());
+  faults->unregister_busy = false;
+  CHECK(rt.unregister_memory(mem).is_ok());
+}

@@ -3,7 +3,8 @@
 //   - reject the request at a chosen position of every submit (RESOURCE_EXHAUSTED),
 //   - fail progress() itself (DEVICE_ERROR: outcome unknown, IO stays in flight),
 //   - hold every completion behind a gate until the test opens it (IO stays in flight),
-//   - fail a request after N bytes (DATA_LOSS with confirmed_bytes = N, as a short transfer).
+//   - fail a request after N bytes (DATA_LOSS with confirmed_bytes = N, as a short transfer),
+//   - refuse unregister_memory with BUSY (a device that has not let go of the memory yet).
 // Faults are set through a shared Faults object that tests keep after moving the DataPath into a
 // runtime. Thread-safe like memfs::DataPath.
 #pragma once
@@ -27,6 +28,7 @@ struct Faults {
   std::atomic<bool> fail_progress{false};       ///< progress() returns DEVICE_ERROR.
   std::atomic<long long> fail_after_bytes{-1};  ///< Requests longer than this fail with DATA_LOSS; -1 none.
   std::atomic<std::uint32_t> device_status{0};  ///< Raw device status reported with injected failures.
+  std::atomic<bool> unregister_busy{false};     ///< unregister_memory says the device still uses the memory.
 
   /// Holds completions back until open_gate(); progress honours its time budget meanwhile.
   void close_gate() {
@@ -80,7 +82,10 @@ class FaultyDataPath {
   std::uint64_t size_bytes(const open_target& t) const { return inner_.size_bytes(t); }
   Status close(open_target& t) { return inner_.close(t); }
   Result<registered_memory> register_memory(const MemoryView& v) { return inner_.register_memory(v); }
-  Status unregister_memory(registered_memory& m) { return inner_.unregister_memory(m); }
+  Status unregister_memory(registered_memory& m) {
+    if (faults_->unregister_busy.load()) return Status(StatusCode::BUSY, "injected: device still uses the memory");
+    return inner_.unregister_memory(m);
+  }
 
   batch submit(std::span<const PathRequest<FaultyDataPath>> requests, std::span<Status> states) {
     batch b;

@@ -143,6 +143,8 @@ struct LaunchConfig {
 
 #if defined(TUTTI_ACCELERATOR_CUDA) && defined(__CUDACC__)
 #include <tutti/accel/launch_cuda.hpp>
-#elif !defined(TUTTI_ACCELERATOR_CUDA)
+#elif defined(TUTTI_ACCELERATOR_CUDA)
+#include <tutti/accel/launch_unavailable.hpp>
+#else
 #include <tutti/accel/launch_host.hpp>
 #endif

@@ -270,19 +270,30 @@ class StorageRuntime {
   }
 
   /// Unregisters a region. Errors: INVALID_ARGUMENT / NOT_FOUND for bad handles, BUSY while IO that
-  /// uses it is in flight (the region stays registered), a DataPath's unmap error.
+  /// uses it is in flight or while a DataPath still waits for its device to finish with it (the handle
+  /// then stays valid: call again later), a DataPath's unmap error (the handle is released).
   Status unregister_memory(MemoryHandle handle) {
-    std::unique_ptr<MemoryEntry> entry;
+    MemoryEntry* entry = nullptr;
     {
       std::scoped_lock lock(state_->tables_mutex);
       auto found = state_->memory.find(handle, "memory");
       if (!found) return found.status();
+      if ((*found)->unregistering)
+        return error(StatusCode::BUSY, "memory {} is being unregistered by another thread", handle.to_string());
       if (const auto n = (*found)->in_flight.load(); n > 0)
         return error(StatusCode::BUSY, "memory {} has {} request(s) in flight; wait for them before unregister",
                      handle.to_string(), n);
-      entry = state_->memory.erase(handle);
+      entry = *found;
+      entry->unregistering = true;  // submit refuses it from now on; the entry stays alive
     }
-    return unregister_entry(*entry);
+    Status s = unregister_entry(*entry);
+    std::scoped_lock lock(state_->tables_mutex);
+    if (s.code() == StatusCode::BUSY) {
+      entry->unregistering = false;  // keep the handle: the device may still use the memory
+      return s.with_context(fmt::format("unregister_memory {}", handle.to_string()));
+    }
+    (void)state_->memory.erase(handle);
+    return s;
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -452,10 +463,18 @@ class StorageRuntime {
       Status s = close_entry(*t);
       if (first.is_ok() && !s.is_ok()) first = s;
     }
+    for (auto& m : state_->retained_memory) regions.push_back(std::move(m));
+    state_->retained_memory.clear();
     for (auto& m : regions) {
       Status s = unregister_entry(*m);
+      if (s.code() == StatusCode::BUSY) state_->retained_memory.push_back(std::move(m));  // device not done
       if (first.is_ok() && !s.is_ok()) first = s;
     }
+    if (!state_->retained_memory.empty())
+      return error(StatusCode::BUSY,
+                   "shutdown: {} memory registration(s) are still in use by a device and stay registered; call "
+                   "shutdown again later ({})",
+                   state_->retained_memory.size(), first.message());
     state_->shut_down = true;
     return first;
   }
@@ -480,6 +499,7 @@ class StorageRuntime {
     std::size_t backend = 0;
   };
   struct MemoryEntry : detail::Pinnable {
+    bool unregistering = false;  // guarded by tables_mutex
     MemoryView view;
     std::tuple<std::optional<typename Backends::datapath_type::registered_memory>...> registrations;
   };
@@ -523,6 +543,7 @@ class StorageRuntime {
     HandleTable<MemoryTag, MemoryEntry> memory{instance};
     HandleTable<IoTag, IoSlot> ios{instance};
     std::vector<std::shared_ptr<IoEntry>> orphans;
+    std::vector<std::unique_ptr<MemoryEntry>> retained_memory;  // a DataPath said BUSY at shutdown
     std::size_t submits_in_progress = 0;
     std::atomic<bool> shutting_down{false};
     bool shut_down = false;
@@ -591,8 +612,8 @@ class StorageRuntime {
       auto& registration = std::get<I>(entry.registrations);
       if (!registration) return;
       Status s = std::get<I>(state_->backends)->datapath.unregister_memory(*registration);
-      registration.reset();
-      if (out.is_ok() && !s.is_ok()) out = s;
+      if (s.code() != StatusCode::BUSY) registration.reset();  // BUSY: the device may still use it
+      if (!s.is_ok() && (out.is_ok() || s.code() == StatusCode::BUSY)) out = s;
     });
     return out;
   }
@@ -644,6 +665,8 @@ class StorageRuntime {
       auto memory_found = state_->memory.find(r.memory, fmt::format("requests[{}].memory", i));
       if (!memory_found) return memory_found.status();
       memory = *memory_found;
+      if (memory->unregistering)
+        return error(StatusCode::BUSY, "requests[{}].memory = {} is being unregistered", i, r.memory.to_string());
       auto& registration = std::get<I>(memory->registrations);
       if (!registration)
         return error(StatusCode::INVALID_ARGUMENT,
