@@ -148,6 +148,7 @@ TEST_CASE("bad memory registrations are INVALID_ARGUMENT or UNSUPPORTED") {
   CHECK(rt.register_memory({reinterpret_cast<void*>(UINTPTR_MAX - 8), 64, MemoryKind::HOST}).code() ==
         StatusCode::INVALID_ARGUMENT);
   CHECK(rt.register_memory({one, 1, MemoryKind::DEVICE, -1}).code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(rt.register_memory({one, 1, static_cast<MemoryKind>(200)}).code() == StatusCode::INVALID_ARGUMENT);
   auto device = rt.register_memory({one, 1, MemoryKind::DEVICE, 0});
   CHECK(device.code() == StatusCode::UNSUPPORTED);
   CHECK(device.status().message().find("DEVICE") != std::string::npos);
@@ -172,6 +173,10 @@ TEST_CASE("unknown schemes and malformed URIs are INVALID_ARGUMENT naming the pr
                         Case{"memfs://?size=1", StatusCode::INVALID_ARGUMENT, "name length 0"},
                         Case{"memfs://a%20b?size=1", StatusCode::INVALID_ARGUMENT, "[A-Za-z0-9._-]"},
                         Case{"memfs://x/y?size=1", StatusCode::INVALID_ARGUMENT, "no path"},
+                        Case{"memfs://a:99?size=10", StatusCode::INVALID_ARGUMENT, "no user info, port or fragment"},
+                        Case{"memfs://user@b?size=10", StatusCode::INVALID_ARGUMENT, "no user info, port or fragment"},
+                        Case{"memfs://c?size=10#frag", StatusCode::INVALID_ARGUMENT, "no user info, port or fragment"},
+                        Case{"memfs://c?size=10&size=20", StatusCode::INVALID_ARGUMENT, "more than once"},
                         Case{"memfs://never-created", StatusCode::NOT_FOUND, "does not exist"}}) {
     CAPTURE(c.uri);
     auto opened = rt.open(c.uri);

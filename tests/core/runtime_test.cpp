@@ -2,7 +2,9 @@
 // shutdown, per-backend bucketing under one IO handle, open_batch.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -290,4 +292,49 @@ TEST_CASE("open_batch returns one result per URI in input order and failures do 
       CHECK(results[i].is_ok());
   }
   CHECK(*rt.target_size(*results[0]) == 4096);
+}
+
+TEST_CASE("a wait budget of UINT64_MAX means wait as long as it takes, not TIMEOUT at once") {
+  auto faults = std::make_shared<Faults>();
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  auto target = *rt.open("memfs://forever?size=4096");
+  std::vector<std::byte> buffer(4096);
+  auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
+  faults->close_gate();
+  std::vector<IoRequest> batch{{Direction::READ, mem, 0, target, 0, 4096}};
+  auto outcome = rt.submit(batch);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    faults->open_gate();
+  });
+  auto done = rt.wait(outcome.io, UINT64_MAX);
+  opener.join();
+  REQUIRE(done.is_ok());
+  CHECK(done->status.is_ok());
+}
+
+TEST_CASE("query and release never block behind another thread's wait") {
+  auto faults = std::make_shared<Faults>();
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  auto target = *rt.open("memfs://nonblocking?size=4096");
+  std::vector<std::byte> buffer(4096);
+  auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
+  faults->close_gate();
+  std::vector<IoRequest> batch{{Direction::READ, mem, 0, target, 0, 4096}};
+  auto outcome = rt.submit(batch);
+  std::atomic<bool> waiting{false};
+  std::thread waiter([&] {
+    waiting = true;
+    (void)rt.wait(outcome.io, 10 * kSecond);
+  });
+  while (!waiting) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the waiter now holds the IO
+  // Both answer at once (BUSY or a snapshot) instead of blocking for the waiter's 10 s.
+  auto q = rt.query(outcome.io);
+  CHECK((q.code() == StatusCode::BUSY || (q.is_ok() && !q->complete)));
+  CHECK(rt.release(outcome.io).code() == StatusCode::BUSY);
+  CHECK(rt.shutdown(1'000'000).code() == StatusCode::TIMEOUT);
+  faults->open_gate();
+  waiter.join();
+  CHECK(rt.shutdown(kSecond).is_ok());
 }

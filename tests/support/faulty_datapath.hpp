@@ -9,6 +9,7 @@
 // runtime. Thread-safe like memfs::DataPath.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -44,7 +45,8 @@ struct Faults {
   }
   bool wait_gate(std::uint64_t timeout_ns) {
     std::unique_lock lock(mutex);
-    return cv.wait_for(lock, std::chrono::nanoseconds(timeout_ns), [&] { return gate_open; });
+    const std::uint64_t budget = std::min<std::uint64_t>(timeout_ns, std::uint64_t{1} << 62);  // no chrono overflow
+    return cv.wait_for(lock, std::chrono::nanoseconds(budget), [&] { return gate_open; });
   }
 
   std::mutex mutex;

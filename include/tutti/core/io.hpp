@@ -38,7 +38,9 @@ struct MemoryKindSet {
   constexpr MemoryKindSet(std::initializer_list<MemoryKind> kinds) noexcept {
     for (MemoryKind k : kinds) bits = static_cast<std::uint8_t>(bits | (1u << static_cast<unsigned>(k)));
   }
-  constexpr bool contains(MemoryKind k) const noexcept { return (bits >> static_cast<unsigned>(k)) & 1u; }
+  constexpr bool contains(MemoryKind k) const noexcept {
+    return static_cast<unsigned>(k) < 8 && ((bits >> static_cast<unsigned>(k)) & 1u);
+  }
 };
 
 /// A memory region handed to register_memory. The caller owns the memory and must keep it alive

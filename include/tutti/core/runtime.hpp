@@ -100,6 +100,16 @@ constexpr std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) noexcep
   return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
+/// Largest budget handed to a DataPath or to std::chrono, in ns (2^62 ns = 146 years): "forever"
+/// without overflowing a signed 64-bit nanosecond count.
+inline constexpr std::uint64_t kMaxBudgetNs = std::uint64_t{1} << 62;
+
+/// The nanoseconds left until `deadline` (0 once passed), capped at kMaxBudgetNs.
+inline std::uint64_t remaining_ns(std::uint64_t deadline) noexcept {
+  const std::uint64_t now = now_ns();
+  return deadline > now ? std::min(deadline - now, kMaxBudgetNs) : 0;
+}
+
 }  // namespace detail
 
 template <class... Backends>
@@ -239,6 +249,9 @@ class StorageRuntime {
     if (reinterpret_cast<std::uintptr_t>(view.address) > UINTPTR_MAX - view.size)
       return error(StatusCode::INVALID_ARGUMENT, "memory.address {} + memory.size {} wraps around the address space",
                    view.address, view.size);
+    if (static_cast<unsigned>(view.kind) > static_cast<unsigned>(MemoryKind::DEVICE))
+      return error(StatusCode::INVALID_ARGUMENT, "memory.kind = {} is not HOST (0), PINNED_HOST (1) or DEVICE (2)",
+                   static_cast<unsigned>(view.kind));
     if (view.kind == MemoryKind::DEVICE && view.accelerator_id < 0)
       return error(StatusCode::INVALID_ARGUMENT, "memory.accelerator_id = {} must be >= 0 for DEVICE memory",
                    view.accelerator_id);
@@ -265,8 +278,12 @@ class StorageRuntime {
       return error(StatusCode::UNSUPPORTED, "memory.kind = {} is not supported by any backend of this runtime",
                    to_string(view.kind));
     }
-    std::scoped_lock lock(state_->tables_mutex);
-    return state_->memory.insert(std::move(entry));
+    {
+      std::scoped_lock lock(state_->tables_mutex);
+      if (!state_->shutting_down.load()) return state_->memory.insert(std::move(entry));
+    }
+    (void)unregister_entry(*entry);  // shutdown began while the DataPaths registered it: roll back
+    return shutting_down_error("register_memory");
   }
 
   /// Unregisters a region. Errors: INVALID_ARGUMENT / NOT_FOUND for bad handles, BUSY while IO that
@@ -288,11 +305,12 @@ class StorageRuntime {
     }
     Status s = unregister_entry(*entry);
     std::scoped_lock lock(state_->tables_mutex);
+    state_->drained.notify_all();  // shutdown waits for regions being unregistered
     if (s.code() == StatusCode::BUSY) {
       entry->unregistering = false;  // keep the handle: the device may still use the memory
       return s.with_context(fmt::format("unregister_memory {}", handle.to_string()));
     }
-    (void)state_->memory.erase(handle);
+    (void)state_->memory.erase(handle);  // still ours: shutdown skips entries being unregistered
     return s;
   }
 
@@ -360,11 +378,14 @@ class StorageRuntime {
     return outcome;
   }
 
-  /// A non-blocking snapshot of an IO's progress. Errors: bad handle, or a DataPath progress error.
+  /// A non-blocking snapshot of an IO's progress. Errors: bad handle, BUSY while another thread is
+  /// inside wait() on the same IO, or a DataPath progress error.
   Result<IoProgress> query(IoHandle handle) {
     auto io = find_io(handle);
     if (!io) return io.status();
-    std::unique_lock guard((*io)->mutex);
+    std::unique_lock guard((*io)->mutex, std::try_to_lock);
+    if (!guard.owns_lock())
+      return error(StatusCode::BUSY, "{} is being waited on by another thread; query again later", handle.to_string());
     Status s = advance(**io, 0);
     if (!s.is_ok() && s.code() != StatusCode::TIMEOUT) return s;
     IoProgress progress{(*io)->complete, (*io)->requests, 0};
@@ -383,14 +404,10 @@ class StorageRuntime {
     if (!io) return io.status();
     const std::uint64_t deadline = detail::saturating_add(detail::now_ns(), timeout_ns);
     std::unique_lock guard((*io)->mutex, std::defer_lock);
-    while (!guard.try_lock()) {
-      if (detail::now_ns() >= deadline)
-        return error(StatusCode::TIMEOUT, "{} is being waited on by another thread; not complete after {} ns",
-                     handle.to_string(), timeout_ns);
-      std::this_thread::yield();
-    }
-    const std::uint64_t now = detail::now_ns();
-    Status s = advance(**io, deadline > now ? deadline - now : 0);
+    if (!guard.try_lock_for(std::chrono::nanoseconds(std::min(timeout_ns, detail::kMaxBudgetNs))))
+      return error(StatusCode::TIMEOUT, "{} is being waited on by another thread; not complete after {} ns",
+                   handle.to_string(), timeout_ns);
+    Status s = advance(**io, detail::remaining_ns(deadline));
     if (!s.is_ok()) return s.code() == StatusCode::TIMEOUT ? s.with_context(handle.to_string()) : s;
     return (*io)->result;
   }
@@ -400,7 +417,9 @@ class StorageRuntime {
     auto io = find_io(handle);
     if (!io) return io.status();
     {
-      std::scoped_lock guard((*io)->mutex);
+      std::unique_lock guard((*io)->mutex, std::try_to_lock);
+      if (!guard.owns_lock())
+        return error(StatusCode::BUSY, "{} is being waited on by another thread", handle.to_string());
       Status s = advance(**io, 0);
       if (!s.is_ok())
         return error(StatusCode::BUSY, "{} still has requests in flight; wait() for it before release ({})",
@@ -419,7 +438,7 @@ class StorageRuntime {
     const std::uint64_t deadline = detail::saturating_add(detail::now_ns(), drain_timeout_ns);
     {  // Let submits that already passed validation finish handing their buckets to the DataPaths.
       std::unique_lock lock(state_->tables_mutex);
-      state_->drained.wait_for(lock, std::chrono::nanoseconds(drain_timeout_ns),
+      state_->drained.wait_for(lock, std::chrono::nanoseconds(std::min(drain_timeout_ns, detail::kMaxBudgetNs)),
                                [&] { return state_->submits_in_progress == 0; });
       if (state_->submits_in_progress != 0)
         return error(StatusCode::TIMEOUT, "shutdown: {} submit call(s) still running after {} ns",
@@ -433,9 +452,21 @@ class StorageRuntime {
     }
     std::size_t pending = 0;
     for (auto& io : ios) {
-      std::scoped_lock guard(io->mutex);
-      const std::uint64_t now = detail::now_ns();
-      if (!advance(*io, deadline > now ? deadline - now : 0).is_ok()) ++pending;
+      std::unique_lock guard(io->mutex, std::defer_lock);
+      if (!guard.try_lock_for(std::chrono::nanoseconds(detail::remaining_ns(deadline))) ||
+          !advance(*io, detail::remaining_ns(deadline)).is_ok())
+        ++pending;
+    }
+    {  // A region another thread is unregistering right now belongs to that thread: wait for it.
+      std::unique_lock lock(state_->tables_mutex);
+      auto unregistering = [&] {
+        std::size_t n = 0;
+        state_->memory.for_each([&](MemoryHandle, MemoryEntry& e) { n += e.unregistering ? 1 : 0; });
+        return n;
+      };
+      state_->drained.wait_for(lock, std::chrono::nanoseconds(detail::remaining_ns(deadline)),
+                               [&] { return unregistering() == 0; });
+      pending += unregistering();
     }
     if (pending > 0)
       return error(StatusCode::TIMEOUT,
@@ -519,7 +550,7 @@ class StorageRuntime {
     bool complete = false;
   };
   struct IoEntry {
-    std::mutex mutex;  // one thread advances an IO at a time
+    std::timed_mutex mutex;  // one thread advances an IO at a time; others never block past their budget
     std::tuple<Bucket<Backends>...> parts;
     std::size_t requests = 0;
     std::uint64_t requested_bytes = 0;
@@ -593,8 +624,12 @@ class StorageRuntime {
     entry->uri = std::string(uri);
     entry->backend = I;
     entry->state.template emplace<I + 1>(OpenTarget<backend_at<I>>{std::move(opened.value())});
-    std::scoped_lock lock(state_->tables_mutex);
-    return state_->targets.insert(std::move(entry));
+    {
+      std::scoped_lock lock(state_->tables_mutex);
+      if (!state_->shutting_down.load()) return state_->targets.insert(std::move(entry));
+    }
+    (void)close_entry(*entry);  // shutdown began while the DataPath opened it: roll back
+    return shutting_down_error("open");
   }
 
   Status close_entry(TargetEntry& entry) {
@@ -742,9 +777,8 @@ class StorageRuntime {
         if (bucket.accepted.empty()) bucket.complete = true;
         return;
       }
-      const std::uint64_t now = detail::now_ns();
       Status s = std::get<I>(state_->backends)->datapath.progress(
-          *bucket.batch, std::span<RequestCompletion>(bucket.completions), deadline > now ? deadline - now : 0);
+          *bucket.batch, std::span<RequestCompletion>(bucket.completions), detail::remaining_ns(deadline));
       if (s.is_ok())
         bucket.complete = true;
       else
@@ -769,6 +803,10 @@ class StorageRuntime {
         c.request_index = bucket.input_index[k];
         if (!c.done)  // a DataPath that reports completion must fill every entry; never claim bytes moved
           c.status = error(StatusCode::INTERNAL, "DataPath '{}' completed without a status", datapath_at<I>::name);
+        if (c.status.is_ok() && c.confirmed_bytes != bucket.requests[k].length &&
+            bucket.requests[k].direction != Direction::FLUSH)  // fail closed: success means every byte moved
+          c.status = error(StatusCode::DATA_LOSS, "DataPath '{}' reported success for {} of {} bytes",
+                           datapath_at<I>::name, c.confirmed_bytes, bucket.requests[k].length);
         if (!c.status.is_ok()) c.confirmed_bytes = std::min(c.confirmed_bytes, bucket.requests[k].length);
         result.confirmed_bytes += c.confirmed_bytes;
         result.commands += c.commands;

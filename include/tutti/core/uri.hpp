@@ -30,6 +30,9 @@ struct Uri {
   std::string authority;  ///< Host part; empty for "file:///path".
   std::string path;       ///< "/"-joined decoded segments; starts with "/" when the URI has one.
   std::vector<std::pair<std::string, std::string>> query;  ///< Decoded key/value pairs, in order.
+  bool has_user_info = false;  ///< "user@" before the host; resolvers that take none must refuse it.
+  bool has_port = false;       ///< ":port" after the host.
+  bool has_fragment = false;   ///< "#fragment" at the end.
 
   /// The value of query key `key`, if present (the first one when repeated).
   std::optional<std::string_view> query_value(std::string_view key) const {
@@ -75,6 +78,9 @@ inline Result<Uri> parse_uri(std::string_view text) {
   uri.scheme = detail::range_text(parsed.scheme);
   for (char& c : uri.scheme) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
   uri.authority = detail::unescape(detail::range_text(parsed.hostText));
+  uri.has_user_info = parsed.userInfo.first != nullptr;
+  uri.has_port = parsed.portText.first != nullptr;
+  uri.has_fragment = parsed.fragment.first != nullptr;
   for (const UriPathSegmentA* seg = parsed.pathHead; seg != nullptr; seg = seg->next) {
     std::string decoded = detail::unescape(detail::range_text(seg->text));
     if (decoded.find('\0') != std::string::npos || decoded.find('/') != std::string::npos)

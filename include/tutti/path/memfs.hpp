@@ -10,6 +10,7 @@
 // Thread-safety: submit and progress may be called concurrently from several threads.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -90,7 +91,7 @@ class DataPath {
     worker_->thread = std::thread([w = worker_.get()] { run(*w); });
   }
   DataPath(DataPath&&) noexcept = default;
-  DataPath& operator=(DataPath&&) noexcept = default;
+  DataPath& operator=(DataPath&&) = delete;  // would drop a running worker thread
   /// Finishes queued work, then joins the worker.
   ~DataPath() {
     if (!worker_) return;
@@ -143,7 +144,8 @@ class DataPath {
   Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
     BatchState& s = *b.state;
     std::unique_lock lock(s.mutex);
-    s.done_cv.wait_for(lock, std::chrono::nanoseconds(timeout_ns), [&] { return s.remaining == 0; });
+    const std::uint64_t budget = std::min<std::uint64_t>(timeout_ns, std::uint64_t{1} << 62);  // no chrono overflow
+    s.done_cv.wait_for(lock, std::chrono::nanoseconds(budget), [&] { return s.remaining == 0; });
     for (std::size_t j : s.finished) {
       const Work& w = s.work[j];
       RequestCompletion& c = completions[w.position];

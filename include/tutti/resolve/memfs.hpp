@@ -15,6 +15,7 @@
 #include <charconv>
 #include <cstdint>
 #include <map>
+#include <new>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -59,7 +60,9 @@ class Store {
     auto file = std::make_shared<File>();
     file->name = name;
     file->size = *size;
-    file->bytes = std::make_unique<std::byte[]>(*size);  // value-initialised: zeroed
+    file->bytes.reset(new (std::nothrow) std::byte[*size]());  // value-initialised: zeroed
+    if (!file->bytes)
+      return error(StatusCode::RESOURCE_EXHAUSTED, "memfs file '{}': cannot allocate {} bytes", name, *size);
     total_bytes_ += *size;
     files_.emplace(name, file);
     return file;
@@ -88,6 +91,8 @@ class Resolver {
     if (uri->scheme != scheme)
       return error(StatusCode::INVALID_ARGUMENT, "uri '{}' has scheme '{}'; the memfs resolver serves 'memfs'", text,
                    uri->scheme);
+    if (uri->has_user_info || uri->has_port || uri->has_fragment)
+      return error(StatusCode::INVALID_ARGUMENT, "uri '{}': memfs URIs take no user info, port or fragment", text);
     if (!uri->path.empty() && uri->path != "/")
       return error(StatusCode::INVALID_ARGUMENT, "uri '{}': memfs names have no path ('{}'); use memfs://NAME", text,
                    uri->path);
@@ -102,6 +107,8 @@ class Resolver {
 
     std::optional<std::uint64_t> size;
     for (const auto& [key, value] : uri->query) {
+      if (key == "size" && size)
+        return error(StatusCode::INVALID_ARGUMENT, "uri '{}': size is given more than once", text);
       if (key != "size")
         return error(StatusCode::INVALID_ARGUMENT, "uri '{}': unknown query key '{}' (memfs takes only size)", text,
                      key);
