@@ -8,6 +8,7 @@
 // submit to the moment query() first sees it complete and attributed to each of its requests.
 // Prints a table row and writes JSON (scripts/plot-bench turns JSON files into PNG plots).
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -97,7 +98,16 @@ tutti::Result<Results> run(Runtime& rt, const Config& c, const std::vector<std::
   }
   const std::uint64_t memory_bytes = std::uint64_t{c.queue_depth} * c.block_size;
   auto* buffer = static_cast<std::byte*>(std::aligned_alloc(4096, (memory_bytes + 4095) / 4096 * 4096));
+  if (buffer == nullptr)
+    return tutti::error(tutti::StatusCode::RESOURCE_EXHAUSTED,
+                        "--queue-depth {} x --block-size {} = {} bytes of memory could not be allocated", c.queue_depth,
+                        c.block_size, memory_bytes);
   std::memset(buffer, 0x5a, memory_bytes);
+  if (c.memory == "pinned" && ::mlock(buffer, memory_bytes) != 0) {
+    std::free(buffer);
+    return tutti::error(tutti::StatusCode::RESOURCE_EXHAUSTED, "--memory pinned: mlock of {} bytes failed: {}",
+                        memory_bytes, std::strerror(errno));
+  }
   auto memory = rt.register_memory({buffer, memory_bytes, c.memory == "pinned" ? tutti::MemoryKind::PINNED_HOST : tutti::MemoryKind::HOST});
   if (!memory) {
     std::free(buffer);
@@ -154,8 +164,9 @@ tutti::Result<Results> run(Runtime& rt, const Config& c, const std::vector<std::
       pending_slots.push_back(slot);
     }
     if (!pending.empty()) {
+      const auto submitted = Clock::now();  // latency includes the submit call itself
       auto outcome = rt.submit(pending);
-      InFlight f{outcome.io, Clock::now(), {}};
+      InFlight f{outcome.io, submitted, {}};
       std::vector<tutti::IoRequest> rejected;
       std::vector<std::uint32_t> rejected_slots;
       for (std::size_t i = 0; i < pending.size(); ++i) {
@@ -201,8 +212,7 @@ tutti::Result<Results> run(Runtime& rt, const Config& c, const std::vector<std::
     if (r) complete(f, *r);
   }
   results.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  (void)rt.unregister_memory(*memory);
-  std::free(buffer);
+  if (rt.unregister_memory(*memory).is_ok()) std::free(buffer);  // else IO may still land there: leak it
   for (auto t : targets) (void)rt.close(t);
   if (!failure.is_ok()) return failure;
   return results;

@@ -43,8 +43,11 @@ struct Shape {
 
 /// Fills `out` with the deterministic content of one tensor (a splitmix64 stream seeded by its
 /// coordinates), so any process can regenerate what a tensor must hold.
-inline void fill_tensor(std::span<std::byte> out, std::uint32_t layer, std::uint32_t chunk, std::uint32_t kind) {
-  std::uint64_t state = (std::uint64_t{layer} << 40) ^ (std::uint64_t{chunk} << 8) ^ kind ^ 0x7475747469ULL;
+/// `salt` 0 is the prepared (cached) content; the pipeline writes recomputed tensors with a per-run salt.
+inline void fill_tensor(std::span<std::byte> out, std::uint32_t layer, std::uint32_t chunk, std::uint32_t kind,
+                        std::uint64_t salt = 0) {
+  std::uint64_t state = (std::uint64_t{layer} << 40) ^ (std::uint64_t{chunk} << 8) ^ kind ^ 0x7475747469ULL ^
+                        (salt * 0xd1b54a32d192ed03ULL);
   const std::size_t words = out.size() / sizeof(std::uint64_t);
   auto* w = reinterpret_cast<std::uint64_t*>(out.data());
   for (std::size_t i = 0; i < words; ++i) {
