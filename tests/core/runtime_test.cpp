@@ -211,7 +211,9 @@ TEST_CASE("shutdown with IO in flight returns TIMEOUT and keeps memory registere
 TEST_CASE("a runtime destroyed with IO in flight keeps its DataPath alive instead of freeing it") {
   auto faults = std::make_shared<Faults>();
   std::weak_ptr<Faults> observer = faults;
-  std::vector<std::byte> buffer(4096);
+  // Static storage: the leaked DataPath's worker may still copy into it after this test returns,
+  // exactly as a device would (which is why the runtime leaks instead of freeing).
+  static std::vector<std::byte> buffer(4096);
   {
     StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}},
                                      RuntimeOptions{.destructor_drain_timeout_ns = 1'000'000});
