@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 #
-# QEMU rig for the snvme driver (docs/driver.md, "Running the rig").
+# QEMU rig for the snvme driver (docs/driver.md, "The QEMU rig").
 #
 # For each Debian kernel line (bookworm 6.1, bookworm-backports 6.12) this
 # fetches the kernel image and headers as packages, builds driver/snvme
