@@ -211,7 +211,9 @@ void write_json(const Options& o, const Report& r) {
                       {"write_stall_ns", r.write_stall_ns},
                       {"verified_tensors", r.verified_tensors},
                       {"mismatched_tensors", r.mismatched_tensors}};
-  std::ofstream(o.json_path) << j.dump(2) << "\n";
+  std::ofstream out(o.json_path);
+  out << j.dump(2) << "\n";
+  if (!out.good()) fmt::print(stderr, "error: --json '{}': could not write the report\n", o.json_path);
 }
 
 /// Runs every phase on one runtime. `uris[l]` names layer l's target.
@@ -347,6 +349,11 @@ int main(int argc, char** argv) {
   app.add_flag("--drop-caches,!--no-drop-caches", o.drop_caches, "Drop the page cache between phases (root only)");
   app.add_flag("--pread-baseline,!--no-pread-baseline", o.pread_baseline, "Measure plain pread in the same run");
   CLI11_PARSE(app, argc, argv);
+  if (shape.chunk_tokens > shape.context_tokens) {
+    fmt::print(stderr, "error: --chunk-tokens = {} exceeds --context-tokens = {}: the prefix holds no whole chunk\n",
+               shape.chunk_tokens, shape.context_tokens);
+    return 2;
+  }
   if (shape.tensor_bytes % 4096 != 0) {
     fmt::print(stderr, "error: --tensor-bytes = {} must be a multiple of 4096 (O_DIRECT alignment)\n", shape.tensor_bytes);
     return 2;
