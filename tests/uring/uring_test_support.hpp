@@ -122,7 +122,10 @@ struct TempDirectory {
     REQUIRE(::mkdtemp(templ) != nullptr);
     path = templ;
   }
-  ~TempDirectory() { (void)std::system(fmt::format("rm -rf '{}'", path).c_str()); }
+  ~TempDirectory() {
+    if (std::system(fmt::format("rm -rf '{}'", path).c_str()) != 0) {  // best effort; a leftover temp dir is harmless
+    }
+  }
   std::string file(const std::string& name) const { return path + "/" + name; }
   std::string path;
 };
