@@ -75,7 +75,7 @@ TEST_CASE("a small file resolves to one extent whose bytes on the device are the
   CHECK(r->file_size == 64u * 4096);
   CHECK(r->lease.valid());
   CHECK(r->nsid == 1);
-  CHECK((fcntl(r->lease.fd(), F_GETFL) & O_DIRECT) != 0);
+  CHECK((fcntl(r->lease.get(), F_GETFL) & O_DIRECT) != 0);
   check_extents_against_image(*fs, *r);
 }
 
@@ -254,7 +254,7 @@ TEST_CASE("writable opens use O_RDWR; read-only opens O_RDONLY") {
   auto rw = resolver_for(*fs).resolve("file://" + path, OpenOptions{true, false, false});
   REQUIRE(ro.is_ok());
   REQUIRE(rw.is_ok());
-  CHECK((fcntl(ro->lease.fd(), F_GETFL) & O_ACCMODE) == O_RDONLY);
-  CHECK((fcntl(rw->lease.fd(), F_GETFL) & O_ACCMODE) == O_RDWR);
+  CHECK((fcntl(ro->lease.get(), F_GETFL) & O_ACCMODE) == O_RDONLY);
+  CHECK((fcntl(rw->lease.get(), F_GETFL) & O_ACCMODE) == O_RDWR);
   CHECK(rw->writable);
 }

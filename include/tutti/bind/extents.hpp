@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <tutti/accel/config.hpp>
+#include <tutti/core/file_descriptor.hpp>
 #include <tutti/core/status.hpp>
 
 namespace tutti::local_file {
@@ -64,35 +65,8 @@ TUTTI_HOST_DEVICE constexpr std::size_t find_extent(const Extent* extents, std::
 
 /// The lease: an owned file descriptor (opened O_DIRECT by the resolver). Closing it ends the
 /// lease. What the lease protects and what it does not: docs/local-nvme.md, "The lease".
-/// Move-only; closes the descriptor in its destructor.
-class FileLease {
- public:
-  FileLease() noexcept = default;
-  explicit FileLease(int fd) noexcept : fd_(fd) {}
-  FileLease(FileLease&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  FileLease& operator=(FileLease&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  FileLease(const FileLease&) = delete;
-  FileLease& operator=(const FileLease&) = delete;
-  ~FileLease() { reset(); }
-
-  /// The descriptor, or -1 when empty.
-  int fd() const noexcept { return fd_; }
-  bool valid() const noexcept { return fd_ >= 0; }
-  /// Closes the descriptor (ends the lease).
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
+/// Move-only; closes the descriptor in its destructor; get() is the descriptor.
+using FileLease = tutti::FileDescriptor;
 
 /// The payload: one regular file, resolved to extents on one namespace.
 struct Target {

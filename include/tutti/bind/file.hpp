@@ -17,38 +17,12 @@
 #include <string_view>
 #include <utility>
 
+#include <tutti/core/file_descriptor.hpp>
+
 namespace tutti::file {
 
-/// An owned file descriptor: closed on destruction, move-only. -1 means "none".
-class FileDescriptor {
- public:
-  FileDescriptor() noexcept = default;
-  /// Takes ownership of `fd` (a descriptor from open(2), or -1).
-  explicit FileDescriptor(int fd) noexcept : fd_(fd) {}
-  FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  FileDescriptor& operator=(FileDescriptor&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  ~FileDescriptor() { reset(); }
-
-  /// The descriptor, or -1.
-  int get() const noexcept { return fd_; }
-  bool valid() const noexcept { return fd_ >= 0; }
-  /// Closes the descriptor (close(2) errors are ignored: the descriptor is released either way).
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
+/// An owned file descriptor (tutti/core/file_descriptor.hpp).
+using FileDescriptor = tutti::FileDescriptor;
 
 /// The text of an errno value with its symbolic name, e.g. "Input/output error (EIO)".
 /// Thread-safe (GNU strerrordesc_np / strerrorname_np return static strings).

@@ -210,12 +210,12 @@ class Resolver {
                    open_options.writable ? " read-write" : "", std::strerror(e));
     }
     struct stat st {};
-    if (::fstat(lease.fd(), &st) != 0)
+    if (::fstat(lease.get(), &st) != 0)
       return error(StatusCode::DEVICE_ERROR, "'{}': fstat failed: {}", path, std::strerror(errno));
     if (!S_ISREG(st.st_mode)) return error(StatusCode::INVALID_ARGUMENT, "'{}' is not a regular file", path);
     const bool fsync_now = options_.fsync_policy == FsyncPolicy::always ||
                            (options_.fsync_policy == FsyncPolicy::writable_opens && open_options.writable);
-    if (fsync_now && ::fsync(lease.fd()) != 0 && errno != EINVAL)
+    if (fsync_now && ::fsync(lease.get()) != 0 && errno != EINVAL)
       return error(StatusCode::DEVICE_ERROR, "'{}': fsync failed: {}", path, std::strerror(errno));
 
     Target target;
@@ -226,7 +226,7 @@ class Resolver {
     target.block_device = options_.device;
     target.partition_start = *options_.partition_start_bytes;
     target.writable = open_options.writable;
-    TUTTI_RETURN_IF_ERROR(walk_fiemap(lease.fd(), path, target, open_options.writable));
+    TUTTI_RETURN_IF_ERROR(walk_fiemap(lease.get(), path, target, open_options.writable));
     if (st.st_dev != options_.device)
       return error(StatusCode::UNSUPPORTED,
                    "'{}' (file offset 0) lives on block device {}:{}, not on the namespace's block device {}:{}", path,
