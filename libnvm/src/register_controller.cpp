@@ -230,6 +230,9 @@ class RegisterController final : public Controller {
   }
 
   Result<DmaMapping> dma_map(void* host_address, std::size_t length) override { return transport_->dma_map(host_address, length); }
+  Result<DmaMapping> dma_map_device(void* device_address, std::size_t length) override {
+    return transport_->dma_map_device(device_address, length);
+  }
   Status dma_unmap(std::uint64_t mapping_id) override { return transport_->dma_unmap(mapping_id); }
   Result<DmaBuffer> allocate_dma_buffer(std::size_t length) override { return transport_->allocate_dma_buffer(length); }
   Status free_dma_buffer(std::uint64_t id) override { return transport_->free_dma_buffer(id); }

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include <tutti/accel/memory.hpp>
 #include <tutti/accel/primitives.hpp>
 #include <tutti/libnvm/register_controller.hpp>
 #include <tutti/nvme/identify.hpp>
@@ -58,8 +59,22 @@ void store32(volatile std::uint32_t* p, std::uint32_t v) {
   std::atomic_ref<std::uint32_t>(*const_cast<std::uint32_t*>(p)).store(v, std::memory_order_release);
 }
 
-struct AlignedFree {
-  void operator()(void* p) const noexcept { std::free(p); }
+/// Who allocated a region's memory, i.e. how unmap frees it.
+enum class MemoryOwner : std::uint8_t {
+  caller,       // map / map_device: the caller frees it
+  aligned,      // allocate_dma_buffer without accelerator_mode: std::aligned_alloc
+  mapped_host,  // allocate_dma_buffer / BAR0 in accelerator_mode: accel::allocate_mapped_host
+};
+
+void free_owned(void* memory, MemoryOwner owner) noexcept {
+  if (owner == MemoryOwner::aligned) std::free(memory);
+  if (owner == MemoryOwner::mapped_host) accel::free_mapped_host(memory);
+}
+
+/// BAR0's memory: aligned host memory, or mapped pinned memory in accelerator mode.
+struct BarFree {
+  MemoryOwner owner = MemoryOwner::aligned;
+  void operator()(std::uint32_t* p) const noexcept { free_owned(p, owner); }
 };
 
 }  // namespace
@@ -69,10 +84,32 @@ struct AlignedFree {
 
 namespace {
 
+/// One contiguous piece of a transfer: `length` bytes at `host`, which is accelerator memory
+/// (moved with accel::copy_to_device / copy_from_device) when `device` is set.
 struct HostSpan {
   std::uint8_t* host;
   std::uint64_t length;
+  bool device = false;
 };
+
+/// Copies `length` bytes from a span's memory to host memory `destination`; false when the
+/// accelerator copy failed.
+bool copy_from_span(const HostSpan& span, std::uint8_t* destination, std::uint64_t offset, std::uint64_t length) {
+  if (!span.device) {
+    std::memcpy(destination, span.host + offset, length);
+    return true;
+  }
+  return accel::copy_from_device(destination, span.host + offset, length).is_ok();
+}
+/// Copies `length` bytes of host memory `source` into a span's memory; false when the
+/// accelerator copy failed.
+bool copy_to_span(const HostSpan& span, std::uint64_t offset, const std::uint8_t* source, std::uint64_t length) {
+  if (!span.device) {
+    std::memcpy(span.host + offset, source, length);
+    return true;
+  }
+  return accel::copy_to_device(span.host + offset, source, length).is_ok();
+}
 
 struct Region {
   std::uint64_t id = 0;
@@ -82,35 +119,50 @@ struct Region {
   std::vector<std::uint32_t> host_page_of_bus_page;  // empty: identity (contiguous)
   std::vector<std::uint32_t> bus_page_of_host_page;
   std::uint32_t queue_users = 0;  // admin/I/O queues living in this region
-  bool owned = false;             // allocated by allocate_buffer: freed on unmap
+  MemoryOwner owner = MemoryOwner::caller;  // how unmap frees the memory
+  DmaMemoryKind kind = DmaMemoryKind::host;
+};
+
+/// What BusSpace::unmap leaves to free (outside the lock).
+struct Unmapped {
+  void* memory = nullptr;
+  MemoryOwner owner = MemoryOwner::caller;
 };
 
 class BusSpace {
  public:
   mutable std::shared_mutex mutex;
 
-  Result<DmaMapping> map(void* host_address, std::size_t length, bool scatter, bool owned) {
+  Result<DmaMapping> map(void* host_address, std::size_t length, bool scatter, MemoryOwner owner,
+                         DmaMemoryKind kind = DmaMemoryKind::host) {
+    const bool device = kind == DmaMemoryKind::device;
+    const char* what = device ? "dma_map_device" : "dma_map";
+    const char* address_name = device ? "device_address" : "host_address";
     if (host_address == nullptr || length == 0)
-      return error(StatusCode::INVALID_ARGUMENT, "dma_map: host_address = {} and length = {} must be non-null and non-zero",
+      return error(StatusCode::INVALID_ARGUMENT, "{}: {} = {} and length = {} must be non-null and non-zero", what, address_name,
                    host_address, length);
     const auto start = reinterpret_cast<std::uintptr_t>(host_address);
     if (start % kPage != 0 || length % kPage != 0)
-      return error(StatusCode::INVALID_ARGUMENT, "dma_map: host_address = {:#x} and length = {} must be multiples of {} bytes", start,
-                   length, kPage);
+      return error(StatusCode::INVALID_ARGUMENT, "{}: {} = {:#x} and length = {} must be multiples of {} bytes", what, address_name,
+                   start, length, kPage);
+    if (start + length < start)
+      return error(StatusCode::INVALID_ARGUMENT, "{}: {} = {:#x} + length = {} wraps around the address space", what, address_name,
+                   start, length);
     std::unique_lock lock(mutex);
     auto next = host_ranges_.lower_bound(start);
     if ((next != host_ranges_.end() && next->first < start + length) ||
         (next != host_ranges_.begin() && std::prev(next)->second.first > start))
-      return error(StatusCode::INVALID_ARGUMENT, "dma_map: [{:#x}, +{}) overlaps an existing mapping", start, length);
+      return error(StatusCode::INVALID_ARGUMENT, "{}: [{:#x}, +{}) overlaps an existing mapping", what, start, length);
     const std::uint64_t pages = length / kPage;
     if (pages > 0xffffffffull || next_bus_ + (pages + 1) * kPage < next_bus_)
-      return error(StatusCode::RESOURCE_EXHAUSTED, "dma_map: bus address space exhausted");
+      return error(StatusCode::RESOURCE_EXHAUSTED, "{}: bus address space exhausted", what);
     Region region;
     region.id = next_id_++;
     region.bus_base = next_bus_;
     region.pages = pages;
     region.host = static_cast<std::uint8_t*>(host_address);
-    region.owned = owned;
+    region.owner = owner;
+    region.kind = kind;
     if (scatter && pages > 1) {
       region.bus_page_of_host_page.resize(pages);
       std::iota(region.bus_page_of_host_page.begin(), region.bus_page_of_host_page.end(), 0u);
@@ -125,6 +177,7 @@ class BusSpace {
     mapping.host_address = host_address;
     mapping.length = length;
     mapping.page_size = static_cast<std::uint32_t>(kPage);
+    mapping.memory_kind = kind;
     mapping.bus_addresses.resize(pages);
     for (std::uint64_t h = 0; h < pages; ++h)
       mapping.bus_addresses[h] =
@@ -135,15 +188,15 @@ class BusSpace {
     return mapping;
   }
 
-  /// Unmaps; returns the host memory to free when the region was owned.
-  Result<void*> unmap(std::uint64_t id) {
+  /// Unmaps; returns the memory to free when the region was owned.
+  Result<Unmapped> unmap(std::uint64_t id) {
     std::unique_lock lock(mutex);
     auto by_id = base_of_id_.find(id);
     if (by_id == base_of_id_.end()) return error(StatusCode::NOT_FOUND, "dma_unmap: no mapping with id = {}", id);
     auto it = regions_.find(by_id->second);
     if (it->second.queue_users != 0)
       return error(StatusCode::BUSY, "dma_unmap: {} controller queue(s) live in mapping {}", it->second.queue_users, id);
-    void* owned = it->second.owned ? it->second.host : nullptr;
+    const Unmapped owned{it->second.owner != MemoryOwner::caller ? it->second.host : nullptr, it->second.owner};
     host_ranges_.erase(reinterpret_cast<std::uintptr_t>(it->second.host));
     base_of_id_.erase(by_id);
     regions_.erase(it);
@@ -161,20 +214,24 @@ class BusSpace {
       const std::uint64_t offset = bus % kPage;
       const std::uint64_t chunk = std::min(length, kPage - offset);
       std::uint8_t* host = region->host + host_page * kPage + offset;
-      if (!out.empty() && out.back().host + out.back().length == host)
+      const bool device = region->kind == DmaMemoryKind::device;
+      if (!out.empty() && out.back().host + out.back().length == host && out.back().device == device)
         out.back().length += chunk;
       else
-        out.push_back(HostSpan{host, chunk});
+        out.push_back(HostSpan{host, chunk, device});
       bus += chunk;
       length -= chunk;
     }
     return true;
   }
 
-  /// Host address of [bus, bus + length) when it is mapped and host-contiguous, else nullptr.
-  std::uint8_t* contiguous_locked(std::uint64_t bus, std::uint64_t length) const {
+  /// Address of [bus, bus + length) when it is mapped and contiguous, else nullptr. With
+  /// host_only, accelerator memory gives nullptr too (queues must be host-reachable: the
+  /// controller's threads read SQEs and write CQEs with plain loads and stores).
+  std::uint8_t* contiguous_locked(std::uint64_t bus, std::uint64_t length, bool host_only = true) const {
     std::vector<HostSpan> spans;
     if (length == 0 || !translate_locked(bus, length, spans) || spans.size() != 1) return nullptr;
+    if (host_only && spans.front().device) return nullptr;
     return spans.front().host;
   }
 
@@ -183,7 +240,8 @@ class BusSpace {
     if (!translate_locked(bus, length, spans)) return false;
     auto* d = static_cast<std::uint8_t*>(destination);
     for (const HostSpan& s : spans) {
-      std::memcpy(d, s.host, s.length);
+      // PRP lists and SGL segments may live in accelerator memory (a device region): copied out.
+      if (!copy_from_span(s, d, 0, s.length)) return false;
       d += s.length;
     }
     return true;
@@ -196,8 +254,7 @@ class BusSpace {
   }
 
   ~BusSpace() {
-    for (auto& [base, region] : regions_)
-      if (region.owned) std::free(region.host);
+    for (auto& [base, region] : regions_) free_owned(region.host, region.owner);
   }
 
  private:
@@ -251,9 +308,16 @@ struct SubmissionQueueState {
   std::deque<HeldCommand> held;
 };
 
+/// Host staging memory for transfers to and from accelerator memory (one per worker thread).
+struct Staging {
+  std::uint8_t* data = nullptr;  // mapped pinned memory (accel::allocate_mapped_host); null outside accelerator mode
+  std::uint64_t size = 0;        // bytes
+};
+
 struct Worker {
   std::mutex mutex;
   std::vector<SubmissionQueueState*> queues;  // guarded by mutex
+  accel::MappedHostBuffer bounce;             // accelerator mode: the pinned bounce buffer, worker thread only
   std::thread thread;
 };
 
@@ -277,7 +341,7 @@ struct SoftController::Impl {
   SoftControllerConfig config;
   int fd = -1;
   std::uint64_t namespace_size = 0;  // LBAs
-  std::unique_ptr<std::uint32_t[], AlignedFree> bar;
+  std::unique_ptr<std::uint32_t[], BarFree> bar;
   std::size_t bar_size = 0;
   BusSpace bus;
 
@@ -302,7 +366,8 @@ struct SoftController::Impl {
 
   struct AtomicCounters {
     std::atomic<std::uint64_t> admin_commands{0}, io_commands{0}, read_commands{0}, write_commands{0}, flush_commands{0},
-        write_zeroes_commands{0}, dataset_management_commands{0}, bytes_read{0}, bytes_written{0}, errors{0}, dma_faults{0},
+        write_zeroes_commands{0}, dataset_management_commands{0}, bytes_read{0}, bytes_written{0}, device_bytes_read{0},
+        device_bytes_written{0}, errors{0}, dma_faults{0},
         invalid_doorbell_writes{0}, injected_faults{0}, aborted_commands{0}, completions_posted{0};
   } counters;
   mutable std::mutex errors_mutex;
@@ -434,7 +499,7 @@ struct SoftController::Impl {
     if (!status.success()) return status;
     const auto* s = static_cast<const std::uint8_t*>(source);
     for (const HostSpan& span : spans) {
-      std::memcpy(span.host, s, span.length);
+      if (!copy_to_span(span, 0, s, span.length)) return make_status(GenericStatus::data_transfer_error, true);
       s += span.length;
     }
     return kSuccess;
@@ -481,13 +546,13 @@ struct SoftController::Impl {
   // ----- I/O commands --------------------------------------------------------------------------
   bool lba_range_ok(std::uint64_t slba, std::uint64_t nlb) const { return slba < namespace_size && nlb <= namespace_size - slba; }
 
-  StatusField execute_io(const nvme::SubmissionQueueEntry& sqe) {
+  StatusField execute_io(const nvme::SubmissionQueueEntry& sqe, const Staging& staging) {
     const auto opcode = static_cast<NvmOpcode>(sqe.opcode);
     if (nvme::SubmissionQueueEntry::Fuse::decode(sqe.flags) != 0) return make_status(GenericStatus::invalid_field_in_command, true);
     switch (opcode) {
       case NvmOpcode::read:
       case NvmOpcode::write:
-        return execute_read_write(sqe, opcode == NvmOpcode::write);
+        return execute_read_write(sqe, opcode == NvmOpcode::write, staging);
       case NvmOpcode::flush:
         if (sqe.nsid != 1 && sqe.nsid != 0xffffffffu) return make_status(GenericStatus::invalid_namespace_or_format, true);
         if (!config.null_mode && !sync()) return make_status(MediaStatus::write_fault, true);
@@ -501,7 +566,32 @@ struct SoftController::Impl {
     return make_status(GenericStatus::invalid_command_opcode, true);
   }
 
-  StatusField execute_read_write(const nvme::SubmissionQueueEntry& sqe, bool write) {
+  StatusField transfer_host_span(const HostSpan& span, std::uint64_t offset, bool write) {
+    const bool ok = write ? pwrite_all(span.host, span.length, offset) : pread_all(span.host, span.length, offset);
+    if (!ok) return write ? make_status(MediaStatus::write_fault, true) : make_status(MediaStatus::unrecovered_read_error, true);
+    return kSuccess;
+  }
+
+  /// Moves one span of accelerator memory through the worker's pinned bounce buffer, one chunk
+  /// of at most staging.size bytes at a time: pread + copy_to_device (Read), copy_from_device +
+  /// pwrite (Write). A failed accelerator copy completes with Data Transfer Error.
+  StatusField transfer_device_span(const HostSpan& span, std::uint64_t offset, bool write, const Staging& staging) {
+    if (staging.data == nullptr || staging.size == 0) return make_status(GenericStatus::internal_error, true);
+    for (std::uint64_t done = 0; done < span.length;) {
+      const std::uint64_t chunk = std::min(span.length - done, staging.size);
+      if (write) {
+        if (!copy_from_span(span, staging.data, done, chunk)) return make_status(GenericStatus::data_transfer_error, true);
+        if (!pwrite_all(staging.data, chunk, offset + done)) return make_status(MediaStatus::write_fault, true);
+      } else {
+        if (!pread_all(staging.data, chunk, offset + done)) return make_status(MediaStatus::unrecovered_read_error, true);
+        if (!copy_to_span(span, done, staging.data, chunk)) return make_status(GenericStatus::data_transfer_error, true);
+      }
+      done += chunk;
+    }
+    return kSuccess;
+  }
+
+  StatusField execute_read_write(const nvme::SubmissionQueueEntry& sqe, bool write, const Staging& staging) {
     if (sqe.nsid != 1) return make_status(GenericStatus::invalid_namespace_or_format, true);
     const std::uint64_t slba = nvme::starting_lba(sqe);
     const std::uint64_t nlb = nvme::number_of_logical_blocks(sqe);
@@ -515,13 +605,16 @@ struct SoftController::Impl {
     if (!mapped.success()) return mapped;
     if (!config.null_mode) {
       std::uint64_t offset = slba * lba_size();
+      std::uint64_t device_bytes = 0;
       for (const HostSpan& span : spans) {
-        const bool ok = write ? pwrite_all(span.host, span.length, offset) : pread_all(span.host, span.length, offset);
-        if (!ok) return write ? make_status(MediaStatus::write_fault, true) : make_status(MediaStatus::unrecovered_read_error, true);
+        const StatusField moved = span.device ? transfer_device_span(span, offset, write, staging) : transfer_host_span(span, offset, write);
+        if (!moved.success()) return moved;
+        if (span.device) device_bytes += span.length;
         offset += span.length;
       }
       if (write && nvme::ReadWriteFields::FUA::decode(sqe.cdw12) != 0 && !sync()) return make_status(MediaStatus::write_fault, true);
       (write ? counters.bytes_written : counters.bytes_read).fetch_add(bytes, std::memory_order_relaxed);
+      (write ? counters.device_bytes_written : counters.device_bytes_read).fetch_add(device_bytes, std::memory_order_relaxed);
     }
     (write ? counters.write_commands : counters.read_commands).fetch_add(1, std::memory_order_relaxed);
     return kSuccess;
@@ -556,7 +649,7 @@ struct SoftController::Impl {
       if (!mapped.success()) return mapped;
       auto* d = reinterpret_cast<std::uint8_t*>(list.data());
       for (const HostSpan& span : spans) {
-        std::memcpy(d, span.host, span.length);
+        if (!copy_from_span(span, d, 0, span.length)) return make_status(GenericStatus::data_transfer_error, true);
         d += span.length;
       }
     }
@@ -608,7 +701,7 @@ struct SoftController::Impl {
   }
 
   // ----- workers -------------------------------------------------------------------------------
-  void handle_io(SubmissionQueueState& sq, const nvme::SubmissionQueueEntry& sqe) {
+  void handle_io(SubmissionQueueState& sq, const nvme::SubmissionQueueEntry& sqe, const Staging& staging) {
     const Fault fault = match_fault(sq.qid, sqe);
     if (fault.fire) {
       switch (fault.rule.action) {
@@ -627,13 +720,13 @@ struct SoftController::Impl {
           return;
       }
     }
-    const StatusField status = execute_io(sqe);
+    const StatusField status = execute_io(sqe, staging);
     counters.io_commands.fetch_add(1, std::memory_order_relaxed);
     post(sq, sqe.command_identifier, status);
   }
 
   /// Fetches and executes up to kBatch SQEs; true when anything happened.
-  bool serve(SubmissionQueueState& sq) {
+  bool serve(SubmissionQueueState& sq, const Staging& staging) {
     bool work = false;
     if (!sq.held.empty()) {
       const std::uint64_t now = accel::timer_ns();
@@ -641,7 +734,7 @@ struct SoftController::Impl {
         if (it->due_ns <= now) {
           const nvme::SubmissionQueueEntry sqe = it->sqe;
           it = sq.held.erase(it);
-          const StatusField status = execute_io(sqe);
+          const StatusField status = execute_io(sqe, staging);
           counters.io_commands.fetch_add(1, std::memory_order_relaxed);
           post(sq, sqe.command_identifier, status);
           work = true;
@@ -666,7 +759,7 @@ struct SoftController::Impl {
     for (std::uint32_t n = 0; n < kBatch && sq.head != tail && !fatal.load(std::memory_order_relaxed); ++n) {
       const nvme::SubmissionQueueEntry sqe = sq.base[sq.head];
       sq.head = (sq.head + 1) % sq.size;
-      handle_io(sq, sqe);
+      handle_io(sq, sqe, staging);
       work = true;
     }
     return work;
@@ -681,12 +774,13 @@ struct SoftController::Impl {
 
   void worker_loop(Worker& worker) {
     accel::Backoff backoff(backoff_settings());
+    const Staging staging{static_cast<std::uint8_t*>(worker.bounce.data()), worker.bounce.size()};
     while (!stopping.load(std::memory_order_relaxed)) {
       bool work = false;
       {
         std::lock_guard lock(worker.mutex);
         if (!fatal.load(std::memory_order_relaxed))
-          for (SubmissionQueueState* sq : worker.queues) work |= serve(*sq);
+          for (SubmissionQueueState* sq : worker.queues) work |= serve(*sq, staging);
       }
       if (work)
         backoff.reset();
@@ -1150,9 +1244,25 @@ Result<std::shared_ptr<SoftController>> SoftController::create(const SoftControl
   // BAR0: registers + doorbells of the admin queue and every I/O queue pair.
   impl->bar_size = nvme::completion_queue_head_doorbell_offset(config.max_io_queue_pairs, config.doorbell_stride) + 4;
   impl->bar_size = (impl->bar_size + kPage - 1) / kPage * kPage;
-  impl->bar.reset(static_cast<std::uint32_t*>(std::aligned_alloc(kPage, impl->bar_size)));
-  if (!impl->bar) return error(StatusCode::RESOURCE_EXHAUSTED, "BAR0 allocation of {} bytes failed", impl->bar_size);
-  std::memset(impl->bar.get(), 0, impl->bar_size);
+  if (config.accelerator_mode) {
+    // Mapped pinned memory: GPU kernels ring the doorbells at the same address the workers poll.
+    auto bar = accel::allocate_mapped_host(impl->bar_size);
+    if (!bar) return bar.status().with_context("accelerator_mode BAR0");
+    impl->bar = std::unique_ptr<std::uint32_t[], BarFree>(static_cast<std::uint32_t*>(*bar), BarFree{MemoryOwner::mapped_host});
+    // One pinned bounce buffer per worker, MDTS long (a command never needs more at once).
+    const std::uint64_t bounce = config.max_data_transfer_bytes != 0 ? config.max_data_transfer_bytes : kSoftDefaultBounceBufferBytes;
+    for (std::uint32_t i = 0; i < config.worker_threads; ++i) {
+      auto buffer = accel::MappedHostBuffer::allocate(bounce);
+      if (!buffer) return buffer.status().with_context("accelerator_mode bounce buffer");
+      impl->workers.push_back(std::make_unique<Worker>());
+      impl->workers.back()->bounce = std::move(*buffer);
+    }
+  } else {
+    impl->bar = std::unique_ptr<std::uint32_t[], BarFree>(static_cast<std::uint32_t*>(std::aligned_alloc(kPage, impl->bar_size)),
+                                                          BarFree{MemoryOwner::aligned});
+    if (!impl->bar) return error(StatusCode::RESOURCE_EXHAUSTED, "BAR0 allocation of {} bytes failed", impl->bar_size);
+    std::memset(impl->bar.get(), 0, impl->bar_size);
+  }
   using CAP = nvme::Capabilities;
   std::uint64_t cap = 0;
   cap = CAP::MQES::encode(cap, config.max_queue_entries - 1);
@@ -1168,7 +1278,7 @@ Result<std::shared_ptr<SoftController>> SoftController::create(const SoftControl
 
   Impl& ref = *impl;
   try {
-    for (std::uint32_t i = 0; i < config.worker_threads; ++i) impl->workers.push_back(std::make_unique<Worker>());
+    while (impl->workers.size() < config.worker_threads) impl->workers.push_back(std::make_unique<Worker>());
     for (auto& w : impl->workers) {
       Worker* worker = w.get();
       w->thread = std::thread([&ref, worker] { ref.worker_loop(*worker); });
@@ -1188,25 +1298,46 @@ volatile std::uint32_t* SoftController::bar0() noexcept { return impl_->bar.get(
 std::size_t SoftController::bar0_size() const noexcept { return impl_->bar_size; }
 
 Result<DmaMapping> SoftController::map(void* host_address, std::size_t length) {
-  return impl_->bus.map(host_address, length, impl_->config.scatter_bus_pages, false);
+  return impl_->bus.map(host_address, length, impl_->config.scatter_bus_pages, MemoryOwner::caller);
+}
+
+Result<DmaMapping> SoftController::map_device(void* device_address, std::size_t length) {
+  if (!impl_->config.accelerator_mode)
+    return error(StatusCode::UNSUPPORTED,
+                 "dma_map_device({}, {} bytes): the soft controller reaches accelerator memory only with accelerator_mode = true",
+                 device_address, length);
+  return impl_->bus.map(device_address, length, impl_->config.scatter_bus_pages, MemoryOwner::caller, DmaMemoryKind::device);
 }
 
 Status SoftController::unmap(std::uint64_t mapping_id) {
   auto owned = impl_->bus.unmap(mapping_id);
   if (!owned) return owned.status();
-  std::free(*owned);
+  free_owned(owned->memory, owned->owner);
   return Status::ok();
 }
 
 Result<DmaBuffer> SoftController::allocate_dma_buffer(std::size_t length) {
-  if (length == 0) return error(StatusCode::INVALID_ARGUMENT, "allocate_dma_buffer: length must be >= 1");
+  if (length == 0) return error(StatusCode::INVALID_ARGUMENT, "allocate_dma_buffer: length = 0 must be >= 1");
+  if (length > accel::kMaxAllocationBytes)
+    return error(StatusCode::INVALID_ARGUMENT, "allocate_dma_buffer: length = {} exceeds the limit of {} bytes", length,
+                 accel::kMaxAllocationBytes);
   const std::size_t rounded = (length + kPage - 1) / kPage * kPage;
-  void* memory = std::aligned_alloc(kPage, rounded);
-  if (memory == nullptr) return error(StatusCode::RESOURCE_EXHAUSTED, "allocate_dma_buffer: {} bytes", rounded);
-  std::memset(memory, 0, rounded);
-  auto mapping = impl_->bus.map(memory, rounded, false, true);
+  void* memory = nullptr;
+  MemoryOwner owner = MemoryOwner::aligned;
+  if (impl_->config.accelerator_mode) {
+    // Mapped pinned memory: queues, PRP lists and SGL segments that GPU kernels write.
+    auto mapped = accel::allocate_mapped_host(rounded);
+    if (!mapped) return mapped.status().with_context("allocate_dma_buffer");
+    memory = *mapped;
+    owner = MemoryOwner::mapped_host;
+  } else {
+    memory = std::aligned_alloc(kPage, rounded);
+    if (memory == nullptr) return error(StatusCode::RESOURCE_EXHAUSTED, "allocate_dma_buffer: {} bytes", rounded);
+    std::memset(memory, 0, rounded);
+  }
+  auto mapping = impl_->bus.map(memory, rounded, false, owner);
   if (!mapping) {
-    std::free(memory);
+    free_owned(memory, owner);
     return mapping.status();
   }
   DmaBuffer buffer;
@@ -1219,7 +1350,7 @@ Result<DmaBuffer> SoftController::allocate_dma_buffer(std::size_t length) {
 
 void* SoftController::translate(std::uint64_t bus_address, std::size_t length) const {
   std::shared_lock lock(impl_->bus.mutex);
-  return impl_->bus.contiguous_locked(bus_address, length);
+  return impl_->bus.contiguous_locked(bus_address, length, false);
 }
 
 std::uint64_t SoftController::inject_fault(const SoftFaultRule& rule) {
@@ -1252,6 +1383,8 @@ SoftControllerCounters SoftController::counters() const {
   out.dataset_management_commands = c.dataset_management_commands.load();
   out.bytes_read = c.bytes_read.load();
   out.bytes_written = c.bytes_written.load();
+  out.device_bytes_read = c.device_bytes_read.load();
+  out.device_bytes_written = c.device_bytes_written.load();
   out.errors = c.errors.load();
   out.dma_faults = c.dma_faults.load();
   out.invalid_doorbell_writes = c.invalid_doorbell_writes.load();
@@ -1275,6 +1408,9 @@ class SoftTransport final : public RegisterTransport {
   volatile std::uint32_t* bar0() noexcept override { return device_->bar0(); }
   std::size_t bar0_size() const noexcept override { return device_->bar0_size(); }
   Result<DmaMapping> dma_map(void* host_address, std::size_t length) override { return device_->map(host_address, length); }
+  Result<DmaMapping> dma_map_device(void* device_address, std::size_t length) override {
+    return device_->map_device(device_address, length);
+  }
   Status dma_unmap(std::uint64_t mapping_id) override { return device_->unmap(mapping_id); }
 
   Result<DmaBuffer> allocate_dma_buffer(std::size_t length) override { return device_->allocate_dma_buffer(length); }

@@ -71,15 +71,23 @@ struct ControllerIdentity {
   nvme::IdentifyNamespace namespace_data{};    ///< the full Identify Namespace data of nsid
 };
 
-/// A host memory region DMA-mapped for one controller (Controller::dma_map).
+/// The kind of memory a DmaMapping covers.
+enum class DmaMemoryKind : std::uint8_t {
+  host,    ///< host memory (Controller::dma_map, allocate_dma_buffer)
+  device,  ///< accelerator (GPU) memory (Controller::dma_map_device); not dereferenceable on the host
+};
+
+/// A memory region DMA-mapped for one controller (Controller::dma_map, dma_map_device).
 /// The region is [host_address, host_address + length), page aligned, and stays mapped until
 /// dma_unmap(id). bus_addresses[i] is what the device uses for page i (may be non-contiguous).
+/// For memory_kind == device, host_address is the accelerator address of the region.
 struct DmaMapping {
   std::uint64_t id = 0;                      ///< handle for dma_unmap; never 0 for a live mapping
   void* host_address = nullptr;              ///< start of the region, page_size aligned
   std::size_t length = 0;                    ///< bytes, a multiple of page_size
   std::uint32_t page_size = 4096;            ///< bytes per page table entry (controller memory page size)
   std::vector<std::uint64_t> bus_addresses;  ///< one bus address per page, each page_size aligned
+  DmaMemoryKind memory_kind = DmaMemoryKind::host;  ///< host memory or accelerator memory
 
   /// The view the PRP / SGL builders take. Valid while this object lives and is not modified.
   nvme::PageTableView page_table() const noexcept {
@@ -161,7 +169,19 @@ class Controller {
   /// misaligned), RESOURCE_EXHAUSTED (out of bus address space), UNSUPPORTED (memory kind).
   virtual Result<DmaMapping> dma_map(void* host_address, std::size_t length) = 0;
 
-  /// Unmaps a region. Errors: NOT_FOUND (unknown id), BUSY (a queue of the controller lives in it).
+  /// DMA-maps accelerator (GPU) memory [device_address, device_address + length), e.g. from
+  /// accel::allocate_device / cudaMalloc, so commands can read into and write from it directly;
+  /// both multiples of the memory page size (4096). Returns a mapping with memory_kind == device.
+  /// Unmap with dma_unmap. Errors: UNSUPPORTED (this controller cannot reach accelerator memory;
+  /// the default implementation always returns it; the soft controller needs accelerator_mode),
+  /// INVALID_ARGUMENT (null, zero length, misaligned, overlapping), RESOURCE_EXHAUSTED.
+  virtual Result<DmaMapping> dma_map_device(void* device_address, std::size_t length) {
+    return error(StatusCode::UNSUPPORTED,
+                 "dma_map_device({}, {} bytes): the {} controller cannot DMA-map accelerator memory", device_address, length, kind());
+  }
+
+  /// Unmaps a region of either kind (dma_map or dma_map_device). Errors: NOT_FOUND (unknown
+  /// id), BUSY (a queue of the controller lives in it).
   virtual Status dma_unmap(std::uint64_t mapping_id) = 0;
 
   /// Allocates zeroed DMA memory, contiguous in bus space, rounded up to the memory page size.

@@ -31,6 +31,12 @@ class RegisterTransport {
   virtual Status dma_unmap(std::uint64_t mapping_id) = 0;
   virtual Result<DmaBuffer> allocate_dma_buffer(std::size_t length) = 0;
   virtual Status free_dma_buffer(std::uint64_t id) = 0;
+  /// As Controller::dma_map_device; the default returns UNSUPPORTED (the transport cannot reach
+  /// accelerator memory).
+  virtual Result<DmaMapping> dma_map_device(void* device_address, std::size_t length) {
+    return error(StatusCode::UNSUPPORTED, "dma_map_device({}, {} bytes): the {} transport cannot DMA-map accelerator memory",
+                 device_address, length, kind());
+  }
 };
 
 /// The register-level driver over `transport` (not yet brought up). Destroying it disables the

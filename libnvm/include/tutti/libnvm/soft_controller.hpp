@@ -14,8 +14,19 @@
 // at kBusAddressBase and above (far from any host virtual address, so a host pointer used as a
 // bus address always faults); with scatter_bus_pages each page of a region lands at an unrelated
 // bus page, so builders that assume contiguity are caught. The address space knows the memory
-// kind of each region (host memory now); a later CUDA mode adds mapped pinned memory for queues
-// and doorbells and device memory for data, moved with a copy engine, without changing the API.
+// kind of each region: host memory (map, allocate_dma_buffer) or accelerator memory (map_device).
+//
+// Accelerator mode (SoftControllerConfig::accelerator_mode, the GPU mode of the soft controller):
+// BAR0 (registers and doorbells) and every allocate_dma_buffer allocation (queues, PRP lists, SGL
+// segments) come from accel::allocate_mapped_host (CUDA: cudaHostAlloc mapped, one address for
+// host and GPU), so GPU kernels write SQEs and ring doorbells that the worker threads poll, and
+// poll the CQEs the workers post. map_device adds accelerator (GPU) memory to the bus address
+// space; the workers move data between the backing file and such regions through a pinned bounce
+// buffer per worker (accel::allocate_mapped_host, max_data_transfer_bytes or
+// kSoftDefaultBounceBufferBytes long) and accel::copy_to_device / copy_from_device, chunk by
+// chunk. PRP lists and SGL segments inside device regions are read with copy_from_device too.
+// In the host profile the same code runs with accel's host implementation (ordinary memory,
+// memcpy), so the path is tested on every machine.
 //
 // Thread-safety: every member function may be called from any thread. Doorbell and queue
 // memory follow the NVMe rules (one writer per doorbell value, see tutti/nvme/queue.hpp).
@@ -45,6 +56,9 @@ inline constexpr std::uint32_t kSoftDefaultMaxDataTransferBytes = 1u << 20;
 inline constexpr std::uint32_t kSoftDefaultWorkerThreads = 1;
 inline constexpr std::uint32_t kSoftDefaultIdleSleepMaxNs = 100'000;
 inline constexpr std::uint32_t kSoftDefaultMaxSglDescriptors = 8192;
+inline constexpr bool kSoftDefaultAcceleratorMode = false;
+/// Bounce buffer per worker in accelerator mode when max_data_transfer_bytes is 0 (no MDTS), bytes.
+inline constexpr std::uint32_t kSoftDefaultBounceBufferBytes = 1u << 20;
 
 /// Configuration of a SoftController.
 struct SoftControllerConfig {
@@ -76,6 +90,11 @@ struct SoftControllerConfig {
   std::uint32_t max_sgl_descriptors = kSoftDefaultMaxSglDescriptors;
   /// CAP.DSTRD (doorbell stride 4 << DSTRD bytes), 0..15.
   std::uint32_t doorbell_stride = 0;
+  /// Accelerator (GPU) mode: BAR0 and allocate_dma_buffer memory from accel::allocate_mapped_host,
+  /// map_device enabled, a pinned bounce buffer per worker (see the header comment). create fails
+  /// with the accelerator's error (UNSUPPORTED without a usable device in the cuda profile) when
+  /// that memory cannot be allocated.
+  bool accelerator_mode = kSoftDefaultAcceleratorMode;
 };
 
 /// A fault to inject into I/O commands. A rule fires on a command when all its filters match;
@@ -113,8 +132,10 @@ struct SoftControllerCounters {
   std::uint64_t io_commands = 0;            ///< I/O commands completed (any status)
   std::uint64_t read_commands = 0, write_commands = 0, flush_commands = 0, write_zeroes_commands = 0,
                 dataset_management_commands = 0;  ///< successful I/O commands by opcode
-  std::uint64_t bytes_read = 0;             ///< bytes moved device -> host memory by successful Reads
-  std::uint64_t bytes_written = 0;          ///< bytes moved host memory -> device by successful Writes
+  std::uint64_t bytes_read = 0;             ///< bytes moved backing store -> memory by successful Reads (host and accelerator memory)
+  std::uint64_t bytes_written = 0;          ///< bytes moved memory -> backing store by successful Writes (host and accelerator memory)
+  std::uint64_t device_bytes_read = 0;      ///< the part of bytes_read that landed in map_device regions
+  std::uint64_t device_bytes_written = 0;   ///< the part of bytes_written that came from map_device regions
   std::uint64_t errors = 0;                 ///< completions with a non-success status (admin and I/O)
   std::map<std::uint16_t, std::uint64_t> errors_by_status;  ///< key: StatusField::without_phase()
   std::uint64_t dma_faults = 0;             ///< accesses outside every mapped region (IOMMU rule), memory untouched
@@ -142,7 +163,8 @@ class SoftController {
 
   /// BAR0: the register file followed by the doorbells (kDoorbellOffset). Host code writes CC,
   /// AQA, ASQ, ACQ and doorbells here with accel::mmio_store32 (64-bit ASQ/ACQ as two 32-bit
-  /// halves, low first); the controller polls them. Valid for the lifetime of the object.
+  /// halves, low first); the controller polls them. Valid for the lifetime of the object. In
+  /// accelerator_mode it is mapped pinned memory: GPU kernels ring doorbells at the same address.
   volatile std::uint32_t* bar0() noexcept;
   /// Size of bar0() in bytes (registers + doorbells of the admin queue and every I/O queue pair).
   std::size_t bar0_size() const noexcept;
@@ -151,15 +173,29 @@ class SoftController {
   /// Errors: INVALID_ARGUMENT (null, 0, misaligned, overlaps an existing mapping),
   /// RESOURCE_EXHAUSTED (bus space exhausted).
   Result<DmaMapping> map(void* host_address, std::size_t length);
-  /// Unmaps (and frees memory from allocate_dma_buffer). Errors: NOT_FOUND, BUSY (an admin or
-  /// I/O queue of this controller lives in it).
+  /// DMA-maps accelerator (GPU) memory, e.g. from accel::allocate_device / cudaMalloc, as a region
+  /// of kind device (DmaMapping::memory_kind == DmaMemoryKind::device): [device_address,
+  /// device_address + length) with device_address and length multiples of 4096. PRPs and SGLs
+  /// pointing into it are decoded exactly as for host memory and the IOMMU rule (dma_faults)
+  /// applies; Reads and Writes move the data through the worker's bounce buffer with
+  /// accel::copy_to_device / copy_from_device. The memory must stay allocated until unmap.
+  /// Errors: UNSUPPORTED (accelerator_mode is false), INVALID_ARGUMENT (null, 0, misaligned,
+  /// overlaps an existing mapping), RESOURCE_EXHAUSTED (bus space exhausted).
+  Result<DmaMapping> map_device(void* device_address, std::size_t length);
+  /// Unmaps a region of either kind (and frees memory from allocate_dma_buffer). Waits for
+  /// transfers in progress on the region to finish. Errors: NOT_FOUND, BUSY (an admin or I/O
+  /// queue of this controller lives in it).
   Status unmap(std::uint64_t mapping_id);
   /// Allocates zeroed page-aligned host memory of `length` bytes rounded up to 4096 and maps it
   /// bus-contiguously (even with scatter_bus_pages), for queues, PRP lists and SGL segments.
-  /// Free with unmap(buffer.id). Errors: INVALID_ARGUMENT (0), RESOURCE_EXHAUSTED.
+  /// In accelerator_mode the memory comes from accel::allocate_mapped_host (GPU kernels reach it
+  /// at host_address). Free with unmap(buffer.id). Errors: INVALID_ARGUMENT (0 or above
+  /// accel::kMaxAllocationBytes), RESOURCE_EXHAUSTED, and in accelerator_mode the accelerator's
+  /// UNSUPPORTED / DEVICE_ERROR.
   Result<DmaBuffer> allocate_dma_buffer(std::size_t length);
-  /// Host address of [bus_address, bus_address + length) if it lies in one mapped page run of
-  /// one region, else nullptr (for tests and tools; the data path uses it internally).
+  /// Address of [bus_address, bus_address + length) if it lies in one mapped page run of one
+  /// region, else nullptr (for tests and tools; the data path uses it internally). For a device
+  /// region the address is accelerator memory: do not dereference it on the host.
   void* translate(std::uint64_t bus_address, std::size_t length) const;
 
   /// Adds a fault rule; returns its id. Clear with clear_faults().

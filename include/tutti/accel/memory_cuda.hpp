@@ -1,0 +1,126 @@
+// CUDA profile implementation of accel/memory.hpp (CUDA Runtime API: cudaHostAlloc,
+// cudaHostGetDevicePointer, cudaMalloc, cudaMemcpyAsync, cudaStreamCreateWithFlags). Included
+// by accel/memory.hpp; do not include it directly. Compiles with nvcc and with the host compiler
+// (libnvm is built by g++ in the cuda profile and links cudart). The callers have validated the
+// arguments and rounded sizes up to 4096 bytes.
+//
+// Error mapping: cudaErrorMemoryAllocation -> RESOURCE_EXHAUSTED; cudaErrorNoDevice,
+// cudaErrorInsufficientDriver and cudaErrorNotSupported -> UNSUPPORTED; anything else ->
+// DEVICE_ERROR. Messages name the call, the size and carry cudaGetErrorString's text.
+// Thread-safety: every function may be called from any thread; copies use a stream of the
+// calling thread (thread_local, created on first use, destroyed when the thread exits).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include <cuda_runtime.h>
+
+#include <tutti/core/status.hpp>
+
+namespace tutti::accel::shim {
+
+/// The Status of a failed CUDA call `what` (see the header comment for the code mapping).
+inline Status cuda_error(cudaError_t result, const char* what, std::size_t bytes) {
+  StatusCode code = StatusCode::DEVICE_ERROR;
+  if (result == cudaErrorMemoryAllocation) code = StatusCode::RESOURCE_EXHAUSTED;
+  if (result == cudaErrorNoDevice || result == cudaErrorInsufficientDriver || result == cudaErrorNotSupported)
+    code = StatusCode::UNSUPPORTED;
+  return error(code, "{} of {} bytes: {} ({})", what, bytes, cudaGetErrorString(result), cudaGetErrorName(result));
+}
+
+inline Result<void*> allocate_mapped_host(std::size_t bytes) {
+  void* host = nullptr;
+  if (const cudaError_t result = cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable); result != cudaSuccess)
+    return cuda_error(result, "allocate_mapped_host: cudaHostAlloc(cudaHostAllocMapped | cudaHostAllocPortable)", bytes);
+  void* device = nullptr;
+  const cudaError_t mapped = cudaHostGetDevicePointer(&device, host, 0);
+  if (mapped != cudaSuccess || device != host) {
+    cudaFreeHost(host);
+    if (mapped != cudaSuccess) return cuda_error(mapped, "allocate_mapped_host: cudaHostGetDevicePointer", bytes);
+    return error(StatusCode::UNSUPPORTED,
+                 "allocate_mapped_host: device address {} differs from host address {} (no unified virtual addressing); "
+                 "kernels and host threads must share one address",
+                 device, host);
+  }
+  if (reinterpret_cast<std::uintptr_t>(host) % 4096 != 0) {
+    cudaFreeHost(host);
+    return error(StatusCode::INTERNAL, "allocate_mapped_host: cudaHostAlloc returned {}, not 4096-byte aligned", host);
+  }
+  std::memset(host, 0, bytes);
+  return host;
+}
+
+inline void free_mapped_host(void* address) noexcept {
+  if (address != nullptr) (void)cudaFreeHost(address);
+}
+
+/// The calling thread's copy stream (cudaStreamNonBlocking: no implicit synchronisation with the
+/// legacy default stream), created on first use.
+class ThreadCopyStream {
+ public:
+  ~ThreadCopyStream() {
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);  // fails harmlessly during CUDA's own teardown
+  }
+  Result<cudaStream_t> get() {
+    if (stream_ == nullptr) {
+      if (const cudaError_t result = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); result != cudaSuccess) {
+        stream_ = nullptr;
+        return cuda_error(result, "cudaStreamCreateWithFlags(cudaStreamNonBlocking) for copies", 0);
+      }
+    }
+    return stream_;
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+/// The calling thread's stream for copies and memsets.
+inline Result<cudaStream_t> thread_copy_stream() {
+  thread_local ThreadCopyStream thread_stream;
+  return thread_stream.get();
+}
+
+inline Status copy_synchronous(void* destination, const void* source, std::size_t bytes, const char* what) {
+  auto stream = thread_copy_stream();
+  if (!stream) return stream.status();
+  cudaError_t result = cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, *stream);
+  if (result == cudaSuccess) result = cudaStreamSynchronize(*stream);
+  if (result != cudaSuccess) return cuda_error(result, what, bytes);
+  return Status::ok();
+}
+
+inline Result<void*> allocate_device(std::size_t bytes) {
+  void* device = nullptr;
+  if (const cudaError_t result = cudaMalloc(&device, bytes); result != cudaSuccess)
+    return cuda_error(result, "allocate_device: cudaMalloc", bytes);
+  if (reinterpret_cast<std::uintptr_t>(device) % 4096 != 0) {
+    cudaFree(device);
+    return error(StatusCode::INTERNAL, "allocate_device: cudaMalloc returned {}, not 4096-byte aligned", device);
+  }
+  // Zeroed on the calling thread's non-blocking stream: no wait for kernels on other streams.
+  auto stream = thread_copy_stream();
+  cudaError_t result = stream ? cudaMemsetAsync(device, 0, bytes, *stream) : cudaSuccess;
+  if (result == cudaSuccess && stream) result = cudaStreamSynchronize(*stream);
+  if (!stream || result != cudaSuccess) {
+    cudaFree(device);
+    if (!stream) return stream.status();
+    return cuda_error(result, "allocate_device: cudaMemsetAsync", bytes);
+  }
+  return device;
+}
+
+inline void free_device(void* address) noexcept {
+  if (address != nullptr) (void)cudaFree(address);
+}
+
+inline Status copy_to_device(void* device_destination, const void* host_source, std::size_t bytes) {
+  return copy_synchronous(device_destination, host_source, bytes, "copy_to_device: cudaMemcpyAsync");
+}
+inline Status copy_from_device(void* host_destination, const void* device_source, std::size_t bytes) {
+  return copy_synchronous(host_destination, device_source, bytes, "copy_from_device: cudaMemcpyAsync");
+}
+
+}  // namespace tutti::accel::shim
