@@ -3,6 +3,9 @@
 // each case says so and passes nothing off as tested.
 #include <cuda_runtime.h>
 
+#include <tutti/accel/stream.hpp>
+
+#include "gpu_kernels.hpp"
 #include "uring_test_support.hpp"
 
 using namespace tutti;
@@ -31,6 +34,32 @@ struct DeviceBuffer {
   void* pointer = nullptr;
   std::uint64_t size;
 };
+
+/// A non-blocking stream of the test (the caller's stream), destroyed after it drained.
+struct CallerStream {
+  CallerStream() { REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess); }
+  ~CallerStream() {
+    (void)cudaStreamSynchronize(stream);
+    (void)cudaStreamDestroy(stream);
+  }
+  cudaStream_t stream = nullptr;
+};
+
+/// Bytes of `device` that differ from the file pattern, counted by a kernel queued on `stream` now.
+unsigned long long mismatches_seen_on(cudaStream_t stream, const DeviceBuffer& device, std::uint64_t bytes,
+                                      std::uint32_t seed) {
+  unsigned long long* counter = nullptr;
+  REQUIRE(cudaMalloc(&counter, sizeof *counter) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(counter, 0, sizeof *counter, stream) == cudaSuccess);
+  REQUIRE(testing::gpu::count_pattern_mismatches(device.pointer, bytes, 0, seed, counter, stream) == cudaSuccess);
+  unsigned long long host = ~0ull;
+  REQUIRE(cudaMemcpyAsync(&host, counter, sizeof host, cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  (void)cudaFree(counter);
+  return host;
+}
+
+constexpr std::uint64_t kBusyKernelNs = 300'000'000;  // 300 ms: far longer than reading 4 MiB
 
 }  // namespace
 
@@ -99,4 +128,96 @@ TEST_CASE("many small DEVICE reads (16 KiB blocks) share the bounded staging rin
   for (const auto& one : c) REQUIRE(one.status.is_ok());
   const auto host = device.to_host();
   for (std::uint64_t i = 0; i < 1024; ++i) REQUIRE(matches_pattern(host.data() + i * 16384, (1023 - i) * 16384, 16384, 34));
+}
+
+TEST_CASE("a READ fenced on the caller's stream lands after the kernel queued there before it, and a kernel queued after completion sees the file's bytes") {
+  if (!have_gpu()) return;
+  TempDirectory dir;
+  const auto path = dir.file("fenced");
+  const std::uint64_t size = 4u << 20;
+  write_pattern_file(path, size, 35);
+  UringRuntime runtime(UringBackend{
+      file::Resolver{}, uring::DataPath(uring::Options{.staging_buffers = 2, .staging_buffer_bytes = 1u << 20})});
+  auto t = runtime.open("file://" + path, {.allow_buffered = true});
+  REQUIRE(t.is_ok());
+  DeviceBuffer device(size);
+  auto m = runtime.register_memory(device.view());
+  REQUIRE(m.is_ok());
+  CallerStream caller;
+  REQUIRE(runtime.datapath().set_completion_stream(device.pointer, accel::StreamRef::from_cuda(caller.stream)).is_ok());
+  // The region's previous user: still busy when the READ is submitted, then it overwrites the region.
+  REQUIRE(testing::gpu::spin_then_fill(device.pointer, size, 0xAB, kBusyKernelNs, caller.stream) == cudaSuccess);
+  auto c = run_all(runtime, {{Direction::READ, *m, 0, *t, 0, size}});
+  REQUIRE_MESSAGE(c[0].status.is_ok(), c[0].status.to_string());
+  CHECK(mismatches_seen_on(caller.stream, device, size, 35) == 0);
+  CHECK(runtime.unregister_memory(*m).is_ok());
+}
+
+TEST_CASE("without a fence the same READ is overwritten by the earlier kernel (the hazard the fence removes)") {
+  if (!have_gpu()) return;
+  TempDirectory dir;
+  const auto path = dir.file("unfenced");
+  const std::uint64_t size = 4u << 20;
+  write_pattern_file(path, size, 36);
+  UringRuntime runtime;
+  auto t = runtime.open("file://" + path, {.allow_buffered = true});
+  REQUIRE(t.is_ok());
+  DeviceBuffer device(size);
+  auto m = runtime.register_memory(device.view());
+  REQUIRE(m.is_ok());
+  CallerStream caller;
+  REQUIRE(testing::gpu::spin_then_fill(device.pointer, size, 0xAB, kBusyKernelNs, caller.stream) == cudaSuccess);
+  auto c = run_all(runtime, {{Direction::READ, *m, 0, *t, 0, size}});
+  REQUIRE(c[0].status.is_ok());
+  // The staging copy ran on the ring's own stream long before the busy kernel's fill.
+  CHECK(mismatches_seen_on(caller.stream, device, size, 36) > size / 2);
+  CHECK(runtime.unregister_memory(*m).is_ok());
+}
+
+TEST_CASE("a WRITE fenced on the caller's stream writes what the kernel queued before it produced") {
+  if (!have_gpu()) return;
+  TempDirectory dir;
+  const auto path = dir.file("produced");
+  const std::uint64_t size = 4u << 20;
+  write_pattern_file(path, size, 37);
+  UringRuntime runtime(UringBackend{
+      file::Resolver{}, uring::DataPath(uring::Options{.staging_buffers = 2, .staging_buffer_bytes = 1u << 20})});
+  auto t = runtime.open("file://" + path, {.writable = true, .allow_buffered = true});
+  REQUIRE(t.is_ok());
+  DeviceBuffer device(size);
+  REQUIRE(cudaMemset(device.pointer, 0, size) == cudaSuccess);
+  auto m = runtime.register_memory(device.view());
+  REQUIRE(m.is_ok());
+  CallerStream caller;
+  REQUIRE(runtime.datapath().set_completion_stream(device.pointer, accel::StreamRef::from_cuda(caller.stream)).is_ok());
+  REQUIRE(testing::gpu::spin_then_fill(device.pointer, size, 0x5A, kBusyKernelNs, caller.stream) == cudaSuccess);
+  auto c = run_all(runtime, {{Direction::WRITE, *m, 0, *t, 0, size}, {Direction::FLUSH, {}, 0, *t, 0, 0}});
+  for (const auto& one : c) REQUIRE_MESSAGE(one.status.is_ok(), one.status.to_string());
+  const auto plain = read_plain(path, 0, size);
+  std::uint64_t produced = 0;
+  for (std::byte b : plain) produced += b == std::byte{0x5A} ? 1 : 0;
+  CHECK(produced == size);
+  CHECK(runtime.unregister_memory(*m).is_ok());
+}
+
+TEST_CASE("set_completion_stream refuses host memory and unknown addresses, naming them") {
+  if (!have_gpu()) return;
+  CallerStream caller;
+  const auto stream = accel::StreamRef::from_cuda(caller.stream);
+  uring::DataPath d;
+  AlignedBuffer host(4096);
+  auto h = d.register_memory(host.view());
+  REQUIRE(h.is_ok());
+  const Status on_host = d.set_completion_stream(*h, stream);
+  CHECK(on_host.code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(on_host.message().find("HOST") != std::string::npos);
+  CHECK(d.set_completion_stream(static_cast<const void*>(host.get()), stream).code() == StatusCode::NOT_FOUND);
+  DeviceBuffer device(1u << 20);
+  auto m = d.register_memory(device.view());
+  REQUIRE(m.is_ok());
+  CHECK(d.set_completion_stream(static_cast<const void*>(device.pointer), stream).is_ok());
+  CHECK(d.set_completion_stream(static_cast<const void*>(device.pointer), accel::StreamRef{}).is_ok());
+  REQUIRE(d.unregister_memory(*m).is_ok());
+  CHECK(d.set_completion_stream(static_cast<const void*>(device.pointer), stream).code() == StatusCode::NOT_FOUND);
+  CHECK(d.unregister_memory(*h).is_ok());
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "uring_test_support.hpp"
@@ -393,4 +394,115 @@ TEST_CASE("an unaligned tail WRITE on O_DIRECT without a tail descriptor is reje
   CHECK(file_size(path) == 4096 + 10);
   CHECK(d.unregister_memory(*m).is_ok());
   CHECK(d.close(*t).is_ok());
+}
+
+namespace {
+
+/// Opens `path` writable with flush_on_close on `d` (DataPath API, so the test sees the target).
+uring::DataPath::open_target open_for_flush(uring::DataPath& d, const std::string& path) {
+  auto payload = file::Resolver{}.resolve("file://" + path, {.writable = true, .flush_on_close = true});
+  REQUIRE_MESSAGE(payload.is_ok(), payload.status().to_string());
+  auto t = d.open(std::move(payload).value(), {.writable = true, .flush_on_close = true});
+  REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
+  return std::move(t).value();
+}
+
+/// Dirties `bytes` of the page cache of `path` through a second, buffered descriptor.
+void dirty_page_cache(const std::string& path, std::uint64_t bytes, std::uint32_t seed) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  std::vector<std::byte> chunk(1 << 20);
+  for (std::uint64_t done = 0; done < bytes; done += chunk.size()) {
+    for (std::uint64_t i = 0; i < chunk.size(); ++i) chunk[i] = pattern_byte(done + i, seed);
+    REQUIRE(::pwrite(fd, chunk.data(), chunk.size(), static_cast<off_t>(done)) == static_cast<ssize_t>(chunk.size()));
+  }
+  ::close(fd);
+}
+
+}  // namespace
+
+TEST_CASE("close with flush_on_close flushes through the ring within its budget and releases the target") {
+  TempDirectory dir;
+  const auto path = dir.file("flush");
+  write_pattern_file(path, 4u << 20, 40);
+  uring::DataPath d;
+  auto t = open_for_flush(d, path);
+  dirty_page_cache(path, 4u << 20, 41);
+  const auto commands_before = d.stats().commands;
+  REQUIRE(d.close(t).is_ok());
+  CHECK(d.stats().commands == commands_before + 1);  // the FLUSH went through the ring, not a blocking fdatasync
+  CHECK_FALSE(t.file.fd.valid());
+  CHECK(t.pending_close_flush == nullptr);
+  const auto plain = read_plain(path, 0, 4u << 20);
+  CHECK(matches_pattern(plain.data(), 0, 4u << 20, 41));
+}
+
+TEST_CASE("close whose flush outlasts close_flush_timeout_ns returns TIMEOUT, keeps the target open, and a later close completes it") {
+  TempDirectory dir;
+  const auto path = dir.file("slowflush");
+  const std::uint64_t size = 64u << 20;
+  write_pattern_file(path, size, 42);
+  // 0 ns: close() checks the flush once. IORING_OP_FSYNC always runs in an io-wq worker, so writing
+  // back 64 MiB of dirty pages cannot have finished by then.
+  uring::DataPath d(uring::Options{.close_flush_timeout_ns = 0});
+  auto t = open_for_flush(d, path);
+  dirty_page_cache(path, size, 43);
+  const Status first = d.close(t);
+  REQUIRE_MESSAGE(first.code() == StatusCode::TIMEOUT, first.to_string());
+  CHECK(first.message().find(path) != std::string::npos);
+  CHECK(first.message().find("close_flush_timeout_ns") != std::string::npos);
+  CHECK(t.file.fd.valid());  // nothing released while the flush runs
+  CHECK(t.pending_close_flush != nullptr);
+  CHECK(d.stats().in_flight_commands == 1);
+  Status again = first;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (again.code() == StatusCode::TIMEOUT && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    again = d.close(t);
+  }
+  REQUIRE_MESSAGE(again.is_ok(), again.to_string());
+  CHECK_FALSE(t.file.fd.valid());
+  CHECK(d.stats().in_flight_commands == 0);
+  const auto plain = read_plain(path, 0, size);
+  CHECK(matches_pattern(plain.data(), 0, size, 43));
+}
+
+TEST_CASE("a target destroyed while its close flush is in flight leaves the flush to finish safely") {
+  TempDirectory dir;
+  const auto path = dir.file("dropped");
+  write_pattern_file(path, 16u << 20, 44);
+  uring::DataPath d(uring::Options{.close_flush_timeout_ns = 0});
+  {
+    auto t = open_for_flush(d, path);
+    dirty_page_cache(path, 16u << 20, 45);
+    const Status s = d.close(t);
+    if (s.is_ok()) MESSAGE("the flush finished within one check; nothing was left in flight");
+    else REQUIRE(s.code() == StatusCode::TIMEOUT);
+  }  // the target (and its in-flight gauge) is gone; the FLUSH references none of it
+  // Another batch reaps the flush's completion (ASan would flag a write into the freed target).
+  auto other = file::Resolver{}.resolve("file://" + path, {});
+  REQUIRE(other.is_ok());
+  auto t2 = d.open(std::move(other).value(), {});
+  REQUIRE(t2.is_ok());
+  AlignedBuffer b(4096);
+  auto m = d.register_memory(b.view());
+  REQUIRE(m.is_ok());
+  const PathRequest<uring::DataPath> r{Direction::READ, &*m, b.view(), 0, &*t2, 0, 4096};
+  std::vector<Status> states(1);
+  auto batch = d.submit(std::span(&r, 1), states);
+  REQUIRE(states[0].is_ok());
+  std::vector<RequestCompletion> completions(1);
+  REQUIRE(d.progress(batch, completions, 10 * kSecond).is_ok());
+  CHECK(completions[0].status.is_ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (d.stats().in_flight_commands > 0 && std::chrono::steady_clock::now() < deadline) {
+    auto none = d.submit({}, {});  // an empty batch: its progress() only reaps others' completions
+    std::vector<RequestCompletion> nothing;
+    (void)d.progress(none, nothing, 1'000'000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(d.stats().in_flight_commands == 0);
+  CHECK(matches_pattern(b.get(), 0, 4096, 45));
+  CHECK(d.unregister_memory(*m).is_ok());
+  CHECK(d.close(*t2).is_ok());
 }

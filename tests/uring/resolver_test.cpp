@@ -19,6 +19,7 @@ TEST_CASE("uring options have the documented defaults") {
   CHECK(o.staging_buffers == 8);
   CHECK(o.staging_buffer_bytes == (4u << 20));
   CHECK(o.drain_timeout_ns == 5'000'000'000ull);
+  CHECK(o.close_flush_timeout_ns == 30'000'000'000ull);
   constexpr Capabilities caps = uring::DataPath::capabilities;
   CHECK(caps.offset_alignment == 4096);
   CHECK(caps.memory_alignment == 4096);

@@ -37,7 +37,12 @@
 //    exactly `length` bytes, so the file never grows past its size. Without a tail descriptor such a
 //    WRITE is rejected INVALID_ARGUMENT at submit.
 //  - FLUSH is IORING_OP_FSYNC with IORING_FSYNC_DATASYNC (fdatasync: data and the metadata needed to
-//    read it back).
+//    read it back). close() of a target opened with flush_on_close runs the same FLUSH through the ring
+//    and waits at most Options::close_flush_timeout_ns; on timeout it returns TIMEOUT and keeps the
+//    target open (call close() again to keep waiting).
+//  - DEVICE memory (CUDA profile) may be fenced on a caller's stream (set_completion_stream): staged
+//    copies wait for work the caller queued on that stream before the submit, and work it queues
+//    after progress() returned OK is ordered after the bytes landed.
 //  - Nothing the kernel may still DMA into is released: unregister_memory and close return BUSY while
 //    commands using the object are in flight (the runtime already refuses; this is the DataPath's own
 //    guard), and a fixed buffer is removed from the table before unregister_memory returns OK.
@@ -70,6 +75,7 @@
 #include <fmt/format.h>
 
 #include <tutti/accel/config.hpp>
+#include <tutti/accel/stream.hpp>
 #include <tutti/bind/file.hpp>
 #include <tutti/core/concepts.hpp>
 #include <tutti/core/io.hpp>
@@ -78,6 +84,10 @@
 #include <tutti/path/uring/staging.hpp>
 
 namespace tutti::uring {
+
+namespace detail {
+class StreamFence;  // tutti/path/uring/staging.hpp (CUDA profile)
+}  // namespace detail
 
 /// Settings of a uring DataPath. Every field has a default constant; docs/uring.md lists them and
 /// tests/uring/options_test.cpp pins them.
@@ -92,6 +102,7 @@ struct Options {
   static constexpr std::uint32_t kDefaultStagingBuffers = 8;
   static constexpr std::uint64_t kDefaultStagingBufferBytes = std::uint64_t{4} << 20;  // 4 MiB
   static constexpr std::uint64_t kDefaultDrainTimeoutNs = 5'000'000'000;              // 5 s
+  static constexpr std::uint64_t kDefaultCloseFlushTimeoutNs = 30'000'000'000;        // 30 s
 
   /// SQ entries of the ring and the in-flight budget in commands (SQEs), 1..32768 (clamped). A submit
   /// whose request does not fit the remaining budget rejects it RESOURCE_EXHAUSTED. The CQ has twice
@@ -118,11 +129,16 @@ struct Options {
   std::uint64_t staging_buffer_bytes = kDefaultStagingBufferBytes;
   /// Budget in ns the destructor gives in-flight commands before it tears the ring down.
   std::uint64_t drain_timeout_ns = kDefaultDrainTimeoutNs;
+  /// Budget in ns close() waits for the FLUSH (fdatasync) of a target opened with flush_on_close.
+  /// When it runs out, close() returns TIMEOUT and the target stays open with the flush in flight;
+  /// 0 checks once without waiting.
+  std::uint64_t close_flush_timeout_ns = kDefaultCloseFlushTimeoutNs;
 
   /// The defaults overridden by environment variables, one per field: TUTTI_URING_QUEUE_DEPTH,
   /// TUTTI_URING_SQPOLL (0/1), TUTTI_URING_SQPOLL_IDLE_MS, TUTTI_URING_REGISTERED_FILES,
   /// TUTTI_URING_FIXED_BUFFERS, TUTTI_URING_MAX_COMMAND_BYTES, TUTTI_URING_WAIT_SLICE_NS,
-  /// TUTTI_URING_STAGING_BUFFERS, TUTTI_URING_STAGING_BUFFER_BYTES, TUTTI_URING_DRAIN_TIMEOUT_NS.
+  /// TUTTI_URING_STAGING_BUFFERS, TUTTI_URING_STAGING_BUFFER_BYTES, TUTTI_URING_DRAIN_TIMEOUT_NS,
+  /// TUTTI_URING_CLOSE_FLUSH_TIMEOUT_NS.
   /// Errors: INVALID_ARGUMENT naming the variable when a value is not a decimal number in range.
   /// Thread-safety: reads the environment (getenv); do not call while another thread sets it.
   static Result<Options> from_environment() {
@@ -150,6 +166,7 @@ struct Options {
     read("TUTTI_URING_STAGING_BUFFERS", o.staging_buffers, 4096);
     read("TUTTI_URING_STAGING_BUFFER_BYTES", o.staging_buffer_bytes, std::uint64_t{1} << 30);
     read("TUTTI_URING_DRAIN_TIMEOUT_NS", o.drain_timeout_ns, UINT64_MAX);
+    read("TUTTI_URING_CLOSE_FLUSH_TIMEOUT_NS", o.close_flush_timeout_ns, UINT64_MAX);
     if (!failure.is_ok()) return failure;
     return o;
   }
@@ -186,6 +203,10 @@ class DataPath {
 
   using target_type = file::Target;
 
+ private:
+  struct BatchState;
+
+ public:
   /// An open target. The payload's descriptors are closed when it is destroyed.
   struct open_target {
     file::Target file;
@@ -193,6 +214,18 @@ class DataPath {
     std::string registered_file_fallback;  ///< Why the file is not registered (empty when it is).
     bool flush_on_close = false;
     std::unique_ptr<std::atomic<std::uint64_t>> in_flight = std::make_unique<std::atomic<std::uint64_t>>(0);
+    /// The FLUSH a close() started and that has not completed (close() returned TIMEOUT); the next
+    /// close() keeps waiting for it. It references nothing of this object, so destroying the target
+    /// instead leaves the flush to finish in the kernel.
+    std::shared_ptr<BatchState> pending_close_flush;
+    RequestCompletion close_flush_completion{};
+  };
+
+  /// The caller's stream a DEVICE registration is fenced on (set_completion_stream); shared with the
+  /// DataPath's lookup table, guarded by its own mutex.
+  struct CompletionStream {
+    std::mutex mutex;
+    accel::StreamRef stream;
   };
 
   /// A registration.
@@ -201,6 +234,8 @@ class DataPath {
     int fixed_buffer_index = -1;        ///< Slot in the fixed buffer table; -1: plain reads and writes.
     std::string fixed_buffer_fallback;  ///< Why the region is not a fixed buffer (empty when it is).
     std::unique_ptr<std::atomic<std::uint64_t>> in_flight = std::make_unique<std::atomic<std::uint64_t>>(0);
+    /// DEVICE memory: the caller's stream staged copies are fenced on (none by default).
+    std::shared_ptr<CompletionStream> completion_stream = std::make_shared<CompletionStream>();
   };
 
   static constexpr std::string_view name = "uring";
@@ -224,7 +259,6 @@ class DataPath {
     COPY,                ///< DEVICE memory: a cudaMemcpyAsync into or out of the staging buffer runs.
     DONE,
   };
-  struct BatchState;
   struct RequestState {
     std::size_t position = 0;  // index into the submitted span
     Direction direction = Direction::READ;
@@ -256,12 +290,16 @@ class DataPath {
     std::uint64_t chunk_bytes = 0;        // DEVICE memory: the chunk's bytes
     std::uint64_t chunk_target_offset = 0;
     int staging_slot = -1;
+    detail::StreamFence* fence = nullptr;  // DEVICE memory fenced on a caller's stream (owned by the batch)
   };
   struct BatchState {
     std::vector<RequestState> requests;
     std::vector<Command> commands;       // reserved once: pointers stay valid (SQE user_data)
     std::size_t remaining_requests = 0;  // guarded by the completion mutex
     std::vector<std::uint32_t> finished; // requests done and not yet reported to progress()
+    std::vector<std::shared_ptr<detail::StreamFence>> fences;  // CUDA profile: one per caller's stream
+    bool close_flush = false;            // the FLUSH of close(): counts on no target, owns its path
+    std::string owned_path;              // the path in messages when close_flush
   };
 
   struct Engine;
@@ -312,19 +350,102 @@ class DataPath {
   /// The file's size in bytes at open time.
   std::uint64_t size_bytes(const open_target& target) const noexcept { return target.file.size; }
 
-  /// Flushes (fdatasync, when opened with flush_on_close), removes the file from the registered file
-  /// table and closes its descriptors. BUSY while commands on it are in flight (nothing released).
-  /// Errors of the flush are returned (DEVICE_ERROR with errno text); the target is released anyway.
+  /// Flushes (when opened with flush_on_close and writable: a FLUSH, IORING_OP_FSYNC with
+  /// IORING_FSYNC_DATASYNC, through the ring), removes the file from the registered file table and
+  /// closes its descriptors. The flush is waited for at most Options::close_flush_timeout_ns.
+  /// Errors: BUSY while other commands on the target are in flight (nothing released);
+  /// TIMEOUT when the flush did not complete in the budget: nothing is released, the flush stays in
+  /// flight, and the next close() keeps waiting for it (durability is not confirmed until a close()
+  /// returns OK or the flush's error); RESOURCE_EXHAUSTED when the in-flight budget has no room for
+  /// the flush (nothing released; retry); the flush's own error (DEVICE_ERROR ... with errno text),
+  /// after which the target is released anyway.
+  /// Thread-safety: one close() per target at a time.
   Status close(open_target& target) {
+    // The close FLUSH counts on no gauge, so this sees only the caller's own requests.
     if (const auto n = target.in_flight->load(); n > 0)
       return error(StatusCode::BUSY, "'{}' has {} command(s) in flight", target.file.path, n);
+    if (!target.pending_close_flush) {
+      if (target.flush_on_close && target.file.writable && engine_ && engine_->init_status.is_ok()) {
+        const PathRequest<DataPath> flush{Direction::FLUSH, nullptr, {}, 0, &target, 0, 0};
+        Status accepted;
+        auto state = engine_->submit(std::span(&flush, 1), std::span(&accepted, 1), /*close_flush=*/true);
+        if (!accepted.is_ok()) return accepted.with_context(fmt::format("FLUSH (fdatasync) of '{}' on close", target.file.path));
+        target.pending_close_flush = std::move(state);
+        target.close_flush_completion = {};
+      }
+    }
     Status out;
-    if (target.flush_on_close && target.file.writable && ::fdatasync(target.file.fd.get()) != 0)
-      out = status_from_errno(errno, fmt::format("fdatasync '{}' on close", target.file.path));
+    if (target.pending_close_flush) {
+      const Status waited = engine_->progress(*target.pending_close_flush, std::span(&target.close_flush_completion, 1),
+                                              options().close_flush_timeout_ns);
+      if (!waited.is_ok())
+        return error(StatusCode::TIMEOUT,
+                     "FLUSH (fdatasync) of '{}' on close did not complete within close_flush_timeout_ns = {} ns; the "
+                     "target stays open with the flush in flight: call close() again to keep waiting",
+                     target.file.path, options().close_flush_timeout_ns);
+      out = target.close_flush_completion.status;
+      target.pending_close_flush.reset();
+    }
     if (engine_) engine_->unregister_file(target);
     target.file.tail_fd.reset();
     target.file.fd.reset();
     return out;
+  }
+
+  /// Fences staged copies of a DEVICE registration on the caller's stream `stream` (CUDA profile):
+  /// every request submitted afterwards with this memory records an event on `stream` at submit;
+  /// its staging copies wait for that event (work queued on `stream` before the submit, such as a
+  /// kernel still reading the old contents or producing the data of a WRITE, comes first), and
+  /// `stream` waits for each copy's event (work queued on it after progress() returned OK, or even
+  /// before, is ordered after the bytes landed in device memory, or, for a WRITE, after they were
+  /// read out of it). Completion is still reported only once the copies finished. A default
+  /// StreamRef removes the fence. Requests already submitted keep what they had. The stream must stay
+  /// alive while requests fenced on it are in flight.
+  /// Errors: INVALID_ARGUMENT for HOST / PINNED_HOST memory (it is read and written by the kernel
+  /// directly; nothing to fence); UNSUPPORTED in the host profile.
+  /// Thread-safety: may run concurrently with submit() and progress().
+  Status set_completion_stream(registered_memory& memory, accel::StreamRef stream) {
+#if defined(TUTTI_ACCELERATOR_CUDA)
+    if (memory.view.kind != MemoryKind::DEVICE)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "set_completion_stream: memory at {} is {} memory; only DEVICE memory moves through the staging ring "
+                   "and can be fenced on a stream",
+                   memory.view.address, memory.view.kind == MemoryKind::HOST ? "HOST" : "PINNED_HOST");
+    std::scoped_lock lock(memory.completion_stream->mutex);
+    memory.completion_stream->stream = stream;
+    return Status::ok();
+#else
+    (void)memory;
+    (void)stream;
+    return error(StatusCode::UNSUPPORTED, "set_completion_stream: accelerator streams exist only in the CUDA profile");
+#endif
+  }
+
+  /// The same for every DEVICE registration of this DataPath whose region starts at `address`, for
+  /// callers that hold only the runtime's handle (runtime.datapath().set_completion_stream(ptr, s)).
+  /// Errors: NOT_FOUND when no DEVICE region registered here starts at `address`; UNSUPPORTED in the
+  /// host profile. Thread-safety: as above.
+  Status set_completion_stream(const void* address, accel::StreamRef stream) {
+#if defined(TUTTI_ACCELERATOR_CUDA)
+    std::size_t found = 0;
+    {
+      std::scoped_lock lock(engine_->device_regions_mutex);
+      auto [begin, end] = engine_->device_regions.equal_range(address);
+      for (auto it = begin; it != end; ++it) {
+        std::scoped_lock slot_lock(it->second->mutex);
+        it->second->stream = stream;
+        ++found;
+      }
+    }
+    if (found == 0)
+      return error(StatusCode::NOT_FOUND, "set_completion_stream: no DEVICE memory region registered with the uring "
+                                          "DataPath starts at address {}", address);
+    return Status::ok();
+#else
+    (void)address;
+    (void)stream;
+    return error(StatusCode::UNSUPPORTED, "set_completion_stream: accelerator streams exist only in the CUDA profile");
+#endif
   }
 
   /// Registers a region: a fixed buffer when possible (HOST / PINNED_HOST, at most 1 GiB, a free slot),
@@ -339,6 +460,10 @@ class DataPath {
 #if defined(TUTTI_ACCELERATOR_CUDA)
       TUTTI_RETURN_IF_ERROR(engine_->ensure_staging(view.accelerator_id));
       memory.fixed_buffer_fallback = "DEVICE memory moves through the pinned staging ring";
+      {
+        std::scoped_lock lock(engine_->device_regions_mutex);
+        engine_->device_regions.emplace(view.address, memory.completion_stream);
+      }
       return Result<registered_memory>(std::move(memory));
 #else
       return error(StatusCode::UNSUPPORTED, "the uring DataPath moves DEVICE memory only in the CUDA profile");
@@ -354,6 +479,17 @@ class DataPath {
     if (const auto n = memory.in_flight->load(); n > 0)
       return error(StatusCode::BUSY, "memory region at {} has {} command(s) in flight", memory.view.address, n);
     if (!engine_) return Status::ok();
+#if defined(TUTTI_ACCELERATOR_CUDA)
+    if (memory.view.kind == MemoryKind::DEVICE) {
+      std::scoped_lock lock(engine_->device_regions_mutex);
+      auto [begin, end] = engine_->device_regions.equal_range(memory.view.address);
+      for (auto it = begin; it != end; ++it)
+        if (it->second == memory.completion_stream) {
+          engine_->device_regions.erase(it);
+          break;
+        }
+    }
+#endif
     return engine_->unregister_buffer(memory);
   }
 
@@ -423,6 +559,8 @@ class DataPath {
     std::unique_ptr<detail::StagingRing> staging;
     std::deque<Command*> staging_queue;
     std::vector<Command*> copying;
+    std::mutex device_regions_mutex;  // DEVICE registrations by start address (set_completion_stream)
+    std::unordered_multimap<const void*, std::shared_ptr<CompletionStream>> device_regions;
 #endif
 
     explicit Engine(Options o) : options(o) {
@@ -609,13 +747,18 @@ class DataPath {
       return static_cast<std::uint32_t>((r.length + unit - 1) / unit);
     }
 
-    std::shared_ptr<BatchState> submit(std::span<const PathRequest<DataPath>> requests, std::span<Status> states) {
+    /// close_flush: the FLUSH of close(), which counts on no target's in-flight gauge and owns its
+    /// path, so the target may be destroyed while it is in flight.
+    std::shared_ptr<BatchState> submit(std::span<const PathRequest<DataPath>> requests, std::span<Status> states,
+                                       bool close_flush = false) {
       auto state = std::make_shared<BatchState>();
+      state->close_flush = close_flush;
       if (!init_status.is_ok()) {
         for (auto& s : states) s = init_status;
         return state;
       }
       std::vector<std::uint32_t> planned(requests.size(), 0);
+      std::vector<detail::StreamFence*> fences(requests.size(), nullptr);
       std::size_t total = 0;
       for (std::size_t k = 0; k < requests.size(); ++k) {
         auto p = plan(requests[k]);
@@ -623,6 +766,14 @@ class DataPath {
           states[k] = p.status();
           continue;
         }
+#if defined(TUTTI_ACCELERATOR_CUDA)
+        if (auto f = fence_for(requests[k], *state); !f) {
+          states[k] = f.status();
+          continue;
+        } else {
+          fences[k] = *f;
+        }
+#endif
         planned[k] = *p;
         total += *p;
       }
@@ -645,7 +796,7 @@ class DataPath {
           }
           in_flight_commands.fetch_add(planned[k]);
           states[k] = Status::ok();
-          build(*state, requests[k], k, planned[k], staged, host_commands);
+          build(*state, requests[k], k, planned[k], fences[k], staged, host_commands);
         }
         state->remaining_requests = state->requests.size();
         if (state->commands.empty()) return state;
@@ -667,18 +818,43 @@ class DataPath {
       return state;
     }
 
+#if defined(TUTTI_ACCELERATOR_CUDA)
+    /// The fence of a DEVICE request whose registration is fenced on a caller's stream: one per stream
+    /// and batch, recorded on that stream now. Null when there is none.
+    Result<detail::StreamFence*> fence_for(const PathRequest<DataPath>& r, BatchState& state) {
+      if (r.memory_view.kind != MemoryKind::DEVICE || r.memory == nullptr) return static_cast<detail::StreamFence*>(nullptr);
+      accel::StreamRef stream;
+      {
+        std::scoped_lock lock(r.memory->completion_stream->mutex);
+        stream = r.memory->completion_stream->stream;
+      }
+      if (!stream.has_value()) return static_cast<detail::StreamFence*>(nullptr);
+      for (auto& f : state.fences)
+        if (f->caller() == stream.cuda()) return f.get();
+      auto created = detail::StreamFence::record(stream.cuda());
+      if (!created) return created.status().with_context(fmt::format("fencing on the caller's stream {}", stream.native_handle()));
+      state.fences.push_back(std::move(created.value()));
+      return state.fences.back().get();
+    }
+#endif
+
     /// Appends request k's state and its commands (submission mutex held).
     void build(BatchState& state, const PathRequest<DataPath>& r, std::size_t k, std::uint32_t count,
-               std::vector<Command*>& staged, std::uint32_t& host_commands) {
+               detail::StreamFence* fence, std::vector<Command*>& staged, std::uint32_t& host_commands) {
       const auto request_index = static_cast<std::uint32_t>(state.requests.size());
       RequestState& rs = state.requests.emplace_back();
       rs.position = k;
       rs.direction = r.direction;
       rs.length = r.length;
       rs.commands_left = count;
-      rs.path = &r.target->file.path;
-      rs.target_in_flight = r.target->in_flight.get();
-      rs.target_in_flight->fetch_add(1);
+      if (state.close_flush) {  // close()'s FLUSH outlives no pointer into the target
+        state.owned_path = r.target->file.path;
+        rs.path = &state.owned_path;
+      } else {
+        rs.path = &r.target->file.path;
+        rs.target_in_flight = r.target->in_flight.get();
+        rs.target_in_flight->fetch_add(1);
+      }
       if (r.memory) {
         rs.memory_in_flight = r.memory->in_flight.get();
         rs.memory_in_flight->fetch_add(1);
@@ -713,6 +889,7 @@ class DataPath {
           c.alignment = 1;
         }
         if (staged_memory) {
+          c.fence = fence;
           c.device_address = memory;
           c.chunk_bytes = bytes;
           c.chunk_target_offset = c.target_offset;
@@ -881,7 +1058,7 @@ class DataPath {
       if (c.staging_slot >= 0) {
         std::scoped_lock lock(staging_mutex);
         if (c.direction == Direction::READ) {
-          Status s = staging->copy_to_device(c.staging_slot, c.device_address, c.chunk_bytes);
+          Status s = staging->copy_to_device(c.staging_slot, c.device_address, c.chunk_bytes, c.fence);
           if (s.is_ok()) {
             c.stage = Stage::COPY;
             copying.push_back(&c);
@@ -976,7 +1153,7 @@ class DataPath {
             to_disk.push_back(&c);
             continue;
           }
-          Status s = staging->copy_to_host(slot, c.device_address, c.chunk_bytes);
+          Status s = staging->copy_to_host(slot, c.device_address, c.chunk_bytes, c.fence);
           if (!s.is_ok()) {
             fail(c, s.with_context(describe(c)));
             staging->release(slot);

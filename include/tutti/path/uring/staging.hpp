@@ -10,6 +10,10 @@
 // reads and host-to-device copies overlap. Staging memory is bounded: buffers x buffer_bytes bytes,
 // allocated once when the first DEVICE region is registered.
 //
+// Fencing on a caller's stream (StreamFence, DataPath::set_completion_stream): each fenced copy waits
+// for an event the submit recorded on the caller's stream, and the caller's stream waits for the
+// copy's event.
+//
 // Thread-safety: not synchronised; the DataPath guards it with its staging mutex.
 #pragma once
 
@@ -36,6 +40,39 @@ inline Status cuda_status(cudaError_t code, const char* call) {
   return error(StatusCode::DEVICE_ERROR, "{} failed: {} ({})", call, cudaGetErrorString(code),
                cudaGetErrorName(code));
 }
+
+/// The caller's side of staged requests that are fenced on a caller's stream (DataPath::
+/// set_completion_stream): an event recorded on that stream when the request is submitted. The
+/// staging copies wait for it (cudaStreamWaitEvent on the ring's stream), so work the caller queued
+/// on its stream before the submit (a kernel still reading the old contents, or producing the data
+/// of a WRITE) finishes before a copy touches the device memory; and after each copy the caller's
+/// stream waits for the copy's event, so work queued on it afterwards sees the bytes. One fence
+/// serves every request of one submit on that stream.
+class StreamFence {
+ public:
+  /// Creates the event and records it on `caller`. Errors: DEVICE_ERROR naming the CUDA call.
+  static Result<std::shared_ptr<StreamFence>> record(cudaStream_t caller) {
+    auto fence = std::shared_ptr<StreamFence>(new StreamFence());
+    fence->caller_ = caller;
+    TUTTI_RETURN_IF_ERROR(cuda_status(cudaEventCreateWithFlags(&fence->entry_, cudaEventDisableTiming),
+                                      "cudaEventCreateWithFlags (stream fence)"));
+    TUTTI_RETURN_IF_ERROR(cuda_status(cudaEventRecord(fence->entry_, caller), "cudaEventRecord on the caller's stream"));
+    return Result<std::shared_ptr<StreamFence>>(std::move(fence));
+  }
+  StreamFence(const StreamFence&) = delete;
+  StreamFence& operator=(const StreamFence&) = delete;
+  /// cudaEventDestroy; CUDA defers the release while streams still wait on the event.
+  ~StreamFence() {
+    if (entry_) (void)cudaEventDestroy(entry_);
+  }
+  cudaStream_t caller() const noexcept { return caller_; }
+  cudaEvent_t entry() const noexcept { return entry_; }
+
+ private:
+  StreamFence() = default;
+  cudaStream_t caller_ = nullptr;
+  cudaEvent_t entry_ = nullptr;
+};
 
 class StagingRing {
  public:
@@ -85,17 +122,17 @@ class StagingRing {
   void release(int slot) { free_.push_back(slot); }
   std::byte* buffer(int slot) const noexcept { return buffers_[static_cast<std::size_t>(slot)]; }
 
-  /// Starts copying `bytes` from the slot's buffer to `device_destination` and records the slot's event.
-  Status copy_to_device(int slot, void* device_destination, std::uint64_t bytes) {
-    TUTTI_RETURN_IF_ERROR(cuda_status(
-        cudaMemcpyAsync(device_destination, buffer(slot), bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync"));
-    return cuda_status(cudaEventRecord(events_[static_cast<std::size_t>(slot)], stream_), "cudaEventRecord");
+  /// Starts copying `bytes` from the slot's buffer to `device_destination` and records the slot's
+  /// event. With a fence: the copy first waits for the fence's entry event, and the caller's stream
+  /// then waits for the slot's event (see StreamFence). Note the ring's stream is in order, so a
+  /// fenced copy also holds back the copies queued after it.
+  Status copy_to_device(int slot, void* device_destination, std::uint64_t bytes, const StreamFence* fence = nullptr) {
+    return copy(slot, device_destination, buffer(slot), bytes, cudaMemcpyHostToDevice, fence);
   }
-  /// Starts copying `bytes` from `device_source` into the slot's buffer and records the slot's event.
-  Status copy_to_host(int slot, const void* device_source, std::uint64_t bytes) {
-    TUTTI_RETURN_IF_ERROR(cuda_status(
-        cudaMemcpyAsync(buffer(slot), device_source, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync"));
-    return cuda_status(cudaEventRecord(events_[static_cast<std::size_t>(slot)], stream_), "cudaEventRecord");
+  /// Starts copying `bytes` from `device_source` into the slot's buffer and records the slot's event,
+  /// fenced like copy_to_device.
+  Status copy_to_host(int slot, const void* device_source, std::uint64_t bytes, const StreamFence* fence = nullptr) {
+    return copy(slot, buffer(slot), device_source, bytes, cudaMemcpyDeviceToHost, fence);
   }
   /// Whether the slot's last copy finished (cudaEventQuery; never blocks): true, false, or the CUDA error.
   Result<bool> copy_done(int slot) const {
@@ -107,6 +144,18 @@ class StagingRing {
 
  private:
   StagingRing() = default;
+  Status copy(int slot, void* destination, const void* source, std::uint64_t bytes, cudaMemcpyKind kind,
+              const StreamFence* fence) {
+    cudaEvent_t done = events_[static_cast<std::size_t>(slot)];
+    // Work the caller queued on its stream before the submit comes first (read-after-write and
+    // write-after-read on the device memory).
+    if (fence) TUTTI_RETURN_IF_ERROR(cuda_status(cudaStreamWaitEvent(stream_, fence->entry(), 0), "cudaStreamWaitEvent (entry fence)"));
+    TUTTI_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(destination, source, bytes, kind, stream_), "cudaMemcpyAsync"));
+    TUTTI_RETURN_IF_ERROR(cuda_status(cudaEventRecord(done, stream_), "cudaEventRecord"));
+    // Work the caller queues on its stream from now on comes after this copy.
+    if (fence) return cuda_status(cudaStreamWaitEvent(fence->caller(), done, 0), "cudaStreamWaitEvent (caller's stream)");
+    return Status::ok();
+  }
   int device_ = 0;
   std::uint64_t buffer_bytes_ = 0;
   cudaStream_t stream_ = nullptr;
