@@ -6,12 +6,13 @@
 //
 //   #include "cufile_reader.hpp"
 //   namespace cf = tutti::bench::cufile;
-//   auto driver = cf::Driver::open({.device = 0});          // cuFileDriverOpen, compat mode allowed
+//   auto driver = cf::Driver::open({});                      // cuFileDriverOpen on device 0, compat mode allowed
 //   std::printf("%s\n", (*driver)->info().describe().c_str());  // "compat mode (nvidia-fs not loaded) ..."
 //   auto file = cf::File::open("/data/kv/layer00");           // O_DIRECT fd + cuFileHandleRegister
 //   auto buffer = cf::DeviceBuffer::register_range(device_pointer, bytes);  // cuFileBufRegister
-//   std::vector<cf::Range> ranges{{&*file, 0, 0, 512 << 10}, ...};
-//   auto report = cf::read(*buffer, ranges, {.threads = 16, .timeout_ns = 30'000'000'000});
+//   std::vector<cf::Range> ranges{{file->get(), 0, 0, 512 << 10}, ...};  // file, file offset, device offset, bytes
+//   cf::ReadOptions options;                                  // threads = 16 reads in flight, 60 s budget
+//   auto report = cf::read(**buffer, ranges, options);
 //   // report->bytes, report->seconds(), report->gigabytes_per_second()
 //
 // Modes: without the nvidia-fs kernel module (GPU machines without GDS support), cuFile runs in
@@ -25,6 +26,11 @@
 // Queue depth: cuFileRead is synchronous; read() keeps `threads` reads in flight with that many
 // worker threads, each taking the next range (cuFile's reads are thread-safe; the batch API needs
 // nvidia-fs and is not used). Units: bytes, ns; GB/s is 10^9 bytes per second.
+//
+// Known refusal: cuFile 1.15 looks up the file's block device in the udev database (ID_FS_USAGE ...)
+// even in compat mode; where udev has no entry (an H200 VM with a virtio disk, 2026-11-30),
+// cuFileHandleRegister fails with CU_FILE_HANDLE_NOT_REGISTERED for O_DIRECT and buffered fds alike,
+// and File::open says so. The uring DataPath has no such dependency.
 //
 // Errors: every libcufile / CUDA / POSIX call's failure becomes a Status naming the call, the
 // operation and the cuFile or errno text (CUfileOpError via cufileop_status_error; -1 with errno
@@ -161,6 +167,10 @@ class Driver {
     int device = 0;                  ///< CUDA device made current (cudaSetDevice) before the open.
     bool allow_compat_mode = true;   ///< Allow compat mode (needed without nvidia-fs).
     bool force_compat_mode = false;  ///< Use compat mode even where nvidia-fs is loaded.
+    /// Force compat mode where the nvidia-fs module is not loaded (compat is then the only path, and
+    /// cuFile 1.15 merely *allowed* to use it refuses cuFileHandleRegister on such machines with
+    /// CU_FILE_HANDLE_NOT_REGISTERED, seen on an H200 VM with a virtio disk).
+    bool force_compat_without_nvidia_fs = true;
     /// Where to write a fallback cufile.json when the first open is refused ("" = a file under
     /// $TMPDIR or /tmp). Also used, when it names an existing file, as CUFILE_ENV_PATH_JSON up front.
     std::string config_json_path;
@@ -229,12 +239,13 @@ class Driver {
  private:
   Driver() = default;
   static Status open_once(const Options& options) {
+    const bool nvidia_fs = ::access("/proc/driver/nvidia-fs/version", F_OK) == 0;
+    if (options.force_compat_mode || (options.force_compat_without_nvidia_fs && !nvidia_fs))
+      TUTTI_RETURN_IF_ERROR(status_of(cuFileSetParameterBool(CUFILE_PARAM_FORCE_COMPAT_MODE, true),
+                                      "cuFileSetParameterBool(FORCE_COMPAT_MODE, true)"));
     if (options.allow_compat_mode)
       TUTTI_RETURN_IF_ERROR(status_of(cuFileSetParameterBool(CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE, true),
                                       "cuFileSetParameterBool(ALLOW_COMPAT_MODE, true)"));
-    if (options.force_compat_mode)
-      TUTTI_RETURN_IF_ERROR(status_of(cuFileSetParameterBool(CUFILE_PARAM_FORCE_COMPAT_MODE, true),
-                                      "cuFileSetParameterBool(FORCE_COMPAT_MODE, true)"));
     return status_of(cuFileDriverOpen(), "cuFileDriverOpen");
   }
   bool open_ = false;
@@ -267,7 +278,13 @@ class File {
     CUfileDescr_t descriptor{};
     descriptor.type = CU_FILE_HANDLE_TYPE_OPAQUE_FD;
     descriptor.handle.fd = f->fd_;
-    TUTTI_RETURN_IF_ERROR(status_of(cuFileHandleRegister(&f->handle_, &descriptor), fmt::format("cuFileHandleRegister('{}')", path)));
+    Status registered = status_of(cuFileHandleRegister(&f->handle_, &descriptor), fmt::format("cuFileHandleRegister('{}')", path));
+    if (registered.code() == StatusCode::DEVICE_ERROR)  // CU_FILE_HANDLE_NOT_REGISTERED and kin
+      registered = registered.with_context(
+          "cuFile reads the block device's udev properties (ID_FS_USAGE ...) even in compat mode and refuses the "
+          "file when they are missing (a VM or container without a udev database); its cufile.log names the "
+          "property");
+    TUTTI_RETURN_IF_ERROR(registered);
     f->registered_ = true;
     return Result<std::unique_ptr<File>>(std::move(f));
   }
@@ -307,6 +324,17 @@ class DeviceBuffer {
     b->registered_ = true;
     return Result<std::unique_ptr<DeviceBuffer>>(std::move(b));
   }
+  /// Describes [base, base + bytes) without registering it: cuFileRead then goes through cuFile's own
+  /// bounce buffers (what it does for unregistered memory). For when cuFileBufRegister refuses.
+  /// Errors: INVALID_ARGUMENT (null base, bytes = 0).
+  static Result<std::unique_ptr<DeviceBuffer>> unregistered(void* base, std::uint64_t bytes) {
+    if (base == nullptr) return error(StatusCode::INVALID_ARGUMENT, "DeviceBuffer base is null");
+    if (bytes == 0) return error(StatusCode::INVALID_ARGUMENT, "DeviceBuffer bytes = 0 must be >= 1");
+    auto b = std::unique_ptr<DeviceBuffer>(new DeviceBuffer());
+    b->base_ = base;
+    b->bytes_ = bytes;
+    return Result<std::unique_ptr<DeviceBuffer>>(std::move(b));
+  }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   /// cuFileBufDeregister. Only destroy a DeviceBuffer no read() uses; free the memory after this.
@@ -315,6 +343,7 @@ class DeviceBuffer {
   }
   void* base() const noexcept { return base_; }
   std::uint64_t bytes() const noexcept { return bytes_; }
+  bool registered() const noexcept { return registered_; }  ///< cuFileBufRegister succeeded.
 
  private:
   DeviceBuffer() = default;
