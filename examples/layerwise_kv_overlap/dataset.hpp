@@ -41,13 +41,19 @@ struct Shape {
   std::string layer_file_name(std::uint32_t layer) const { return fmt::format("layer-{:03}.kv", layer); }
 };
 
+/// The splitmix64 seed of one tensor, from its coordinates and salt (see fill_tensor).
+/// Word i (0-based) of a tensor is splitmix64's output for state seed + (i + 1) * 0x9e3779b97f4a7c15; the
+/// CUDA build's fill kernel (gpu_compute.cu) produces the same bytes on the GPU from the same seed.
+inline std::uint64_t tensor_seed(std::uint32_t layer, std::uint32_t chunk, std::uint32_t kind, std::uint64_t salt = 0) {
+  return (std::uint64_t{layer} << 40) ^ (std::uint64_t{chunk} << 8) ^ kind ^ 0x7475747469ULL ^ (salt * 0xd1b54a32d192ed03ULL);
+}
+
 /// Fills `out` with the deterministic content of one tensor (a splitmix64 stream seeded by its
 /// coordinates), so any process can regenerate what a tensor must hold.
 /// `salt` 0 is the prepared (cached) content; the pipeline writes recomputed tensors with a per-run salt.
 inline void fill_tensor(std::span<std::byte> out, std::uint32_t layer, std::uint32_t chunk, std::uint32_t kind,
                         std::uint64_t salt = 0) {
-  std::uint64_t state = (std::uint64_t{layer} << 40) ^ (std::uint64_t{chunk} << 8) ^ kind ^ 0x7475747469ULL ^
-                        (salt * 0xd1b54a32d192ed03ULL);
+  std::uint64_t state = tensor_seed(layer, chunk, kind, salt);
   const std::size_t words = out.size() / sizeof(std::uint64_t);
   auto* w = reinterpret_cast<std::uint64_t*>(out.data());
   for (std::size_t i = 0; i < words; ++i) {

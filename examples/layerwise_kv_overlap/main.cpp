@@ -1,6 +1,8 @@
 // layerwise_kv_overlap: restore a long prefix's KV cache from files, layer by layer, while the model
 // computes: read(L+1) || compute(L) || write(L-1). Verifies every tensor it reads and exits non-zero
 // on any mismatch. See docs/kv-cache.md for the layout and README.md for how to run it.
+// The CUDA build with cuBLAS (LAYERWISE_GPU) keeps the KV slots in GPU memory and computes on the GPU
+// (gpu_pipeline.hpp, gpu_compute.cu), with pread + cudaMemcpy and cuFile baselines in the same run.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -26,6 +28,9 @@
 
 #include "dataset.hpp"
 #include "pipeline.hpp"
+#if defined(LAYERWISE_GPU)
+#include "gpu_pipeline.hpp"
+#endif
 
 namespace fs = std::filesystem;
 using namespace layerwise;
@@ -40,6 +45,17 @@ struct Options {
   bool drop_caches = geteuid() == 0;
   bool pread_baseline = true;
   double compute_ms = 2.0;
+  /// The baseline's name and what it does, for the summary (the GPU build's baseline adds a copy).
+  std::string pread_label = "plain pread";
+  std::string pread_note = "same tensors, same memory, O_DIRECT, 1 thread";
+#if defined(LAYERWISE_GPU)
+  std::string memory = "auto";  ///< device: KV slots in GPU memory; host: the host profile's pipeline; auto: see --memory
+  std::string compute = "gemm";    ///< gemm (cuBLAS) or sleep (a kernel spinning compute_ms)
+  std::uint32_t gemm_tokens = 1024;
+  std::uint32_t hidden = 8192;
+  int accelerator = 0;
+  bool cufile_baseline = true;
+#endif
 };
 
 /// file:// URI of an absolute path, each segment percent-encoded.
@@ -165,10 +181,9 @@ void print_report(const Options& o, const Report& r, const fs::path& dir) {
              static_cast<double>(r.restore_only.bytes) / (1 << 20), ms(r.restore_only.ns),
              r.restore_only.gigabytes_per_second(), r.restore_only.requests, r.restore_only.commands);
   if (r.pread_baseline.ns && r.restore_only.ns)
-    fmt::print("  plain pread    : {:8.1f} MiB in {:8.2f} ms = {:6.2f} GB/s  (same tensors, same memory, O_DIRECT, 1 thread)"
-               "  -> tutti/pread = {:.2f}x\n",
+    fmt::print("  {:<15}: {:8.1f} MiB in {:8.2f} ms = {:6.2f} GB/s  ({})  -> tutti/pread = {:.2f}x\n", o.pread_label,
                static_cast<double>(r.pread_baseline.bytes) / (1 << 20), ms(r.pread_baseline.ns),
-               r.pread_baseline.gigabytes_per_second(),
+               r.pread_baseline.gigabytes_per_second(), o.pread_note,
                r.restore_only.gigabytes_per_second() / r.pread_baseline.gigabytes_per_second());
   fmt::print("  pipeline       : {:8.2f} ms for {} layers: read {:6.2f} GB/s, write {:6.2f} GB/s ({} + {} requests, {} + {} "
              "commands)\n",
@@ -193,12 +208,15 @@ void print_report(const Options& o, const Report& r, const fs::path& dir) {
     fmt::print("  verify         : off (--no-verify)\n");
 }
 
-void write_json(const Options& o, const Report& r) {
+nlohmann::json phase_json(const PhaseStats& p) {
+  return nlohmann::json{{"bytes", p.bytes}, {"requests", p.requests}, {"commands", p.commands}, {"ns", p.ns},
+                        {"gb_per_s", p.gigabytes_per_second()}};
+}
+
+/// Writes the figures as JSON; `extra` (an object) adds the GPU build's fields.
+void write_json(const Options& o, const Report& r, const nlohmann::json& extra = nlohmann::json::object()) {
   if (o.json_path.empty()) return;
-  auto phase = [](const PhaseStats& p) {
-    return nlohmann::json{{"bytes", p.bytes}, {"requests", p.requests}, {"commands", p.commands}, {"ns", p.ns},
-                          {"gb_per_s", p.gigabytes_per_second()}};
-  };
+  auto phase = phase_json;
   nlohmann::json j = {{"backend", o.backend},
                       {"shape", shape_json(o.settings.shape)},
                       {"restore_only", phase(r.restore_only)},
@@ -211,6 +229,7 @@ void write_json(const Options& o, const Report& r) {
                       {"write_stall_ns", r.write_stall_ns},
                       {"verified_tensors", r.verified_tensors},
                       {"mismatched_tensors", r.mismatched_tensors}};
+  j.update(extra);
   std::ofstream out(o.json_path);
   out << j.dump(2) << "\n";
   if (!out.good()) fmt::print(stderr, "error: --json '{}': could not write the report\n", o.json_path);
@@ -322,6 +341,155 @@ int run_nvme_soft(const Options& o, const fs::path& dir) {
              counters.dma_faults);
   return rc;
 }
+
+#if defined(LAYERWISE_GPU)
+/// The GPU build's lines of the summary: the device, the compute, the cuFile baseline.
+void print_gpu_report(const Options& o, const Report& r, const GpuReport& g) {
+  const Shape& s = o.settings.shape;
+  fmt::print("  device         : {}, accelerator {}; KV slots in device memory (cudaMalloc)\n", g.device, o.accelerator);
+  if (g.use_gemm) {
+    fmt::print("  compute        : per layer {}{} x GEMM [{} x {}] x [{} x {}] fp16 (fp32 accumulate, cuBLAS); one GEMM "
+               "{:.3f} ms = {:.0f} TFLOP/s\n",
+               g.gemm.head_elements ? fmt::format("attention over {} cached K tensors ([{} x {}] x [{} x {}]^T) + ",
+                                                  s.hit_chunks(), o.gemm_tokens, g.gemm.head_elements, s.chunk_tokens,
+                                                  g.gemm.head_elements)
+                                    : std::string(),
+               g.gemm.repetitions, o.gemm_tokens, o.hidden, o.hidden, o.hidden, g.gemm.mlp_gemm_ms, g.gemm.mlp_tflops);
+    const double achieved = g.gpu_compute_ns ? static_cast<double>(g.gemm.flops_per_layer) * s.layers /
+                                                   static_cast<double>(g.gpu_compute_ns) / 1e3
+                                             : 0.0;
+    fmt::print("  GPU compute    : {:.2f} ms on the compute stream over {} layers ({:.3f} ms per layer, {:.0f} TFLOP/s "
+               "in the pipeline), GPU busy {:.0f}% of the pipeline\n",
+               ms(g.gpu_compute_ns), s.layers, ms(g.gpu_compute_ns) / s.layers, achieved,
+               r.pipeline_ns ? 100.0 * static_cast<double>(g.gpu_compute_ns) / static_cast<double>(r.pipeline_ns) : 0.0);
+  } else {
+    fmt::print("  GPU compute    : {:.2f} ms of a spin kernel over {} layers (--compute sleep, {:.2f} ms per layer)\n",
+               ms(g.gpu_compute_ns), s.layers, o.compute_ms);
+  }
+  const double per_layer = 1.0 / s.layers;
+  fmt::print("  per layer      : restore alone {:.2f} ms, GPU compute {:.2f} ms, pipeline {:.2f} ms: {}-bound{}\n",
+             ms(r.restore_only.ns) * per_layer, ms(g.gpu_compute_ns) * per_layer, ms(r.pipeline_ns) * per_layer,
+             r.restore_only.ns > g.gpu_compute_ns ? "IO" : "compute",
+             r.restore_only.ns > g.gpu_compute_ns
+                 ? " (compute can hide at most its own time of the reads; writes share the storage)"
+                 : "");
+  fmt::print("  waits          : 'waiting for reads' is the compute stream's idle time before each layer (CUDA events); "
+             "the host thread spent {:.2f} ms waiting for reads to complete\n",
+             ms(g.host_read_wait_ns));
+  for (const auto& run : g.cufile_runs)
+    if (run.stats.ns && r.restore_only.ns)
+      fmt::print("  {:<15}: {:8.1f} MiB in {:8.2f} ms = {:6.2f} GB/s  (cuFileRead, {} in flight, same tensors, same device "
+                 "slots)  -> tutti/cuFile = {:.2f}x\n",
+                 fmt::format("cuFile {} thr", run.threads), static_cast<double>(run.stats.bytes) / (1 << 20),
+                 ms(run.stats.ns), run.stats.gigabytes_per_second(), run.threads,
+                 r.restore_only.gigabytes_per_second() / run.stats.gigabytes_per_second());
+  if (!g.cufile_mode.empty()) fmt::print("  cuFile mode    : {}\n", g.cufile_mode);
+  if (!g.cufile_error.empty()) fmt::print("  cuFile         : {}: {}\n", g.cufile_runs.empty() ? "not measured" : "stopped", g.cufile_error);
+}
+
+nlohmann::json gpu_json(const Options& o, const Report& r, const GpuReport& g) {
+  nlohmann::json compute = {{"mode", g.use_gemm ? "gemm" : "sleep"},
+                            {"gpu_compute_ns", g.gpu_compute_ns},
+                            {"host_read_wait_ns", g.host_read_wait_ns}};
+  if (g.use_gemm)
+    compute.update({{"tokens", o.gemm_tokens},
+                    {"hidden", o.hidden},
+                    {"head_elements", g.gemm.head_elements},
+                    {"mlp_gemms_per_layer", g.gemm.repetitions},
+                    {"mlp_gemm_ms", g.gemm.mlp_gemm_ms},
+                    {"mlp_tflops", g.gemm.mlp_tflops},
+                    {"flops_per_layer", g.gemm.flops_per_layer},
+                    {"pipeline_tflops", g.gpu_compute_ns ? static_cast<double>(g.gemm.flops_per_layer) *
+                                                               o.settings.shape.layers /
+                                                               static_cast<double>(g.gpu_compute_ns) / 1e3
+                                                         : 0.0}});
+  nlohmann::json cufile = {{"mode", g.cufile_mode}, {"runs", nlohmann::json::array()}};
+  if (!g.cufile_error.empty()) cufile["error"] = g.cufile_error;
+  for (const auto& run : g.cufile_runs) {
+    nlohmann::json j = phase_json(run.stats);
+    j["threads"] = run.threads;
+    cufile["runs"].push_back(j);
+  }
+  return {{"memory", "DEVICE"},
+          {"gpu", {{"device", g.device}, {"accelerator", o.accelerator}, {"compute", compute}}},
+          {"pread_cuda_memcpy_baseline", phase_json(r.pread_baseline)},
+          {"cufile_baseline", cufile}};
+}
+
+/// The uring backend with the KV slots in GPU memory and the compute on the GPU (see gpu_pipeline.hpp).
+int run_gpu(Options o, const fs::path& dir) {
+  const Shape& shape = o.settings.shape;
+  o.pread_label = "pread+memcpy";
+  o.pread_note = "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread";
+  if (auto s = prepare_files(shape, dir); !s.is_ok()) {
+    fmt::print(stderr, "error: preparing data files: {}\n", s.to_string());
+    return 2;
+  }
+  std::vector<std::string> uris, paths;
+  for (std::uint32_t l = 0; l < shape.layers; ++l) {
+    paths.push_back((dir / shape.layer_file_name(l)).string());
+    uris.push_back(file_uri(dir / shape.layer_file_name(l)));
+  }
+  gpu::ComputeConfig config;
+  config.use_gemm = o.compute == "gemm";
+  config.compute_ns = o.settings.compute_ns_per_layer;
+  config.tokens = o.gemm_tokens;
+  config.hidden = o.hidden;
+  config.chunk_tokens = shape.chunk_tokens;
+  config.tensor_bytes = shape.tensor_bytes;
+  auto opened = gpu::Gpu::open(o.accelerator, config, shape.layers);  // outlives the runtime below
+  if (!opened) {
+    fmt::print(stderr, "error: GPU: {}\n", opened.status().to_string());
+    return 2;
+  }
+  gpu::Gpu& device = *opened.value();
+  GpuReport gpu_report;
+  gpu_report.device = device.description();
+  gpu_report.use_gemm = config.use_gemm;
+  auto figures = device.calibrate(shape.hit_chunks());
+  if (!figures) {
+    fmt::print(stderr, "error: GEMM calibration: {}\n", figures.status().to_string());
+    return 2;
+  }
+  gpu_report.gemm = *figures;
+  Report report;
+  const Checksums sums = expected_checksums(shape);
+  tutti::UringRuntime runtime;
+  {
+    GpuPipeline<tutti::UringRuntime> pipeline(runtime, device, o.settings, sums);
+    auto fail = [&](const tutti::Status& s, const char* phase) {
+      fmt::print(stderr, "error: {}: {}\n", phase, s.to_string());
+      return 2;
+    };
+    if (auto s = pipeline.open(uris); !s.is_ok()) return fail(s, "open");
+    drop_page_cache(o);
+    if (auto s = pipeline.restore_only(report); !s.is_ok()) return fail(s, "restore");
+    if (o.pread_baseline) {
+      drop_page_cache(o);
+      if (auto s = pipeline.pread_baseline(paths, report); !s.is_ok()) return fail(s, "pread + cudaMemcpy baseline");
+    }
+    if (o.cufile_baseline) {
+      drop_page_cache(o);
+      if (auto s = pipeline.cufile_baseline(paths, report, gpu_report); !s.is_ok()) return fail(s, "cuFile baseline");
+    } else {
+      gpu_report.cufile_error = "off (--no-cufile-baseline)";
+    }
+    drop_page_cache(o);
+    if (auto s = pipeline.run(report, gpu_report); !s.is_ok()) return fail(s, "pipeline");
+    if (o.settings.verify)
+      if (auto s = pipeline.verify_written(report); !s.is_ok()) return fail(s, "verify written tensors");
+  }
+  print_report(o, report, dir);
+  print_gpu_report(o, report, gpu_report);
+  write_json(o, report, gpu_json(o, report, gpu_report));
+  if (report.mismatched_tensors != 0) {
+    fmt::print(stderr, "error: {} tensors did not match their checksums, first: {}\n", report.mismatched_tensors,
+               report.mismatches.empty() ? "" : report.mismatches.front());
+    return 1;
+  }
+  return 0;
+}
+#endif  // LAYERWISE_GPU
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -348,7 +516,40 @@ int main(int argc, char** argv) {
   app.add_flag("--verify,!--no-verify", o.settings.verify, "Verify every tensor read (default on)");
   app.add_flag("--drop-caches,!--no-drop-caches", o.drop_caches, "Drop the page cache between phases (root only)");
   app.add_flag("--pread-baseline,!--no-pread-baseline", o.pread_baseline, "Measure plain pread in the same run");
+#if defined(LAYERWISE_GPU)
+  app.add_option("--memory", o.memory,
+                 "Where the KV slots live: device (GPU memory, compute on the GPU; uring backend), host (the host "
+                 "profile's pipeline) or auto (device for the uring backend when a CUDA device is present, else host)")
+      ->check(CLI::IsMember({"auto", "device", "host"}))->capture_default_str();
+  app.add_option("--compute", o.compute,
+                 "Per-layer compute on the GPU: gemm (cuBLAS GEMMs repeated to about --compute-ms) or sleep (a kernel "
+                 "spinning --compute-ms)")
+      ->check(CLI::IsMember({"gemm", "sleep"}))->capture_default_str();
+  app.add_option("--gemm-tokens", o.gemm_tokens, "Rows (new tokens) of the per-layer GEMMs")
+      ->check(CLI::Range(1u, 1u << 16))->capture_default_str();
+  app.add_option("--hidden", o.hidden, "Hidden size of the MLP GEMM [tokens x hidden] x [hidden x hidden] (multiple of 8)")
+      ->check(CLI::Range(8u, 1u << 16))->capture_default_str();
+  app.add_option("--accelerator", o.accelerator, "CUDA device ordinal")->check(CLI::Range(0, 1023))->capture_default_str();
+  app.add_flag("--cufile-baseline,!--no-cufile-baseline", o.cufile_baseline,
+               "Measure cuFile (cuFileRead into the same device slots) in the same run");
+#endif
   CLI11_PARSE(app, argc, argv);
+#if defined(LAYERWISE_GPU)
+  if (o.memory == "auto") {
+    o.memory = o.backend == "uring" && gpu::device_count() > 0 ? "device" : "host";
+    if (o.backend == "uring" && o.memory == "host")
+      fmt::print(stderr, "note: no CUDA device found: the KV slots live in host memory (--memory host)\n");
+  }
+  if (o.memory == "device" && o.backend != "uring") {
+    fmt::print(stderr, "error: --memory device needs --backend uring ({} moves host memory only); use --memory host\n",
+               o.backend);
+    return 2;
+  }
+  if (o.memory == "device" && o.hidden % 8 != 0) {
+    fmt::print(stderr, "error: --hidden = {} must be a multiple of 8\n", o.hidden);
+    return 2;
+  }
+#endif
   if (shape.chunk_tokens > shape.context_tokens) {
     fmt::print(stderr, "error: --chunk-tokens = {} exceeds --context-tokens = {}: the prefix holds no whole chunk\n",
                shape.chunk_tokens, shape.context_tokens);
@@ -415,6 +616,9 @@ int main(int argc, char** argv) {
   }
   if (o.backend == "nvme-soft") return run_nvme_soft(o, dir);
 
+#if defined(LAYERWISE_GPU)
+  if (o.memory == "device") return run_gpu(o, dir);
+#endif
   if (auto s = prepare_files(shape, dir); !s.is_ok()) {
     fmt::print(stderr, "error: preparing data files: {}\n", s.to_string());
     return 2;

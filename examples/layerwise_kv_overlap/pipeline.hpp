@@ -260,6 +260,7 @@ class Pipeline {
     report.pipeline_ns = elapsed_ns(start);
     report.pipeline_reads = reads.stats();
     report.pipeline_writes = writes.stats();
+    report.pipeline_reads.ns = report.pipeline_writes.ns = report.pipeline_ns;  // both ran the whole pipeline
     return tutti::Status::ok();
   }
 
