@@ -76,6 +76,27 @@ TEST_CASE("CIDs are unique while in flight, run out at capacity, and come back w
   CHECK(q.cid_generation(again) == q.cid_generation(first) + 1);
 }
 
+TEST_CASE("release_command_identifier frees a CID that never reached the SQ, only while it is in flight") {
+  FakeQueue f(8, 4);
+  const QueuePair& q = f.q();
+  std::uint16_t cids[4];
+  for (auto& cid : cids) REQUIRE(q.allocate_command_identifier(cid));
+  std::uint16_t extra = 0;
+  REQUIRE_FALSE(q.allocate_command_identifier(extra));  // all 4 taken
+  CHECK(q.release_command_identifier(cids[2]));
+  CHECK_FALSE(q.release_command_identifier(cids[2]));  // already free: nothing changes
+  REQUIRE(q.allocate_command_identifier(extra));         // the released index is usable again
+  CHECK(q.cid_index(extra) == q.cid_index(cids[2]));
+  CHECK(q.cid_generation(extra) == q.cid_generation(cids[2]) + 1);
+  // A CID whose completion was delivered is not in flight: release refuses, take_completion frees it.
+  f.post(cids[0], StatusField{0}, 0);
+  CHECK(q.reap_completions() == 1);
+  CHECK_FALSE(q.release_command_identifier(cids[0]));
+  CompletionQueueEntry cqe{};
+  CHECK(q.take_completion(cids[0], cqe));
+  CHECK_FALSE(q.release_command_identifier(static_cast<std::uint16_t>(cids[3] ^ 0x100)));  // another generation
+}
+
 TEST_CASE("a stale completion (old generation) is counted and never delivered to the new command") {
   FakeQueue f(8, 4);
   const QueuePair& q = f.q();

@@ -26,6 +26,9 @@
 // to its command slot by CID (index | generation << index_bits), and the CQ head doorbell is
 // written once per reaped batch. A CQE whose CID is not in flight with that generation is a stale
 // completion: counted and dropped, never matched to the wrong command.
+// Warp-parallel forms of the doorbell and the reap (warp_ring_submission_doorbell,
+// warp_reap_completions) follow the same protocol with 32 lanes per scan (accel/warp.hpp);
+// release_command_identifier frees a CID whose command never reached the SQ.
 // Thread-safety: all functions may be called concurrently by any number of threads on one
 // QueuePair (host threads, or GPU threads in the CUDA profile) unless noted.
 #pragma once
@@ -33,7 +36,9 @@
 #include <cstdint>
 #include <vector>
 
+#include <tutti/accel/placement.hpp>
 #include <tutti/accel/primitives.hpp>
+#include <tutti/accel/warp.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/nvme/commands.hpp>
 #include <tutti/nvme/registers.hpp>
@@ -279,6 +284,23 @@ struct QueuePair {
     if (expected == encode_state(generation, CommandState::completed)) release_slot(index, generation);
   }
 
+  /// Frees `cid` whose command never reached the SQ (allocated, then not submitted: the SQ stayed
+  /// full, or the submitter gave up before writing its SQE). Returns false, and changes nothing,
+  /// when `cid` is not in flight with that generation (already freed, completed or abandoned):
+  /// a CID whose SQE was written must go through take_completion or abandon instead.
+  TUTTI_HOST_DEVICE bool release_command_identifier(std::uint16_t cid) const noexcept {
+    const std::uint32_t index = cid_index(cid);
+    if (index >= cid_capacity) return false;
+    const std::uint32_t generation = cid_generation(cid);
+    std::uint32_t expected = encode_state(generation, CommandState::in_flight);
+    // Acq_rel: the state becomes free (keeping its generation) before the bitmap bit is cleared.
+    if (!QueueAtomic<std::uint32_t>(slots[index].state)
+             .compare_exchange_strong(expected, encode_state(generation, CommandState::free), accel::MemoryOrder::acq_rel))
+      return false;
+    QueueAtomic<std::uint32_t>(cid_bitmap[index / 32]).fetch_and(~(1u << (index % 32)), accel::MemoryOrder::release);
+    return true;
+  }
+
   /// Waits for the completion of `cid` for at most budget_ns, reaping the CQ meanwhile (any
   /// waiter reaps for all). Returns OK with the CQE, TIMEOUT (the command stays in flight: call
   /// abandon or Abort it), or DEVICE_ERROR when CSTS reports Controller Fatal Status or all ones.
@@ -386,6 +408,196 @@ struct QueuePair {
   }
 };
 
+// ----- warp-parallel doorbell and reap ---------------------------------------------------------
+// The protocols of QueuePair::ring_submission_doorbell / reap_completions (same locks, same
+// state, same statistics, interoperable with threads using those), with the per-entry scan done
+// by the 32 lanes of a warp at once and ONE memory fence per batch instead of one or more
+// system-scope release/acquire operations per entry. Measured on an H200, the per-entry serial
+// path costs about 3 us per CQE from a GPU (each system-scope release is a MEMBAR.SYS): see
+// docs/gpu.md. Warp-collective (accel/warp.hpp): all lanes call convergently; on the host a warp
+// is one lane and these behave as the serial functions.
+
+/// Number of consecutive set bits of `bits` from bit 0 (32 when all are set).
+TUTTI_HOST_DEVICE TUTTI_FORCEINLINE constexpr std::uint32_t trailing_ones(std::uint32_t bits) noexcept {
+  std::uint32_t count = 0;
+  while (count < 32 && (bits >> count & 1u) != 0) ++count;
+  return count;
+}
+
+/// Announces every ready SQ entry after the last announced one with ONE SQ tail doorbell write
+/// (warp-collective, accel/warp.hpp; the protocol of QueuePair::ring_submission_doorbell, whose comment proves
+/// that no entry is stranded: the same seq_cst lock, unlock and re-check are kept). Lanes read
+/// 32 ready words at once with relaxed loads; the system fence inside mmio_store32 (fence.sc.sys)
+/// orders the SQE bytes those words publish before the doorbell store. Returns the entries
+/// announced (same value in every lane; 0 when another thread holds the doorbell lock: that
+/// thread announces ours). Terminates: every pass that continues announced at least one entry.
+TUTTI_HOST_DEVICE inline std::uint32_t warp_ring_submission_doorbell(const QueuePair& queue) noexcept {
+  const std::uint32_t lane = accel::lane_id();
+  const std::uint32_t lanes = accel::warp_lanes();
+  QueueAtomic<std::uint32_t> lock(queue.state->sq_doorbell_lock);
+  QueueAtomic<std::uint64_t> announced_ticket(queue.state->sq_doorbell_ticket);
+  std::uint32_t announced = 0;
+  for (;;) {
+    std::uint32_t locked = 0;
+    if (lane == 0) {
+      std::uint32_t expected = 0;
+      locked = lock.compare_exchange_strong(expected, 1, accel::MemoryOrder::seq_cst) ? 1u : 0u;
+    }
+    if (accel::warp_broadcast(locked, 0) == 0) return announced;
+    std::uint64_t start = 0;
+    if (lane == 0) start = announced_ticket.load(accel::MemoryOrder::relaxed);
+    start = accel::warp_broadcast(start, 0);
+    std::uint64_t end = start;
+    for (;;) {
+      const std::uint64_t room = queue.depth - 1 - (end - start);
+      const std::uint64_t window = room < lanes ? room : lanes;
+      if (window == 0) break;
+      const std::uint64_t ticket = end + lane;
+      const bool ready = lane < window &&
+          QueueAtomic<std::uint64_t>(queue.sq_ready[ticket % queue.depth]).load(accel::MemoryOrder::relaxed) == ticket + 1;
+      const std::uint32_t run = trailing_ones(accel::warp_ballot(ready));
+      end += run < window ? run : window;
+      if (run < window) break;
+    }
+    if (lane == 0) {
+      if (end != start) {
+        announced_ticket.store(end, accel::MemoryOrder::relaxed);
+        accel::mmio_store32(queue.sq_tail_doorbell, static_cast<std::uint32_t>(end % queue.depth));  // one write for the run
+        QueueAtomic<std::uint64_t>(queue.state->doorbell_writes).fetch_add(1, accel::MemoryOrder::relaxed);
+      }
+      lock.store(0, accel::MemoryOrder::seq_cst);
+    }
+    announced += static_cast<std::uint32_t>(end - start);
+    std::uint32_t again = 0;
+    if (lane == 0)
+      again = QueueAtomic<std::uint64_t>(queue.sq_ready[end % queue.depth]).load(accel::MemoryOrder::seq_cst) == end + 1;
+    if (accel::warp_broadcast(again, 0) == 0) return announced;
+  }
+}
+
+/// Consumes up to `max_entries` new CQEs if lane 0 wins the CQ try-lock (else returns 0), with
+/// the 32 lanes reading 32 CQEs at once (warp-collective; the protocol of
+/// QueuePair::reap_completions). Per batch: lanes load dword 3 of consecutive CQ slots (relaxed)
+/// and compare the Phase Tag with the one expected for that slot's pass; the leading run of
+/// matches is the batch; ONE acquire fence (system scope) orders the reads of dwords 0-2 after
+/// it; each lane delivers its CQE to its command slot by CID and generation (completion bytes,
+/// then ONE release fence for the batch, then a relaxed CAS in_flight -> completed), stale and
+/// abandoned CIDs handled as QueuePair::deliver does; the SQ head ticket is advanced from the
+/// newest CQE of the batch (SQ Head Pointers only grow in CQ order); lane 0 writes the CQ head
+/// doorbell once for everything reaped. Returns the CQEs consumed (same value in every lane).
+TUTTI_HOST_DEVICE inline std::uint32_t warp_reap_completions(const QueuePair& queue,
+                                                              std::uint32_t max_entries = 0xffffffffu) noexcept {
+  using accel::MemoryOrder;
+  const std::uint32_t lane = accel::lane_id();
+  const std::uint32_t lanes = accel::warp_lanes();
+  QueuePairState& state = *queue.state;
+  std::uint32_t locked = 0, head = 0, phase = 0;
+  if (lane == 0) {
+    std::uint32_t expected = 0;
+    if (QueueAtomic<std::uint32_t>(state.cq_lock).compare_exchange_strong(expected, 1, MemoryOrder::acquire)) {
+      locked = 1;
+      head = state.cq_head;
+      phase = state.cq_phase;
+    }
+  }
+  if (accel::warp_broadcast(locked, 0) == 0) return 0;
+  head = accel::warp_broadcast(head, 0);
+  phase = accel::warp_broadcast(phase, 0);
+  std::uint32_t consumed = 0;
+  while (consumed < max_entries) {
+    std::uint32_t window = queue.depth - 1 < lanes ? queue.depth - 1 : lanes;
+    if (max_entries - consumed < window) window = max_entries - consumed;
+    const std::uint32_t position = head + lane;  // < 2 * depth
+    const std::uint32_t slot = position < queue.depth ? position : position - queue.depth;
+    const std::uint32_t expected_phase = position < queue.depth ? phase : phase ^ 1u;  // the tag inverts each pass
+    CompletionQueueEntry entry{};
+    bool valid = false;
+    if (lane < window) {
+      entry.dw3 = QueueAtomic<std::uint32_t>(queue.cq[slot].dw3).load(MemoryOrder::relaxed);
+      valid = entry.status().phase() == expected_phase;
+    }
+    const std::uint32_t run = trailing_ones(accel::warp_ballot(valid));
+    const std::uint32_t count = run < window ? run : window;
+    if (count == 0) break;
+    // Acquire: dwords 0-2 of every CQE of the batch were written before its dword 3.
+    accel::fence(accel::ThreadScope::system, MemoryOrder::acquire);
+    const bool mine = lane < count;
+    bool publish = false;
+    std::uint32_t index = 0, generation = 0;
+    if (mine) {
+      const CompletionQueueEntry& source = queue.cq[slot];
+      entry.dw0 = source.dw0;
+      entry.dw1 = source.dw1;
+      entry.sq_head = source.sq_head;
+      entry.sq_identifier = source.sq_identifier;
+      const bool sq_fields_ok = entry.sq_identifier == queue.qid && entry.sq_head < queue.depth;
+      if (!sq_fields_ok)
+        QueueAtomic<std::uint64_t>(state.invalid_completions).fetch_add(1, MemoryOrder::relaxed);
+      if (lane == count - 1 && sq_fields_ok) {  // newest CQE: advance the SQ head ticket
+        QueueAtomic<std::uint64_t> sq_head(state.sq_head_ticket);
+        const std::uint64_t old_head = sq_head.load(MemoryOrder::relaxed);
+        const std::uint64_t advance = (entry.sq_head + queue.depth - old_head % queue.depth) % queue.depth;
+        const std::uint64_t announced =
+            QueueAtomic<std::uint64_t>(state.sq_doorbell_ticket).load(MemoryOrder::relaxed);
+        if (old_head + advance <= announced) sq_head.store(old_head + advance, MemoryOrder::relaxed);
+        else QueueAtomic<std::uint64_t>(state.invalid_completions).fetch_add(1, MemoryOrder::relaxed);
+      }
+      const std::uint16_t cid = entry.command_identifier();
+      index = queue.cid_index(cid);
+      generation = queue.cid_generation(cid);
+      if (index >= queue.cid_capacity) {
+        QueueAtomic<std::uint64_t>(state.stale_completions).fetch_add(1, MemoryOrder::relaxed);
+      } else {
+        const std::uint32_t current = QueueAtomic<std::uint32_t>(queue.slots[index].state).load(MemoryOrder::relaxed);
+        if (current == QueuePair::encode_state(generation, CommandState::in_flight)) {
+          queue.slots[index].completion = entry;
+          publish = true;
+        } else if (current == QueuePair::encode_state(generation, CommandState::abandoned)) {
+          publish = true;  // the CAS below fails and frees the CID
+        } else {
+          QueueAtomic<std::uint64_t>(state.stale_completions).fetch_add(1, MemoryOrder::relaxed);
+        }
+      }
+    }
+    // Release, once for the batch: completion bytes (and the SQ head ticket, whose reuse of SQ
+    // slots the controller's CQE allowed) before the state words the waiters acquire.
+    accel::fence(accel::ThreadScope::system, MemoryOrder::release);
+    if (publish) {
+      QueueAtomic<std::uint32_t> slot_state(queue.slots[index].state);
+      std::uint32_t expected = QueuePair::encode_state(generation, CommandState::in_flight);
+      if (!slot_state.compare_exchange_strong(expected, QueuePair::encode_state(generation, CommandState::completed),
+                                              MemoryOrder::relaxed)) {
+        if (expected == QueuePair::encode_state(generation, CommandState::abandoned)) {
+          // The waiter gave up: free the CID (state first, keeping the generation, then the bitmap bit).
+          QueueAtomic<std::uint64_t>(state.abandoned_completions).fetch_add(1, MemoryOrder::relaxed);
+          slot_state.store(QueuePair::encode_state(generation, CommandState::free), MemoryOrder::release);
+          QueueAtomic<std::uint32_t>(queue.cid_bitmap[index / 32]).fetch_and(~(1u << (index % 32)), MemoryOrder::release);
+        } else {
+          QueueAtomic<std::uint64_t>(state.stale_completions).fetch_add(1, MemoryOrder::relaxed);
+        }
+      }
+    }
+    consumed += count;
+    head += count;
+    if (head >= queue.depth) {
+      head -= queue.depth;
+      phase ^= 1u;
+    }
+    if (count < window) break;
+  }
+  accel::warp_sync();  // every lane has read its CQEs before the head doorbell lets the controller reuse them
+  if (lane == 0) {
+    if (consumed != 0) {
+      state.cq_head = head;
+      state.cq_phase = phase;
+      QueueAtomic<std::uint64_t>(state.completions_reaped).fetch_add(consumed, MemoryOrder::relaxed);
+      accel::mmio_store32(queue.cq_head_doorbell, head);  // one CQ head doorbell write for the batch
+    }
+    QueueAtomic<std::uint32_t>(state.cq_lock).store(0, MemoryOrder::release);
+  }
+  return consumed;
+}
+
 /// Number of CID index bits for `capacity` command slots (at least 1, at most 15).
 TUTTI_HOST_DEVICE constexpr std::uint32_t cid_index_bits_for(std::uint32_t capacity) noexcept {
   std::uint32_t bits = 1;
@@ -400,15 +612,22 @@ static_assert(cid_index_bits_for(257) == 9);
 /// CID bitmap), initialised, and the QueuePair view over it. The rings and doorbells are not
 /// owned (they come from libnvm's QueuePairInfo or any controller). Not copyable; the view stays
 /// valid while this object lives.
+/// Placement (accel/placement.hpp): host memory by default; accel::Placement::mapped_host puts
+/// the shared state where GPU kernels reach it too (CUDA profile: mapped pinned host memory,
+/// used by the local_nvme DataPath's GPU submission). Throws std::bad_alloc when that memory
+/// cannot be allocated.
 class QueuePairStorage {
  public:
   /// sq/cq: rings of `depth` entries (2..65536); cid_capacity: command slots (1..32768, default
   /// depth). Out-of-range arguments yield an invalid storage (valid() == false).
   QueuePairStorage(SubmissionQueueEntry* sq, CompletionQueueEntry* cq, volatile std::uint32_t* sq_tail_doorbell,
                    volatile std::uint32_t* cq_head_doorbell, const volatile std::uint32_t* controller_status,
-                   std::uint32_t depth, std::uint16_t qid, std::uint32_t cid_capacity = 0)
-      : state_(1), ready_(depth), slots_(cid_capacity == 0 ? depth : cid_capacity),
-        bitmap_((slots_.size() + 31) / 32, 0) {
+                   std::uint32_t depth, std::uint16_t qid, std::uint32_t cid_capacity = 0,
+                   accel::Placement placement = accel::Placement::host)
+      : state_(1, QueuePairState{}, Allocator<QueuePairState>(placement)),
+        ready_(depth, 0, Allocator<std::uint64_t>(placement)),
+        slots_(cid_capacity == 0 ? depth : cid_capacity, CommandSlot{}, Allocator<CommandSlot>(placement)),
+        bitmap_((slots_.size() + 31) / 32, 0, Allocator<std::uint32_t>(placement)) {
     if (depth < 2 || depth > 65536 || slots_.empty() || slots_.size() > 32768) return;
     for (std::size_t i = slots_.size(); i < bitmap_.size() * 32; ++i) bitmap_[i / 32] |= 1u << (i % 32);  // beyond capacity
     state_[0].cq_phase = 1;  // the first pass expects Phase Tag 1 (CQ memory starts zeroed)
@@ -436,10 +655,12 @@ class QueuePairStorage {
   QueuePairState statistics() const noexcept { return state_[0]; }
 
  private:
-  std::vector<QueuePairState> state_;
-  std::vector<std::uint64_t> ready_;
-  std::vector<CommandSlot> slots_;
-  std::vector<std::uint32_t> bitmap_;
+  template <class T>
+  using Allocator = accel::PlacementAllocator<T>;
+  std::vector<QueuePairState, Allocator<QueuePairState>> state_;
+  std::vector<std::uint64_t, Allocator<std::uint64_t>> ready_;
+  std::vector<CommandSlot, Allocator<CommandSlot>> slots_;
+  std::vector<std::uint32_t, Allocator<std::uint32_t>> bitmap_;
   QueuePair view_{};
 };
 
