@@ -13,6 +13,8 @@
 // NullControllerQueue::service loop over host memory. Same nvme/queue.hpp code, host pass.
 //
 // Usage: tutti-bench-gpu-submit [--commands N] [--repeat R] [--depth D] [--max-queues Q] [--json FILE]
+//          [--stop-relay 0|1] [--stop-poll-ns NS] [--shapes W:P,...] [--host 0|1]
+// (--stop-relay 0 restores the controllers' old stop poll, for before/after figures in one build.)
 // Exits 77 when no CUDA device is present.
 #include <algorithm>
 #include <chrono>
@@ -40,6 +42,10 @@ struct Options {
   std::uint32_t repeat = 3;
   std::uint32_t depth = 1024;
   std::uint32_t max_queues = 128;
+  std::uint32_t stop_relay = 1;             ///< 1: the controllers' stop word relayed into GPU memory
+  std::uint64_t stop_poll_ns = 100'000;     ///< NullControllerSettings::stop_poll_interval_ns
+  std::string shapes;                       ///< "W:P,W:P,..." (warps : warps per block); empty: the default set
+  bool host = true;                         ///< also run the host rows
   std::string json;
 };
 
@@ -66,7 +72,9 @@ Row run_gpu(const Options& options, std::uint32_t warps, std::uint32_t warps_per
   for (std::uint32_t r = 0; r < options.repeat + 1; ++r) {  // the first run warms up and is not counted
     QueueSet set(QueueSetConfig{queues, options.depth, options.depth, MemoryKind::device});
     tutti::gpu_test::Buffer totals(MemoryKind::device, 2 * sizeof(unsigned long long));
-    tutti::gpu_test::GpuNullController controller(set);
+    tutti::path::gpu::NullControllerSettings controller_settings;
+    controller_settings.stop_poll_interval_ns = options.stop_poll_ns;
+    tutti::gpu_test::GpuNullController controller(set, 0, controller_settings, options.stop_relay != 0);
     tutti::gpu_test::CommandKernelArgs args;
     args.queues = set.queues();
     args.queue_count = queues;
@@ -202,6 +210,10 @@ int main(int argc, char** argv) {
     else if (key == "--depth") options.depth = static_cast<std::uint32_t>(std::strtoul(argv[i + 1], nullptr, 10));
     else if (key == "--max-queues") options.max_queues = static_cast<std::uint32_t>(std::strtoul(argv[i + 1], nullptr, 10));
     else if (key == "--json") options.json = argv[i + 1];
+    else if (key == "--stop-relay") options.stop_relay = static_cast<std::uint32_t>(std::strtoul(argv[i + 1], nullptr, 10));
+    else if (key == "--stop-poll-ns") options.stop_poll_ns = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (key == "--shapes") options.shapes = argv[i + 1];
+    else if (key == "--host") options.host = std::strtoul(argv[i + 1], nullptr, 10) != 0;
     else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       return 2;
@@ -226,8 +238,28 @@ int main(int argc, char** argv) {
 
   std::vector<Row> rows;
   struct Shape { std::uint32_t warps, per_block; const char* label; };
-  const std::vector<Shape> shapes = {{1, 1, "1 warp"},        {8, 1, "8 warps"},           {32, 1, "32 warps"},
-                                     {sms, 1, "1 warp/SM"},   {sms * 4, 4, "4 warps/SM"}, {sms * 16, 8, "16 warps/SM"}};
+  std::vector<Shape> shapes = {{1, 1, "1 warp"},        {8, 1, "8 warps"},           {32, 1, "32 warps"},
+                               {sms, 1, "1 warp/SM"},   {sms * 4, 4, "4 warps/SM"}, {sms * 16, 8, "16 warps/SM"}};
+  if (!options.shapes.empty()) {
+    shapes.clear();
+    std::size_t at = 0;
+    while (at < options.shapes.size()) {
+      const std::size_t comma = std::min(options.shapes.find(',', at), options.shapes.size());
+      const std::string item = options.shapes.substr(at, comma - at);
+      const std::size_t colon = item.find(':');
+      const std::uint32_t w = static_cast<std::uint32_t>(std::strtoul(item.c_str(), nullptr, 10));
+      const std::uint32_t p = colon == std::string::npos ? 1 : static_cast<std::uint32_t>(std::strtoul(item.c_str() + colon + 1, nullptr, 10));
+      if (w == 0 || p == 0 || w % p != 0) {
+        std::fprintf(stderr, "--shapes: '%s' must be W:P with W a multiple of P, both >= 1\n", item.c_str());
+        return 2;
+      }
+      shapes.push_back({w, p, "custom"});
+      at = comma + 1;
+    }
+  }
+  std::printf("controller stop word: %s, read every %llu ns; max queues %u\n",
+              options.stop_relay != 0 ? "relayed into GPU memory by warp 0" : "read from mapped host memory by every warp",
+              static_cast<unsigned long long>(options.stop_poll_ns), options.max_queues);
   for (const Shape& s : shapes) {
     rows.push_back(run_gpu(options, s.warps, s.per_block));
     const Row& r = rows.back();
@@ -238,7 +270,7 @@ int main(int argc, char** argv) {
   }
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   for (std::uint32_t threads : {1u, 2u, 4u, 8u}) {
-    if (threads * 2 > hw) break;  // a controller thread per submitter thread
+    if (!options.host || threads * 2 > hw) break;  // a controller thread per submitter thread
     rows.push_back(run_host(options, threads));
     const Row& r = rows.back();
     std::printf("host threads=%-3u        queues=%-4u commands=%-9llu %8.3f s  %10.3f M commands/s  doorbells/cmd=%.3f errors=%llu\n",

@@ -197,7 +197,15 @@ class QueueSet {
 /// `warps` warps (one warp per queue by default) on its own non-blocking stream.
 class GpuNullController {
  public:
-  GpuNullController(const QueueSet& set, std::uint32_t warps = 0, path::gpu::NullControllerSettings settings = {}) {
+  /// relay_stop: the stop word is relayed into GPU memory by warp 0 (NullControllerSettings::
+  /// stop_relay) instead of read from mapped host memory by every warp.
+  GpuNullController(const QueueSet& set, std::uint32_t warps = 0, path::gpu::NullControllerSettings settings = {},
+                    bool relay_stop = true) {
+    if (relay_stop && settings.stop_relay == nullptr) {
+      TUTTI_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&relay_), sizeof(std::uint32_t)));
+      TUTTI_CUDA_CHECK(cudaMemset(relay_, 0, sizeof(std::uint32_t)));
+      settings.stop_relay = relay_;
+    }
     TUTTI_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&control_), sizeof(*control_), cudaHostAllocMapped));
     std::memset(control_, 0, sizeof(*control_));
     TUTTI_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_control_), control_, 0));
@@ -222,6 +230,7 @@ class GpuNullController {
     try { stop(); } catch (...) {}
     cudaStreamDestroy(stream_);
     cudaFreeHost(control_);
+    if (relay_ != nullptr) cudaFree(relay_);
   }
   /// Asks the controller to leave once idle and waits for it. Returns the warps that left because
   /// their budget ran out instead (0 when all went well).
@@ -238,6 +247,7 @@ class GpuNullController {
  private:
   path::gpu::NullControllerControl* control_ = nullptr;
   path::gpu::NullControllerControl* device_control_ = nullptr;
+  std::uint32_t* relay_ = nullptr;  ///< the relayed stop word in GPU memory, or null
   cudaStream_t stream_ = nullptr;
   std::uint32_t warps_ = 0;
   bool stopped_ = false;

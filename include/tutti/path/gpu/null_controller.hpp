@@ -158,12 +158,18 @@ struct NullControllerSettings {
   /// host memory: each read is a PCIe round trip, and 128 idle warps reading it every few us
   /// measurably slowed every submitter on an H200 (docs/gpu.md).
   std::uint64_t stop_poll_interval_ns = 100'000;
+  /// Optional relay of control->stop into memory local to the servicing agents (a word in GPU
+  /// memory, zeroed before the launch). When set, only the loop with first == 0 reads
+  /// control->stop (every stop_poll_interval_ns) and copies it here; every other loop reads this
+  /// word instead (an L2 hit on a GPU, no PCIe round trip). Null: every loop reads control->stop.
+  std::uint32_t* stop_relay = nullptr;
 };
 
 /// The servicing loop of one warp (device) or thread (host): services queues[first],
 /// queues[first + stride], ... until `control->stop` is set and no queue has work, or the budget
 /// runs out (counted in control->deadline_exits); control->stop is read at most every
-/// settings.stop_poll_interval_ns. Warp-collective on the device.
+/// settings.stop_poll_interval_ns, by every loop or (settings.stop_relay) only by the loop with
+/// first == 0, which relays it. Warp-collective on the device.
 /// `control` lives in memory the host writes while this runs (mapped pinned memory on a GPU).
 TUTTI_HOST_DEVICE inline void run_null_controller(const NullControllerQueue* queues, std::uint32_t queue_count,
                                                   std::uint32_t first, std::uint32_t stride,
@@ -184,9 +190,17 @@ TUTTI_HOST_DEVICE inline void run_null_controller(const NullControllerQueue* que
     std::uint32_t leave = 0;  // 1: stop requested, 2: budget spent
     if (lane == 0) {
       const std::uint64_t now = accel::timer_ns();
-      if (now >= next_stop_poll) {
+      const bool relayed = settings.stop_relay != nullptr && first != 0;
+      if (relayed) {
+        // A word in GPU memory: cheap to read on every idle step.
+        if (accel::DeviceAtomicRef<std::uint32_t>(*settings.stop_relay).load(accel::MemoryOrder::acquire) != 0) leave = 1;
+      } else if (now >= next_stop_poll) {
         next_stop_poll = now + settings.stop_poll_interval_ns;
-        if (accel::SystemAtomicRef<std::uint32_t>(control->stop).load(accel::MemoryOrder::acquire) != 0) leave = 1;
+        if (accel::SystemAtomicRef<std::uint32_t>(control->stop).load(accel::MemoryOrder::acquire) != 0) {
+          leave = 1;
+          if (settings.stop_relay != nullptr)
+            accel::DeviceAtomicRef<std::uint32_t>(*settings.stop_relay).store(1, accel::MemoryOrder::release);
+        }
       }
       if (leave == 0 && now >= deadline) leave = 2;
     }
