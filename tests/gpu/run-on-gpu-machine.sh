@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the cuda profile and runs the GPU suite and the GPU submission benchmark on a machine
+# Builds the cuda profile and runs the GPU suite (accel, queue, soft controller, local_nvme) and
+# the GPU benchmarks (submission rate, end-to-end local_nvme reads) on a machine
 # with an NVIDIA GPU, nvcc, meson and ninja, also one without network: build dependencies that
 # are missing there (liburing, uriparser, fmt, ...) come as Debian .deb files that this script
 # unpacks into a private prefix (never into /) and points pkg-config, CMake and the loader at.
@@ -48,10 +49,22 @@ if [ ! -f "$build/build.ninja" ]; then
     2>&1 | tee "$out/setup.log" | tail -15 || exit 1
 fi
 targets="tests/gpu/test_gpu_accel tests/gpu/test_gpu_queue tests/gpu/tutti-bench-gpu-submit"
+tests="gpu_accel gpu_queue"
+# libnvm-based GPU tests and the end-to-end local_nvme benchmark, when libnvm is part of the build.
+for t in soft_controller local_nvme; do
+  if ninja -C "$build" -t targets all 2>/dev/null | grep -q "^tests/gpu/test_gpu_$t:"; then
+    targets="$targets tests/gpu/test_gpu_$t"
+    tests="$tests gpu_$t"
+  fi
+done
+if ninja -C "$build" -t targets all 2>/dev/null | grep -q "^tests/gpu/tutti-bench-gpu-local-nvme:"; then
+  targets="$targets tests/gpu/tutti-bench-gpu-local-nvme"
+fi
 ninja -C "$build" $targets 2>&1 | tee "$out/build.log" | tail -15
 [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
 
-meson test -C "$build" --no-rebuild --print-errorlogs --suite gpu gpu_accel gpu_queue 2>&1 | tee "$out/test.log"
+# By name: other areas' tests in the gpu suite (e.g. uring's) are not built here.
+meson test -C "$build" --no-rebuild --print-errorlogs $tests 2>&1 | tee "$out/test.log"
 status=${PIPESTATUS[0]}
 cp "$build/meson-logs/testlog.txt" "$out/testlog.txt" 2>/dev/null || true
 
@@ -59,5 +72,10 @@ if [ "$bench" = 1 ]; then
   "$build/tests/gpu/tutti-bench-gpu-submit" --json "$out/gpu_submit_rate.json" 2>&1 | tee "$out/bench.log"
   bench_status=${PIPESTATUS[0]}
   [ "$status" -ne 0 ] || status=$bench_status
+  if [ -x "$build/tests/gpu/tutti-bench-gpu-local-nvme" ]; then
+    "$build/tests/gpu/tutti-bench-gpu-local-nvme" --json "$out/gpu_local_nvme_read.json" 2>&1 | tee -a "$out/bench.log"
+    bench_status=${PIPESTATUS[0]}
+    [ "$status" -ne 0 ] || status=$bench_status
+  fi
 fi
 exit "$status"

@@ -33,4 +33,23 @@ Status launch(const LaunchConfig& config, const Kernel& kernel) {
   return Status::ok();
 }
 
+/// Waits until every launch enqueued on `stream` (a cudaStream_t; nullptr: the legacy default
+/// stream) has finished, for at most `timeout_ns` ns: cudaStreamQuery polled with a backoff
+/// (never an unbounded cudaStreamSynchronize). Errors: TIMEOUT (work still running: the caller
+/// must not free what it uses), DEVICE_ERROR with the CUDA error text (a kernel faulted).
+/// Thread-safety: as the CUDA runtime.
+inline Status synchronize(void* stream, std::uint64_t timeout_ns) {
+  const std::uint64_t deadline = deadline_after(timeout_ns);
+  Backoff backoff;
+  for (;;) {
+    const cudaError_t result = cudaStreamQuery(static_cast<cudaStream_t>(stream));
+    if (result == cudaSuccess) return Status::ok();
+    if (result != cudaErrorNotReady)
+      return error(StatusCode::DEVICE_ERROR, "synchronize: {}", cudaGetErrorString(result));
+    if (timer_ns() >= deadline)
+      return error(StatusCode::TIMEOUT, "synchronize: the stream's work did not finish within {} ns", timeout_ns);
+    backoff.pause();
+  }
+}
+
 }  // namespace tutti::accel

@@ -37,4 +37,8 @@ Status launch(const LaunchConfig& config, const Kernel& kernel) {
   return Status::ok();
 }
 
+/// Waits for the work of `stream`: nothing to wait for on the host (launch is synchronous), so
+/// always OK. Present so DataPaths wait the same way in both profiles. Thread-safety: trivially safe.
+inline Status synchronize(void* /*stream*/, std::uint64_t /*timeout_ns*/) { return Status::ok(); }
+
 }  // namespace tutti::accel

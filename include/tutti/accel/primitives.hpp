@@ -13,6 +13,7 @@
 //  timer_ns()                     | steady_clock, ns             | %globaltimer, ns (~1 us resolution)
 //  Backoff::pause()               | pause -> yield -> sleep      | __nanosleep, doubling to a cap
 //  launch(grid, kernel)           | HostThreadPool, synchronous  | kernel<<<grid, block, 0, stream>>>
+//  synchronize(stream, timeout)   | OK (launch was synchronous)  | cudaStreamQuery polled to a deadline
 //
 // Alignment: an AtomicRef<T> needs T aligned to sizeof(T) (4 or 8 bytes for the queue state).
 // Thread-safety: all primitives may be called concurrently from any number of threads.

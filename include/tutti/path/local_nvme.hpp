@@ -1,15 +1,25 @@
 // The local_nvme DataPath: reads, writes and flushes of local files (local_file::Target: extents
 // on one NVMe namespace) issued as NVMe commands on I/O queue pairs of one libnvm Controller.
 //
-// Execution model (host profile; docs/local-nvme.md): submit() stages one RequestState per
-// request and makes ONE accel::launch over them (one logical thread per request; host threads
-// here, GPU threads in the CUDA profile): each thread resolves its LBAs by binary search over the
+// Execution model (docs/local-nvme.md): submit() stages one RequestState per request and makes
+// ONE accel::launch over them (one logical thread per request; host threads in the host
+// profile, GPU threads in the CUDA profile when the DataPath is used from code nvcc compiles),
+// then waits for it (accel::synchronize, bounded by command_timeout_ns): each thread resolves its LBAs by binary search over the
 // target's extents, splits the request at extent boundaries and at the command size limit
 // (MDTS, 65536 LBAs), takes queue credits (backpressure: RESOURCE_EXHAUSTED, never blocking),
 // writes SQEs with PRPs looked up in the registration's prebuilt PRP table, and rings the SQ tail
 // doorbell once for its commands. progress() launches the poll kernel over the batch until every
 // accepted request completed or the budget ran out; between launches the host sends NVMe Abort
 // for commands past their deadline (admin commands are host-only).
+//
+// CUDA profile (docs/gpu.md, "local_nvme on the GPU"): the state the kernels touch (RequestState
+// and CommandRecord arrays, the target's extents, the registration's page table, the queues'
+// shared state and credits) lives in mapped pinned host memory (accel::Placement::mapped_host),
+// the queues and doorbells must be GPU-writable (the soft controller in accelerator_mode; for a
+// PCIe controller the BAR's doorbell page registered with cudaHostRegister(IoMemory)), and
+// MemoryKind::DEVICE regions are mapped with Controller::dma_map_device. A host-compiled (.cpp)
+// translation unit of the CUDA profile gets UNSUPPORTED from submit and progress
+// (accel/launch_unavailable.hpp).
 //
 // Timeouts and memory safety: a command not completed within Options::command_timeout_ns is
 // aborted (Base 2.0, 5.1); its request completes with TIMEOUT once the controller answers, or
@@ -23,7 +33,7 @@
 // end of file (the tail rule: the last LBA is transferred whole; the memory must have room for
 // the length rounded up to the LBA size); memory addresses dword (4-byte) aligned (PRP1 rule,
 // Base 2.0, 4.3.1); up to 1 GiB per request and 65536 requests per submit; HOST and PINNED_HOST
-// memory. Writes of the tail write the whole last LBA: the bytes past end of file come from the
+// memory, and DEVICE memory in the CUDA profile. Writes of the tail write the whole last LBA: the bytes past end of file come from the
 // caller's memory, are invisible through the file system, and are documented in
 // docs/local-nvme.md ("The tail rule").
 //
@@ -56,6 +66,7 @@
 #include <sanitizer/lsan_interface.h>
 #endif
 
+#include <tutti/accel/placement.hpp>
 #include <tutti/accel/primitives.hpp>
 #include <tutti/bind/extents.hpp>
 #include <tutti/core/concepts.hpp>
@@ -70,6 +81,9 @@
 namespace tutti::local_nvme {
 
 namespace detail {
+/// `to = value` with the result of the assignment explicitly discarded (Status is [[nodiscard]],
+/// and nvcc's front end warns about the discarded Status& of operator=).
+inline void assign(Status& to, Status value) { (void)(to = std::move(value)); }
 /// Keeps an object alive forever (a device may still DMA into what it owns); tells LSan so.
 template <class T>
 void leak_on_purpose([[maybe_unused]] T* object) {
@@ -103,17 +117,31 @@ class DataPath {
     std::uint64_t admin_timeout_ns = kDefaultAdminTimeoutNs;
     /// Commands one request keeps in flight at once (1..kMaxWindow); more are issued as they complete.
     std::uint32_t request_window = kDefaultRequestWindow;
-    /// Logical threads (requests) per block of the submit and poll launches.
+    /// Logical threads (requests) per block of the submit and poll launches; in the CUDA profile a
+    /// multiple of 32 (whole warps).
     std::uint32_t threads_per_block = kDefaultThreadsPerBlock;
     /// Largest command in bytes (0: the controller's MDTS, or 65536 LBAs when it reports none).
     std::uint64_t max_command_bytes = 0;
+    /// CUDA profile: the stream (a cudaStream_t) the submit and poll kernels are launched on and
+    /// waited for; nullptr: the default stream. Host profile: ignored.
+    void* stream = nullptr;
   };
 
   using target_type = local_file::Target;
 
+  /// Arrays the kernels read or write: host memory in the host profile, mapped pinned host memory
+  /// in the CUDA profile (accel/placement.hpp).
+  template <class T>
+  using KernelArray = std::vector<T, accel::PlacementAllocator<T>>;
+  template <class T>
+  static KernelArray<T> kernel_array(std::size_t n, const T& value = T{}) {
+    return KernelArray<T>(n, value, accel::PlacementAllocator<T>(accel::kKernelReachable));
+  }
+
   /// The open target: the payload (its lease and extents) plus the device-resident handle.
   struct open_target {
-    std::unique_ptr<local_file::Target> payload;  ///< stable address: device_target points into it
+    std::unique_ptr<local_file::Target> payload;  ///< the lease and the host copy of the extents
+    KernelArray<local_file::Extent> extents;      ///< the kernels' copy; device_target points into it
     DeviceTarget device_target;
     bool flush_on_close = false;  ///< OpenOptions::flush_on_close: close() issues an NVMe Flush first
   };
@@ -125,6 +153,7 @@ class DataPath {
     libnvm::Controller* controller = nullptr;
     libnvm::DmaMapping mapping;
     libnvm::DmaBuffer lists;
+    KernelArray<std::uint64_t> bus_addresses;  ///< the kernels' copy of mapping.bus_addresses
     PrpTable table;
     std::uintptr_t user_address = 0;  ///< first byte of the user region
     std::uint64_t user_size = 0;
@@ -135,11 +164,15 @@ class DataPath {
       if (mapping.id != 0) (void)controller->dma_unmap(mapping.id);
     }
   };
+  /// One queue pair's credit counter, on its own cache line.
+  struct alignas(64) Credits {
+    std::uint32_t value = 0;
+  };
   struct Queue {
     libnvm::QueuePairInfo info;
     std::unique_ptr<nvme::QueuePairStorage> storage;
-    alignas(64) std::uint32_t credits = 0;
-    DeviceQueue device() noexcept { return DeviceQueue{storage->queue(), &credits}; }
+    std::uint32_t* credits = nullptr;  ///< into State::credits (kernel-reachable)
+    DeviceQueue device() noexcept { return DeviceQueue{storage->queue(), credits}; }
   };
   struct Zombie {
     std::uint32_t queue_index;
@@ -152,6 +185,8 @@ class DataPath {
     std::uint32_t lba_size = 0;
     std::uint64_t max_command_bytes = 0;
     std::vector<std::unique_ptr<Queue>> queues;
+    KernelArray<Credits> credits;             ///< one per queue pair, sized once (stable addresses)
+    KernelArray<DeviceQueue> device_queues;   ///< the kernels' view of `queues`
     std::atomic<std::uint64_t> next_queue{0};
     std::mutex zombie_mutex;
     std::vector<Zombie> zombies;
@@ -178,8 +213,8 @@ class DataPath {
 
   /// One submit's in-flight state.
   struct batch {
-    std::unique_ptr<std::vector<RequestState>> requests;   ///< one per submitted request
-    std::unique_ptr<std::vector<CommandRecord>> records;   ///< window records of every request
+    std::unique_ptr<KernelArray<RequestState>> requests;   ///< one per submitted request
+    std::unique_ptr<KernelArray<CommandRecord>> records;   ///< window records of every request
     std::vector<std::shared_ptr<Mapping>> mappings;        ///< per request (zombie hand-off)
     std::vector<std::uint8_t> reported;                    ///< completion already reported
   };
@@ -190,7 +225,9 @@ class DataPath {
       .memory_alignment = 4,
       .max_request_bytes = std::uint64_t{1} << 30,
       .max_batch_requests = 65536,
-      .memory_kinds = {MemoryKind::HOST, MemoryKind::PINNED_HOST},
+      .memory_kinds = accel::kProfile == accel::Profile::cuda
+                          ? MemoryKindSet{MemoryKind::HOST, MemoryKind::PINNED_HOST, MemoryKind::DEVICE}
+                          : MemoryKindSet{MemoryKind::HOST, MemoryKind::PINNED_HOST},
       .unaligned_tail_at_end_of_target = true,
   };
 
@@ -214,8 +251,11 @@ class DataPath {
     if (options.request_window == 0 || options.request_window > kMaxWindow)
       return error(StatusCode::INVALID_ARGUMENT, "local_nvme: request_window = {} outside 1..{}", options.request_window,
                    kMaxWindow);
-    if (options.threads_per_block == 0)
-      return error(StatusCode::INVALID_ARGUMENT, "local_nvme: threads_per_block must be >= 1");
+    if (options.threads_per_block == 0 || options.threads_per_block % accel::kKernelWarpLanes != 0)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "local_nvme: threads_per_block = {} must be a positive multiple of {} (whole warps: the kernels are "
+                   "warp-collective)",
+                   options.threads_per_block, accel::kKernelWarpLanes);
     if (options.command_timeout_ns == 0 || options.abort_timeout_ns == 0 || options.admin_timeout_ns == 0)
       return error(StatusCode::INVALID_ARGUMENT, "local_nvme: timeouts must be > 0 ns");
     std::uint64_t max_bytes = std::uint64_t{65536} * id.lba_size;  // NLB is 16 bits, 0's based
@@ -230,20 +270,39 @@ class DataPath {
     state->options = options;
     state->lba_size = id.lba_size;
     state->max_command_bytes = max_bytes;
+    try {
+      state->credits = kernel_array<Credits>(options.queue_pairs);
+    } catch (const std::bad_alloc&) {
+      return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the credits of {} queue pairs",
+                   options.queue_pairs);
+    }
     for (std::uint32_t i = 0; i < options.queue_pairs; ++i) {
       auto info = controller.create_io_queue_pair(options.queue_depth);
       if (!info) return info.status().with_context(fmt::format("local_nvme: creating I/O queue pair {}", i + 1));
       auto q = std::make_unique<Queue>();
       q->info = *info;
-      q->storage = std::make_unique<nvme::QueuePairStorage>(info->submission_queue, info->completion_queue,
-                                                            info->submission_queue_tail_doorbell,
-                                                            info->completion_queue_head_doorbell,
-                                                            info->controller_status, info->depth, info->qid);
-      q->credits = info->depth - 1;
+      try {
+        q->storage = std::make_unique<nvme::QueuePairStorage>(
+            info->submission_queue, info->completion_queue, info->submission_queue_tail_doorbell,
+            info->completion_queue_head_doorbell, info->controller_status, info->depth, info->qid, 0,
+            accel::kKernelReachable);
+      } catch (const std::bad_alloc&) {
+        (void)controller.delete_io_queue_pair(info->qid);
+        return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the state of I/O queue pair {}",
+                     info->qid);
+      }
+      q->credits = &state->credits[i].value;
+      *q->credits = info->depth - 1;
       const bool valid = q->storage->valid();
       state->queues.push_back(std::move(q));
       if (!valid) return error(StatusCode::INTERNAL, "local_nvme: queue pair {} has an invalid depth {}", info->qid, info->depth);
     }
+    try {
+      state->device_queues = kernel_array<DeviceQueue>(state->queues.size());
+    } catch (const std::bad_alloc&) {
+      return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the kernels' queue views");
+    }
+    for (std::size_t i = 0; i < state->queues.size(); ++i) state->device_queues[i] = state->queues[i]->device();
     return DataPath(std::move(state));
   }
 
@@ -265,9 +324,10 @@ class DataPath {
   /// Shared statistics of queue pair `i` (doorbell writes, completions reaped, stale CQEs).
   nvme::QueuePairState queue_statistics(std::size_t i) const { return state_->queues.at(i)->storage->statistics(); }
 
-  /// Builds the device-resident handle (host profile: the extents stay in the payload's host
-  /// vector, which the launch threads read). Errors: INVALID_ARGUMENT when the payload's LBA size is
-  /// not the controller's, or its invariants (Target::validate) do not hold.
+  /// Builds the device-resident handle: a copy of the extents in kernel-reachable memory (host
+  /// profile: host memory) that the submitting threads binary-search. Errors: INVALID_ARGUMENT
+  /// when the payload's LBA size is not the controller's, or its invariants (Target::validate) do
+  /// not hold; RESOURCE_EXHAUSTED when the copy cannot be allocated.
   Result<open_target> open(local_file::Target&& target, const OpenOptions& options) {
     if (target.lba_size != state_->lba_size)
       return error(StatusCode::INVALID_ARGUMENT,
@@ -277,9 +337,16 @@ class DataPath {
     open_target t;
     t.flush_on_close = options.flush_on_close;
     t.payload = std::make_unique<local_file::Target>(std::move(target));
-    t.device_target = DeviceTarget{t.payload->extents.data(), t.payload->extents.size(), t.payload->file_size,
-                                   t.payload->lba_size, t.payload->nsid};
-    return t;
+    try {
+      t.extents = KernelArray<local_file::Extent>(t.payload->extents.begin(), t.payload->extents.end(),
+                                                  accel::PlacementAllocator<local_file::Extent>(accel::kKernelReachable));
+    } catch (const std::bad_alloc&) {
+      return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the {} extents of '{}'",
+                   t.payload->extents.size(), t.payload->path);
+    }
+    t.device_target = DeviceTarget{t.extents.data(), t.extents.size(), t.payload->file_size, t.payload->lba_size,
+                                   t.payload->nsid};
+    return Result<open_target>(std::move(t));  // explicit: nvcc's front end does not move implicitly here
   }
   /// The file size in bytes.
   std::uint64_t size_bytes(const open_target& t) const noexcept { return t.payload->file_size; }
@@ -294,7 +361,7 @@ class DataPath {
       Status state;
       batch b = submit(std::span<const PathRequest<DataPath>>(&flush, 1), std::span<Status>(&state, 1));
       if (!state.is_ok()) {
-        flushed = state.with_context("flush on close");
+        detail::assign(flushed, state.with_context("flush on close"));
       } else {
         RequestCompletion completion;
         Status s = progress(b, std::span<RequestCompletion>(&completion, 1),
@@ -302,9 +369,9 @@ class DataPath {
         if (!s.is_ok()) {
           // Still in flight: keep the batch (and what it references) alive rather than free it.
           detail::leak_on_purpose(new batch(std::move(b)));
-          flushed = error(StatusCode::TIMEOUT, "flush on close: the NVMe Flush did not complete in time");
+          detail::assign(flushed, error(StatusCode::TIMEOUT, "flush on close: the NVMe Flush did not complete in time"));
         } else {
-          flushed = completion.status.with_context("flush on close");
+          detail::assign(flushed, completion.status.with_context("flush on close"));
         }
       }
     }
@@ -313,21 +380,36 @@ class DataPath {
   }
 
   /// DMA-maps the pages that hold the region and prebuilds its PRP lists (two variants, see
-  /// prp_table.hpp). Errors: the controller's dma_map / allocate_dma_buffer errors (e.g.
-  /// INVALID_ARGUMENT when a page of the region is already mapped by another registration).
+  /// prp_table.hpp); the page table is copied where the kernels read it. HOST / PINNED_HOST
+  /// regions go through Controller::dma_map, DEVICE regions (CUDA profile; a cudaMalloc address)
+  /// through Controller::dma_map_device. Errors: the controller's dma_map / dma_map_device /
+  /// allocate_dma_buffer errors (e.g. INVALID_ARGUMENT when a page of the region is already
+  /// mapped by another registration, UNSUPPORTED when the controller cannot map device memory),
+  /// RESOURCE_EXHAUSTED when the page table copy cannot be allocated.
   Result<registered_memory> register_memory(const MemoryView& view) {
     auto m = std::make_shared<Mapping>();
     const std::uint64_t page = 4096;
     const auto address = reinterpret_cast<std::uintptr_t>(view.address);
     const std::uintptr_t first = address / page * page;
     const std::uint64_t length = (address + view.size - first + page - 1) / page * page;
-    auto mapped = state_->controller->dma_map(reinterpret_cast<void*>(first), length);
-    if (!mapped) return mapped.status().with_context("local_nvme: register_memory: dma_map");
+    const bool device = view.kind == MemoryKind::DEVICE;
+    auto mapped = device ? state_->controller->dma_map_device(reinterpret_cast<void*>(first), length)
+                         : state_->controller->dma_map(reinterpret_cast<void*>(first), length);
+    if (!mapped)
+      return mapped.status().with_context(device ? "local_nvme: register_memory: dma_map_device"
+                                                 : "local_nvme: register_memory: dma_map");
     m->controller = state_->controller;
     m->mapping = std::move(mapped.value());
     m->user_address = address;
     m->user_size = view.size;
-    m->table.pages = m->mapping.page_table();
+    try {
+      m->bus_addresses = KernelArray<std::uint64_t>(m->mapping.bus_addresses.begin(), m->mapping.bus_addresses.end(),
+                                                    accel::PlacementAllocator<std::uint64_t>(accel::kKernelReachable));
+    } catch (const std::bad_alloc&) {
+      return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: register_memory: no memory for a page table of {} pages",
+                   m->mapping.bus_addresses.size());
+    }
+    m->table.pages = nvme::PageTableView{m->bus_addresses.data(), m->bus_addresses.size(), m->mapping.page_size};
     const std::uint32_t page_size = m->mapping.page_size;
     m->table.list_pages = PrpTable::list_pages_for(m->table.pages.page_count, page_size);
     auto lists = state_->controller->allocate_dma_buffer(2 * m->table.list_pages * page_size);
@@ -354,28 +436,49 @@ class DataPath {
     return Status::ok();
   }
 
-  /// One launch over the batch (see the file comment). Never blocks.
+  /// One launch over the batch (see the file comment). Never blocks beyond the launch (CUDA: the
+  /// wait for the submit kernel, bounded by command_timeout_ns). States: OK (accepted), the
+  /// rejections of `rejection`, RESOURCE_EXHAUSTED when the batch's state cannot be allocated,
+  /// the launch's error (UNSUPPORTED from a host-compiled translation unit of the CUDA
+  /// profile), or the wait's error (TIMEOUT / DEVICE_ERROR: the batch's state is then kept
+  /// alive forever, since the kernel may still write it).
   batch submit(std::span<const PathRequest<DataPath>> requests, std::span<Status> states) {
     batch b;
     const std::size_t n = requests.size();
-    b.requests = std::make_unique<std::vector<RequestState>>(n);
     const std::uint32_t window = state_->options.request_window;
-    b.records = std::make_unique<std::vector<CommandRecord>>(n * window);
+    try {
+      b.requests = std::make_unique<KernelArray<RequestState>>(kernel_array<RequestState>(n));
+      b.records = std::make_unique<KernelArray<CommandRecord>>(kernel_array<CommandRecord>(n * window));
+    } catch (const std::bad_alloc&) {
+      b.requests = std::make_unique<KernelArray<RequestState>>(n);  // host memory: nothing runs on it
+      b.records = std::make_unique<KernelArray<CommandRecord>>();
+      b.mappings.resize(n);
+      b.reported.assign(n, 1);
+      for (std::size_t i = 0; i < n; ++i) {
+        (*b.requests)[i].done = true;
+        detail::assign(states[i], error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the state of a batch of {} requests", n));
+      }
+      return b;
+    }
     b.mappings.resize(n);
     b.reported.assign(n, 0);
-    const std::uint64_t base = state_->next_queue.fetch_add(n, std::memory_order_relaxed);
+    // One queue pair per warp of requests (round robin over warps; host profile: per request), so
+    // a warp's commands share one SQ reservation and one doorbell write.
+    const std::uint64_t lanes = accel::kKernelWarpLanes;
+    const std::uint64_t base = state_->next_queue.fetch_add((n + lanes - 1) / lanes, std::memory_order_relaxed);
     for (std::size_t i = 0; i < n; ++i) {
       const auto& p = requests[i];
       RequestState& r = (*b.requests)[i];
       r.opcode = p.direction == Direction::READ    ? nvme::NvmOpcode::read
                  : p.direction == Direction::WRITE ? nvme::NvmOpcode::write
                                                    : nvme::NvmOpcode::flush;
-      r.queue_index = static_cast<std::uint32_t>((base + i) % state_->queues.size());
+      r.queue_index = static_cast<std::uint32_t>((base + i / lanes) % state_->queues.size());
       r.target = p.target->device_target;
       r.target_offset = p.target_offset;
       r.length = p.length;
       r.max_command_bytes = state_->max_command_bytes;
       r.command_timeout_ns = state_->options.command_timeout_ns;
+      r.abort_timeout_ns = state_->options.abort_timeout_ns;
       r.max_window = window;
       r.records = b.records->data() + i * window;
       if (p.memory != nullptr && p.memory->mapping) {
@@ -388,18 +491,31 @@ class DataPath {
       }
     }
     auto* rs = b.requests->data();
-    auto* queues = state_->queues.data();
-    const Status launched = launch_over(n, [=](std::size_t i) {
-      admit_request(rs[i], queues[rs[i].queue_index]->device());
-    });
+    Status launched = launch_over(n, AdmitKernel{rs, state_->device_queues.data(), n});
+    if (launched.is_ok()) {
+      const Status waited = accel::synchronize(state_->options.stream, state_->options.command_timeout_ns);
+      if (!waited.is_ok()) {
+        // The kernel may still write the batch and have commands in flight: keep everything it
+        // references alive forever and report the wait's error for every request.
+        for (std::size_t i = 0; i < n; ++i) detail::assign(states[i], waited.with_context("local_nvme: submit kernel"));
+        detail::leak_on_purpose(new batch(std::move(b)));
+        batch failed;
+        failed.requests = std::make_unique<KernelArray<RequestState>>(n);
+        failed.records = std::make_unique<KernelArray<CommandRecord>>();
+        failed.mappings.resize(n);
+        failed.reported.assign(n, 1);
+        for (auto& r : *failed.requests) r.done = true;
+        return failed;
+      }
+    }
     for (std::size_t i = 0; i < n; ++i) {
       const RequestState& r = rs[i];
       if (!launched.is_ok() && !r.accepted) {
-        states[i] = launched;
+        detail::assign(states[i], launched);
         (*b.requests)[i].done = true;
         continue;
       }
-      states[i] = r.accepted ? Status::ok() : rejection(r, requests[i]);
+      detail::assign(states[i], r.accepted ? Status::ok() : rejection(r, requests[i]));
       if (!r.accepted) b.reported[i] = 1;
     }
     return b;
@@ -411,13 +527,13 @@ class DataPath {
     const std::uint64_t deadline = accel::deadline_after(timeout_ns);
     const std::size_t n = b.requests->size();
     auto* rs = b.requests->data();
-    auto* queues = state_->queues.data();
     accel::Backoff backoff;
     for (;;) {
-      const std::uint64_t now = accel::timer_ns();
-      TUTTI_RETURN_IF_ERROR(launch_over(n, [=](std::size_t i) {
-        poll_request(rs[i], queues[rs[i].queue_index]->device(), now);
-      }));
+      TUTTI_RETURN_IF_ERROR(launch_over(n, PollKernel{rs, state_->device_queues.data(), n}));
+      // A wait that fails leaves the kernel possibly running: the batch must then stay alive (the
+      // caller keeps it: progress returned an error, so the runtime treats it as in flight).
+      TUTTI_RETURN_IF_ERROR(accel::synchronize(state_->options.stream, state_->options.command_timeout_ns)
+                                .with_context("local_nvme: poll kernel"));
       bool all_done = true;
       bool any_new = false;
       for (std::size_t i = 0; i < n; ++i) {
@@ -445,15 +561,14 @@ class DataPath {
  private:
   explicit DataPath(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
-  template <class F>
-  Status launch_over(std::size_t n, const F& body) {
+  /// One launch of `kernel` (AdmitKernel / PollKernel: they skip threads at or past n) over n
+  /// logical threads, on Options::stream.
+  template <class Kernel>
+  Status launch_over(std::size_t n, const Kernel& kernel) {
     if (n == 0) return Status::ok();
     const std::uint32_t tpb = state_->options.threads_per_block;
-    const accel::LaunchConfig config{static_cast<std::uint32_t>((n + tpb - 1) / tpb), tpb, nullptr};
-    return accel::launch(config, [&](accel::ThreadIndex t) {
-      const std::size_t i = t.global();
-      if (i < n) body(i);
-    });
+    const accel::LaunchConfig config{static_cast<std::uint32_t>((n + tpb - 1) / tpb), tpb, state_->options.stream};
+    return accel::launch(config, kernel);
   }
 
   Status rejection(const RequestState& r, const PathRequest<DataPath>& p) const {
@@ -491,36 +606,36 @@ class DataPath {
                                                             static_cast<std::uint8_t>(r.nvme_status & 0xff), false);
     switch (r.outcome) {
       case RequestOutcome::ok:
-        c.status = Status::ok();
+        detail::assign(c.status, Status::ok());
         break;
       case RequestOutcome::nvme_error:
-        c.status = error(StatusCode::DEVICE_ERROR,
+        detail::assign(c.status, error(StatusCode::DEVICE_ERROR,
                          "local_nvme: command at file offset {} (SLBA {}, I/O queue {}) failed: {}; {} of {} bytes confirmed",
                          r.failed_file_offset, r.failed_lba, q.info.qid, nvme::describe_status(field),
-                         c.confirmed_bytes, r.length);
+                         c.confirmed_bytes, r.length));
         break;
       case RequestOutcome::timed_out:
-        c.status = error(StatusCode::TIMEOUT,
+        detail::assign(c.status, error(StatusCode::TIMEOUT,
                          "local_nvme: a command at file offset {} (SLBA {}, I/O queue {}) did not complete within {} ns "
                          "and was aborted{}; {} of {} bytes confirmed",
                          r.failed_file_offset, r.failed_lba, q.info.qid, state_->options.command_timeout_ns,
-                         r.zombies > 0 ? " (no answer: its memory stays mapped)" : "", c.confirmed_bytes, r.length);
+                         r.zombies > 0 ? " (no answer: its memory stays mapped)" : "", c.confirmed_bytes, r.length));
         break;
       case RequestOutcome::controller_fatal:
-        c.status = error(StatusCode::DEVICE_ERROR,
+        detail::assign(c.status, error(StatusCode::DEVICE_ERROR,
                          "local_nvme: controller fatal status (CSTS.CFS) or device gone with I/O queue {} busy; {} of {} "
                          "bytes confirmed",
-                         q.info.qid, c.confirmed_bytes, r.length);
+                         q.info.qid, c.confirmed_bytes, r.length));
         break;
       case RequestOutcome::no_extent:
-        c.status = error(StatusCode::DATA_LOSS, "local_nvme: no extent maps file offset {}", r.failed_file_offset);
+        detail::assign(c.status, error(StatusCode::DATA_LOSS, "local_nvme: no extent maps file offset {}", r.failed_file_offset));
         break;
       case RequestOutcome::prp_error:
-        c.status = error(StatusCode::OUT_OF_RANGE,
-                         "local_nvme: memory for file offset {} lies outside the registered region", r.failed_file_offset);
+        detail::assign(c.status, error(StatusCode::OUT_OF_RANGE,
+                         "local_nvme: memory for file offset {} lies outside the registered region", r.failed_file_offset));
         break;
       default:
-        c.status = error(StatusCode::INTERNAL, "local_nvme: unexpected outcome {}", static_cast<unsigned>(r.outcome));
+        detail::assign(c.status, error(StatusCode::INTERNAL, "local_nvme: unexpected outcome {}", static_cast<unsigned>(r.outcome)));
     }
     return c;
   }
@@ -535,7 +650,7 @@ class DataPath {
       // or its absence until abort_timeout_ns, decides.
       (void)state_->controller->abort(q.info.qid, rec.cid, state_->options.admin_timeout_ns);
       state_->aborts_sent.fetch_add(1);
-      rec.deadline_ns = accel::timer_ns() + state_->options.abort_timeout_ns;
+      rec.deadline_ns = 0;  // the next poll starts the abort timer on the kernels' clock
       rec.phase = CommandPhase::abort_sent;
     }
   }
@@ -563,7 +678,7 @@ class DataPath {
       q.storage->queue().reap_completions();
       nvme::CompletionQueueEntry cqe{};
       if (q.storage->queue().take_completion(z[i].cid, cqe)) {
-        detail::return_credits(&q.credits, 1);
+        detail::return_credits(q.credits, 1);
         if (z[i].mapping) z[i].mapping->zombies.fetch_sub(1);
         z[i] = std::move(z.back());
         z.pop_back();

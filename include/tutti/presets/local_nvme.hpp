@@ -13,6 +13,9 @@
 //   auto stack = tutti::make_soft_local_nvme(o);
 //   auto target = stack.value()->runtime->open("file:///mnt/kv/layer17");
 //
+// CUDA profile: the soft controller is created in accelerator_mode (BAR0 and queues in mapped
+// pinned memory, DEVICE memory through map_device), whatever options.soft says.
+//
 // Included by the lead from presets.hpp. Needs libnvm (meson: libnvm_dep).
 #pragma once
 
@@ -63,6 +66,9 @@ struct SoftLocalNvme {
 inline Result<std::unique_ptr<SoftLocalNvme>> make_soft_local_nvme(SoftLocalNvmeOptions options) {
   auto stack = std::make_unique<SoftLocalNvme>();
   options.soft.backing_path = options.backing_path;
+  // CUDA profile: the DataPath's kernels write SQEs and ring doorbells from the GPU, so BAR0 and
+  // the queues must be in mapped pinned memory, and DEVICE registrations need map_device.
+  if constexpr (accel::kProfile == accel::Profile::cuda) options.soft.accelerator_mode = true;
   auto device = libnvm::SoftController::create(options.soft);
   if (!device) return device.status().with_context("soft controller");
   stack->device = *device;

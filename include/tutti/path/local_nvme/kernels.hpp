@@ -1,24 +1,34 @@
 // The local_nvme DataPath's per-request device work, written as kernel functions over
 // tutti/accel/ primitives and tutti/nvme/queue.hpp, so the same code runs on host threads (host
-// profile, accel::launch on the HostThreadPool) and later on GPU threads (CUDA profile).
+// profile, accel::launch on the HostThreadPool) and on GPU threads (CUDA profile, launched from
+// code nvcc compiles; every structure below then lives in mapped pinned host memory).
 //
-// One logical thread owns one request:
-//  - admit_request (the submit kernel): resolves the request's first LBAs by binary search over
-//    the target's extents, counts the commands it needs up to its window, takes that many
-//    credits from its queue (backpressure: RESOURCE_EXHAUSTED when the queue lacks them), then
-//    issues its first commands;
-//  - poll_request (the progress kernel): reaps the CQ, takes its commands' completions, marks
-//    commands past their deadline as timed out (the host then sends NVMe Abort), issues further
-//    commands while bytes remain, and marks the request done when nothing of it is in flight.
+// One logical thread owns one request; the queue work is warp-collective (accel/warp.hpp; on the
+// host a warp is one lane):
+//  - AdmitKernel (the submit kernel): admit_request resolves the request's first LBAs by binary
+//    search over the target's extents, counts the commands it needs up to its window, takes that
+//    many credits from its queue (backpressure: RESOURCE_EXHAUSTED when the queue lacks them);
+//    then warp_issue_commands issues the warp's first commands (one SQ reservation and one
+//    doorbell write per queue pair and warp);
+//  - PollKernel (the progress kernel): warp_reap reaps the warp's CQs by Phase Tag; poll_request
+//    takes the request's completions and marks commands past their deadline as timed out (the
+//    host then sends NVMe Abort); warp_issue_commands issues further commands while bytes remain;
+//    finish_if_idle marks the request done when nothing of it is in flight.
+// Clocks: every deadline is set and compared by the kernels with accel::timer_ns() (on a GPU,
+// %globaltimer, which is not the host's clock); the host never writes a deadline: after it sends
+// an Abort it sets the record to abort_sent with deadline 0, and the next poll starts the abort
+// timer (abort_timeout_ns) on the kernels' clock.
 // Splitting: a command never crosses an extent boundary, never exceeds max_command_bytes (MDTS,
 // NLB 16-bit limit), and its PRPs come from the registration's prebuilt PRP table.
 // Units: bytes unless named *_lba; time in ns from accel::timer_ns().
 // Thread-safety: one thread per RequestState at a time; queues are shared (queue.hpp rules).
+// Warp-collective functions must be called by all 32 lanes convergently (launch whole warps).
 #pragma once
 
 #include <cstdint>
 
 #include <tutti/accel/primitives.hpp>
+#include <tutti/accel/warp.hpp>
 #include <tutti/bind/extents.hpp>
 #include <tutti/nvme/commands.hpp>
 #include <tutti/nvme/opcodes.hpp>
@@ -50,7 +60,7 @@ enum class CommandPhase : std::uint32_t {
   free = 0,        ///< record unused
   in_flight = 1,   ///< SQE submitted, completion pending, deadline = issue time + command timeout
   timed_out = 2,   ///< deadline passed: the host must send an NVMe Abort (Base 2.0, 5.1)
-  abort_sent = 3,  ///< Abort sent; deadline = abort time + abort timeout
+  abort_sent = 3,  ///< Abort sent; deadline = first poll after the Abort + abort timeout (0: not started)
   zombie = 4,      ///< no completion even after Abort: handed to the DataPath's zombie list
 };
 
@@ -92,6 +102,7 @@ struct RequestState {
   std::uint64_t length = 0;         ///< bytes requested
   std::uint64_t max_command_bytes = 0;  ///< MDTS and NLB limit, multiple of lba_size
   std::uint64_t command_timeout_ns = 0;
+  std::uint64_t abort_timeout_ns = 0;   ///< after an Abort, how long the command may still complete
   std::uint32_t max_window = 1;     ///< 1..kMaxWindow
   CommandRecord* records = nullptr; ///< max_window records
   // --- progress (kernels)
@@ -141,14 +152,18 @@ TUTTI_HOST_DEVICE inline bool split_at(const RequestState& r, std::uint64_t offs
   return true;
 }
 
-/// Issues as many commands as free records and remaining bytes allow, with one SQ tail doorbell
-/// write for all of them (NVMe Base 2.0, 3.3.1: the tail doorbell announces every entry before it).
+/// The commands a request can issue now: as many as free records and remaining bytes allow. Fills
+/// `sqes` (CID not yet set) and `record_of` (the record of each) and returns their count; nothing
+/// of the request changes except r.outcome on a planning error (no_extent, prp_error: the
+/// commands planned before it are still returned). The records' fields are filled, their phase
+/// stays free until commit_commands. Nothing to issue for a request that is done, not accepted or
+/// failed.
 /// SQEs: Read (NVM Command Set 1.0, 3.2.4) / Write (3.2.6) with SLBA in CDW10-11, NLB 0's based in
 /// CDW12 15:0, PRP1/PRP2 (Base 2.0, 4.3.1); Flush (NVM 1.0, 3.2.2; Base 2.0, 7.1) has no data.
-TUTTI_HOST_DEVICE inline void issue_commands(RequestState& r, const DeviceQueue& q) noexcept {
-  if (r.outcome != RequestOutcome::ok) return;
-  nvme::SubmissionQueueEntry sqes[kMaxWindow];
-  std::uint32_t record_of[kMaxWindow];
+TUTTI_HOST_DEVICE inline std::uint32_t plan_commands(RequestState& r, nvme::SubmissionQueueEntry* sqes, std::uint32_t* record_of,
+                                                     std::uint64_t& planned_bytes) noexcept {
+  planned_bytes = r.issued_bytes;
+  if (r.done || !r.accepted || r.outcome != RequestOutcome::ok) return 0;
   std::uint32_t n = 0;
   std::uint64_t planned = r.issued_bytes;
   const bool is_flush = r.opcode == nvme::NvmOpcode::flush;
@@ -189,9 +204,16 @@ TUTTI_HOST_DEVICE inline void issue_commands(RequestState& r, const DeviceQueue&
     record_of[n] = k;
     ++n;
   }
-  if (n == 0) return;
-  std::uint64_t ticket = 0;
-  if (!q.queue.reserve_submission_slots(n, ticket)) return;  // credits make this rare: retried by the next poll
+  planned_bytes = planned;
+  return n;
+}
+
+/// Puts n planned commands into the SQ slots [ticket, ticket + n) reserved for them: a CID each,
+/// the SQE written (its slot's ready word set), the record in flight with its deadline. The
+/// caller rings the SQ tail doorbell afterwards.
+TUTTI_HOST_DEVICE inline void commit_commands(RequestState& r, const DeviceQueue& q, nvme::SubmissionQueueEntry* sqes,
+                                              const std::uint32_t* record_of, std::uint32_t n, std::uint64_t ticket,
+                                              std::uint64_t planned_bytes) noexcept {
   const std::uint64_t now = accel::timer_ns();
   for (std::uint32_t i = 0; i < n; ++i) {
     std::uint16_t cid = 0;
@@ -204,11 +226,50 @@ TUTTI_HOST_DEVICE inline void issue_commands(RequestState& r, const DeviceQueue&
     rec.phase = CommandPhase::in_flight;
     q.queue.write_submission(ticket + i, sqes[i]);
   }
-  q.queue.ring_submission_doorbell();  // one doorbell write for the run
   r.in_flight += n;
   r.commands += n;
-  r.issued_bytes = planned;
-  if (is_flush) r.flush_issued = true;
+  r.issued_bytes = planned_bytes;
+  if (r.opcode == nvme::NvmOpcode::flush) r.flush_issued = true;
+}
+
+/// Issues what plan_commands allows, warp-cooperatively (accel/warp.hpp; warp-collective: every
+/// lane of the warp calls it convergently, with its request or nullptr). Lanes whose requests use
+/// the same queue pair form a group: the group's last lane reserves the run of SQ slots for all
+/// of the group's commands with ONE atomic (reserve_submission_slots), each lane writes its own
+/// SQEs at its prefix-sum offset in the run, and after a warp barrier the warp rings that queue's
+/// SQ tail doorbell ONCE for the run (nvme::warp_ring_submission_doorbell; NVMe Base 2.0, 3.3.1:
+/// the tail doorbell announces every entry before it). Groups are served one after the other
+/// (one group per warp when the DataPath gives a warp's requests one queue pair). When the run
+/// does not fit in the SQ (credits make this rare), the group issues nothing now: the next poll
+/// plans again. Host profile: a warp is one lane, so this is reserve, write, ring for one request.
+TUTTI_HOST_DEVICE inline void warp_issue_commands(RequestState* r, const DeviceQueue* queues) noexcept {
+  nvme::SubmissionQueueEntry sqes[kMaxWindow];
+  std::uint32_t record_of[kMaxWindow];
+  std::uint64_t planned_bytes = 0;
+  const std::uint32_t n = r != nullptr ? plan_commands(*r, sqes, record_of, planned_bytes) : 0;
+  const std::uint32_t queue_index = r != nullptr ? r->queue_index : 0;
+  const std::uint32_t lane = accel::lane_id();
+  std::uint32_t pending = accel::warp_ballot(n != 0);
+  while (pending != 0) {
+    const std::uint32_t selected = accel::warp_broadcast(queue_index, accel::lowest_lane(pending));
+    const bool member = n != 0 && queue_index == selected && ((pending >> lane) & 1u) != 0;
+    const std::uint32_t group = accel::warp_ballot(member);
+    const std::uint32_t inclusive = accel::warp_inclusive_sum(member ? n : 0);
+    const std::uint32_t last = accel::highest_lane(group);
+    const std::uint32_t total = accel::warp_broadcast(inclusive, last);
+    const DeviceQueue& q = queues[selected];
+    std::uint64_t ticket = 0;
+    std::uint32_t reserved = 0;
+    if (lane == last) reserved = q.queue.reserve_submission_slots(total, ticket) ? 1u : 0u;  // ONE atomic for the run
+    reserved = accel::warp_broadcast(reserved, last);
+    ticket = accel::warp_broadcast(ticket, last);
+    if (reserved != 0) {
+      if (member) commit_commands(*r, q, sqes, record_of, n, ticket + (inclusive - n), planned_bytes);
+      accel::warp_sync();  // every SQE of the run written (ready words set) before the doorbell
+      nvme::warp_ring_submission_doorbell(q.queue);  // ONE SQ tail doorbell write for the run
+    }
+    pending &= ~group;
+  }
 }
 
 /// Marks the request done when nothing of it is in flight and it issued everything (or failed),
@@ -225,8 +286,8 @@ TUTTI_HOST_DEVICE inline void finish_if_idle(RequestState& r, const DeviceQueue&
 
 }  // namespace detail
 
-/// The submit kernel's body for one request (thread = request). Sets r.accepted or an outcome
-/// rejected_*; an accepted request has its first commands in the SQ.
+/// The submit kernel's per-request step (thread = request): checks, then credits. Sets r.accepted
+/// or an outcome rejected_*; the commands are issued by warp_issue_commands after it.
 TUTTI_HOST_DEVICE inline void admit_request(RequestState& r, const DeviceQueue& q) noexcept {
   const std::uint64_t lba = r.target.lba_size;
   if (r.opcode != nvme::NvmOpcode::flush) {
@@ -262,14 +323,14 @@ TUTTI_HOST_DEVICE inline void admit_request(RequestState& r, const DeviceQueue& 
   }
   r.window = needed;
   r.accepted = true;
-  detail::issue_commands(r, q);
-  detail::finish_if_idle(r, q);
 }
 
-/// The progress kernel's body for one request. `now` from accel::timer_ns().
+/// The progress kernel's per-request step, after the warp reaped the CQ: takes this request's
+/// completions, marks commands past their deadline. `now` from accel::timer_ns() on the side the
+/// kernel runs (the clock the deadlines were set with). Further commands are issued by
+/// warp_issue_commands after it.
 TUTTI_HOST_DEVICE inline void poll_request(RequestState& r, const DeviceQueue& q, std::uint64_t now) noexcept {
   if (r.done || !r.accepted) return;
-  q.queue.reap_completions();
   for (std::uint32_t k = 0; k < r.window; ++k) {
     CommandRecord& rec = r.records[k];
     if (rec.phase == CommandPhase::free || rec.phase == CommandPhase::zombie) continue;
@@ -290,6 +351,8 @@ TUTTI_HOST_DEVICE inline void poll_request(RequestState& r, const DeviceQueue& q
     }
     if (rec.phase == CommandPhase::in_flight && now >= rec.deadline_ns) {
       rec.phase = CommandPhase::timed_out;  // the host sends the Abort
+    } else if (rec.phase == CommandPhase::abort_sent && rec.deadline_ns == 0) {
+      rec.deadline_ns = now + r.abort_timeout_ns;  // the abort timer starts on the kernels' clock
     } else if (rec.phase == CommandPhase::abort_sent && now >= rec.deadline_ns) {
       rec.phase = CommandPhase::zombie;  // the host moves it to the zombie list
       --r.in_flight;
@@ -313,8 +376,52 @@ TUTTI_HOST_DEVICE inline void poll_request(RequestState& r, const DeviceQueue& q
     }
     if (r.outcome == RequestOutcome::ok) r.outcome = RequestOutcome::controller_fatal;
   }
-  detail::issue_commands(r, q);
-  detail::finish_if_idle(r, q);
 }
+
+/// Reaps the CQs of the warp's requests (warp-collective; `r` null for lanes without a pending
+/// request): lanes are grouped by queue pair and the warp reaps each group's CQ together by Phase
+/// Tag with ONE CQ head doorbell write per reaped batch (nvme::warp_reap_completions).
+TUTTI_HOST_DEVICE inline void warp_reap(const RequestState* r, const DeviceQueue* queues) noexcept {
+  const bool waiting = r != nullptr && r->accepted && !r->done;
+  const std::uint32_t queue_index = waiting ? r->queue_index : 0;
+  std::uint32_t pending = accel::warp_ballot(waiting);
+  while (pending != 0) {
+    const std::uint32_t selected = accel::warp_broadcast(queue_index, accel::lowest_lane(pending));
+    nvme::warp_reap_completions(queues[selected].queue);
+    pending &= ~accel::warp_ballot(waiting && queue_index == selected);
+  }
+}
+
+/// The submit kernel: logical thread i admits request i of `requests` (count entries) on
+/// queues[requests[i].queue_index]. Trivially copyable (passed by value to the GPU); every
+/// pointer must be reachable by the threads that run it (accel::kKernelReachable memory).
+/// Every lane of a warp runs the warp-collective steps, also lanes past `count` (with no request).
+struct AdmitKernel {
+  RequestState* requests = nullptr;
+  const DeviceQueue* queues = nullptr;
+  std::uint64_t count = 0;
+  TUTTI_HOST_DEVICE void operator()(accel::ThreadIndex t) const noexcept {
+    const std::uint64_t i = t.global();
+    RequestState* r = i < count ? &requests[i] : nullptr;
+    if (r != nullptr) admit_request(*r, queues[r->queue_index]);
+    detail::warp_issue_commands(r, queues);
+    if (r != nullptr) detail::finish_if_idle(*r, queues[r->queue_index]);
+  }
+};
+
+/// The progress kernel: one poll_request pass per request, with the clock read where it runs.
+struct PollKernel {
+  RequestState* requests = nullptr;
+  const DeviceQueue* queues = nullptr;
+  std::uint64_t count = 0;
+  TUTTI_HOST_DEVICE void operator()(accel::ThreadIndex t) const noexcept {
+    const std::uint64_t i = t.global();
+    RequestState* r = i < count ? &requests[i] : nullptr;
+    warp_reap(r, queues);
+    if (r != nullptr) poll_request(*r, queues[r->queue_index], accel::timer_ns());
+    detail::warp_issue_commands(r, queues);
+    if (r != nullptr) detail::finish_if_idle(*r, queues[r->queue_index]);
+  }
+};
 
 }  // namespace tutti::local_nvme

@@ -1,0 +1,383 @@
+// The local_nvme DataPath with its submit and poll kernels on the GPU (CUDA profile), against the
+// soft controller in accelerator_mode (BAR0, queues and PRP lists in mapped pinned memory, GPU
+// memory reached through map_device and a pinned bounce buffer) backed by a real file:
+//   - reads of the file into GPU memory (cudaMalloc) verified byte for byte against pread, over
+//     scattered extents and multi-page PRP lists;
+//   - writes from GPU memory verified against the file's bytes;
+//   - batches of 1 to 8192 requests, thousands of commands in flight across 64 queue pairs;
+//   - SQ/CQ wrap-around on a shallow queue;
+//   - injected NVMe errors (DEVICE_ERROR with the status), lost completions (TIMEOUT after an
+//     NVMe Abort, the memory kept mapped while the command is unanswered);
+//   - DEVICE memory registrations refused by a controller without accelerator_mode.
+// The soft controller emulates the device: figures from here say nothing about an SSD.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include <tutti/accel/memory.hpp>
+#include <tutti/libnvm/soft_controller.hpp>
+#include <tutti/path/local_nvme.hpp>
+
+using namespace tutti;
+using Path = local_nvme::DataPath;
+
+namespace {
+
+constexpr std::uint64_t kSecond = 1'000'000'000;
+
+/// The byte at `offset` of a backing file made by make_backing(seed).
+std::uint8_t pattern_byte(std::uint64_t seed, std::uint64_t offset) {
+  std::uint64_t x = (offset / 8) * 0x9E3779B97F4A7C15ull + seed;
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  return static_cast<std::uint8_t>(x >> (8 * (offset % 8)));
+}
+
+std::string make_backing(std::uint64_t seed, std::uint64_t bytes) {
+  char name[] = "/tmp/tutti-gpu-lnvme-XXXXXX";
+  const int fd = mkstemp(name);
+  REQUIRE(fd >= 0);
+  std::vector<std::uint8_t> chunk(1 << 20);
+  for (std::uint64_t at = 0; at < bytes; at += chunk.size()) {
+    for (std::size_t i = 0; i < chunk.size(); ++i) chunk[i] = pattern_byte(seed, at + i);
+    REQUIRE(::pwrite(fd, chunk.data(), chunk.size(), static_cast<off_t>(at)) == static_cast<ssize_t>(chunk.size()));
+  }
+  ::close(fd);
+  return name;
+}
+
+std::vector<std::uint8_t> read_file(const std::string& path, std::uint64_t at, std::uint64_t n) {
+  std::vector<std::uint8_t> out(n);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  std::uint64_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd, out.data() + done, n - done, static_cast<off_t>(at + done));
+    REQUIRE(got > 0);
+    done += static_cast<std::uint64_t>(got);
+  }
+  ::close(fd);
+  return out;
+}
+
+/// GPU memory of `bytes`, filled with `fill`.
+struct DeviceMemory {
+  explicit DeviceMemory(std::size_t bytes, std::uint8_t fill = 0xEE) : size(bytes) {
+    auto b = accel::DeviceBuffer::allocate(bytes);
+    REQUIRE_MESSAGE(b.is_ok(), b.status().to_string());
+    buffer = std::move(b.value());
+    std::vector<std::uint8_t> host(bytes, fill);
+    REQUIRE(accel::copy_to_device(buffer.data(), host.data(), bytes).is_ok());
+  }
+  std::vector<std::uint8_t> read(std::uint64_t at, std::uint64_t n) const {
+    std::vector<std::uint8_t> out(n);
+    REQUIRE(accel::copy_from_device(out.data(), static_cast<const std::uint8_t*>(buffer.data()) + at, n).is_ok());
+    return out;
+  }
+  void write(std::uint64_t at, const std::vector<std::uint8_t>& bytes) {
+    REQUIRE(accel::copy_to_device(static_cast<std::uint8_t*>(buffer.data()) + at, bytes.data(), bytes.size()).is_ok());
+  }
+  MemoryView view() const { return MemoryView{buffer.data(), size, MemoryKind::DEVICE, 0}; }
+  accel::DeviceBuffer buffer;
+  std::size_t size;
+};
+
+/// A soft controller in accelerator_mode on a pattern-filled file, its driver and a Path.
+struct Rig {
+  explicit Rig(Path::Options options = {}, libnvm::SoftControllerConfig config = {},
+               std::uint64_t backing_bytes = 64 << 20) {
+    backing = make_backing(seed, backing_bytes);
+    config.backing_path = backing;
+    config.accelerator_mode = true;
+    config.scatter_bus_pages = true;
+    if (config.worker_threads == libnvm::kSoftDefaultWorkerThreads) config.worker_threads = 4;
+    auto d = libnvm::SoftController::create(config);
+    REQUIRE_MESSAGE(d.is_ok(), d.status().to_string());
+    device = *d;
+    auto c = libnvm::open_soft_controller(device);
+    REQUIRE(c.is_ok());
+    controller = std::move(c.value());
+    libnvm::BringUpOptions bring_up;
+    bring_up.io_queue_pairs_requested = static_cast<std::uint16_t>(std::max<std::uint32_t>(8, options.queue_pairs));
+    REQUIRE(controller->bring_up(bring_up).is_ok());
+    auto p = Path::create(*controller, options);
+    REQUIRE_MESSAGE(p.is_ok(), p.status().to_string());
+    path.emplace(std::move(p.value()));
+  }
+  ~Rig() {
+    path.reset();
+    controller.reset();
+    device.reset();
+    ::unlink(backing.c_str());
+  }
+  Path::open_target open(std::vector<local_file::Extent> extents, std::uint64_t size) {
+    local_file::Target t;
+    t.path = "gpu-synthetic";
+    t.extents = std::move(extents);
+    t.file_size = size;
+    t.lba_size = controller->identity().lba_size;
+    t.nsid = controller->identity().nsid;
+    auto o = path->open(std::move(t), {});
+    REQUIRE_MESSAGE(o.is_ok(), o.status().to_string());
+    return std::move(o.value());
+  }
+  Path::registered_memory map(const DeviceMemory& m) {
+    auto r = path->register_memory(m.view());
+    REQUIRE_MESSAGE(r.is_ok(), r.status().to_string());
+    return std::move(r.value());
+  }
+  PathRequest<Path> request(Direction d, Path::registered_memory& r, const DeviceMemory& m, std::uint64_t memory_offset,
+                            Path::open_target& t, std::uint64_t offset, std::uint64_t length) {
+    return PathRequest<Path>{d, &r, m.view(), memory_offset, &t, offset, length};
+  }
+  std::pair<std::vector<Status>, std::vector<RequestCompletion>> run(const std::vector<PathRequest<Path>>& rs,
+                                                                     std::uint64_t budget = 60 * kSecond) {
+    std::vector<Status> states(rs.size());
+    auto b = path->submit(rs, states);
+    std::vector<RequestCompletion> completions(rs.size());
+    const Status s = path->progress(b, completions, budget);
+    REQUIRE_MESSAGE(s.is_ok(), s.to_string());
+    return {states, completions};
+  }
+  /// The file's bytes [offset, offset + n) through `extents`.
+  std::vector<std::uint8_t> expected(const std::vector<local_file::Extent>& extents, std::uint64_t offset,
+                                     std::uint64_t n) {
+    std::vector<std::uint8_t> out;
+    out.reserve(n);
+    while (n > 0) {
+      const local_file::Extent* e = nullptr;
+      for (const auto& x : extents)
+        if (offset >= x.file_offset && offset < x.file_offset + x.length) e = &x;
+      REQUIRE(e != nullptr);
+      const std::uint64_t take = std::min(n, e->file_offset + e->length - offset);
+      auto bytes = read_file(backing, e->device_offset + (offset - e->file_offset), take);
+      out.insert(out.end(), bytes.begin(), bytes.end());
+      offset += take;
+      n -= take;
+    }
+    return out;
+  }
+
+  std::uint64_t seed = 0x5eed;
+  std::string backing;
+  std::shared_ptr<libnvm::SoftController> device;
+  std::unique_ptr<libnvm::Controller> controller;
+  std::optional<Path> path;
+};
+
+/// `blocks` file blocks scattered over the namespace in reverse order, `run` blocks per extent.
+std::vector<local_file::Extent> reversed_extents(std::uint64_t blocks, std::uint64_t run) {
+  std::vector<local_file::Extent> out;
+  for (std::uint64_t b = 0; b < blocks; b += run) out.push_back({b * 4096, (blocks - b - run) * 4096 + (1 << 20), run * 4096});
+  return out;
+}
+
+void check_all_ok(const std::vector<Status>& states, const std::vector<RequestCompletion>& completions,
+                  const std::vector<std::uint64_t>& lengths) {
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    REQUIRE_MESSAGE(states[i].is_ok(), "request ", i, ": ", states[i].to_string());
+    REQUIRE_MESSAGE(completions[i].status.is_ok(), "request ", i, ": ", completions[i].status.to_string());
+    REQUIRE(completions[i].confirmed_bytes == lengths[i]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("reads of a real file over scattered extents land in GPU memory byte for byte") {
+  Path::Options o;
+  o.queue_pairs = 4;
+  Rig rig(o);
+  const std::uint64_t blocks = 2048;  // 8 MiB file, extents of 16 blocks in reverse order
+  const auto extents = reversed_extents(blocks, 16);
+  auto target = rig.open(extents, blocks * 4096);
+  DeviceMemory memory(blocks * 4096 + 8192);
+  auto registration = rig.map(memory);
+  // Lengths from one block to 2 MiB (PRP lists of both variants, MDTS splits), one per request,
+  // at scattered file offsets and at memory offsets that are not page aligned (dword aligned).
+  struct Piece { std::uint64_t file_offset, length, memory_offset; };
+  const std::vector<Piece> pieces = {{0, 4096, 0},           {4096, 8192, 4096 * 3 + 4},   {65536, 65536 * 3, 300 * 4096},
+                                     {1 << 20, 2 << 20, 1 << 22}, {7 << 20, 1 << 20, 7 << 20}};
+  std::vector<PathRequest<Path>> requests;
+  std::vector<std::uint64_t> lengths;
+  for (const auto& p : pieces) {
+    requests.push_back(rig.request(Direction::READ, registration, memory, p.memory_offset, target, p.file_offset, p.length));
+    lengths.push_back(p.length);
+  }
+  auto [states, completions] = rig.run(requests);
+  check_all_ok(states, completions, lengths);
+  for (const auto& p : pieces) {
+    INFO("file offset ", p.file_offset, " length ", p.length);
+    CHECK(memory.read(p.memory_offset, p.length) == rig.expected(extents, p.file_offset, p.length));
+  }
+  const auto counters = rig.device->counters();
+  CHECK(counters.device_bytes_read >= (4096 + 8192 + 65536 * 3 + (2 << 20) + (1 << 20)));
+  CHECK(rig.path->unregister_memory(registration).is_ok());
+}
+
+TEST_CASE("writes from GPU memory reach the file byte for byte") {
+  Rig rig;
+  const auto extents = reversed_extents(512, 8);
+  auto target = rig.open(extents, 512 * 4096);
+  DeviceMemory memory(512 * 4096);
+  std::vector<std::uint8_t> data(512 * 4096);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::uint8_t>(i * 7 + i / 4096);
+  memory.write(0, data);
+  auto registration = rig.map(memory);
+  std::vector<PathRequest<Path>> requests;
+  std::vector<std::uint64_t> lengths;
+  for (std::uint64_t at = 0; at < data.size(); at += 64 * 4096) {
+    requests.push_back(rig.request(Direction::WRITE, registration, memory, at, target, at, 64 * 4096));
+    lengths.push_back(64 * 4096);
+  }
+  auto [states, completions] = rig.run(requests);
+  check_all_ok(states, completions, lengths);
+  CHECK(rig.expected(extents, 0, data.size()) == data);
+  CHECK(rig.device->counters().device_bytes_written == data.size());
+}
+
+TEST_CASE("batches of 1 to 8192 requests across 64 queue pairs complete and land byte for byte") {
+  Path::Options o;
+  o.queue_pairs = 64;
+  o.queue_depth = 256;  // 64 x 255 credits: 8192 single-command requests fit at once
+  o.threads_per_block = 128;
+  libnvm::SoftControllerConfig config;
+  config.worker_threads = 8;
+  Rig rig(o, config, 64 << 20);
+  const std::uint64_t blocks = 8192;  // 32 MiB file, one extent
+  const std::vector<local_file::Extent> extents{{0, 0, blocks * 4096}};
+  auto target = rig.open(extents, blocks * 4096);
+  DeviceMemory memory(blocks * 4096);
+  auto registration = rig.map(memory);
+  const auto file = rig.expected(extents, 0, blocks * 4096);
+  for (const std::uint64_t n : {1ull, 7ull, 32ull, 1000ull, 8192ull}) {
+    INFO("batch of ", n);
+    std::vector<PathRequest<Path>> requests;
+    std::vector<std::uint64_t> lengths(n, 4096);
+    // Request i reads file block (i * 3) % blocks into memory block i: a permutation when n <= blocks.
+    for (std::uint64_t i = 0; i < n; ++i)
+      requests.push_back(rig.request(Direction::READ, registration, memory, i * 4096, target, (i * 3 % blocks) * 4096, 4096));
+    auto [states, completions] = rig.run(requests);
+    check_all_ok(states, completions, lengths);
+    const auto landed = memory.read(0, n * 4096);
+    std::uint64_t wrong = 0;
+    for (std::uint64_t i = 0; i < n; ++i)
+      if (std::memcmp(landed.data() + i * 4096, file.data() + (i * 3 % blocks) * 4096, 4096) != 0) ++wrong;
+    CHECK(wrong == 0);
+  }
+  std::uint64_t reaped = 0;
+  for (std::size_t q = 0; q < 64; ++q) reaped += rig.path->queue_statistics(q).completions_reaped;
+  CHECK(reaped == 1 + 7 + 32 + 1000 + 8192);
+  CHECK(rig.path->queue_statistics(63).completions_reaped > 0);  // every queue pair carried commands
+}
+
+TEST_CASE("a shallow queue pair wraps its SQ and CQ many times") {
+  Path::Options o;
+  o.queue_pairs = 1;
+  o.queue_depth = 8;  // 7 commands in flight at most
+  o.request_window = 4;
+  Rig rig(o);
+  const std::vector<local_file::Extent> extents = reversed_extents(1024, 1);  // every block its own extent
+  auto target = rig.open(extents, 1024 * 4096);
+  DeviceMemory memory(1024 * 4096);
+  auto registration = rig.map(memory);
+  // 16 KiB requests of 4 one-block extents each: 4 commands per request, window 4; one request
+  // per batch (a second would exceed the 7 credits), 64 batches: 256 commands, 32 passes of the
+  // 8-entry rings.
+  for (std::uint64_t k = 0; k < 64; ++k) {
+    auto [states, completions] = rig.run({rig.request(Direction::READ, registration, memory, k * 16384, target, k * 16384, 16384)});
+    check_all_ok(states, completions, {16384});
+    REQUIRE(completions[0].commands == 4);
+  }
+  CHECK(memory.read(0, 64 * 16384) == rig.expected(extents, 0, 64 * 16384));
+  const auto stats = rig.path->queue_statistics(0);
+  CHECK(stats.completions_reaped == 256);
+  CHECK(stats.stale_completions == 0);
+  CHECK(stats.invalid_completions == 0);
+}
+
+TEST_CASE("an injected NVMe error becomes DEVICE_ERROR with its status; the other requests succeed") {
+  Rig rig;
+  const std::vector<local_file::Extent> extents{{0, 0, 256 * 4096}};
+  auto target = rig.open(extents, 256 * 4096);
+  DeviceMemory memory(256 * 4096);
+  auto registration = rig.map(memory);
+  libnvm::SoftFaultRule rule;
+  rule.action = libnvm::SoftFaultRule::Action::complete_with_status;
+  rule.lba_range_only = true;
+  rule.first_lba = 100;
+  rule.last_lba = 100;
+  rig.device->inject_fault(rule);
+  std::vector<PathRequest<Path>> requests;
+  for (std::uint64_t i = 0; i < 4; ++i)
+    requests.push_back(rig.request(Direction::READ, registration, memory, i * 64 * 4096, target, i * 64 * 4096, 64 * 4096));
+  auto [states, completions] = rig.run(requests);
+  for (auto& s : states) REQUIRE(s.is_ok());
+  CHECK(completions[0].status.is_ok());
+  CHECK(completions[1].status.code() == StatusCode::DEVICE_ERROR);  // LBA 100 is in request 1
+  CHECK(completions[1].device_status == (2u << 8 | 0x81u));          // Unrecovered Read Error
+  CHECK(completions[2].status.is_ok());
+  CHECK(completions[3].status.is_ok());
+  CHECK(memory.read(0, 64 * 4096) == rig.expected(extents, 0, 64 * 4096));
+}
+
+TEST_CASE("a lost completion times out on the GPU clock, is aborted, and the request reports TIMEOUT") {
+  Path::Options o;
+  o.command_timeout_ns = 200'000'000;  // 200 ms
+  o.abort_timeout_ns = 200'000'000;
+  Rig rig(o);
+  const std::vector<local_file::Extent> extents{{0, 0, 64 * 4096}};
+  auto target = rig.open(extents, 64 * 4096);
+  DeviceMemory memory(64 * 4096);
+  auto registration = rig.map(memory);
+  libnvm::SoftFaultRule rule;
+  rule.action = libnvm::SoftFaultRule::Action::lose_completion;
+  rule.lba_range_only = true;  // only request 0's block
+  rule.first_lba = 0;
+  rule.last_lba = 0;
+  rig.device->inject_fault(rule);
+  const auto started = accel::timer_ns();
+  auto [states, completions] = rig.run({rig.request(Direction::READ, registration, memory, 0, target, 0, 4096),
+                                        rig.request(Direction::READ, registration, memory, 4096, target, 4096, 4096)});
+  const auto elapsed = accel::timer_ns() - started;
+  REQUIRE(states[0].is_ok());
+  CHECK(completions[0].status.code() == StatusCode::TIMEOUT);
+  CHECK(completions[1].status.is_ok());
+  CHECK(rig.path->aborts_sent() >= 1);
+  CHECK(elapsed >= 200'000'000);
+  CHECK(elapsed < 20 * kSecond);
+  // The soft controller answers Abort for a held command (Command Abort Requested), so no zombie
+  // remains and the memory can go.
+  CHECK(rig.path->zombie_commands() == 0);
+  CHECK(rig.path->unregister_memory(registration).is_ok());
+}
+
+TEST_CASE("DEVICE memory needs a controller that can map it: UNSUPPORTED without accelerator_mode") {
+  const std::string backing = make_backing(1, 4 << 20);
+  libnvm::SoftControllerConfig config;
+  config.backing_path = backing;
+  auto d = libnvm::SoftController::create(config);
+  REQUIRE(d.is_ok());
+  auto c = libnvm::open_soft_controller(*d);
+  REQUIRE(c.is_ok());
+  REQUIRE(c.value()->bring_up({}).is_ok());
+  {
+    auto p = Path::create(*c.value(), {});
+    REQUIRE(p.is_ok());
+    DeviceMemory memory(1 << 20);
+    auto r = p.value().register_memory(memory.view());
+    CHECK(r.status().code() == StatusCode::UNSUPPORTED);
+    CHECK(r.status().message().find("dma_map_device") != std::string::npos);
+  }
+  ::unlink(backing.c_str());
+}
