@@ -19,7 +19,8 @@
 // *compat mode*: it reads the file with POSIX IO into its own pinned bounce buffers and copies them
 // to the GPU with cudaMemcpy. Driver::open allows compat mode (cuFileSetParameterBool
 // CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE = true, the same as `properties.allow_compat_mode` in
-// cufile.json) unless told not to; when the driver still refuses, it writes a cufile.json with
+// cufile.json) unless told not to, and forces it (CUFILE_PARAM_FORCE_COMPAT_MODE) where nvidia-fs is
+// not loaded (Options::force_compat_without_nvidia_fs); when the driver still refuses, it writes a cufile.json with
 // `"allow_compat_mode": true` and points CUFILE_ENV_PATH_JSON at it, then retries once. DriverInfo
 // records which mode was in effect and why, so a figure can never claim GPUDirect by accident.
 //
