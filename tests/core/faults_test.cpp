@@ -117,3 +117,34 @@ TEST_CASE("after a BUSY unregister the region stays registered and usable") {
   faults->unregister_busy = false;
   CHECK(rt.unregister_memory(mem).is_ok());
 }
+
+TEST_CASE("a close whose flush times out keeps the target open and usable, and can be retried") {
+  auto faults = std::make_shared<Faults>();
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  auto target = *rt.open("memfs://closing?size=8192", OpenOptions{.writable = true, .flush_on_close = true});
+  std::vector<std::byte> buffer(8192, std::byte{0x5a});
+  auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
+  std::vector<IoRequest> write{{Direction::WRITE, mem, 0, target, 0, 8192}};
+  auto written = rt.submit(write);
+  REQUIRE(written.accepted == 1);
+  REQUIRE(rt.wait(written.io, kSecond).is_ok());
+
+  faults->close_timeouts = 1;
+  const Status first = rt.close(target);
+  CHECK(first.code() == StatusCode::TIMEOUT);
+  CHECK(first.message().find("closing") != std::string::npos);  // names the target's URI
+  // The handle is still valid and the data still readable: nothing was dropped.
+  REQUIRE(rt.target_size(target).is_ok());
+  std::vector<std::byte> back(8192);
+  auto back_mem = *rt.register_memory({back.data(), back.size(), MemoryKind::HOST});
+  std::vector<IoRequest> read{{Direction::READ, back_mem, 0, target, 0, 8192}};
+  auto reading = rt.submit(read);
+  REQUIRE(reading.accepted == 1);
+  REQUIRE(rt.wait(reading.io, kSecond).is_ok());
+  CHECK(back == buffer);
+
+  CHECK(rt.close(target).is_ok());  // the retry succeeds and releases the handle
+  CHECK(rt.target_size(target).code() == StatusCode::NOT_FOUND);
+  CHECK(rt.close(target).code() == StatusCode::NOT_FOUND);
+  CHECK(rt.shutdown(kSecond).is_ok());
+}

@@ -4,7 +4,8 @@
 //   - fail progress() itself (DEVICE_ERROR: outcome unknown, IO stays in flight),
 //   - hold every completion behind a gate until the test opens it (IO stays in flight),
 //   - fail a request after N bytes (DATA_LOSS with confirmed_bytes = N, as a short transfer),
-//   - refuse unregister_memory with BUSY (a device that has not let go of the memory yet).
+//   - refuse unregister_memory with BUSY (a device that has not let go of the memory yet),
+//   - answer close() with TIMEOUT a number of times (a flush that did not finish in its budget).
 // Faults are set through a shared Faults object that tests keep after moving the DataPath into a
 // runtime. Thread-safe like memfs::DataPath.
 #pragma once
@@ -30,6 +31,7 @@ struct Faults {
   std::atomic<long long> fail_after_bytes{-1};  ///< Requests longer than this fail with DATA_LOSS; -1 none.
   std::atomic<std::uint32_t> device_status{0};  ///< Raw device status reported with injected failures.
   std::atomic<bool> unregister_busy{false};     ///< unregister_memory says the device still uses the memory.
+  std::atomic<int> close_timeouts{0};           ///< The next N close() calls return TIMEOUT, target left open.
 
   /// Holds completions back until open_gate(); progress honours its time budget meanwhile.
   void close_gate() {
@@ -82,7 +84,13 @@ class FaultyDataPath {
 
   Result<open_target> open(target_type&& t, const OpenOptions& o) { return inner_.open(std::move(t), o); }
   std::uint64_t size_bytes(const open_target& t) const { return inner_.size_bytes(t); }
-  Status close(open_target& t) { return inner_.close(t); }
+  Status close(open_target& t) {
+    if (faults_->close_timeouts.load() > 0) {
+      faults_->close_timeouts.fetch_sub(1);
+      return Status(StatusCode::TIMEOUT, "flush on close did not finish in its budget");
+    }
+    return inner_.close(t);
+  }
   Result<registered_memory> register_memory(const MemoryView& v) { return inner_.register_memory(v); }
   Status unregister_memory(registered_memory& m) {
     if (faults_->unregister_busy.load()) return Status(StatusCode::BUSY, "injected: device still uses the memory");

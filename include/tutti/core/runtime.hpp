@@ -210,20 +210,33 @@ class StorageRuntime {
   }
 
   /// Closes a target (flushing first when it was opened with flush_on_close).
-  /// Errors: INVALID_ARGUMENT / NOT_FOUND for bad handles, BUSY while IO on it is in flight, or the
-  /// DataPath's flush error (the target is released either way).
+  /// Errors: INVALID_ARGUMENT / NOT_FOUND for bad handles; BUSY while IO on it is in flight or while
+  /// another thread closes it; TIMEOUT or BUSY from the DataPath (its flush did not finish in time:
+  /// the handle stays valid and open, submit refuses it while the close runs, call close again
+  /// later); any other DataPath error (the target is released).
   Status close(TargetHandle handle) {
-    std::unique_ptr<TargetEntry> entry;
+    TargetEntry* entry = nullptr;
     {
       std::scoped_lock lock(state_->tables_mutex);
       auto found = state_->targets.find(handle, "target");
       if (!found) return found.status();
+      if ((*found)->closing)
+        return error(StatusCode::BUSY, "target {} is being closed by another thread", handle.to_string());
       if (const auto n = (*found)->in_flight.load(); n > 0)
         return error(StatusCode::BUSY, "target {} has {} request(s) in flight; wait for them before close",
                      handle.to_string(), n);
-      entry = state_->targets.erase(handle);
+      entry = *found;
+      entry->closing = true;  // submit refuses it from now on; the entry stays alive
     }
-    return close_entry(*entry);
+    Status s = close_entry(*entry);
+    std::scoped_lock lock(state_->tables_mutex);
+    state_->drained.notify_all();  // shutdown waits for targets being closed
+    if (s.code() == StatusCode::TIMEOUT || s.code() == StatusCode::BUSY) {
+      entry->closing = false;  // keep the handle: the flush may still be running
+      return s;
+    }
+    (void)state_->targets.erase(handle);  // still ours: shutdown skips entries being closed
+    return s;
   }
 
   /// The size in bytes of an open target.
@@ -457,11 +470,12 @@ class StorageRuntime {
           !advance(*io, detail::remaining_ns(deadline)).is_ok())
         ++pending;
     }
-    {  // A region another thread is unregistering right now belongs to that thread: wait for it.
+    {  // A region being unregistered or a target being closed by another thread belongs to that thread: wait.
       std::unique_lock lock(state_->tables_mutex);
       auto unregistering = [&] {
         std::size_t n = 0;
         state_->memory.for_each([&](MemoryHandle, MemoryEntry& e) { n += e.unregistering ? 1 : 0; });
+        state_->targets.for_each([&](TargetHandle, TargetEntry& e) { n += e.closing ? 1 : 0; });
         return n;
       };
       state_->drained.wait_for(lock, std::chrono::nanoseconds(detail::remaining_ns(deadline)),
@@ -528,6 +542,7 @@ class StorageRuntime {
     std::string uri;
     std::variant<std::monostate, OpenTarget<Backends>...> state;  // backend I at index I + 1
     std::size_t backend = 0;
+    bool closing = false;  // guarded by tables_mutex
   };
   struct MemoryEntry : detail::Pinnable {
     bool unregistering = false;  // guarded by tables_mutex
@@ -667,6 +682,8 @@ class StorageRuntime {
     auto target_found = state_->targets.find(r.target, fmt::format("requests[{}].target", i));
     if (!target_found) return target_found.status();
     TargetEntry& target = **target_found;
+    if (target.closing)
+      return error(StatusCode::BUSY, "requests[{}].target = {} is being closed", i, r.target.to_string());
 
     Status out;
     detail::for_each_index<kBackends>([&](auto I) {
