@@ -6,8 +6,8 @@
 //   - writes from GPU memory verified against the file's bytes;
 //   - batches of 1 to 8192 requests, thousands of commands in flight across 64 queue pairs;
 //   - SQ/CQ wrap-around on a shallow queue;
-//   - injected NVMe errors (DEVICE_ERROR with the status), lost completions (TIMEOUT after an
-//     NVMe Abort, the memory kept mapped while the command is unanswered);
+//   - an injected NVMe error (DEVICE_ERROR with its status), a lost completion (TIMEOUT after an
+//     NVMe Abort, deadlines on %globaltimer; the soft controller answers the Abort, so no zombie);
 //   - DEVICE memory registrations refused by a controller without accelerator_mode.
 // The soft controller emulates the device: figures from here say nothing about an SSD.
 #include <fcntl.h>
