@@ -505,7 +505,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0u, 100u))->capture_default_str();
   app.add_option("--tensor-bytes", shape.tensor_bytes, "Bytes of one K or V tensor of one chunk (multiple of 4096)")
       ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))->capture_default_str();
-  app.add_option("--compute-ms", o.compute_ms, "Simulated compute time per layer in milliseconds")
+  app.add_option("--compute-ms", o.compute_ms, "Compute time per layer in milliseconds (simulated on the host; in the CUDA build the GEMMs' target or the spin)")
       ->check(CLI::Range(0.0, 10000.0))->capture_default_str();
   app.add_option("--backend", o.backend,
                  "Backend: uring (io_uring + O_DIRECT, any file system), nvme-soft (FIEMAP + NVMe queues of the "
