@@ -12,17 +12,8 @@ cd "$(dirname "$0")/../.."
 out=${1:?usage: run-on-gpu-machine.sh OUT_DIR [gpu_kv_read flags...]}
 shift
 mkdir -p "$out"
-export PATH=/usr/local/cuda/bin:$PATH
-if ! pkg-config --exists liburing liburiparser fmt nlohmann_json 2>/dev/null && [ -d .deb ]; then
-  prefix=/tmp/tutti-deps
-  mkdir -p "$prefix"
-  for f in .deb/*.deb; do dpkg -x "$f" "$prefix"; done
-  find "$prefix" -name '*.pc' -exec sed -i "s|=/usr|=$prefix/usr|g" {} +
-  export PKG_CONFIG_PATH=$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export CMAKE_PREFIX_PATH=$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-  export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  if ! command -v pkg-config >/dev/null && [ -x "$prefix/usr/bin/pkgconf" ]; then export PKG_CONFIG=$prefix/usr/bin/pkgconf; fi
-fi
+. scripts/gpu-machine-env.sh .deb
+tutti_provide_udev_record /var/tmp
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -2

@@ -25,46 +25,20 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$out" ] || out=$build
 mkdir -p "$out"
-export PATH=/usr/local/cuda/bin:$PATH
-
-if ! pkg-config --exists liburing liburiparser fmt nlohmann_json 2>/dev/null && [ -d "$debs" ]; then
-  prefix=/tmp/tutti-deps
-  mkdir -p "$prefix"
-  for f in "$debs"/*.deb; do dpkg -x "$f" "$prefix"; done
-  # Debian's .pc files name /usr: point them into the prefix.
-  find "$prefix" -name '*.pc' -exec sed -i "s|=/usr|=$prefix/usr|g" {} +
-  export PKG_CONFIG_PATH=$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export CMAKE_PREFIX_PATH=$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-  export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  # No pkg-config on the machine: use the carried pkgconf (meson reads $PKG_CONFIG).
-  if ! command -v pkg-config >/dev/null && [ -x "$prefix/usr/bin/pkgconf" ]; then export PKG_CONFIG=$prefix/usr/bin/pkgconf; fi
-  echo "dependencies from $debs unpacked into $prefix"
-fi
+. scripts/gpu-machine-env.sh "$debs"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 nvcc --version | tail -2
 
+# The whole cuda profile (tests, benchmarks, examples): the gpu suite spans several areas
+# (tests/gpu, tests/uring's DEVICE-memory test, ...).
 if [ ! -f "$build/build.ninja" ]; then
-  meson setup "$build" -Daccelerator=cuda -Dbench=false -Dexamples=false -Ddaemon=false \
-    2>&1 | tee "$out/setup.log" | tail -15 || exit 1
+  meson setup "$build" -Daccelerator=cuda -Dwerror=true 2>&1 | tee "$out/setup.log" | tail -15 || exit 1
 fi
-targets="tests/gpu/test_gpu_accel tests/gpu/test_gpu_queue tests/gpu/tutti-bench-gpu-submit"
-tests="gpu_accel gpu_queue"
-# libnvm-based GPU tests and the end-to-end local_nvme benchmark, when libnvm is part of the build.
-for t in soft_controller local_nvme; do
-  if ninja -C "$build" -t targets all 2>/dev/null | grep -q "^tests/gpu/test_gpu_$t:"; then
-    targets="$targets tests/gpu/test_gpu_$t"
-    tests="$tests gpu_$t"
-  fi
-done
-if ninja -C "$build" -t targets all 2>/dev/null | grep -q "^tests/gpu/tutti-bench-gpu-local-nvme:"; then
-  targets="$targets tests/gpu/tutti-bench-gpu-local-nvme"
-fi
-ninja -C "$build" $targets 2>&1 | tee "$out/build.log" | tail -15
+ninja -C "$build" 2>&1 | tee "$out/build.log" | tail -15
 [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
 
-# By name: other areas' tests in the gpu suite (e.g. uring's) are not built here.
-meson test -C "$build" --no-rebuild --print-errorlogs $tests 2>&1 | tee "$out/test.log"
+meson test -C "$build" --no-rebuild --print-errorlogs --suite gpu 2>&1 | tee "$out/test.log"
 status=${PIPESTATUS[0]}
 cp "$build/meson-logs/testlog.txt" "$out/testlog.txt" 2>/dev/null || true
 
