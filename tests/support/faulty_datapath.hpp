@@ -32,6 +32,7 @@ struct Faults {
   std::atomic<std::uint32_t> device_status{0};  ///< Raw device status reported with injected failures.
   std::atomic<bool> unregister_busy{false};     ///< unregister_memory says the device still uses the memory.
   std::atomic<int> close_timeouts{0};           ///< The next N close() calls return TIMEOUT, target left open.
+  std::atomic<int> closes{0};                   ///< close() calls that reached the inner DataPath (released a target).
 
   /// Holds completions back until open_gate(); progress honours its time budget meanwhile.
   void close_gate() {
@@ -89,6 +90,7 @@ class FaultyDataPath {
       faults_->close_timeouts.fetch_sub(1);
       return Status(StatusCode::TIMEOUT, "flush on close did not finish in its budget");
     }
+    faults_->closes.fetch_add(1);
     return inner_.close(t);
   }
   Result<registered_memory> register_memory(const MemoryView& v) { return inner_.register_memory(v); }

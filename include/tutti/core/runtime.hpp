@@ -444,8 +444,13 @@ class StorageRuntime {
   }
 
   /// Stops accepting work, waits up to drain_timeout_ns for in-flight IO, then closes every target
-  /// and unregisters every region. Errors: TIMEOUT when IO did not drain (nothing is freed; call
-  /// again later), or the first close/unregister error. Calling it again after OK returns OK.
+  /// and unregisters every region. Errors: TIMEOUT when IO did not drain, or a close() /
+  /// unregister_memory() of another thread is still running or started meanwhile (nothing is freed;
+  /// call again later); TIMEOUT when a DataPath's close of a target returned TIMEOUT or BUSY (its
+  /// flush did not finish: that target stays open, off the handle table, and the next shutdown closes
+  /// it again); BUSY when a DataPath still uses a region (kept for the next shutdown); else the first
+  /// close/unregister error. Calling it again after OK returns OK. Thread-safety: one shutdown at a
+  /// time; any other call may run concurrently.
   Status shutdown(std::uint64_t drain_timeout_ns) {
     state_->shutting_down.store(true);
     const std::uint64_t deadline = detail::saturating_add(detail::now_ns(), drain_timeout_ns);
@@ -493,6 +498,17 @@ class StorageRuntime {
     std::vector<std::unique_ptr<MemoryEntry>> regions;
     {
       std::scoped_lock lock(state_->tables_mutex);
+      // close() and unregister_memory() do not check shutting_down: one may have started on another
+      // thread after the wait above released the lock. Its entry belongs to that thread (it touches the
+      // entry again when its DataPath call returns): erasing it here would free it under that thread.
+      std::size_t owned_elsewhere = 0;
+      state_->memory.for_each([&](MemoryHandle, MemoryEntry& e) { owned_elsewhere += e.unregistering ? 1 : 0; });
+      state_->targets.for_each([&](TargetHandle, TargetEntry& e) { owned_elsewhere += e.closing ? 1 : 0; });
+      if (owned_elsewhere > 0)
+        return error(StatusCode::TIMEOUT,
+                     "shutdown: {} close / unregister_memory call(s) started on other threads while shutdown ran; "
+                     "nothing was released: call shutdown again",
+                     owned_elsewhere);
       std::vector<TargetHandle> th;
       std::vector<MemoryHandle> mh;
       std::vector<IoHandle> ih;
@@ -504,8 +520,13 @@ class StorageRuntime {
       for (auto h : ih) (void)state_->ios.erase(h);
       state_->orphans.clear();
     }
+    for (auto& t : state_->retained_targets) targets.push_back(std::move(t));
+    state_->retained_targets.clear();
     for (auto& t : targets) {
       Status s = close_entry(*t);
+      // TIMEOUT / BUSY: the DataPath kept the target open (its close flush is still running, as close()
+      // reports): keep it for the next shutdown instead of dropping a flush nobody confirmed.
+      if (s.code() == StatusCode::TIMEOUT || s.code() == StatusCode::BUSY) state_->retained_targets.push_back(std::move(t));
       if (first.is_ok() && !s.is_ok()) first = s;
     }
     for (auto& m : state_->retained_memory) regions.push_back(std::move(m));
@@ -515,6 +536,11 @@ class StorageRuntime {
       if (s.code() == StatusCode::BUSY) state_->retained_memory.push_back(std::move(m));  // device not done
       if (first.is_ok() && !s.is_ok()) first = s;
     }
+    if (!state_->retained_targets.empty())
+      return error(StatusCode::TIMEOUT,
+                   "shutdown: the close of {} target(s) did not finish (their flush is still running); they stay open "
+                   "until a later shutdown closes them ({})",
+                   state_->retained_targets.size(), first.message());
     if (!state_->retained_memory.empty())
       return error(StatusCode::BUSY,
                    "shutdown: {} memory registration(s) are still in use by a device and stay registered; call "
@@ -590,6 +616,7 @@ class StorageRuntime {
     HandleTable<IoTag, IoSlot> ios{instance};
     std::vector<std::shared_ptr<IoEntry>> orphans;
     std::vector<std::unique_ptr<MemoryEntry>> retained_memory;  // a DataPath said BUSY at shutdown
+    std::vector<std::unique_ptr<TargetEntry>> retained_targets;  // a DataPath's close said TIMEOUT / BUSY at shutdown
     std::size_t submits_in_progress = 0;
     std::atomic<bool> shutting_down{false};
     bool shut_down = false;
