@@ -10,6 +10,7 @@
 #include <uriparser/Uri.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -559,9 +560,21 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "error: --tensor-bytes = {} must be a multiple of 4096 (O_DIRECT alignment)\n", shape.tensor_bytes);
     return 2;
   }
+  if (std::isnan(o.compute_ms)) {  // CLI::Range lets NaN through (every comparison with it is false)
+    fmt::print(stderr, "error: --compute-ms = {} must be a number in [0, 10000]\n", o.compute_ms);
+    return 2;
+  }
   o.settings.compute_ns_per_layer = static_cast<std::uint64_t>(o.compute_ms * 1e6);
   o.settings.run_salt = std::random_device{}() | 1u;  // nonzero: differs from the prepared content
-  // Fail fast on shapes this machine cannot hold, before hashing the whole data set.
+  // Fail fast on shapes this machine cannot hold, before hashing the whole data set. layers (<= 1024)
+  // x layer_file_bytes (<= 2^24 chunks x 2 x 2^30) can pass 2^64: bound it first, so the free-space
+  // check below (data_bytes + data_bytes / 4) cannot wrap and wave an impossible data set through.
+  constexpr std::uint64_t kMaxDataSetBytes = std::uint64_t{1} << 60;
+  if (shape.layer_file_bytes() > kMaxDataSetBytes / shape.layers) {
+    fmt::print(stderr, "error: the data set (--layers = {} x {} bytes per layer file) exceeds the limit of {} bytes\n",
+               shape.layers, shape.layer_file_bytes(), kMaxDataSetBytes);
+    return 2;
+  }
   const std::uint64_t data_bytes = std::uint64_t{shape.layers} * shape.layer_file_bytes();
   if (o.backend == "memfs" && (shape.layer_file_bytes() > tutti::memfs::Store::Options::kDefaultMaxFileBytes ||
                                data_bytes > tutti::memfs::Store::Options::kDefaultMaxTotalBytes)) {
