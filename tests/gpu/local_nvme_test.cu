@@ -8,7 +8,10 @@
 //   - SQ/CQ wrap-around on a shallow queue;
 //   - an injected NVMe error (DEVICE_ERROR with its status), a lost completion (TIMEOUT after an
 //     NVMe Abort, deadlines on %globaltimer; the soft controller answers the Abort, so no zombie);
-//   - DEVICE memory registrations refused by a controller without accelerator_mode.
+//   - DEVICE memory registrations refused by a controller without accelerator_mode;
+//   - a stream the caller creates (Options::stream) carrying the staged-batch copy, the kernels
+//     and the report copies; the batch pool's backpressure (RESOURCE_EXHAUSTED naming
+//     max_batches_in_flight) and 256 submits reusing one pool slot, every byte verified.
 // The soft controller emulates the device: figures from here say nothing about an SSD.
 #include <fcntl.h>
 #include <unistd.h>
@@ -380,4 +383,73 @@ TEST_CASE("DEVICE memory needs a controller that can map it: UNSUPPORTED without
     CHECK(r.status().message().find("dma_map_device") != std::string::npos);
   }
   ::unlink(backing.c_str());
+}
+
+TEST_CASE("the caller's stream carries the batch copies and kernels; the batch pool bounds live batches and is reused") {
+  // A stream the caller owns (non-blocking: no implicit ordering with the legacy default stream).
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  {
+    Path::Options o;
+    o.queue_pairs = 4;
+    o.stream = stream;
+    o.max_batches_in_flight = 2;
+    Rig rig(o);
+    const std::uint64_t blocks = 1024;  // 4 MiB file, extents of 8 blocks in reverse order
+    const auto extents = reversed_extents(blocks, 8);
+    auto target = rig.open(extents, blocks * 4096);
+    DeviceMemory memory(blocks * 4096);
+    auto registration = rig.map(memory);
+    // Batch k reads blocks [k * 64, k * 64 + 64) as 64 single-block requests into the same place in memory.
+    auto make = [&](std::uint64_t k) {
+      std::vector<PathRequest<Path>> rs;
+      for (std::uint64_t i = 0; i < 64; ++i) {
+        const std::uint64_t at = ((k * 64 + i) % blocks) * 4096;
+        rs.push_back(rig.request(Direction::READ, registration, memory, at, target, at, 4096));
+      }
+      return rs;
+    };
+    auto r1 = make(0), r2 = make(1), r3 = make(2);
+    std::vector<Status> s1(64), s2(64), s3(64);
+    std::optional<Path::batch> b1(rig.path->submit(r1, s1));
+    auto b2 = rig.path->submit(r2, s2);
+    for (std::size_t i = 0; i < 64; ++i) {
+      REQUIRE_MESSAGE(s1[i].is_ok(), s1[i].to_string());
+      REQUIRE_MESSAGE(s2[i].is_ok(), s2[i].to_string());
+    }
+    CHECK(rig.path->batches_in_flight() == 2);
+    // A third live batch exceeds the pool: every request is rejected at once, naming the limit and
+    // the option; nothing of it reaches the controller.
+    const auto reads_before = rig.device->counters().read_commands;
+    auto b3 = rig.path->submit(r3, s3);
+    for (const Status& s : s3) {
+      CHECK(s.code() == StatusCode::RESOURCE_EXHAUSTED);
+      CHECK(s.message().find("max_batches_in_flight = 2") != std::string::npos);
+    }
+    std::vector<RequestCompletion> c1(64), c2(64), c3(64);
+    CHECK(rig.path->progress(b3, c3, kSecond).is_ok());
+    REQUIRE(rig.path->progress(*b1, c1, 60 * kSecond).is_ok());
+    REQUIRE(rig.path->progress(b2, c2, 60 * kSecond).is_ok());
+    const std::vector<std::uint64_t> lengths(64, 4096);
+    check_all_ok(s1, c1, lengths);
+    check_all_ok(s2, c2, lengths);
+    CHECK(rig.device->counters().read_commands - reads_before <= 128);  // at most b1's and b2's
+    CHECK(memory.read(0, 128 * 4096) == rig.expected(extents, 0, 128 * 4096));
+    b1.reset();  // its slot goes back to the pool
+    CHECK(rig.path->batches_in_flight() == 1);
+    // Many submits through the one free slot: every byte of the file lands, no slot is added.
+    for (std::uint64_t k = 0; k < 256; ++k) {
+      auto rs = make(k);
+      std::vector<Status> states(64);
+      auto b = rig.path->submit(rs, states);
+      std::vector<RequestCompletion> completions(64);
+      REQUIRE(rig.path->progress(b, completions, 60 * kSecond).is_ok());
+      check_all_ok(states, completions, lengths);
+    }
+    CHECK(rig.path->batch_slots_allocated() == 2);
+    CHECK(memory.read(0, blocks * 4096) == rig.expected(extents, 0, blocks * 4096));
+    CHECK(cudaStreamQuery(stream) == cudaSuccess);  // nothing left on the caller's stream
+    CHECK(rig.path->unregister_memory(registration).is_ok());
+  }
+  CHECK(cudaStreamDestroy(stream) == cudaSuccess);
 }

@@ -141,6 +141,7 @@ TEST_CASE("option defaults are pinned") {
   CHECK(o.request_window == 16);
   CHECK(o.threads_per_block == 32);
   CHECK(o.max_command_bytes == 0);
+  CHECK(o.max_batches_in_flight == 256);
   CHECK(Path::capabilities.offset_alignment == 4096);
   CHECK(Path::capabilities.unaligned_tail_at_end_of_target);
 }
@@ -164,6 +165,12 @@ TEST_CASE("invalid options are rejected naming the field") {
   o = {};
   o.queue_pairs = 1000;
   CHECK(Path::create(**c, o).status().message().find("queue_pairs") != std::string::npos);
+  o = {};
+  o.max_batches_in_flight = 0;
+  CHECK(Path::create(**c, o).status().message().find("max_batches_in_flight = 0") != std::string::npos);
+  o.max_batches_in_flight = Path::Options::kMaxBatchesInFlightLimit + 1;
+  CHECK(Path::create(**c, o).code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(Path::Options{}.max_batches_in_flight == Path::Options::kDefaultMaxBatchesInFlight);
 }
 
 TEST_CASE("a request is split at extent boundaries and at the command size limit, and reads the right bytes") {
@@ -417,6 +424,60 @@ TEST_CASE("backpressure: a full queue rejects requests with RESOURCE_EXHAUSTED a
   std::vector<RequestCompletion> c2(1);
   REQUIRE(rig.path->progress(b2, c2, 10 * kSecond).is_ok());
   CHECK(c2[0].status.is_ok());
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("the batch pool: a submit past max_batches_in_flight is rejected whole, slots are reused") {
+  Path::Options o;
+  o.max_batches_in_flight = 2;
+  Rig rig(o);
+  auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  auto make = [&](std::uint64_t first, std::size_t count) {
+    std::vector<PathRequest<Path>> rs;
+    for (std::uint64_t i = 0; i < count; ++i)
+      rs.push_back(rig.request(Direction::READ, m, buffer, (first + i) * 4096 % (1 << 20), t, (first + i) * 4096, 4096));
+    return rs;
+  };
+  auto r1 = make(0, 8), r2 = make(8, 8), r3 = make(16, 8);
+  std::vector<Status> s1(8), s2(8), s3(8);
+  const auto reads_before = rig.device->counters().read_commands;
+  std::optional<Path::batch> b1(rig.path->submit(r1, s1));
+  auto b2 = rig.path->submit(r2, s2);
+  CHECK(rig.path->batches_in_flight() == 2);
+  auto b3 = rig.path->submit(r3, s3);  // the pool is exhausted: backpressure, nothing runs
+  for (auto& s : s3) {
+    CHECK(s.code() == StatusCode::RESOURCE_EXHAUSTED);
+    CHECK(s.message().find("max_batches_in_flight = 2") != std::string::npos);
+  }
+  std::vector<RequestCompletion> c3(8);
+  CHECK(rig.path->progress(b3, c3, kSecond).is_ok());  // nothing accepted: nothing to wait for
+  std::vector<RequestCompletion> c1(8), c2(8);
+  REQUIRE(rig.path->progress(*b1, c1, 10 * kSecond).is_ok());
+  REQUIRE(rig.path->progress(b2, c2, 10 * kSecond).is_ok());
+  CHECK(rig.device->counters().read_commands - reads_before == 16);
+  for (std::size_t i = 0; i < 8; ++i) {
+    CHECK(c1[i].status.is_ok());
+    CHECK(c2[i].status.is_ok());
+  }
+  b1.reset();  // its slot returns to the pool
+  CHECK(rig.path->batches_in_flight() == 1);
+  // Many submits reuse the two slots: no new slot is ever allocated.
+  for (int round = 0; round < 100; ++round) {
+    auto rs = make(static_cast<std::uint64_t>(round % 32) * 8, 8);
+    std::vector<Status> states(8);
+    auto b = rig.path->submit(rs, states);
+    for (auto& s : states) REQUIRE(s.is_ok());
+    std::vector<RequestCompletion> c(8);
+    REQUIRE(rig.path->progress(b, c, 10 * kSecond).is_ok());
+    for (std::size_t i = 0; i < 8; ++i) {
+      REQUIRE(c[i].status.is_ok());
+      CHECK(c[i].confirmed_bytes == 4096);
+    }
+  }
+  CHECK(rig.path->batch_slots_allocated() == 2);
+  CHECK(rig.path->batches_in_flight() == 1);
   CHECK(rig.path->unregister_memory(m).is_ok());
 }
 

@@ -1,20 +1,25 @@
 // The local_nvme DataPath: reads, writes and flushes of local files (local_file::Target: extents
 // on one NVMe namespace) issued as NVMe commands on I/O queue pairs of one libnvm Controller.
 //
-// Execution model (docs/local-nvme.md): submit() stages one RequestState per request and makes
-// ONE accel::launch over them (one logical thread per request; host threads in the host
-// profile, GPU threads in the CUDA profile when the DataPath is used from code nvcc compiles),
-// then waits for it (accel::synchronize, bounded by command_timeout_ns): each thread resolves its LBAs by binary search over the
+// Execution model (docs/local-nvme.md): submit() takes a slot of the bounded batch pool
+// (Options::max_batches_in_flight; RESOURCE_EXHAUSTED beyond it), stages one RequestState per
+// request in the slot's pinned memory and enqueues on Options::stream ONE copy of them into the
+// slot's device memory, ONE accel::launch over them (one logical thread per request; host threads
+// in the host profile, GPU threads in the CUDA profile when the DataPath is used from code nvcc
+// compiles) and ONE copy of the kernels' RequestReports back, then waits once
+// (accel::synchronize, bounded by command_timeout_ns): each thread resolves its LBAs by binary search over the
 // target's extents, splits the request at extent boundaries and at the command size limit
 // (MDTS, 65536 LBAs), takes queue credits (backpressure: RESOURCE_EXHAUSTED, never blocking),
 // writes SQEs with PRPs looked up in the registration's prebuilt PRP table, and rings the SQ tail
-// doorbell once for its commands. progress() launches the poll kernel over the batch until every
-// accepted request completed or the budget ran out; between launches the host sends NVMe Abort
-// for commands past their deadline (admin commands are host-only).
+// doorbell once for its commands. progress() launches the poll kernel over the batch (and copies
+// the reports back) until every accepted request completed or the budget ran out; between
+// launches the host sends NVMe Abort for commands past their deadline (admin commands are
+// host-only).
 //
-// CUDA profile (docs/gpu.md, "local_nvme on the GPU"): the state the kernels touch (RequestState
-// and CommandRecord arrays, the target's extents, the registration's page table, the queues'
-// shared state and credits) lives in mapped pinned host memory (accel::Placement::mapped_host),
+// CUDA profile (docs/gpu.md, "local_nvme on the GPU"): the batch state the kernels update
+// (RequestState, CommandRecord, RequestReport arrays) lives in device memory; the rest they touch
+// (the target's extents, the registration's page table, the queues' shared state and credits)
+// lives in mapped pinned host memory (accel::Placement::mapped_host),
 // the queues and doorbells must be GPU-writable (the soft controller in accelerator_mode; for a
 // PCIe controller the BAR's doorbell page registered with cudaHostRegister(IoMemory)), and
 // MemoryKind::DEVICE regions are mapped with Controller::dma_map_device. A host-compiled (.cpp)
@@ -38,7 +43,8 @@
 // docs/local-nvme.md ("The tail rule").
 //
 // Thread-safety: submit and progress may run concurrently from many threads on different
-// batches; open/close/register/unregister may run concurrently with them.
+// batches (one batch: one thread at a time); open/close/register/unregister may run concurrently
+// with them. A batch may outlive its DataPath only to be destroyed.
 // Lifetime: the Controller must outlive the DataPath; the DataPath deletes its queue pairs in its
 // destructor, then frees zombie mappings.
 #pragma once
@@ -49,8 +55,11 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
+#include <shared_mutex>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -66,6 +75,8 @@
 #include <sanitizer/lsan_interface.h>
 #endif
 
+#include <tutti/accel/async_copy.hpp>
+#include <tutti/accel/memory.hpp>
 #include <tutti/accel/placement.hpp>
 #include <tutti/accel/primitives.hpp>
 #include <tutti/bind/extents.hpp>
@@ -104,6 +115,8 @@ class DataPath {
     static constexpr std::uint64_t kDefaultAdminTimeoutNs = 1'000'000'000;    // 1 s
     static constexpr std::uint32_t kDefaultRequestWindow = 16;
     static constexpr std::uint32_t kDefaultThreadsPerBlock = 32;
+    static constexpr std::uint32_t kDefaultMaxBatchesInFlight = 256;
+    static constexpr std::uint32_t kMaxBatchesInFlightLimit = 65536;
     /// I/O queue pairs to create (1..the controller's allocated queues). Requests of a batch are
     /// spread round robin over them.
     std::uint32_t queue_pairs = kDefaultQueuePairs;
@@ -125,12 +138,22 @@ class DataPath {
     /// CUDA profile: the stream (a cudaStream_t) the submit and poll kernels are launched on and
     /// waited for; nullptr: the default stream. Host profile: ignored.
     void* stream = nullptr;
+    /// Batches (submit results) alive at once (1..kMaxBatchesInFlightLimit): the size of the pool
+    /// of batch state (request states, command records: kernel-reachable memory) that submits
+    /// reuse. A submit while this many batches are alive rejects every request with
+    /// RESOURCE_EXHAUSTED (backpressure; destroy a finished batch, e.g. release its IO, and
+    /// resubmit). A slot keeps the capacity of the largest batch it served (no allocation per
+    /// submit once warm); memory held at most, per slot and request of the largest batch: device
+    /// memory sizeof(RequestState) + request_window x sizeof(CommandRecord) + sizeof(RequestReport)
+    /// bytes, pinned memory sizeof(RequestState) + sizeof(RequestReport) bytes.
+    std::uint32_t max_batches_in_flight = kDefaultMaxBatchesInFlight;
   };
 
   using target_type = local_file::Target;
 
-  /// Arrays the kernels read or write: host memory in the host profile, mapped pinned host memory
-  /// in the CUDA profile (accel/placement.hpp).
+  /// Arrays the kernels read or write outside the batch (extents, page tables, queue views), and
+  /// the batch's pinned staging and report arrays: host memory in the host profile, mapped pinned
+  /// host memory in the CUDA profile (accel/placement.hpp).
   template <class T>
   using KernelArray = std::vector<T, accel::PlacementAllocator<T>>;
   template <class T>
@@ -179,6 +202,52 @@ class DataPath {
     std::uint16_t cid;
     std::shared_ptr<Mapping> mapping;  ///< null for Flush
   };
+  /// One pooled batch's state. The kernel-reachable arrays keep their capacity across submits;
+  /// `size` requests of them belong to the batch that holds the slot.
+  struct BatchSlot {
+    /// The requests as staged by the host (pinned: the source of the ONE host-to-device copy).
+    KernelArray<RequestState> staged{accel::PlacementAllocator<RequestState>(accel::kKernelReachable)};
+    /// The kernels' reports as copied back after each kernel (pinned: the ONE device-to-host copy).
+    KernelArray<RequestReport> reports{accel::PlacementAllocator<RequestReport>(accel::kKernelReachable)};
+    accel::DeviceBuffer device_requests;  ///< size x RequestState: what the kernels update
+    accel::DeviceBuffer device_records;   ///< size x request_window x CommandRecord
+    accel::DeviceBuffer device_reports;   ///< size x RequestReport
+    std::vector<CommandRecord> records_copy;         ///< one request's records, copied back on demand
+    std::vector<std::shared_ptr<Mapping>> mappings;  ///< per request (zombie hand-off)
+    std::vector<std::uint8_t> reported;              ///< completion already reported
+    std::size_t size = 0;                            ///< requests of the current batch
+    /// A wait for a kernel over this slot failed: the kernel may still run, so the slot is never
+    /// reused or freed (kept alive forever, and it stays counted as in use).
+    bool kernel_may_run = false;
+  };
+  /// The bounded pool of batch slots (Options::max_batches_in_flight). Shared by the DataPath and
+  /// every live batch, so a batch may outlive its DataPath. Thread-safe (one mutex).
+  struct BatchPool {
+    std::mutex mutex;
+    std::vector<std::unique_ptr<BatchSlot>> idle;  ///< slots ready for reuse (LIFO: warm memory first)
+    std::uint32_t in_use = 0;                      ///< slots held by batches (or abandoned to a kernel)
+    std::uint32_t limit = 0;
+  };
+  /// Returns a batch's slot to its pool when the batch is destroyed.
+  struct SlotReturn {
+    std::shared_ptr<BatchPool> pool;
+    void operator()(BatchSlot* slot) const noexcept {
+      if (slot == nullptr) return;
+      if (slot->kernel_may_run) {
+        // Never free or reuse memory a kernel may still write: keep it forever, counted in use.
+        detail::leak_on_purpose(slot);
+        return;
+      }
+      slot->mappings.clear();  // registrations may be unmapped now (zombies hold their own reference)
+      std::scoped_lock lock(pool->mutex);
+      --pool->in_use;
+      try {
+        pool->idle.emplace_back(slot);
+      } catch (const std::bad_alloc&) {
+        delete slot;  // no kernel runs over it (kernel_may_run is false)
+      }
+    }
+  };
   struct State {
     libnvm::Controller* controller = nullptr;
     Options options;
@@ -191,6 +260,16 @@ class DataPath {
     std::mutex zombie_mutex;
     std::vector<Zombie> zombies;
     std::atomic<std::uint64_t> aborts_sent{0};
+    std::shared_ptr<BatchPool> pool = std::make_shared<BatchPool>();
+    /// Held shared by every submit and progress step from its launch to the end of its wait, taken
+    /// exclusively (try only, never waiting) by the host's zombie reaping: the host touches the
+    /// queue words the kernels update (CQ head, CID slots, credits) only while no kernel of any
+    /// batch of this DataPath runs, because host and GPU atomics on one word are not atomic with
+    /// respect to each other over PCIe on x86 (cudaDevAttrHostNativeAtomicSupported = 0).
+    std::shared_mutex kernel_gate;
+    /// A kernel wait failed (the kernel may run forever): the host never reaps zombies again; the
+    /// queues' deletion in the destructor ends them.
+    std::atomic<bool> kernel_abandoned{false};
     ~State() {
       bool all_deleted = true;
       for (auto& q : queues)
@@ -211,12 +290,11 @@ class DataPath {
     std::shared_ptr<Mapping> mapping;
   };
 
-  /// One submit's in-flight state.
+  /// One submit's in-flight state: a slot of the DataPath's batch pool, returned to the pool when
+  /// the batch is destroyed (never while a kernel may still run over it). No slot: no request of
+  /// the submit was accepted, progress has nothing to do. Movable, not copyable.
   struct batch {
-    std::unique_ptr<KernelArray<RequestState>> requests;   ///< one per submitted request
-    std::unique_ptr<KernelArray<CommandRecord>> records;   ///< window records of every request
-    std::vector<std::shared_ptr<Mapping>> mappings;        ///< per request (zombie hand-off)
-    std::vector<std::uint8_t> reported;                    ///< completion already reported
+    std::unique_ptr<BatchSlot, SlotReturn> slot;
   };
 
   static constexpr std::string_view name = "local_nvme";
@@ -258,6 +336,9 @@ class DataPath {
                    options.threads_per_block, accel::kKernelWarpLanes);
     if (options.command_timeout_ns == 0 || options.abort_timeout_ns == 0 || options.admin_timeout_ns == 0)
       return error(StatusCode::INVALID_ARGUMENT, "local_nvme: timeouts must be > 0 ns");
+    if (options.max_batches_in_flight == 0 || options.max_batches_in_flight > Options::kMaxBatchesInFlightLimit)
+      return error(StatusCode::INVALID_ARGUMENT, "local_nvme: max_batches_in_flight = {} outside 1..{}",
+                   options.max_batches_in_flight, Options::kMaxBatchesInFlightLimit);
     std::uint64_t max_bytes = std::uint64_t{65536} * id.lba_size;  // NLB is 16 bits, 0's based
     if (id.max_data_transfer_bytes != 0) max_bytes = std::min(max_bytes, id.max_data_transfer_bytes);
     if (options.max_command_bytes != 0) max_bytes = std::min(max_bytes, options.max_command_bytes);
@@ -270,6 +351,7 @@ class DataPath {
     state->options = options;
     state->lba_size = id.lba_size;
     state->max_command_bytes = max_bytes;
+    state->pool->limit = options.max_batches_in_flight;
     try {
       state->credits = kernel_array<Credits>(options.queue_pairs);
     } catch (const std::bad_alloc&) {
@@ -320,6 +402,16 @@ class DataPath {
     reap_zombies();
     std::scoped_lock lock(state_->zombie_mutex);
     return state_->zombies.size();
+  }
+  /// Batch slots held by live batches (at most Options::max_batches_in_flight), and slots allocated
+  /// (held plus idle ones kept for reuse).
+  std::uint32_t batches_in_flight() const {
+    std::scoped_lock lock(state_->pool->mutex);
+    return state_->pool->in_use;
+  }
+  std::size_t batch_slots_allocated() const {
+    std::scoped_lock lock(state_->pool->mutex);
+    return state_->pool->in_use + state_->pool->idle.size();
   }
   /// Shared statistics of queue pair `i` (doorbell writes, completions reaped, stale CQEs).
   nvme::QueuePairState queue_statistics(std::size_t i) const { return state_->queues.at(i)->storage->statistics(); }
@@ -437,38 +529,85 @@ class DataPath {
   }
 
   /// One launch over the batch (see the file comment). Never blocks beyond the launch (CUDA: the
-  /// wait for the submit kernel, bounded by command_timeout_ns). States: OK (accepted), the
-  /// rejections of `rejection`, RESOURCE_EXHAUSTED when the batch's state cannot be allocated,
-  /// the launch's error (UNSUPPORTED from a host-compiled translation unit of the CUDA
-  /// profile), or the wait's error (TIMEOUT / DEVICE_ERROR: the batch's state is then kept
-  /// alive forever, since the kernel may still write it).
+  /// wait for the submit kernel, bounded by command_timeout_ns). The batch's state comes from the
+  /// DataPath's bounded pool (Options::max_batches_in_flight; no allocation once the pool's slots
+  /// have grown to the batch sizes in use). States: OK (accepted), the rejections of `rejection`,
+  /// RESOURCE_EXHAUSTED when max_batches_in_flight batches are alive (backpressure: every request
+  /// of the submit is rejected, nothing runs) or a slot cannot grow to n requests, the launch's
+  /// error (UNSUPPORTED from a host-compiled translation unit of the CUDA profile), or the wait's
+  /// error (TIMEOUT / DEVICE_ERROR: the slot is then abandoned to the kernel, never reused or
+  /// freed, and stays counted in max_batches_in_flight).
   batch submit(std::span<const PathRequest<DataPath>> requests, std::span<Status> states) {
     batch b;
     const std::size_t n = requests.size();
+    if (n == 0) return b;
     const std::uint32_t window = state_->options.request_window;
-    try {
-      b.requests = std::make_unique<KernelArray<RequestState>>(kernel_array<RequestState>(n));
-      b.records = std::make_unique<KernelArray<CommandRecord>>(kernel_array<CommandRecord>(n * window));
-    } catch (const std::bad_alloc&) {
-      b.requests = std::make_unique<KernelArray<RequestState>>(n);  // host memory: nothing runs on it
-      b.records = std::make_unique<KernelArray<CommandRecord>>();
-      b.mappings.resize(n);
-      b.reported.assign(n, 1);
-      for (std::size_t i = 0; i < n; ++i) {
-        (*b.requests)[i].done = true;
-        detail::assign(states[i], error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the state of a batch of {} requests", n));
+    const auto reject_all = [&](const Status& why) {
+      for (std::size_t i = 0; i < n; ++i) detail::assign(states[i], why);
+    };
+    {
+      BatchPool& pool = *state_->pool;
+      std::scoped_lock lock(pool.mutex);
+      if (pool.in_use >= pool.limit) {
+        reject_all(error(StatusCode::RESOURCE_EXHAUSTED,
+                         "local_nvme: {} batches are alive, the limit set by Options::max_batches_in_flight = {}; "
+                         "destroy a finished batch (release its IO) and resubmit",
+                         pool.in_use, pool.limit));
+        return b;
       }
+      BatchSlot* slot = nullptr;
+      if (!pool.idle.empty()) {
+        slot = pool.idle.back().release();
+        pool.idle.pop_back();
+      } else {
+        slot = new (std::nothrow) BatchSlot();
+        if (slot == nullptr) {
+          reject_all(error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for a batch slot"));
+          return b;
+        }
+      }
+      ++pool.in_use;
+      b.slot = std::unique_ptr<BatchSlot, SlotReturn>(slot, SlotReturn{state_->pool});
+    }
+    BatchSlot& slot = *b.slot;
+    try {
+      // Reuses the slot's capacity: allocates only when n exceeds the largest batch it served.
+      slot.staged.assign(n, RequestState{});
+      slot.reports.assign(n, RequestReport{});
+      slot.records_copy.assign(window, CommandRecord{});
+      slot.mappings.assign(n, nullptr);
+      slot.reported.assign(n, 0);
+    } catch (const std::bad_alloc&) {
+      reject_all(error(StatusCode::RESOURCE_EXHAUSTED,
+                       "local_nvme: no memory for the state of a batch of {} requests (request_window = {})", n, window));
+      b.slot.reset();  // nothing ran over it: back to the pool
       return b;
     }
-    b.mappings.resize(n);
-    b.reported.assign(n, 0);
+    for (auto [buffer, bytes, what] : {std::tuple{&slot.device_requests, n * sizeof(RequestState), "request states"},
+                                       std::tuple{&slot.device_records, n * window * sizeof(CommandRecord), "command records"},
+                                       std::tuple{&slot.device_reports, n * sizeof(RequestReport), "request reports"}}) {
+      if (buffer->size() >= bytes) continue;
+      *buffer = accel::DeviceBuffer();  // no kernel runs over an idle slot
+      auto grown = accel::DeviceBuffer::allocate(bytes);
+      if (!grown) {
+        reject_all(grown.status().with_context(
+            fmt::format("local_nvme: device memory for the {} of a batch of {} requests", what, n)));
+        b.slot.reset();
+        return b;
+      }
+      *buffer = std::move(grown.value());
+    }
+    slot.size = n;
+    auto* device_requests = static_cast<RequestState*>(slot.device_requests.data());
+    auto* device_records = static_cast<CommandRecord*>(slot.device_records.data());
+    auto* device_reports = static_cast<RequestReport*>(slot.device_reports.data());
     // One queue pair per warp of requests (round robin over warps; host profile: per request), so
     // a warp's commands share one SQ reservation and one doorbell write.
     const std::uint64_t lanes = accel::kKernelWarpLanes;
     const std::uint64_t base = state_->next_queue.fetch_add((n + lanes - 1) / lanes, std::memory_order_relaxed);
     for (std::size_t i = 0; i < n; ++i) {
       const auto& p = requests[i];
-      RequestState& r = (*b.requests)[i];
+      RequestState& r = slot.staged[i];
       r.opcode = p.direction == Direction::READ    ? nvme::NvmOpcode::read
                  : p.direction == Direction::WRITE ? nvme::NvmOpcode::write
                                                    : nvme::NvmOpcode::flush;
@@ -480,73 +619,111 @@ class DataPath {
       r.command_timeout_ns = state_->options.command_timeout_ns;
       r.abort_timeout_ns = state_->options.abort_timeout_ns;
       r.max_window = window;
-      r.records = b.records->data() + i * window;
+      r.records = device_records + i * window;  // the submit kernel sets them free
       if (p.memory != nullptr && p.memory->mapping) {
         const Mapping& m = *p.memory->mapping;
         r.memory = m.table;
         // The mapping starts at the page that holds the region's first byte.
         r.memory_offset = (m.user_address - reinterpret_cast<std::uintptr_t>(m.mapping.host_address)) + p.memory_offset;
         r.memory_room = p.memory_offset <= p.memory_view.size ? p.memory_view.size - p.memory_offset : 0;
-        b.mappings[i] = p.memory->mapping;
+        slot.mappings[i] = p.memory->mapping;
       }
     }
-    auto* rs = b.requests->data();
-    Status launched = launch_over(n, AdmitKernel{rs, state_->device_queues.data(), n});
-    if (launched.is_ok()) {
-      const Status waited = accel::synchronize(state_->options.stream, state_->options.command_timeout_ns);
+    void* stream = state_->options.stream;
+    std::shared_lock gate(state_->kernel_gate);  // no zombie reaping while this batch's kernel may run
+    // ONE copy of the staged batch, ONE launch, ONE copy of the reports back, all on the stream,
+    // then ONE bounded wait.
+    Status launched = accel::copy_to_device_async(device_requests, slot.staged.data(), n * sizeof(RequestState), stream);
+    const bool copy_enqueued = launched.is_ok();
+    if (launched.is_ok())
+      detail::assign(launched, launch_over(n, AdmitKernel{device_requests, state_->device_queues.data(), n, device_reports}));
+    const bool kernel_enqueued = launched.is_ok();
+    if (launched.is_ok())
+      detail::assign(launched,
+                     accel::copy_from_device_async(slot.reports.data(), device_reports, n * sizeof(RequestReport), stream));
+    if (copy_enqueued) {
+      const Status waited = accel::synchronize(stream, state_->options.command_timeout_ns);
       if (!waited.is_ok()) {
-        // The kernel may still write the batch and have commands in flight: keep everything it
-        // references alive forever and report the wait's error for every request.
-        for (std::size_t i = 0; i < n; ++i) detail::assign(states[i], waited.with_context("local_nvme: submit kernel"));
-        detail::leak_on_purpose(new batch(std::move(b)));
-        batch failed;
-        failed.requests = std::make_unique<KernelArray<RequestState>>(n);
-        failed.records = std::make_unique<KernelArray<CommandRecord>>();
-        failed.mappings.resize(n);
-        failed.reported.assign(n, 1);
-        for (auto& r : *failed.requests) r.done = true;
-        return failed;
+        // The stream may still run the copy or the kernel, which may have commands in flight:
+        // abandon the slot to it (never reused or freed; the mappings stay referenced).
+        reject_all(waited.with_context("local_nvme: submit kernel"));
+        slot.kernel_may_run = true;
+        state_->kernel_abandoned.store(true);
+        b.slot.reset();
+        return b;
       }
     }
+    if (!launched.is_ok()) {
+      // A kernel that ran but whose reports cannot come back: its accepted requests are in flight
+      // with no way to follow them, so the slot is abandoned (never reused) and all report the error.
+      reject_all(launched.with_context("local_nvme: submit"));
+      if (kernel_enqueued) {
+        slot.kernel_may_run = true;
+        state_->kernel_abandoned.store(true);
+      }
+      b.slot.reset();
+      return b;
+    }
+    gate.unlock();
+    bool any_accepted = false;
     for (std::size_t i = 0; i < n; ++i) {
-      const RequestState& r = rs[i];
-      if (!launched.is_ok() && !r.accepted) {
-        detail::assign(states[i], launched);
-        (*b.requests)[i].done = true;
-        continue;
-      }
-      detail::assign(states[i], r.accepted ? Status::ok() : rejection(r, requests[i]));
-      if (!r.accepted) b.reported[i] = 1;
+      const RequestReport& report = slot.reports[i];
+      detail::assign(states[i], report.accepted ? Status::ok() : rejection(slot.staged[i], report, requests[i]));
+      if (!report.accepted) slot.reported[i] = 1;
+      any_accepted = any_accepted || report.accepted;
     }
+    if (!any_accepted) b.slot.reset();  // nothing in flight: the slot goes back at once
     return b;
   }
 
   /// Polls the batch for up to timeout_ns (see the concept). OK when every accepted request has
   /// completed, NOT_READY when the budget ran out first.
   Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
+    if (!b.slot) return Status::ok();  // nothing was accepted
     const std::uint64_t deadline = accel::deadline_after(timeout_ns);
-    const std::size_t n = b.requests->size();
-    auto* rs = b.requests->data();
+    BatchSlot& slot = *b.slot;
+    const std::size_t n = slot.size;
+    void* stream = state_->options.stream;
+    auto* device_requests = static_cast<RequestState*>(slot.device_requests.data());
+    auto* device_reports = static_cast<RequestReport*>(slot.device_reports.data());
     accel::Backoff backoff;
     for (;;) {
-      TUTTI_RETURN_IF_ERROR(launch_over(n, PollKernel{rs, state_->device_queues.data(), n}));
-      // A wait that fails leaves the kernel possibly running: the batch must then stay alive (the
-      // caller keeps it: progress returned an error, so the runtime treats it as in flight).
-      TUTTI_RETURN_IF_ERROR(accel::synchronize(state_->options.stream, state_->options.command_timeout_ns)
-                                .with_context("local_nvme: poll kernel"));
+      // ONE launch and ONE copy of the reports back per step, then ONE bounded wait.
+      {
+        std::shared_lock gate(state_->kernel_gate);  // no zombie reaping while this kernel may run
+        TUTTI_RETURN_IF_ERROR(launch_over(n, PollKernel{device_requests, state_->device_queues.data(), n, device_reports}));
+        Status copied = accel::copy_from_device_async(slot.reports.data(), device_reports, n * sizeof(RequestReport), stream);
+        Status waited = accel::synchronize(stream, state_->options.command_timeout_ns);
+        if (!copied.is_ok() || !waited.is_ok()) {
+          // The kernel may still run (or its reports never came back): the slot is abandoned to it
+          // (never reused or freed, even after the caller destroys the batch).
+          slot.kernel_may_run = true;
+          state_->kernel_abandoned.store(true);
+          return (copied.is_ok() ? waited : copied).with_context("local_nvme: poll kernel");
+        }
+      }
       bool all_done = true;
       bool any_new = false;
       for (std::size_t i = 0; i < n; ++i) {
-        RequestState& r = rs[i];
-        if (!r.accepted || b.reported[i]) continue;
-        send_aborts(r);
-        hand_off_zombies(r, b.mappings[i]);
-        if (!r.done) {
+        const RequestReport& report = slot.reports[i];
+        if (!report.accepted || slot.reported[i]) continue;
+        if (report.needs_host != 0) {
+          // Rare (timeouts): this request's records come back so the host can act on them.
+          const Status records = copy_records_back(slot, i);
+          if (!records.is_ok()) {
+            slot.kernel_may_run = true;  // the copy may still be running into records_copy
+            return records;
+          }
+          const std::uint32_t queue_index = slot.staged[i].queue_index;
+          send_aborts(queue_index, slot.records_copy);
+          hand_off_zombies(queue_index, slot.records_copy, slot.mappings[i]);
+        }
+        if (!report.done) {
           all_done = false;
           continue;
         }
-        completions[i] = completion_of(r, i);
-        b.reported[i] = 1;
+        completions[i] = completion_of(slot.staged[i], report, i);
+        slot.reported[i] = 1;
         any_new = true;
       }
       reap_zombies();
@@ -571,9 +748,22 @@ class DataPath {
     return accel::launch(config, kernel);
   }
 
-  Status rejection(const RequestState& r, const PathRequest<DataPath>& p) const {
+  /// Request i's records copied back into slot.records_copy (one copy on the stream and a bounded
+  /// wait; no kernel of the batch runs then).
+  Status copy_records_back(BatchSlot& slot, std::size_t i) {
+    const std::uint32_t window = state_->options.request_window;
+    const auto* device_records = static_cast<const CommandRecord*>(slot.device_records.data());
+    void* stream = state_->options.stream;
+    TUTTI_RETURN_IF_ERROR(accel::copy_from_device_async(slot.records_copy.data(), device_records + i * window,
+                                                        window * sizeof(CommandRecord), stream)
+                              .with_context("local_nvme: command records"));
+    return accel::synchronize(stream, state_->options.command_timeout_ns).with_context("local_nvme: command records");
+  }
+
+  /// The Status of a request the submit kernel did not accept: `r` as staged, `report` from the kernel.
+  Status rejection(const RequestState& r, const RequestReport& report, const PathRequest<DataPath>& p) const {
     const Queue& q = *state_->queues[r.queue_index];
-    switch (r.outcome) {
+    switch (report.outcome) {
       case RequestOutcome::rejected_backpressure:
         return error(StatusCode::RESOURCE_EXHAUSTED,
                      "local_nvme: I/O queue {} has no free command slots (depth {}); resubmit later", q.info.qid,
@@ -587,39 +777,40 @@ class DataPath {
         return error(StatusCode::OUT_OF_RANGE,
                      "local_nvme: the tail is transferred as a whole {}-byte LBA ({} bytes) but only {} bytes of "
                      "memory follow memory_offset = {}",
-                     r.target.lba_size, r.transfer_length, r.memory_room, p.memory_offset);
+                     r.target.lba_size, report.transfer_length, r.memory_room, p.memory_offset);
       default:
         return error(StatusCode::INTERNAL, "local_nvme: request not accepted (outcome {})",
-                     static_cast<unsigned>(r.outcome));
+                     static_cast<unsigned>(report.outcome));
     }
   }
 
-  RequestCompletion completion_of(const RequestState& r, std::size_t i) const {
+  /// The completion of request i: `r` as staged, `report` from the last kernel (done).
+  RequestCompletion completion_of(const RequestState& r, const RequestReport& report, std::size_t i) const {
     RequestCompletion c;
     c.request_index = i;
     c.done = true;
-    c.commands = r.commands;
-    c.device_status = r.nvme_status;
-    c.confirmed_bytes = std::min(r.confirmed_bytes, r.length);
+    c.commands = report.commands;
+    c.device_status = report.nvme_status;
+    c.confirmed_bytes = std::min(report.confirmed_bytes, r.length);
     const Queue& q = *state_->queues[r.queue_index];
-    const nvme::StatusField field = nvme::StatusField::make(static_cast<std::uint8_t>(r.nvme_status >> 8),
-                                                            static_cast<std::uint8_t>(r.nvme_status & 0xff), false);
-    switch (r.outcome) {
+    const nvme::StatusField field = nvme::StatusField::make(static_cast<std::uint8_t>(report.nvme_status >> 8),
+                                                            static_cast<std::uint8_t>(report.nvme_status & 0xff), false);
+    switch (report.outcome) {
       case RequestOutcome::ok:
         detail::assign(c.status, Status::ok());
         break;
       case RequestOutcome::nvme_error:
         detail::assign(c.status, error(StatusCode::DEVICE_ERROR,
                          "local_nvme: command at file offset {} (SLBA {}, I/O queue {}) failed: {}; {} of {} bytes confirmed",
-                         r.failed_file_offset, r.failed_lba, q.info.qid, nvme::describe_status(field),
+                         report.failed_file_offset, report.failed_lba, q.info.qid, nvme::describe_status(field),
                          c.confirmed_bytes, r.length));
         break;
       case RequestOutcome::timed_out:
         detail::assign(c.status, error(StatusCode::TIMEOUT,
                          "local_nvme: a command at file offset {} (SLBA {}, I/O queue {}) did not complete within {} ns "
                          "and was aborted{}; {} of {} bytes confirmed",
-                         r.failed_file_offset, r.failed_lba, q.info.qid, state_->options.command_timeout_ns,
-                         r.zombies > 0 ? " (no answer: its memory stays mapped)" : "", c.confirmed_bytes, r.length));
+                         report.failed_file_offset, report.failed_lba, q.info.qid, state_->options.command_timeout_ns,
+                         report.zombies > 0 ? " (no answer: its memory stays mapped)" : "", c.confirmed_bytes, r.length));
         break;
       case RequestOutcome::controller_fatal:
         detail::assign(c.status, error(StatusCode::DEVICE_ERROR,
@@ -628,49 +819,50 @@ class DataPath {
                          q.info.qid, c.confirmed_bytes, r.length));
         break;
       case RequestOutcome::no_extent:
-        detail::assign(c.status, error(StatusCode::DATA_LOSS, "local_nvme: no extent maps file offset {}", r.failed_file_offset));
+        detail::assign(c.status, error(StatusCode::DATA_LOSS, "local_nvme: no extent maps file offset {}", report.failed_file_offset));
         break;
       case RequestOutcome::prp_error:
         detail::assign(c.status, error(StatusCode::OUT_OF_RANGE,
-                         "local_nvme: memory for file offset {} lies outside the registered region", r.failed_file_offset));
+                         "local_nvme: memory for file offset {} lies outside the registered region", report.failed_file_offset));
         break;
       default:
-        detail::assign(c.status, error(StatusCode::INTERNAL, "local_nvme: unexpected outcome {}", static_cast<unsigned>(r.outcome)));
+        detail::assign(c.status, error(StatusCode::INTERNAL, "local_nvme: unexpected outcome {}", static_cast<unsigned>(report.outcome)));
     }
     return c;
   }
 
-  /// Host step between poll launches: NVMe Abort for every command the kernel marked timed out.
-  void send_aborts(RequestState& r) {
-    for (std::uint32_t k = 0; k < r.window; ++k) {
-      CommandRecord& rec = r.records[k];
+  /// Host step between poll kernels: NVMe Abort for every command the kernel marked timed out
+  /// (`records`: one request's records as copied back; the next poll kernel starts their abort timer).
+  void send_aborts(std::uint32_t queue_index, const std::vector<CommandRecord>& records) {
+    const Queue& q = *state_->queues[queue_index];
+    for (const CommandRecord& rec : records) {
       if (rec.phase != CommandPhase::timed_out) continue;
-      const Queue& q = *state_->queues[r.queue_index];
       // The answer (aborted or not found) does not change what follows: the command's own CQE,
       // or its absence until abort_timeout_ns, decides.
       (void)state_->controller->abort(q.info.qid, rec.cid, state_->options.admin_timeout_ns);
       state_->aborts_sent.fetch_add(1);
-      rec.deadline_ns = 0;  // the next poll starts the abort timer on the kernels' clock
-      rec.phase = CommandPhase::abort_sent;
     }
   }
 
-  /// Moves zombie commands of a request to the DataPath's list (they keep the mapping alive).
-  void hand_off_zombies(RequestState& r, const std::shared_ptr<Mapping>& mapping) {
-    for (std::uint32_t k = 0; k < r.max_window; ++k) {
-      CommandRecord& rec = r.records[k];
+  /// Moves zombie commands of a request to the DataPath's list (they keep the mapping alive); the
+  /// next poll kernel frees their records.
+  void hand_off_zombies(std::uint32_t queue_index, const std::vector<CommandRecord>& records,
+                        const std::shared_ptr<Mapping>& mapping) {
+    for (const CommandRecord& rec : records) {
       if (rec.phase != CommandPhase::zombie) continue;
       if (mapping) mapping->zombies.fetch_add(1);
-      {
-        std::scoped_lock lock(state_->zombie_mutex);
-        state_->zombies.push_back(Zombie{r.queue_index, rec.cid, mapping});
-      }
-      rec.phase = CommandPhase::free;
+      std::scoped_lock lock(state_->zombie_mutex);
+      state_->zombies.push_back(Zombie{queue_index, rec.cid, mapping});
     }
   }
 
   /// Frees zombies whose completion finally arrived: their credit returns, their mapping may go.
+  /// Never waits: skipped while a kernel of any batch may run (State::kernel_gate), and for good
+  /// once a kernel was abandoned; the next progress, zombie_commands or unregister_memory retries.
   void reap_zombies() {
+    if (state_->kernel_abandoned.load()) return;
+    std::unique_lock gate(state_->kernel_gate, std::try_to_lock);
+    if (!gate.owns_lock()) return;  // a kernel's threads own the queue words now
     std::scoped_lock lock(state_->zombie_mutex);
     auto& z = state_->zombies;
     for (std::size_t i = 0; i < z.size();) {

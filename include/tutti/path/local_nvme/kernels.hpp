@@ -1,7 +1,8 @@
 // The local_nvme DataPath's per-request device work, written as kernel functions over
 // tutti/accel/ primitives and tutti/nvme/queue.hpp, so the same code runs on host threads (host
 // profile, accel::launch on the HostThreadPool) and on GPU threads (CUDA profile, launched from
-// code nvcc compiles; every structure below then lives in mapped pinned host memory).
+// code nvcc compiles; the batch's RequestState, CommandRecord and RequestReport arrays then live
+// in device memory, the extents, page tables and queue state in mapped pinned host memory).
 //
 // One logical thread owns one request; the queue work is warp-collective (accel/warp.hpp; on the
 // host a warp is one lane):
@@ -15,9 +16,10 @@
 //    host then sends NVMe Abort); warp_issue_commands issues further commands while bytes remain;
 //    finish_if_idle marks the request done when nothing of it is in flight.
 // Clocks: every deadline is set and compared by the kernels with accel::timer_ns() (on a GPU,
-// %globaltimer, which is not the host's clock); the host never writes a deadline: after it sends
-// an Abort it sets the record to abort_sent with deadline 0, and the next poll starts the abort
-// timer (abort_timeout_ns) on the kernels' clock.
+// %globaltimer, which is not the host's clock); the host never writes the kernels' state: it
+// reads each request's RequestReport after a kernel, sends the Abort for records marked
+// timed_out, and the next poll sets them to abort_sent and starts the abort timer
+// (abort_timeout_ns) on the kernels' clock.
 // Splitting: a command never crosses an extent boundary, never exceeds max_command_bytes (MDTS,
 // NLB 16-bit limit), and its PRPs come from the registration's prebuilt PRP table.
 // Units: bytes unless named *_lba; time in ns from accel::timer_ns().
@@ -59,8 +61,8 @@ struct DeviceQueue {
 enum class CommandPhase : std::uint32_t {
   free = 0,        ///< record unused
   in_flight = 1,   ///< SQE submitted, completion pending, deadline = issue time + command timeout
-  timed_out = 2,   ///< deadline passed: the host must send an NVMe Abort (Base 2.0, 5.1)
-  abort_sent = 3,  ///< Abort sent; deadline = first poll after the Abort + abort timeout (0: not started)
+  timed_out = 2,   ///< deadline passed: the host sends an NVMe Abort (Base 2.0, 5.1) before the next poll
+  abort_sent = 3,  ///< Abort sent (set by the next poll); deadline = that poll's time + abort timeout
   zombie = 4,      ///< no completion even after Abort: handed to the DataPath's zombie list
 };
 
@@ -121,6 +123,29 @@ struct RequestState {
   std::uint64_t failed_lba = 0;       ///< first failed command's SLBA
   std::uint64_t failed_file_offset = 0;
 };
+
+/// What the host needs of a request after each kernel (submit or poll): its outcome so far and
+/// whether any of its commands needs host action. The kernels write one per request into device
+/// memory; the host copies the batch's reports back with ONE copy per step (accel/async_copy.hpp).
+/// 56 bytes, trivially copyable. Units: bytes.
+struct RequestReport {
+  std::uint64_t transfer_length = 0;     ///< RequestState::transfer_length
+  std::uint64_t confirmed_bytes = 0;     ///< RequestState::confirmed_bytes
+  std::uint64_t failed_lba = 0;          ///< RequestState::failed_lba
+  std::uint64_t failed_file_offset = 0;  ///< RequestState::failed_file_offset
+  std::uint32_t commands = 0;            ///< RequestState::commands
+  std::uint32_t zombies = 0;             ///< RequestState::zombies
+  /// Records in phase timed_out (the host sends NVMe Abort) or zombie (the host takes them over):
+  /// when non-zero the host copies this request's records back. The next poll kernel takes both
+  /// phases as handled (timed_out -> abort_sent, zombie -> free): the host handles every such
+  /// record between two kernels of a batch.
+  std::uint32_t needs_host = 0;
+  RequestOutcome outcome = RequestOutcome::ok;
+  std::uint16_t nvme_status = 0;         ///< RequestState::nvme_status
+  bool accepted = false;
+  bool done = false;
+};
+static_assert(sizeof(RequestReport) == 56);
 
 namespace detail {
 
@@ -289,6 +314,8 @@ TUTTI_HOST_DEVICE inline void finish_if_idle(RequestState& r, const DeviceQueue&
 /// The submit kernel's per-request step (thread = request): checks, then credits. Sets r.accepted
 /// or an outcome rejected_*; the commands are issued by warp_issue_commands after it.
 TUTTI_HOST_DEVICE inline void admit_request(RequestState& r, const DeviceQueue& q) noexcept {
+  // The batch's records come from a reused pool slot: every record starts free here.
+  for (std::uint32_t k = 0; k < r.max_window; ++k) r.records[k] = CommandRecord{};
   const std::uint64_t lba = r.target.lba_size;
   if (r.opcode != nvme::NvmOpcode::flush) {
     const bool tail = r.target_offset + r.length == r.target.file_size;
@@ -330,7 +357,20 @@ TUTTI_HOST_DEVICE inline void admit_request(RequestState& r, const DeviceQueue& 
 /// kernel runs (the clock the deadlines were set with). Further commands are issued by
 /// warp_issue_commands after it.
 TUTTI_HOST_DEVICE inline void poll_request(RequestState& r, const DeviceQueue& q, std::uint64_t now) noexcept {
-  if (r.done || !r.accepted) return;
+  if (!r.accepted) return;
+  // The host handled every timed_out and zombie record it saw after the previous kernel (it sent
+  // the Abort, it took the zombie over): the abort timer starts below (deadline 0), the record of
+  // a zombie is free again.
+  for (std::uint32_t k = 0; k < r.max_window; ++k) {
+    CommandRecord& rec = r.records[k];
+    if (rec.phase == CommandPhase::timed_out) {
+      rec.phase = CommandPhase::abort_sent;
+      rec.deadline_ns = 0;
+    } else if (rec.phase == CommandPhase::zombie) {
+      rec.phase = CommandPhase::free;
+    }
+  }
+  if (r.done) return;
   for (std::uint32_t k = 0; k < r.window; ++k) {
     CommandRecord& rec = r.records[k];
     if (rec.phase == CommandPhase::free || rec.phase == CommandPhase::zombie) continue;
@@ -378,6 +418,25 @@ TUTTI_HOST_DEVICE inline void poll_request(RequestState& r, const DeviceQueue& q
   }
 }
 
+/// The request's report for the host (see RequestReport).
+TUTTI_HOST_DEVICE inline void write_report(const RequestState& r, RequestReport& out) noexcept {
+  RequestReport report;
+  report.transfer_length = r.transfer_length;
+  report.confirmed_bytes = r.confirmed_bytes;
+  report.failed_lba = r.failed_lba;
+  report.failed_file_offset = r.failed_file_offset;
+  report.commands = r.commands;
+  report.zombies = r.zombies;
+  if (r.accepted)
+    for (std::uint32_t k = 0; k < r.max_window; ++k)
+      if (r.records[k].phase == CommandPhase::timed_out || r.records[k].phase == CommandPhase::zombie) ++report.needs_host;
+  report.outcome = r.outcome;
+  report.nvme_status = r.nvme_status;
+  report.accepted = r.accepted;
+  report.done = r.done;
+  out = report;
+}
+
 /// Reaps the CQs of the warp's requests (warp-collective; `r` null for lanes without a pending
 /// request): lanes are grouped by queue pair and the warp reaps each group's CQ together by Phase
 /// Tag with ONE CQ head doorbell write per reaped batch (nvme::warp_reap_completions).
@@ -393,34 +452,45 @@ TUTTI_HOST_DEVICE inline void warp_reap(const RequestState* r, const DeviceQueue
 }
 
 /// The submit kernel: logical thread i admits request i of `requests` (count entries) on
-/// queues[requests[i].queue_index]. Trivially copyable (passed by value to the GPU); every
-/// pointer must be reachable by the threads that run it (accel::kKernelReachable memory).
-/// Every lane of a warp runs the warp-collective steps, also lanes past `count` (with no request).
+/// queues[requests[i].queue_index] and writes reports[i]. Trivially copyable (passed by value to
+/// the GPU); every pointer must be reachable by the threads that run it: `requests`, their
+/// records and `reports` in device memory (accel::allocate_device), `queues` and what they point
+/// to in accel::kKernelReachable memory. Every lane of a warp runs the warp-collective steps,
+/// also lanes past `count` (with no request).
 struct AdmitKernel {
   RequestState* requests = nullptr;
   const DeviceQueue* queues = nullptr;
   std::uint64_t count = 0;
+  RequestReport* reports = nullptr;  ///< count entries
   TUTTI_HOST_DEVICE void operator()(accel::ThreadIndex t) const noexcept {
     const std::uint64_t i = t.global();
     RequestState* r = i < count ? &requests[i] : nullptr;
     if (r != nullptr) admit_request(*r, queues[r->queue_index]);
     detail::warp_issue_commands(r, queues);
-    if (r != nullptr) detail::finish_if_idle(*r, queues[r->queue_index]);
+    if (r != nullptr) {
+      detail::finish_if_idle(*r, queues[r->queue_index]);
+      write_report(*r, reports[i]);
+    }
   }
 };
 
 /// The progress kernel: one poll_request pass per request, with the clock read where it runs.
+/// Same memory rules as AdmitKernel.
 struct PollKernel {
   RequestState* requests = nullptr;
   const DeviceQueue* queues = nullptr;
   std::uint64_t count = 0;
+  RequestReport* reports = nullptr;  ///< count entries
   TUTTI_HOST_DEVICE void operator()(accel::ThreadIndex t) const noexcept {
     const std::uint64_t i = t.global();
     RequestState* r = i < count ? &requests[i] : nullptr;
     warp_reap(r, queues);
     if (r != nullptr) poll_request(*r, queues[r->queue_index], accel::timer_ns());
     detail::warp_issue_commands(r, queues);
-    if (r != nullptr) detail::finish_if_idle(*r, queues[r->queue_index]);
+    if (r != nullptr) {
+      detail::finish_if_idle(*r, queues[r->queue_index]);
+      write_report(*r, reports[i]);
+    }
   }
 };
 
