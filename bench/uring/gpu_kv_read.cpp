@@ -328,12 +328,19 @@ PassResult run_pread(const Settings& s, const std::vector<Unit>& order, void* de
   return r;
 }
 
-std::uint64_t parse_number(const char* flag, const char* text) {
+/// The decimal number `text` of `flag`, at most `max`; exits 2 naming the flag otherwise. strtoull
+/// alone would take "-4096" as 2^64 - 4096 (a multiple of 4096 that then wraps every size product),
+/// and a later cast to 32 bits would turn 2^32 + 2 into 2.
+std::uint64_t parse_number(const char* flag, const char* text, std::uint64_t max) {
   char* end = nullptr;
   errno = 0;
   const unsigned long long v = std::strtoull(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0') {
+  if (text[0] < '0' || text[0] > '9' || errno != 0 || end == text || *end != '\0') {
     std::fprintf(stderr, "gpu_kv_read: %s = '%s' is not a decimal number\n", flag, text);
+    std::exit(2);
+  }
+  if (v > max) {
+    std::fprintf(stderr, "gpu_kv_read: %s = %llu exceeds the limit of %llu\n", flag, v, static_cast<unsigned long long>(max));
     std::exit(2);
   }
   return v;
@@ -356,13 +363,13 @@ int main(int argc, char** argv) {
     const char* value = argv[++i];
     if (key == "--dir") s.dir = value;
     else if (key == "--json") s.json = value;
-    else if (key == "--layers") s.layers = parse_number("--layers", value);
-    else if (key == "--tensors-per-layer") s.tensors_per_layer = parse_number("--tensors-per-layer", value);
-    else if (key == "--tensor-bytes") s.tensor_bytes = parse_number("--tensor-bytes", value);
-    else if (key == "--block-bytes") s.block_bytes = parse_number("--block-bytes", value);
-    else if (key == "--queue-depth") s.queue_depth = static_cast<std::uint32_t>(parse_number("--queue-depth", value));
-    else if (key == "--cufile-threads") s.cufile_threads = static_cast<std::uint32_t>(parse_number("--cufile-threads", value));
-    else if (key == "--pass-seconds") s.pass_seconds = static_cast<double>(parse_number("--pass-seconds", value));
+    else if (key == "--layers") s.layers = parse_number("--layers", value, 1000);
+    else if (key == "--tensors-per-layer") s.tensors_per_layer = parse_number("--tensors-per-layer", value, std::uint64_t{1} << 20);
+    else if (key == "--tensor-bytes") s.tensor_bytes = parse_number("--tensor-bytes", value, std::uint64_t{1} << 30);
+    else if (key == "--block-bytes") s.block_bytes = parse_number("--block-bytes", value, std::uint64_t{1} << 30);
+    else if (key == "--queue-depth") s.queue_depth = static_cast<std::uint32_t>(parse_number("--queue-depth", value, 32768));
+    else if (key == "--cufile-threads") s.cufile_threads = static_cast<std::uint32_t>(parse_number("--cufile-threads", value, 256));
+    else if (key == "--pass-seconds") s.pass_seconds = static_cast<double>(parse_number("--pass-seconds", value, 86400));
     else {
       std::fprintf(stderr, "gpu_kv_read: unknown flag %s\n", key.c_str());
       return 2;
@@ -378,6 +385,12 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // The working set lives in host memory (contents, verification copy) and in one cudaMalloc.
+  if (s.total_bytes() > (std::uint64_t{1} << 40)) {
+    std::fprintf(stderr, "gpu_kv_read: the working set (--layers x --tensors-per-layer x --tensor-bytes = %llu bytes) exceeds "
+                 "the limit of 1 TiB\n", static_cast<unsigned long long>(s.total_bytes()));
+    return 2;
+  }
   const auto contents = make_contents(s.total_bytes());
   write_files(s, contents);
   std::vector<char> host(s.total_bytes());
