@@ -392,7 +392,7 @@ TEST_CASE("the caller's stream carries the batch copies and kernels; the batch p
   {
     Path::Options o;
     o.queue_pairs = 4;
-    o.stream = stream;
+    o.stream = accel::StreamRef::from_cuda(stream);
     o.max_batches_in_flight = 2;
     Rig rig(o);
     const std::uint64_t blocks = 1024;  // 4 MiB file, extents of 8 blocks in reverse order

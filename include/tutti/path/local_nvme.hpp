@@ -79,6 +79,7 @@
 #include <tutti/accel/memory.hpp>
 #include <tutti/accel/placement.hpp>
 #include <tutti/accel/primitives.hpp>
+#include <tutti/accel/stream.hpp>
 #include <tutti/bind/extents.hpp>
 #include <tutti/core/concepts.hpp>
 #include <tutti/core/io.hpp>
@@ -135,9 +136,10 @@ class DataPath {
     std::uint32_t threads_per_block = kDefaultThreadsPerBlock;
     /// Largest command in bytes (0: the controller's MDTS, or 65536 LBAs when it reports none).
     std::uint64_t max_command_bytes = 0;
-    /// CUDA profile: the stream (a cudaStream_t) the submit and poll kernels are launched on and
-    /// waited for; nullptr: the default stream. Host profile: ignored.
-    void* stream = nullptr;
+    /// CUDA profile: the caller's stream (accel::StreamRef::from_cuda) the batch copies and the
+    /// submit and poll kernels are enqueued on and waited for; no stream set: the legacy default
+    /// stream. Host profile: ignored. The same type orders the uring DataPath's staging copies.
+    accel::StreamRef stream{};
     /// Batches (submit results) alive at once (1..kMaxBatchesInFlightLimit): the size of the pool
     /// of batch state (request states, command records: kernel-reachable memory) that submits
     /// reuse. A submit while this many batches are alive rejects every request with
@@ -629,7 +631,7 @@ class DataPath {
         slot.mappings[i] = p.memory->mapping;
       }
     }
-    void* stream = state_->options.stream;
+    void* stream = state_->options.stream.native_handle();
     std::shared_lock gate(state_->kernel_gate);  // no zombie reaping while this batch's kernel may run
     // ONE copy of the staged batch, ONE launch, ONE copy of the reports back, all on the stream,
     // then ONE bounded wait.
@@ -683,7 +685,7 @@ class DataPath {
     const std::uint64_t deadline = accel::deadline_after(timeout_ns);
     BatchSlot& slot = *b.slot;
     const std::size_t n = slot.size;
-    void* stream = state_->options.stream;
+    void* stream = state_->options.stream.native_handle();
     auto* device_requests = static_cast<RequestState*>(slot.device_requests.data());
     auto* device_reports = static_cast<RequestReport*>(slot.device_reports.data());
     accel::Backoff backoff;
@@ -744,7 +746,7 @@ class DataPath {
   Status launch_over(std::size_t n, const Kernel& kernel) {
     if (n == 0) return Status::ok();
     const std::uint32_t tpb = state_->options.threads_per_block;
-    const accel::LaunchConfig config{static_cast<std::uint32_t>((n + tpb - 1) / tpb), tpb, state_->options.stream};
+    const accel::LaunchConfig config{static_cast<std::uint32_t>((n + tpb - 1) / tpb), tpb, state_->options.stream.native_handle()};
     return accel::launch(config, kernel);
   }
 
@@ -753,7 +755,7 @@ class DataPath {
   Status copy_records_back(BatchSlot& slot, std::size_t i) {
     const std::uint32_t window = state_->options.request_window;
     const auto* device_records = static_cast<const CommandRecord*>(slot.device_records.data());
-    void* stream = state_->options.stream;
+    void* stream = state_->options.stream.native_handle();
     TUTTI_RETURN_IF_ERROR(accel::copy_from_device_async(slot.records_copy.data(), device_records + i * window,
                                                         window * sizeof(CommandRecord), stream)
                               .with_context("local_nvme: command records"));
