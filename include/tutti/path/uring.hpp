@@ -39,7 +39,7 @@
 //  - FLUSH is IORING_OP_FSYNC with IORING_FSYNC_DATASYNC (fdatasync: data and the metadata needed to
 //    read it back). close() of a target opened with flush_on_close runs the same FLUSH through the ring
 //    and waits at most Options::close_flush_timeout_ns; on timeout it returns TIMEOUT and keeps the
-//    target open (call close() again to keep waiting).
+//    target open (call close() again to keep waiting; WRITEs submitted meanwhile get a second FLUSH).
 //  - DEVICE memory (CUDA profile) may be fenced on a caller's stream (set_completion_stream): staged
 //    copies wait for work the caller queued on that stream before the submit, and work it queues
 //    after progress() returned OK is ordered after the bytes landed.
@@ -219,6 +219,11 @@ class DataPath {
     /// instead leaves the flush to finish in the kernel.
     std::shared_ptr<BatchState> pending_close_flush;
     RequestCompletion close_flush_completion{};
+    /// WRITE requests submitted on this target so far (a counter, never decremented).
+    std::unique_ptr<std::atomic<std::uint64_t>> writes_submitted = std::make_unique<std::atomic<std::uint64_t>>(0);
+    /// writes_submitted when pending_close_flush was submitted: a WRITE submitted after a close()
+    /// returned TIMEOUT is not covered by that flush, so the next close() flushes again.
+    std::uint64_t close_flush_writes = 0;
   };
 
   /// The caller's stream a DEVICE registration is fenced on (set_completion_stream); shared with the
@@ -355,8 +360,9 @@ class DataPath {
   /// closes its descriptors. The flush is waited for at most Options::close_flush_timeout_ns.
   /// Errors: BUSY while other commands on the target are in flight (nothing released);
   /// TIMEOUT when the flush did not complete in the budget: nothing is released, the flush stays in
-  /// flight, and the next close() keeps waiting for it (durability is not confirmed until a close()
-  /// returns OK or the flush's error); RESOURCE_EXHAUSTED when the in-flight budget has no room for
+  /// flight, and the next close() keeps waiting for it, then flushes again when WRITEs were submitted
+  /// on the target after that flush (durability is not confirmed until a close() returns OK or the
+  /// flush's error); RESOURCE_EXHAUSTED when the in-flight budget has no room for
   /// the flush (nothing released; retry); the flush's own error (DEVICE_ERROR ... with errno text),
   /// after which the target is released anyway.
   /// Thread-safety: one close() per target at a time.
@@ -372,6 +378,7 @@ class DataPath {
         if (!accepted.is_ok()) return accepted.with_context(fmt::format("FLUSH (fdatasync) of '{}' on close", target.file.path));
         target.pending_close_flush = std::move(state);
         target.close_flush_completion = {};
+        target.close_flush_writes = target.writes_submitted->load();
       }
     }
     Status out;
@@ -381,10 +388,13 @@ class DataPath {
       if (!waited.is_ok())
         return error(StatusCode::TIMEOUT,
                      "FLUSH (fdatasync) of '{}' on close did not complete within close_flush_timeout_ns = {} ns; the "
-                     "target stays open with the flush in flight: call close() again to keep waiting",
-                     target.file.path, options().close_flush_timeout_ns);
+                     "target stays open with the flush in flight: call close() again to keep waiting ({})",
+                     target.file.path, options().close_flush_timeout_ns, waited.to_string());
       out = target.close_flush_completion.status;
       target.pending_close_flush.reset();
+      // WRITEs submitted after that flush (between a TIMEOUT and this call) are not covered by it:
+      // flush again, under a fresh budget, before reporting the target durable.
+      if (out.is_ok() && target.writes_submitted->load() != target.close_flush_writes) return close(target);
     }
     if (engine_) engine_->unregister_file(target);
     target.file.tail_fd.reset();
@@ -854,6 +864,7 @@ class DataPath {
         rs.path = &r.target->file.path;
         rs.target_in_flight = r.target->in_flight.get();
         rs.target_in_flight->fetch_add(1);
+        if (r.direction == Direction::WRITE) r.target->writes_submitted->fetch_add(1);
       }
       if (r.memory) {
         rs.memory_in_flight = r.memory->in_flight.get();
