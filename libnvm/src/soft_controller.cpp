@@ -148,6 +148,13 @@ class BusSpace {
     if (start + length < start)
       return error(StatusCode::INVALID_ARGUMENT, "{}: {} = {:#x} + length = {} wraps around the address space", what, address_name,
                    start, length);
+    // The length cannot be checked against the memory behind the address, but a region larger than
+    // any allocation accel/ hands out is a caller's bug (a negative length cast to size_t, a size in
+    // the wrong unit); accepting it would build a page table of length / 4096 entries and let commands
+    // DMA past the real allocation.
+    if (length > accel::kMaxAllocationBytes)
+      return error(StatusCode::INVALID_ARGUMENT, "{}: length = {} exceeds the limit of {} bytes per mapping", what, length,
+                   accel::kMaxAllocationBytes);
     std::unique_lock lock(mutex);
     auto next = host_ranges_.lower_bound(start);
     if ((next != host_ranges_.end() && next->first < start + length) ||

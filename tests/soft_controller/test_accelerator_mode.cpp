@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <vector>
 
+#include <fmt/format.h>
 #include <tutti/accel/memory.hpp>
 
 #include "soft_fixture.hpp"
@@ -305,6 +306,14 @@ TEST_CASE("accelerator mode: map_device validates its arguments; unmap returns N
   CHECK(misaligned.code() == StatusCode::INVALID_ARGUMENT);
   CHECK(misaligned.status().message().find("device_address") != std::string::npos);
   CHECK(f.controller->dma_map_device(base, 4096 + 512).code() == StatusCode::INVALID_ARGUMENT);
+  // A length far past any allocation (a negative size cast to size_t, a wrong unit) is refused by
+  // name and limit instead of mapped: commands could otherwise DMA past the real buffer.
+  const std::size_t huge = accel::kMaxAllocationBytes + 4096;
+  auto too_long = f.controller->dma_map_device(base, huge);
+  CHECK(too_long.code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(too_long.status().message().find(fmt::format("length = {}", huge)) != std::string::npos);
+  CHECK(too_long.status().message().find(fmt::format("{}", accel::kMaxAllocationBytes)) != std::string::npos);
+  CHECK(f.controller->dma_map(base, huge).code() == StatusCode::INVALID_ARGUMENT);
   auto mapped = f.controller->dma_map_device(base, 8192);
   REQUIRE(mapped.is_ok());
   CHECK(f.controller->dma_map_device(base + 4096, 8192).code() == StatusCode::INVALID_ARGUMENT);  // overlaps

@@ -170,8 +170,8 @@ class SoftController {
   std::size_t bar0_size() const noexcept;
 
   /// DMA-maps host memory (the IOMMU rule). host_address and length multiples of 4096.
-  /// Errors: INVALID_ARGUMENT (null, 0, misaligned, overlaps an existing mapping),
-  /// RESOURCE_EXHAUSTED (bus space exhausted).
+  /// Errors: INVALID_ARGUMENT (null, 0, misaligned, above accel::kMaxAllocationBytes (1 TiB),
+  /// overlaps an existing mapping), RESOURCE_EXHAUSTED (bus space exhausted).
   Result<DmaMapping> map(void* host_address, std::size_t length);
   /// DMA-maps accelerator (GPU) memory, e.g. from accel::allocate_device / cudaMalloc, as a region
   /// of kind device (DmaMapping::memory_kind == DmaMemoryKind::device): [device_address,
@@ -179,8 +179,9 @@ class SoftController {
   /// pointing into it are decoded exactly as for host memory and the IOMMU rule (dma_faults)
   /// applies; Reads and Writes move the data through the worker's bounce buffer with
   /// accel::copy_to_device / copy_from_device. The memory must stay allocated until unmap.
-  /// Errors: UNSUPPORTED (accelerator_mode is false), INVALID_ARGUMENT (null, 0, misaligned,
-  /// overlaps an existing mapping), RESOURCE_EXHAUSTED (bus space exhausted).
+  /// Errors: UNSUPPORTED (accelerator_mode is false), INVALID_ARGUMENT (null, 0, misaligned, above
+  /// accel::kMaxAllocationBytes (1 TiB), overlaps an existing mapping), RESOURCE_EXHAUSTED (bus
+  /// space exhausted).
   Result<DmaMapping> map_device(void* device_address, std::size_t length);
   /// Unmaps a region of either kind (and frees memory from allocate_dma_buffer). Waits for
   /// transfers in progress on the region to finish. Errors: NOT_FOUND, BUSY (an admin or I/O
