@@ -42,6 +42,9 @@
 
 #include <tutti/presets/uring.hpp>
 
+#include "../support/decimal_flag.hpp"
+#include "../support/uring_device_staging.hpp"
+
 #if defined(TUTTI_HAVE_CUFILE)
 #include "cufile_reader.hpp"
 #endif
@@ -184,14 +187,7 @@ PassResult run_uring(const Settings& s, const std::vector<Unit>& order, void* de
   PassResult r;
   r.method = "uring";
   const std::uint64_t unit = order.front().bytes;
-  tutti::uring::Options options;
-  options.queue_depth = s.queue_depth;
-  options.staging_buffer_bytes = std::max<std::uint64_t>(unit, 256 << 10);
-  options.staging_buffers = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((64u << 20) / options.staging_buffer_bytes, 8, 256));
-  if (unit < options.staging_buffer_bytes) {  // small blocks: one buffer per block, many of them
-    options.staging_buffer_bytes = unit;
-    options.staging_buffers = 256;
-  }
+  const tutti::uring::Options options = tutti::bench::uring_device_read_options(unit, s.queue_depth);
   tutti::UringRuntime runtime(tutti::UringBackend{tutti::file::Resolver{}, tutti::uring::DataPath(options)});
   std::vector<tutti::TargetHandle> targets;
   for (std::uint64_t l = 0; l < s.layers; ++l) {
@@ -332,18 +328,7 @@ PassResult run_pread(const Settings& s, const std::vector<Unit>& order, void* de
 /// alone would take "-4096" as 2^64 - 4096 (a multiple of 4096 that then wraps every size product),
 /// and a later cast to 32 bits would turn 2^32 + 2 into 2.
 std::uint64_t parse_number(const char* flag, const char* text, std::uint64_t max) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long v = std::strtoull(text, &end, 10);
-  if (text[0] < '0' || text[0] > '9' || errno != 0 || end == text || *end != '\0') {
-    std::fprintf(stderr, "gpu_kv_read: %s = '%s' is not a decimal number\n", flag, text);
-    std::exit(2);
-  }
-  if (v > max) {
-    std::fprintf(stderr, "gpu_kv_read: %s = %llu exceeds the limit of %llu\n", flag, v, static_cast<unsigned long long>(max));
-    std::exit(2);
-  }
-  return v;
+  return tutti::bench::parse_decimal_flag("gpu_kv_read", flag, text, max);
 }
 
 }  // namespace
