@@ -406,9 +406,9 @@ class DataPath {
   /// every request submitted afterwards with this memory records an event on `stream` at submit;
   /// its staging copies wait for that event (work queued on `stream` before the submit, such as a
   /// kernel still reading the old contents or producing the data of a WRITE, comes first), and
-  /// `stream` waits for each copy's event (work queued on it after progress() returned OK, or even
-  /// before, is ordered after the bytes landed in device memory, or, for a WRITE, after they were
-  /// read out of it). Completion is still reported only once the copies finished. A default
+  /// `stream` waits for each copy's event from the moment progress() issues that copy (so work queued
+  /// on it after progress() returned OK is ordered after the bytes landed in device memory, or, for
+  /// a WRITE, after they were read out of it; work queued before a copy was issued is not). Completion is still reported only once the copies finished. A default
   /// StreamRef removes the fence. Requests already submitted keep what they had. The stream must stay
   /// alive while requests fenced on it are in flight.
   /// Errors: INVALID_ARGUMENT for HOST / PINNED_HOST memory (it is read and written by the kernel
@@ -433,10 +433,12 @@ class DataPath {
 
   /// The same for every DEVICE registration of this DataPath whose region starts at `address`, for
   /// callers that hold only the runtime's handle (runtime.datapath().set_completion_stream(ptr, s)).
-  /// Errors: NOT_FOUND when no DEVICE region registered here starts at `address`; UNSUPPORTED in the
+  /// Errors: NOT_FOUND when no DEVICE region registered here starts at `address` (or the DataPath was
+  /// moved from); UNSUPPORTED in the
   /// host profile. Thread-safety: as above.
   Status set_completion_stream(const void* address, accel::StreamRef stream) {
 #if defined(TUTTI_ACCELERATOR_CUDA)
+    if (!engine_) return error(StatusCode::NOT_FOUND, "set_completion_stream: this DataPath was moved from");
     std::size_t found = 0;
     {
       std::scoped_lock lock(engine_->device_regions_mutex);
@@ -1069,13 +1071,18 @@ class DataPath {
       if (c.staging_slot >= 0) {
         std::scoped_lock lock(staging_mutex);
         if (c.direction == Direction::READ) {
-          Status s = staging->copy_to_device(c.staging_slot, c.device_address, c.chunk_bytes, c.fence);
-          if (s.is_ok()) {
+          auto started = staging->copy_to_device(c.staging_slot, c.device_address, c.chunk_bytes, c.fence);
+          if (!started.status.is_ok()) fail(c, started.status.with_context(describe(c)));
+          if (started.in_flight) {  // the slot stays ours until the copy is seen done, even when it failed
             c.stage = Stage::COPY;
             copying.push_back(&c);
             return;
           }
-          fail(c, s.with_context(describe(c)));
+          if (started.abandoned) {  // queued but unobservable: the ring retired the slot
+            c.staging_slot = -1;
+            finish(c, retired);
+            return;
+          }
         }
         staging->release(c.staging_slot);
         c.staging_slot = -1;
@@ -1164,15 +1171,15 @@ class DataPath {
             to_disk.push_back(&c);
             continue;
           }
-          Status s = staging->copy_to_host(slot, c.device_address, c.chunk_bytes, c.fence);
-          if (!s.is_ok()) {
-            fail(c, s.with_context(describe(c)));
-            staging->release(slot);
+          auto started = staging->copy_to_host(slot, c.device_address, c.chunk_bytes, c.fence);
+          if (!started.status.is_ok()) fail(c, started.status.with_context(describe(c)));
+          if (!started.in_flight) {  // nothing queued (slot free again), or queued unobservably (slot retired)
+            if (!started.abandoned) staging->release(slot);
             c.staging_slot = -1;
             finish(c, retired);
             continue;
           }
-          c.stage = Stage::COPY;
+          c.stage = Stage::COPY;  // the slot stays ours until the copy is seen done, even when it failed
           copying.push_back(&c);
         }
         pending = !copying.empty() || !staging_queue.empty();

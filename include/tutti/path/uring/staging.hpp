@@ -122,18 +122,31 @@ class StagingRing {
   void release(int slot) { free_.push_back(slot); }
   std::byte* buffer(int slot) const noexcept { return buffers_[static_cast<std::size_t>(slot)]; }
 
+  /// What starting a copy reports. `status` is OK or the CUDA error. `in_flight`: the copy is queued
+  /// and tracked by the slot's event whatever `status` says (a failed fence on the caller's stream
+  /// comes after the copy was queued): the caller keeps the slot until copy_done says true, so no
+  /// other request reuses a buffer a copy still reads or writes. `abandoned`: the copy was queued but
+  /// its event could not be recorded, so its end cannot be observed: the slot is retired for good
+  /// (never handed out again) rather than risk reuse under a running copy.
+  struct CopyStart {
+    Status status;
+    bool in_flight = false;
+    bool abandoned = false;
+  };
   /// Starts copying `bytes` from the slot's buffer to `device_destination` and records the slot's
   /// event. With a fence: the copy first waits for the fence's entry event, and the caller's stream
   /// then waits for the slot's event (see StreamFence). Note the ring's stream is in order, so a
   /// fenced copy also holds back the copies queued after it.
-  Status copy_to_device(int slot, void* device_destination, std::uint64_t bytes, const StreamFence* fence = nullptr) {
+  CopyStart copy_to_device(int slot, void* device_destination, std::uint64_t bytes, const StreamFence* fence = nullptr) {
     return copy(slot, device_destination, buffer(slot), bytes, cudaMemcpyHostToDevice, fence);
   }
   /// Starts copying `bytes` from `device_source` into the slot's buffer and records the slot's event,
   /// fenced like copy_to_device.
-  Status copy_to_host(int slot, const void* device_source, std::uint64_t bytes, const StreamFence* fence = nullptr) {
+  CopyStart copy_to_host(int slot, const void* device_source, std::uint64_t bytes, const StreamFence* fence = nullptr) {
     return copy(slot, buffer(slot), device_source, bytes, cudaMemcpyDeviceToHost, fence);
   }
+  /// Slots retired by an abandoned copy (see CopyStart); the ring has that many fewer buffers.
+  std::size_t abandoned_slots() const noexcept { return abandoned_; }
   /// Whether the slot's last copy finished (cudaEventQuery; never blocks): true, false, or the CUDA error.
   Result<bool> copy_done(int slot) const {
     const cudaError_t code = cudaEventQuery(events_[static_cast<std::size_t>(slot)]);
@@ -144,17 +157,25 @@ class StagingRing {
 
  private:
   StagingRing() = default;
-  Status copy(int slot, void* destination, const void* source, std::uint64_t bytes, cudaMemcpyKind kind,
-              const StreamFence* fence) {
+  CopyStart copy(int slot, void* destination, const void* source, std::uint64_t bytes, cudaMemcpyKind kind,
+                 const StreamFence* fence) {
     cudaEvent_t done = events_[static_cast<std::size_t>(slot)];
     // Work the caller queued on its stream before the submit comes first (read-after-write and
     // write-after-read on the device memory).
-    if (fence) TUTTI_RETURN_IF_ERROR(cuda_status(cudaStreamWaitEvent(stream_, fence->entry(), 0), "cudaStreamWaitEvent (entry fence)"));
-    TUTTI_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(destination, source, bytes, kind, stream_), "cudaMemcpyAsync"));
-    TUTTI_RETURN_IF_ERROR(cuda_status(cudaEventRecord(done, stream_), "cudaEventRecord"));
+    if (fence) {
+      if (Status s = cuda_status(cudaStreamWaitEvent(stream_, fence->entry(), 0), "cudaStreamWaitEvent (entry fence)");
+          !s.is_ok())
+        return {std::move(s)};  // nothing queued
+    }
+    if (Status s = cuda_status(cudaMemcpyAsync(destination, source, bytes, kind, stream_), "cudaMemcpyAsync"); !s.is_ok())
+      return {std::move(s)};  // nothing queued
+    if (Status s = cuda_status(cudaEventRecord(done, stream_), "cudaEventRecord"); !s.is_ok()) {
+      ++abandoned_;  // the copy is queued but cannot be observed: never reuse this buffer
+      return {s.with_context("the copy was queued and may still run; staging buffer retired"), false, true};
+    }
     // Work the caller queues on its stream from now on comes after this copy.
-    if (fence) return cuda_status(cudaStreamWaitEvent(fence->caller(), done, 0), "cudaStreamWaitEvent (caller's stream)");
-    return Status::ok();
+    if (fence) return {cuda_status(cudaStreamWaitEvent(fence->caller(), done, 0), "cudaStreamWaitEvent (caller's stream)"), true};
+    return {Status::ok(), true};
   }
   int device_ = 0;
   std::uint64_t buffer_bytes_ = 0;
@@ -162,6 +183,7 @@ class StagingRing {
   std::vector<std::byte*> buffers_;
   std::vector<cudaEvent_t> events_;
   std::vector<int> free_;
+  std::size_t abandoned_ = 0;
 };
 
 }  // namespace tutti::uring::detail
