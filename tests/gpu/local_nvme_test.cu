@@ -12,6 +12,8 @@
 //   - a stream the caller creates (Options::stream) carrying the staged-batch copy, the kernels
 //     and the report copies; the batch pool's backpressure (RESOURCE_EXHAUSTED naming
 //     max_batches_in_flight) and 256 submits reusing one pool slot, every byte verified.
+//   - the target handle cache: 12 targets through 4 L1 entries in rotating order (hit, miss and
+//     eviction counters checked), pinned entries forcing a read from the L2 (mapped) copy, close.
 // The soft controller emulates the device: figures from here say nothing about an SSD.
 #include <fcntl.h>
 #include <unistd.h>
@@ -449,6 +451,98 @@ TEST_CASE("the caller's stream carries the batch copies and kernels; the batch p
     CHECK(rig.path->batch_slots_allocated() == 2);
     CHECK(memory.read(0, blocks * 4096) == rig.expected(extents, 0, blocks * 4096));
     CHECK(cudaStreamQuery(stream) == cudaSuccess);  // nothing left on the caller's stream
+    CHECK(rig.path->unregister_memory(registration).is_ok());
+  }
+  CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
+TEST_CASE("the target handle cache: more targets than L1 holds, read in rotating order on the GPU, byte for byte") {
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  {
+    Path::Options o;
+    o.queue_pairs = 4;
+    o.stream = accel::StreamRef::from_cuda(stream);
+    o.device_target_cache_entries = 4;
+    Rig rig(o);
+    // 12 targets of 64 blocks (256 KiB), each 16 extents of 4 blocks in reverse order at its own
+    // place on the namespace, so a handle resolved against the wrong extents reads wrong bytes.
+    constexpr std::size_t kTargets = 12;
+    constexpr std::uint64_t kBlocks = 64, kRun = 4, kBytes = kBlocks * 4096;
+    std::vector<std::vector<local_file::Extent>> extents(kTargets);
+    std::vector<Path::open_target> targets;
+    for (std::size_t k = 0; k < kTargets; ++k) {
+      for (std::uint64_t b = 0; b < kBlocks; b += kRun)
+        extents[k].push_back({b * 4096, (k + 1) * (2 << 20) + k * 4096 + (kBlocks - b - kRun) * 4096, kRun * 4096});
+      targets.push_back(rig.open(extents[k], kBytes));
+    }
+    CHECK(rig.path->target_cache_statistics().host_bytes == kTargets * 16 * sizeof(local_file::Extent));
+    DeviceMemory memory(kTargets * kBytes);
+    auto registration = rig.map(memory);
+    // One batch reads target k whole, as 16 requests of 16 KiB (one lookup per distinct target).
+    auto read_target = [&](std::size_t k) {
+      std::vector<PathRequest<Path>> rs;
+      for (std::uint64_t i = 0; i < 16; ++i)
+        rs.push_back(rig.request(Direction::READ, registration, memory, k * kBytes + i * 16384, targets[k], i * 16384, 16384));
+      auto [states, completions] = rig.run(rs);
+      check_all_ok(states, completions, std::vector<std::uint64_t>(16, 16384));
+    };
+    auto check_bytes = [&](std::size_t k) {
+      INFO("target ", k);
+      CHECK(memory.read(k * kBytes, kBytes) == rig.expected(extents[k], 0, kBytes));
+    };
+    // Rotating order over 12 targets through 4 LRU entries: every lookup misses; after the first
+    // 4, every miss evicts the least recently used entry.
+    for (int round = 0; round < 3; ++round) {
+      for (std::size_t k = 0; k < kTargets; ++k) {
+        std::vector<std::uint8_t> fill(kBytes, static_cast<std::uint8_t>(0x11 * (round + 1)));
+        memory.write(k * kBytes, fill);  // stale bytes from the last round cannot pass
+        read_target(k);
+        check_bytes(k);
+      }
+    }
+    auto s = rig.path->target_cache_statistics();
+    CHECK(s.hits == 0);
+    CHECK(s.misses == 3 * kTargets);
+    CHECK(s.evictions == 3 * kTargets - 4);
+    CHECK(s.fallbacks == 0);
+    CHECK(s.resident == 4);
+    CHECK(s.pinned == 0);
+    // The last four are resident: reading them again (most recent first) hits, bytes still right.
+    for (std::size_t k : {11, 10, 9, 8}) {
+      memory.write(k * kBytes, std::vector<std::uint8_t>(kBytes, 0x77));
+      read_target(k);
+      check_bytes(k);
+    }
+    s = rig.path->target_cache_statistics();
+    CHECK(s.hits == 4);
+    CHECK(s.misses == 3 * kTargets);
+    // A live batch pins all four entries: a fifth target cannot evict them and is read from its L2
+    // (mapped pinned host) copy by the GPU, byte for byte.
+    std::vector<PathRequest<Path>> pinning;
+    for (std::size_t k : {8, 9, 10, 11}) pinning.push_back(rig.request(Direction::READ, registration, memory, k * kBytes, targets[k], 0, 4096));
+    std::vector<Status> pin_states(pinning.size());
+    std::optional<Path::batch> live(rig.path->submit(pinning, pin_states));
+    std::vector<RequestCompletion> pin_completions(pinning.size());
+    REQUIRE(rig.path->progress(*live, pin_completions, 60 * kSecond).is_ok());
+    check_all_ok(pin_states, pin_completions, std::vector<std::uint64_t>(pinning.size(), 4096));
+    CHECK(rig.path->target_cache_statistics().pinned == 4);
+    memory.write(0, std::vector<std::uint8_t>(kBytes, 0x55));
+    read_target(0);
+    check_bytes(0);
+    s = rig.path->target_cache_statistics();
+    CHECK(s.hits == 8);
+    CHECK(s.misses == 3 * kTargets + 1);
+    CHECK(s.evictions == 3 * kTargets - 4);
+    CHECK(s.fallbacks == 1);
+    live.reset();
+    CHECK(rig.path->target_cache_statistics().pinned == 0);
+    // Close of a resident target drops its entry; its L2 room returns.
+    CHECK(rig.path->close(targets[11]).is_ok());
+    s = rig.path->target_cache_statistics();
+    CHECK(s.resident == 3);
+    CHECK(s.host_bytes == (kTargets - 1) * 16 * sizeof(local_file::Extent));
+    CHECK(cudaStreamQuery(stream) == cudaSuccess);
     CHECK(rig.path->unregister_memory(registration).is_ok());
   }
   CHECK(cudaStreamDestroy(stream) == cudaSuccess);

@@ -299,3 +299,52 @@ TEST_CASE("a 1 GiB sparse-then-filled file reads through NVMe with large request
   CHECK(rt.close(*t).is_ok());
   CHECK(rt.unregister_memory(*m).is_ok());
 }
+
+TEST_CASE("more files than the target handle cache's L1 holds read in rotating order, byte for byte, never re-resolved") {
+  auto fs = make_ext4();
+  constexpr int kFiles = 10;
+  std::vector<std::string> paths;
+  for (int i = 0; i < kFiles; ++i) paths.push_back(fs->path(fmt::format("layer{}", i)));
+  for (int chunk = 0; chunk < 16; ++chunk)  // interleaved appends: every file has many extents
+    for (int i = 0; i < kFiles; ++i) tutti::testing::append_pattern(paths[i], 500 + i, std::uint64_t(chunk) * 8192, 8192);
+  local_nvme::DataPath::Options o;
+  o.device_target_cache_entries = 3;
+  auto stack = make_stack(*fs, 4096, o);
+  auto& rt = *stack->runtime;
+  Buffer buffer(128 << 10);
+  auto m = rt.register_memory({buffer.data, buffer.size, MemoryKind::HOST, -1});
+  REQUIRE(m.is_ok());
+  std::vector<TargetHandle> targets;
+  for (const auto& path : paths) {
+    auto t = rt.open("file://" + path);
+    REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
+    targets.push_back(*t);
+  }
+  const auto before = rt.datapath().target_cache_statistics();
+  CHECK(before.hits + before.misses + before.fallbacks == 0);
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < kFiles; ++i) {
+      std::memset(buffer.data, 0xEE, buffer.size);
+      const std::uint64_t size = tutti::testing::file_size(paths[i]);
+      REQUIRE(size == 16 * 8192);
+      CHECK(nvme_read(rt, targets[i], *m, buffer, 0, size) == tutti::testing::read_file(paths[i], 0, size));
+    }
+  }
+  auto s = rt.datapath().target_cache_statistics();
+  CHECK(s.hits == 0);  // 10 files through 3 LRU entries in rotating order: every lookup misses
+  CHECK(s.misses == 3 * kFiles);
+  CHECK(s.evictions == 3 * kFiles - 3);
+  CHECK(s.fallbacks == 0);
+  CHECK(s.resident == 3);
+  // The three most recent files are resident: reading them again hits.
+  for (int i : {9, 8, 7}) {
+    const std::uint64_t size = tutti::testing::file_size(paths[i]);
+    CHECK(nvme_read(rt, targets[i], *m, buffer, 0, size) == tutti::testing::read_file(paths[i], 0, size));
+  }
+  CHECK(rt.datapath().target_cache_statistics().hits == 3);
+  for (auto t : targets) CHECK(rt.close(t).is_ok());
+  s = rt.datapath().target_cache_statistics();
+  CHECK(s.resident == 0);
+  CHECK(s.host_bytes == 0);
+  CHECK(rt.unregister_memory(*m).is_ok());
+}

@@ -1,7 +1,8 @@
 // local_nvme Path against a soft controller backed by a plain file, with hand-built extents
 // (no root needed): splitting at extents and MDTS, prebuilt PRP lists (both variants, scattered
 // bus pages), writes, flush, injected NVMe errors, lost completions (TIMEOUT + Abort), zombie
-// commands keeping memory mapped, backpressure, concurrent submitters, null mode, defaults.
+// commands keeping memory mapped, backpressure, concurrent submitters, null mode, defaults, and the
+// target handle cache (hits, misses, LRU eviction, pinning, fallbacks to L2, close, the L2 bound).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -117,6 +118,15 @@ std::vector<local_file::Extent> reversed_extents(std::uint64_t blocks, std::uint
 }
 
 /// What the file's bytes are, read from the namespace through the extents.
+/// `count` extents of `chunk` bytes each, the file's chunks stored in reverse order from
+/// `device_base` on (so a wrong extent list reads wrong bytes).
+std::vector<local_file::Extent> reversed_chunks(std::uint64_t device_base, std::uint64_t count,
+                                                std::uint64_t chunk = 16384) {
+  std::vector<local_file::Extent> out;
+  for (std::uint64_t j = 0; j < count; ++j) out.push_back({j * chunk, device_base + (count - 1 - j) * chunk, chunk});
+  return out;
+}
+
 std::vector<std::uint8_t> expected_from_extents(Rig& rig, const std::vector<local_file::Extent>& e, std::uint64_t offset,
                                                 std::uint64_t length) {
   std::vector<std::uint8_t> out;
@@ -142,6 +152,9 @@ TEST_CASE("option defaults are pinned") {
   CHECK(o.threads_per_block == 32);
   CHECK(o.max_command_bytes == 0);
   CHECK(o.max_batches_in_flight == 256);
+  CHECK(o.device_target_cache_entries == 256);
+  CHECK(o.device_target_cache_entry_extents == 256);
+  CHECK(o.host_target_cache_bytes == std::uint64_t{256} << 20);
   CHECK(Path::capabilities.offset_alignment == 4096);
   CHECK(Path::capabilities.unaligned_tail_at_end_of_target);
 }
@@ -171,6 +184,16 @@ TEST_CASE("invalid options are rejected naming the field") {
   o.max_batches_in_flight = Path::Options::kMaxBatchesInFlightLimit + 1;
   CHECK(Path::create(**c, o).code() == StatusCode::INVALID_ARGUMENT);
   CHECK(Path::Options{}.max_batches_in_flight == Path::Options::kDefaultMaxBatchesInFlight);
+  o = {};
+  o.device_target_cache_entries = Path::Options::kMaxDeviceTargetCacheEntries + 1;
+  CHECK(Path::create(**c, o).status().message().find("device_target_cache_entries = 65537 outside 0..65536") !=
+        std::string::npos);
+  o = {};
+  o.device_target_cache_entry_extents = 0;
+  CHECK(Path::create(**c, o).status().message().find("device_target_cache_entry_extents = 0") != std::string::npos);
+  o = {};
+  o.host_target_cache_bytes = 0;
+  CHECK(Path::create(**c, o).status().message().find("host_target_cache_bytes = 0") != std::string::npos);
 }
 
 TEST_CASE("a request is split at extent boundaries and at the command size limit, and reads the right bytes") {
@@ -529,4 +552,235 @@ TEST_CASE("null mode completes commands without moving data (submission cost mea
   CHECK(done[0].status.is_ok());
   CHECK(buffer.bytes()[0] == 0xEE);
   CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+// --- the target handle cache (path/local_nvme/target_cache.hpp) ---------------------------------
+
+namespace {
+
+/// One target of the cache tests: its extents (16 reversed 16 KiB chunks at its own namespace
+/// offset) and its open handle.
+struct CachedTarget {
+  std::vector<local_file::Extent> extents;
+  std::uint64_t size = 0;
+  Path::open_target open;
+};
+
+std::vector<CachedTarget> open_cached_targets(Rig& rig, std::size_t count, std::uint64_t chunks = 16) {
+  std::vector<CachedTarget> out;
+  for (std::size_t k = 0; k < count; ++k) {
+    CachedTarget t;
+    t.extents = reversed_chunks((k + 1) * (1 << 20) + 8192 * k, chunks);
+    t.size = chunks * 16384;
+    t.open = rig.open(t.extents, t.size);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+/// Reads the whole target in one request (one submit, batch destroyed after it) and checks every byte.
+void read_whole_and_verify(Rig& rig, CachedTarget& t) {
+  Buffer buffer(t.size);
+  auto m = rig.map(buffer);
+  auto [states, completions] = rig.run({rig.request(Direction::READ, m, buffer, 0, t.open, 0, t.size)});
+  REQUIRE_MESSAGE(states[0].is_ok(), states[0].to_string());
+  REQUIRE_MESSAGE(completions[0].status.is_ok(), completions[0].status.to_string());
+  CHECK(completions[0].confirmed_bytes == t.size);
+  const auto expected = expected_from_extents(rig, t.extents, 0, t.size);
+  CHECK(std::memcmp(buffer.data, expected.data(), t.size) == 0);
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+/// (hits, misses, evictions, fallbacks, resident, pinned) of the Path's target cache.
+std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t, std::uint32_t, std::uint32_t> cache_counters(Rig& rig) {
+  const auto s = rig.path->target_cache_statistics();
+  return {s.hits, s.misses, s.evictions, s.fallbacks, s.resident, s.pinned};
+}
+using Counters = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t, std::uint32_t, std::uint32_t>;
+
+}  // namespace
+
+TEST_CASE("target cache: misses fill L1, hits reuse it, the least recently used target is evicted, bytes stay right") {
+  Path::Options o;
+  o.device_target_cache_entries = 3;
+  Rig rig(o);
+  auto targets = open_cached_targets(rig, 5);
+  CHECK(cache_counters(rig) == Counters{0, 0, 0, 0, 0, 0});
+  for (int k : {0, 1, 2}) read_whole_and_verify(rig, targets[k]);
+  CHECK(cache_counters(rig) == Counters{0, 3, 0, 0, 3, 0});
+  read_whole_and_verify(rig, targets[0]);  // hit: LRU order is now 1, 2, 0
+  CHECK(cache_counters(rig) == Counters{1, 3, 0, 0, 3, 0});
+  read_whole_and_verify(rig, targets[3]);  // miss: evicts 1
+  CHECK(cache_counters(rig) == Counters{1, 4, 1, 0, 3, 0});
+  read_whole_and_verify(rig, targets[0]);  // still resident
+  CHECK(cache_counters(rig) == Counters{2, 4, 1, 0, 3, 0});
+  read_whole_and_verify(rig, targets[1]);  // was evicted: miss, evicts 2 (LRU: 2, 3, 0)
+  CHECK(cache_counters(rig) == Counters{2, 5, 2, 0, 3, 0});
+  read_whole_and_verify(rig, targets[3]);  // resident
+  read_whole_and_verify(rig, targets[0]);  // resident
+  CHECK(cache_counters(rig) == Counters{4, 5, 2, 0, 3, 0});
+  read_whole_and_verify(rig, targets[2]);  // evicted before: miss, evicts 1 (LRU: 1, 3, 0)
+  read_whole_and_verify(rig, targets[1]);  // miss again, evicts 3
+  CHECK(cache_counters(rig) == Counters{4, 7, 4, 0, 3, 0});
+  // Rotating over more targets than L1 holds (LRU now 0, 2, 1): the first round hits 0, 1, 2 and
+  // misses 3, 4; from then on every lookup misses and evicts; every byte is still right.
+  for (int round = 0; round < 4; ++round)
+    for (auto& t : targets) read_whole_and_verify(rig, t);
+  const auto s = rig.path->target_cache_statistics();
+  CHECK(s.hits == 4 + 3);
+  CHECK(s.misses == 7 + 2 + 15);
+  CHECK(s.evictions == 4 + 2 + 15);
+  CHECK(s.fallbacks == 0);
+  CHECK(s.resident == 3);
+  CHECK(s.host_bytes == 5 * 16 * sizeof(local_file::Extent));
+}
+
+TEST_CASE("target cache: one lookup per distinct target per submit; a batch pins its entries until destroyed") {
+  Path::Options o;
+  o.device_target_cache_entries = 2;
+  Rig rig(o);
+  auto targets = open_cached_targets(rig, 3);
+  Buffer buffer(3 * targets[0].size);
+  auto m = rig.map(buffer);
+  // One batch, 16 requests over 2 targets (chunk by chunk): 2 lookups, both misses.
+  std::vector<PathRequest<Path>> rs;
+  for (std::uint64_t c = 0; c < 16; ++c)
+    for (int k : {0, 1})
+      rs.push_back(rig.request(Direction::READ, m, buffer, k * targets[0].size + c * 16384, targets[k].open, c * 16384, 16384));
+  std::vector<Status> states(rs.size());
+  std::optional<Path::batch> b1(rig.path->submit(rs, states));
+  for (auto& s : states) REQUIRE_MESSAGE(s.is_ok(), s.to_string());
+  CHECK(cache_counters(rig) == Counters{0, 2, 0, 0, 2, 2});
+  std::vector<RequestCompletion> c1(rs.size());
+  REQUIRE(rig.path->progress(*b1, c1, 20 * kSecond).is_ok());
+  for (auto& c : c1) CHECK(c.status.is_ok());
+  for (int k : {0, 1}) {
+    const auto expected = expected_from_extents(rig, targets[k].extents, 0, targets[k].size);
+    CHECK(std::memcmp(buffer.bytes() + k * targets[0].size, expected.data(), targets[k].size) == 0);
+  }
+  // b1 is alive (done, not destroyed): both entries stay pinned, so target 2 cannot evict them and
+  // is read from its L2 copy (a fallback), byte for byte.
+  read_whole_and_verify(rig, targets[2]);
+  CHECK(cache_counters(rig) == Counters{0, 3, 0, 1, 2, 2});
+  // A hit on a pinned entry is fine: pins are counted.
+  read_whole_and_verify(rig, targets[0]);
+  CHECK(cache_counters(rig) == Counters{1, 3, 0, 1, 2, 2});
+  b1.reset();
+  CHECK(cache_counters(rig) == Counters{1, 3, 0, 1, 2, 0});
+  read_whole_and_verify(rig, targets[2]);  // now it may evict the LRU entry (target 1)
+  CHECK(cache_counters(rig) == Counters{1, 4, 1, 1, 2, 0});
+  read_whole_and_verify(rig, targets[0]);
+  CHECK(cache_counters(rig) == Counters{2, 4, 1, 1, 2, 0});
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("target cache: a batch with more targets than L1 holds reads the rest from L2; big targets and entries = 0 too") {
+  SUBCASE("more distinct targets in one batch than entries") {
+    Path::Options o;
+    o.device_target_cache_entries = 2;
+    Rig rig(o);
+    auto targets = open_cached_targets(rig, 5);
+    Buffer buffer(5 * targets[0].size);
+    auto m = rig.map(buffer);
+    std::vector<PathRequest<Path>> rs;
+    for (std::size_t k = 0; k < targets.size(); ++k)
+      rs.push_back(rig.request(Direction::READ, m, buffer, k * targets[0].size, targets[k].open, 0, targets[k].size));
+    auto [states, completions] = rig.run(rs);
+    for (std::size_t k = 0; k < targets.size(); ++k) {
+      REQUIRE(states[k].is_ok());
+      CHECK(completions[k].status.is_ok());
+      const auto expected = expected_from_extents(rig, targets[k].extents, 0, targets[k].size);
+      CHECK(std::memcmp(buffer.bytes() + k * targets[0].size, expected.data(), targets[k].size) == 0);
+    }
+    CHECK(cache_counters(rig) == Counters{0, 5, 0, 3, 2, 0});
+    CHECK(rig.path->unregister_memory(m).is_ok());
+  }
+  SUBCASE("a target with more extents than an entry holds") {
+    Path::Options o;
+    o.device_target_cache_entry_extents = 8;
+    Rig rig(o);
+    auto targets = open_cached_targets(rig, 2);  // 16 extents each
+    read_whole_and_verify(rig, targets[0]);
+    read_whole_and_verify(rig, targets[0]);
+    CHECK(cache_counters(rig) == Counters{0, 0, 0, 2, 0, 0});
+    auto small = rig.open(reversed_chunks(48 << 20, 8), 8 * 16384);  // exactly 8 extents: fits
+    CachedTarget t{reversed_chunks(48 << 20, 8), 8 * 16384, std::move(small)};
+    read_whole_and_verify(rig, t);
+    read_whole_and_verify(rig, t);
+    CHECK(cache_counters(rig) == Counters{1, 1, 0, 2, 1, 0});
+  }
+  SUBCASE("entries = 0: L1 disabled, every submit reads L2") {
+    Path::Options o;
+    o.device_target_cache_entries = 0;
+    Rig rig(o);
+    auto targets = open_cached_targets(rig, 2);
+    for (auto& t : targets) read_whole_and_verify(rig, t);
+    CHECK(cache_counters(rig) == Counters{0, 0, 0, 2, 0, 0});
+  }
+}
+
+TEST_CASE("target cache: close drops the L1 entry (at once, or when the last pinning batch goes) and returns L2 room") {
+  Path::Options o;
+  o.device_target_cache_entries = 4;
+  Rig rig(o);
+  auto targets = open_cached_targets(rig, 3);
+  const std::uint64_t per_target = 16 * sizeof(local_file::Extent);
+  CHECK(rig.path->target_cache_statistics().host_bytes == 3 * per_target);
+  for (auto& t : targets) read_whole_and_verify(rig, t);
+  CHECK(cache_counters(rig) == Counters{0, 3, 0, 0, 3, 0});
+  CHECK(rig.path->close(targets[0].open).is_ok());
+  CHECK(rig.path->target_cache_statistics().resident == 2);
+  CHECK(rig.path->target_cache_statistics().host_bytes == 2 * per_target);
+  // Closed while a (finished) batch still pins it: the entry stays until that batch is destroyed.
+  Buffer buffer(targets[1].size);
+  auto m = rig.map(buffer);
+  std::vector<PathRequest<Path>> rs{rig.request(Direction::READ, m, buffer, 0, targets[1].open, 0, targets[1].size)};
+  std::vector<Status> states(1);
+  std::optional<Path::batch> b(rig.path->submit(rs, states));
+  REQUIRE(states[0].is_ok());
+  std::vector<RequestCompletion> c(1);
+  REQUIRE(rig.path->progress(*b, c, 20 * kSecond).is_ok());
+  CHECK(c[0].status.is_ok());
+  CHECK(rig.path->close(targets[1].open).is_ok());
+  CHECK(cache_counters(rig) == Counters{1, 3, 0, 0, 2, 1});
+  b.reset();
+  CHECK(cache_counters(rig) == Counters{1, 3, 0, 0, 1, 0});
+  CHECK(rig.path->target_cache_statistics().host_bytes == per_target);
+  // A target opened after the closes gets a fresh id: a miss, never a stale entry.
+  auto reopened = rig.open(targets[0].extents, targets[0].size);
+  CachedTarget again{targets[0].extents, targets[0].size, std::move(reopened)};
+  read_whole_and_verify(rig, again);
+  CHECK(cache_counters(rig) == Counters{1, 4, 0, 0, 2, 0});
+  // A destroyed (never closed) open target releases its room too.
+  targets.clear();
+  CHECK(rig.path->target_cache_statistics().host_bytes == per_target);
+  CHECK(rig.path->target_cache_statistics().resident == 1);
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("target cache: open beyond host_target_cache_bytes is RESOURCE_EXHAUSTED naming the limit") {
+  Path::Options o;
+  o.host_target_cache_bytes = 20 * sizeof(local_file::Extent);
+  Rig rig(o);
+  auto first = rig.open(reversed_chunks(1 << 20, 16), 16 * 16384);
+  const auto second_extents = reversed_chunks(4 << 20, 8);
+  const auto second = [&] {
+    local_file::Target t;
+    t.path = "second";
+    t.extents = second_extents;
+    t.file_size = 8 * 16384;
+    t.lba_size = rig.controller->identity().lba_size;
+    return t;
+  };
+  auto refused = rig.path->open(second(), {});
+  REQUIRE(refused.code() == StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(refused.status().message().find("Options::host_target_cache_bytes") != std::string::npos);
+  CHECK(refused.status().message().find("'second'") != std::string::npos);
+  CHECK(rig.path->target_cache_statistics().host_bytes == 16 * sizeof(local_file::Extent));
+  CHECK(rig.path->close(first).is_ok());
+  auto accepted = rig.path->open(second(), {});
+  REQUIRE_MESSAGE(accepted.is_ok(), accepted.status().to_string());
+  CachedTarget c{second_extents, 8 * 16384, std::move(accepted.value())};
+  read_whole_and_verify(rig, c);
+  CHECK(rig.path->target_cache_statistics().misses == 1);
 }

@@ -60,6 +60,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -89,6 +90,7 @@
 #include <tutti/nvme/status.hpp>
 #include <tutti/path/local_nvme/kernels.hpp>
 #include <tutti/path/local_nvme/prp_table.hpp>
+#include <tutti/path/local_nvme/target_cache.hpp>
 
 namespace tutti::local_nvme {
 
@@ -118,6 +120,11 @@ class DataPath {
     static constexpr std::uint32_t kDefaultThreadsPerBlock = 32;
     static constexpr std::uint32_t kDefaultMaxBatchesInFlight = 256;
     static constexpr std::uint32_t kMaxBatchesInFlightLimit = 65536;
+    static constexpr std::uint32_t kDefaultDeviceTargetCacheEntries = 256;
+    static constexpr std::uint32_t kMaxDeviceTargetCacheEntries = 65536;
+    static constexpr std::uint32_t kDefaultDeviceTargetCacheEntryExtents = 256;
+    static constexpr std::uint32_t kMaxDeviceTargetCacheEntryExtents = 65536;
+    static constexpr std::uint64_t kDefaultHostTargetCacheBytes = std::uint64_t{256} << 20;  // 256 MiB
     /// I/O queue pairs to create (1..the controller's allocated queues). Requests of a batch are
     /// spread round robin over them.
     std::uint32_t queue_pairs = kDefaultQueuePairs;
@@ -149,6 +156,19 @@ class DataPath {
     /// memory sizeof(RequestState) + request_window x sizeof(CommandRecord) + sizeof(RequestReport)
     /// bytes, pinned memory sizeof(RequestState) + sizeof(RequestReport) bytes.
     std::uint32_t max_batches_in_flight = kDefaultMaxBatchesInFlight;
+    /// L1 of the target handle cache (path/local_nvme/target_cache.hpp; docs/local-nvme.md, "The
+    /// target handle cache"): targets whose extents are resident at once in accelerator memory
+    /// (0..kMaxDeviceTargetCacheEntries; 0 disables L1: every submit reads the L2 copy). L1 is one
+    /// allocation of device_target_cache_entries x device_target_cache_entry_extents x 24 bytes
+    /// made by create (default 256 x 256 x 24 = 1.5 MiB).
+    std::uint32_t device_target_cache_entries = kDefaultDeviceTargetCacheEntries;
+    /// Extents one L1 entry holds (1..kMaxDeviceTargetCacheEntryExtents); a target with more is
+    /// always served from its L2 copy (counted as a fallback).
+    std::uint32_t device_target_cache_entry_extents = kDefaultDeviceTargetCacheEntryExtents;
+    /// L2 bound: bytes of extents (24 per extent) of all open targets together, held in
+    /// kernel-reachable memory (CUDA profile: mapped pinned host memory) from open to close
+    /// (1..accel::kMaxAllocationBytes). open beyond it returns RESOURCE_EXHAUSTED naming this field.
+    std::uint64_t host_target_cache_bytes = kDefaultHostTargetCacheBytes;
   };
 
   using target_type = local_file::Target;
@@ -163,11 +183,28 @@ class DataPath {
     return KernelArray<T>(n, value, accel::PlacementAllocator<T>(accel::kKernelReachable));
   }
 
+  /// A target's registration with the target handle cache: its id and L2 room, released (and its
+  /// L1 entry dropped) when the target is closed or destroyed. Movable through its unique_ptr.
+  struct CacheLease {
+    std::shared_ptr<TargetCache> cache;
+    std::uint64_t id = 0;            ///< TargetCache::admit's id (never reused)
+    std::uint64_t extent_count = 0;  ///< extents held in L2
+    CacheLease() = default;
+    CacheLease(const CacheLease&) = delete;
+    CacheLease& operator=(const CacheLease&) = delete;
+    ~CacheLease() {
+      if (cache) cache->release(id, extent_count);
+    }
+  };
+
   /// The open target: the payload (its lease and extents) plus the device-resident handle.
   struct open_target {
     std::unique_ptr<local_file::Target> payload;  ///< the lease and the host copy of the extents
-    KernelArray<local_file::Extent> extents;      ///< the kernels' copy; device_target points into it
+    /// L2 of the target handle cache: the kernels' home copy (mapped pinned host memory in the
+    /// CUDA profile); device_target points into it; submits copy it into L1 (never re-resolved).
+    KernelArray<local_file::Extent> extents;
     DeviceTarget device_target;
+    std::unique_ptr<CacheLease> cache_lease;  ///< the id the cache knows the target by
     bool flush_on_close = false;  ///< OpenOptions::flush_on_close: close() issues an NVMe Flush first
   };
 
@@ -217,6 +254,11 @@ class DataPath {
     std::vector<CommandRecord> records_copy;         ///< one request's records, copied back on demand
     std::vector<std::shared_ptr<Mapping>> mappings;  ///< per request (zombie hand-off)
     std::vector<std::uint8_t> reported;              ///< completion already reported
+    /// The target handle cache's L1 entries this batch pins (until it is destroyed) and the
+    /// handle each distinct target of the batch resolved to (by cache id).
+    std::shared_ptr<TargetCache> cache;
+    std::vector<std::uint32_t> pins;
+    std::unordered_map<std::uint64_t, DeviceTarget> resolved;
     std::size_t size = 0;                            ///< requests of the current batch
     /// A wait for a kernel over this slot failed: the kernel may still run, so the slot is never
     /// reused or freed (kept alive forever, and it stays counted as in use).
@@ -241,6 +283,9 @@ class DataPath {
         return;
       }
       slot->mappings.clear();  // registrations may be unmapped now (zombies hold their own reference)
+      if (slot->cache) slot->cache->unpin(slot->pins);  // no kernel reads its L1 entries any more
+      slot->pins.clear();
+      slot->cache.reset();
       std::scoped_lock lock(pool->mutex);
       --pool->in_use;
       try {
@@ -263,6 +308,7 @@ class DataPath {
     std::vector<Zombie> zombies;
     std::atomic<std::uint64_t> aborts_sent{0};
     std::shared_ptr<BatchPool> pool = std::make_shared<BatchPool>();
+    std::shared_ptr<TargetCache> target_cache;  ///< shared with open targets and live batches
     /// Held shared by every submit and progress step from its launch to the end of its wait, taken
     /// exclusively (try only, never waiting) by the host's zombie reaping: the host touches the
     /// queue words the kernels update (CQ head, CID slots, credits) only while no kernel of any
@@ -341,6 +387,16 @@ class DataPath {
     if (options.max_batches_in_flight == 0 || options.max_batches_in_flight > Options::kMaxBatchesInFlightLimit)
       return error(StatusCode::INVALID_ARGUMENT, "local_nvme: max_batches_in_flight = {} outside 1..{}",
                    options.max_batches_in_flight, Options::kMaxBatchesInFlightLimit);
+    if (options.device_target_cache_entries > Options::kMaxDeviceTargetCacheEntries)
+      return error(StatusCode::INVALID_ARGUMENT, "local_nvme: device_target_cache_entries = {} outside 0..{}",
+                   options.device_target_cache_entries, Options::kMaxDeviceTargetCacheEntries);
+    if (options.device_target_cache_entry_extents == 0 ||
+        options.device_target_cache_entry_extents > Options::kMaxDeviceTargetCacheEntryExtents)
+      return error(StatusCode::INVALID_ARGUMENT, "local_nvme: device_target_cache_entry_extents = {} outside 1..{}",
+                   options.device_target_cache_entry_extents, Options::kMaxDeviceTargetCacheEntryExtents);
+    if (options.host_target_cache_bytes == 0 || options.host_target_cache_bytes > accel::kMaxAllocationBytes)
+      return error(StatusCode::INVALID_ARGUMENT, "local_nvme: host_target_cache_bytes = {} outside 1..{}",
+                   options.host_target_cache_bytes, accel::kMaxAllocationBytes);
     std::uint64_t max_bytes = std::uint64_t{65536} * id.lba_size;  // NLB is 16 bits, 0's based
     if (id.max_data_transfer_bytes != 0) max_bytes = std::min(max_bytes, id.max_data_transfer_bytes);
     if (options.max_command_bytes != 0) max_bytes = std::min(max_bytes, options.max_command_bytes);
@@ -354,6 +410,11 @@ class DataPath {
     state->lba_size = id.lba_size;
     state->max_command_bytes = max_bytes;
     state->pool->limit = options.max_batches_in_flight;
+    auto cache = TargetCache::create(TargetCacheLimits{options.device_target_cache_entries,
+                                                       options.device_target_cache_entry_extents,
+                                                       options.host_target_cache_bytes});
+    if (!cache) return cache.status().with_context("local_nvme: device_target_cache_entries");
+    state->target_cache = std::move(cache.value());
     try {
       state->credits = kernel_array<Credits>(options.queue_pairs);
     } catch (const std::bad_alloc&) {
@@ -415,13 +476,19 @@ class DataPath {
     std::scoped_lock lock(state_->pool->mutex);
     return state_->pool->in_use + state_->pool->idle.size();
   }
+  /// The target handle cache's counters (hits, misses, evictions, fallbacks: one lookup per
+  /// distinct target per submit; FLUSH requests read no extents and do no lookup) and occupancy.
+  /// Thread-safe.
+  TargetCacheStatistics target_cache_statistics() const { return state_->target_cache->statistics(); }
   /// Shared statistics of queue pair `i` (doorbell writes, completions reaped, stale CQEs).
   nvme::QueuePairState queue_statistics(std::size_t i) const { return state_->queues.at(i)->storage->statistics(); }
 
-  /// Builds the device-resident handle: a copy of the extents in kernel-reachable memory (host
-  /// profile: host memory) that the submitting threads binary-search. Errors: INVALID_ARGUMENT
+  /// Builds the device-resident handle: the L2 copy of the extents (resolved once, by the
+  /// caller's FIEMAP, never again) in kernel-reachable memory (host profile: host memory) that
+  /// submits copy into L1 and the submitting threads binary-search. Errors: INVALID_ARGUMENT
   /// when the payload's LBA size is not the controller's, or its invariants (Target::validate) do
-  /// not hold; RESOURCE_EXHAUSTED when the copy cannot be allocated.
+  /// not hold; RESOURCE_EXHAUSTED when the open targets' extents would exceed
+  /// Options::host_target_cache_bytes, or the copy cannot be allocated.
   Result<open_target> open(local_file::Target&& target, const OpenOptions& options) {
     if (target.lba_size != state_->lba_size)
       return error(StatusCode::INVALID_ARGUMENT,
@@ -431,6 +498,12 @@ class DataPath {
     open_target t;
     t.flush_on_close = options.flush_on_close;
     t.payload = std::make_unique<local_file::Target>(std::move(target));
+    auto id = state_->target_cache->admit(t.payload->extents.size(), t.payload->path);
+    if (!id) return id.status();
+    t.cache_lease = std::make_unique<CacheLease>();
+    t.cache_lease->cache = state_->target_cache;
+    t.cache_lease->id = *id;
+    t.cache_lease->extent_count = t.payload->extents.size();
     try {
       t.extents = KernelArray<local_file::Extent>(t.payload->extents.begin(), t.payload->extents.end(),
                                                   accel::PlacementAllocator<local_file::Extent>(accel::kKernelReachable));
@@ -470,6 +543,7 @@ class DataPath {
       }
     }
     t.payload.reset();
+    t.cache_lease.reset();  // L2 room returns; the L1 entry goes now or with the last batch pinning it
     return flushed;
   }
 
@@ -579,6 +653,9 @@ class DataPath {
       slot.records_copy.assign(window, CommandRecord{});
       slot.mappings.assign(n, nullptr);
       slot.reported.assign(n, 0);
+      slot.pins.clear();
+      slot.pins.reserve(std::min<std::size_t>(n, state_->options.device_target_cache_entries));
+      slot.resolved.clear();
     } catch (const std::bad_alloc&) {
       reject_all(error(StatusCode::RESOURCE_EXHAUSTED,
                        "local_nvme: no memory for the state of a batch of {} requests (request_window = {})", n, window));
@@ -607,6 +684,9 @@ class DataPath {
     // a warp's commands share one SQ reservation and one doorbell write.
     const std::uint64_t lanes = accel::kKernelWarpLanes;
     const std::uint64_t base = state_->next_queue.fetch_add((n + lanes - 1) / lanes, std::memory_order_relaxed);
+    void* stream = state_->options.stream.native_handle();
+    slot.cache = state_->target_cache;  // the slot keeps L1 alive while it pins entries
+    bool cache_copied = false;          // a miss enqueued a copy into L1 on the stream
     for (std::size_t i = 0; i < n; ++i) {
       const auto& p = requests[i];
       RequestState& r = slot.staged[i];
@@ -614,7 +694,8 @@ class DataPath {
                  : p.direction == Direction::WRITE ? nvme::NvmOpcode::write
                                                    : nvme::NvmOpcode::flush;
       r.queue_index = static_cast<std::uint32_t>((base + i / lanes) % state_->queues.size());
-      r.target = p.target->device_target;
+      r.target = p.direction == Direction::FLUSH ? p.target->device_target  // reads no extents
+                                                 : target_handle(slot, *p.target, stream, cache_copied);
       r.target_offset = p.target_offset;
       r.length = p.length;
       r.max_command_bytes = state_->max_command_bytes;
@@ -631,7 +712,6 @@ class DataPath {
         slot.mappings[i] = p.memory->mapping;
       }
     }
-    void* stream = state_->options.stream.native_handle();
     std::shared_lock gate(state_->kernel_gate);  // no zombie reaping while this batch's kernel may run
     // ONE copy of the staged batch, ONE launch, ONE copy of the reports back, all on the stream,
     // then ONE bounded wait.
@@ -643,7 +723,7 @@ class DataPath {
     if (launched.is_ok())
       detail::assign(launched,
                      accel::copy_from_device_async(slot.reports.data(), device_reports, n * sizeof(RequestReport), stream));
-    if (copy_enqueued) {
+    if (copy_enqueued || cache_copied) {
       const Status waited = accel::synchronize(stream, state_->options.command_timeout_ns);
       if (!waited.is_ok()) {
         // The stream may still run the copy or the kernel, which may have commands in flight:
@@ -654,6 +734,7 @@ class DataPath {
         b.slot.reset();
         return b;
       }
+      state_->target_cache->mark_ready(slot.pins);  // the L1 copies have landed
     }
     if (!launched.is_ok()) {
       // A kernel that ran but whose reports cannot come back: its accepted requests are in flight
@@ -748,6 +829,21 @@ class DataPath {
     const std::uint32_t tpb = state_->options.threads_per_block;
     const accel::LaunchConfig config{static_cast<std::uint32_t>((n + tpb - 1) / tpb), tpb, state_->options.stream.native_handle()};
     return accel::launch(config, kernel);
+  }
+
+  /// The handle the kernels of the batch in `slot` use for `t`: its L1 entry (pinned by the batch)
+  /// or its L2 copy (TargetCache::acquire), looked up once per distinct target per submit.
+  DeviceTarget target_handle(BatchSlot& slot, const open_target& t, void* stream, bool& copied) {
+    if (!t.cache_lease) return t.device_target;
+    const std::uint64_t id = t.cache_lease->id;
+    if (const auto found = slot.resolved.find(id); found != slot.resolved.end()) return found->second;
+    const DeviceTarget handle = state_->target_cache->acquire(id, t.device_target, stream, slot.pins, copied);
+    try {
+      slot.resolved.emplace(id, handle);
+    } catch (const std::bad_alloc&) {
+      // Not remembered: a later request of this target looks it up again (pins it once more).
+    }
+    return handle;
   }
 
   /// Request i's records copied back into slot.records_copy (one copy on the stream and a bounded
