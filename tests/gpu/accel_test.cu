@@ -2,10 +2,12 @@
 // pair, %globaltimer in ns, bounded backoff, launch. Suite gpu; exits 77 without a GPU.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <vector>
 
+#include <tutti/accel/memory.hpp>
 #include <tutti/accel/primitives.hpp>
 
 #include "gpu_queues.hpp"
@@ -265,4 +267,31 @@ TEST_CASE("launch runs a functor on every thread and rejects an empty grid") {
   for (std::uint32_t i = 0; i < values.size(); ++i) CHECK(values[i] == (i / 64) * 1000 + i % 64);
   const tutti::Status empty = accel::launch(accel::LaunchConfig{0, 64, nullptr}, FillFunctor{out.as<std::uint32_t>()});
   CHECK(empty.code() == tutti::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_CASE("allocate_device returns zeroed 4096-byte aligned memory even after small cudaMalloc calls") {
+  // cudaMalloc aligns to 256 bytes only: a 16-byte allocation first makes the next one start
+  // 0x200 into a page, which PRP-based mappings (map_device) cannot take.
+  std::vector<void*> small(3, nullptr);
+  for (auto& p : small) REQUIRE(cudaMalloc(&p, 16) == cudaSuccess);
+  std::vector<void*> blocks;
+  for (std::size_t bytes : {std::size_t{4096}, std::size_t{12288}, std::size_t{1} << 20}) {
+    auto allocated = tutti::accel::allocate_device(bytes);
+    REQUIRE(allocated.is_ok());
+    void* device = *allocated;
+    CHECK(reinterpret_cast<std::uintptr_t>(device) % 4096 == 0);
+    std::vector<unsigned char> back(bytes, 0xff);
+    REQUIRE(cudaMemcpy(back.data(), device, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(std::count(back.begin(), back.end(), 0) == static_cast<std::ptrdiff_t>(bytes));
+    // The whole requested range is writable (no overrun into the padding of the next one).
+    REQUIRE(cudaMemset(device, 0x5a, bytes) == cudaSuccess);
+    blocks.push_back(device);
+    void* spacer = nullptr;
+    REQUIRE(cudaMalloc(&spacer, 16) == cudaSuccess);
+    small.push_back(spacer);
+  }
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  for (void* b : blocks) tutti::accel::free_device(b);
+  for (void* p : small) CHECK(cudaFree(p) == cudaSuccess);
+  CHECK(cudaGetLastError() == cudaSuccess);
 }

@@ -17,6 +17,9 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
+#include <unordered_map>
+
 #include <tutti/core/status.hpp>
 
 namespace tutti::accel::shim {
@@ -92,28 +95,52 @@ inline Status copy_synchronous(void* destination, const void* source, std::size_
   return Status::ok();
 }
 
-inline Result<void*> allocate_device(std::size_t bytes) {
-  void* device = nullptr;
-  if (const cudaError_t result = cudaMalloc(&device, bytes); result != cudaSuccess)
-    return cuda_error(result, "allocate_device: cudaMalloc", bytes);
-  if (reinterpret_cast<std::uintptr_t>(device) % 4096 != 0) {
-    cudaFree(device);
-    return error(StatusCode::INTERNAL, "allocate_device: cudaMalloc returned {}, not 4096-byte aligned", device);
+/// cudaMalloc guarantees 256-byte alignment only (a small earlier allocation makes the next one start
+/// 0x200 into a page): allocate_device over-allocates by one page and hands out the first 4096-byte
+/// aligned address; this table maps it back to cudaMalloc's pointer for free_device.
+struct DeviceAllocations {
+  std::mutex mutex;
+  std::unordered_map<void*, void*> base_of;  ///< aligned address -> cudaMalloc's pointer
+  static DeviceAllocations& instance() {
+    static DeviceAllocations* table = new DeviceAllocations();  // never destroyed: frees may run at exit
+    return *table;
   }
+};
+
+inline Result<void*> allocate_device(std::size_t bytes) {
+  constexpr std::size_t kPage = 4096;
+  void* base = nullptr;
+  if (const cudaError_t result = cudaMalloc(&base, bytes + kPage); result != cudaSuccess)
+    return cuda_error(result, "allocate_device: cudaMalloc", bytes + kPage);
+  const std::uintptr_t raw = reinterpret_cast<std::uintptr_t>(base);
+  void* device = reinterpret_cast<void*>((raw + kPage - 1) & ~std::uintptr_t{kPage - 1});
   // Zeroed on the calling thread's non-blocking stream: no wait for kernels on other streams.
   auto stream = thread_copy_stream();
   cudaError_t result = stream ? cudaMemsetAsync(device, 0, bytes, *stream) : cudaSuccess;
   if (result == cudaSuccess && stream) result = cudaStreamSynchronize(*stream);
   if (!stream || result != cudaSuccess) {
-    cudaFree(device);
+    cudaFree(base);
     if (!stream) return stream.status();
     return cuda_error(result, "allocate_device: cudaMemsetAsync", bytes);
   }
+  auto& table = DeviceAllocations::instance();
+  std::scoped_lock lock(table.mutex);
+  table.base_of[device] = base;
   return device;
 }
 
 inline void free_device(void* address) noexcept {
-  if (address != nullptr) (void)cudaFree(address);
+  if (address == nullptr) return;
+  void* base = address;  // not from allocate_device: free as given
+  {
+    auto& table = DeviceAllocations::instance();
+    std::scoped_lock lock(table.mutex);
+    if (auto it = table.base_of.find(address); it != table.base_of.end()) {
+      base = it->second;
+      table.base_of.erase(it);
+    }
+  }
+  (void)cudaFree(base);
 }
 
 inline Status copy_to_device(void* device_destination, const void* host_source, std::size_t bytes) {
