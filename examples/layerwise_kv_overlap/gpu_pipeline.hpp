@@ -86,16 +86,7 @@ class SlotVerifier {
       const auto start = Clock::now();
       out.status = gpu_.wait_verification(parity, timeout_ns_);
       if (!out.status.is_ok()) return out;
-      std::uint32_t index = 0;
-      for (std::uint32_t c = 0; c < shape_.hit_chunks(); ++c)
-        for (std::uint32_t k = 0; k < 2; ++k, ++index) {
-          ++out.report.verified_tensors;
-          const std::byte* bytes = host_[parity] + std::uint64_t{index} * shape_.tensor_bytes;
-          if (checksum(std::span(bytes, shape_.tensor_bytes)) == sums_.at(layer, c, k)) continue;
-          ++out.report.mismatched_tensors;
-          if (out.report.mismatches.size() < 8)
-            out.report.mismatches.push_back(fmt::format("{} layer {} chunk {} {}", phase, layer, c, k == 0 ? "K" : "V"));
-        }
+      check_cached_layer(host_[parity], layer, shape_, sums_, phase, out.report);
       out.report.verify_ns = elapsed_ns(start);
       return out;
     });
@@ -365,24 +356,13 @@ class GpuPipeline {
   /// the host and compares it with this run's salted content.
   tutti::Status verify_written(Report& report) {
     if (miss_tensors_ == 0) return tutti::Status::ok();
-    std::vector<std::byte> expected(tensor_bytes());
     for (std::uint32_t layer = 0; layer < layers(); ++layer) {
       TUTTI_RETURN_IF_ERROR(poison(write_slot(layer), miss_tensors_ * tensor_bytes()));
       Window<Runtime> window(runtime_, settings_.io_timeout_ns);
       TUTTI_RETURN_IF_ERROR(window.submit(write_requests(layer, tutti::Direction::READ)));
       TUTTI_RETURN_IF_ERROR(window.drain());
       TUTTI_RETURN_IF_ERROR(gpu_.copy_to_host(written_host_, write_slot(layer), miss_tensors_ * tensor_bytes()));
-      std::uint32_t index = 0;
-      for (std::uint32_t c = settings_.shape.hit_chunks(); c < settings_.shape.chunks(); ++c)
-        for (std::uint32_t k = 0; k < 2; ++k, ++index) {
-          fill_tensor(expected, layer, c, k, settings_.run_salt);
-          ++report.verified_tensors;
-          if (std::memcmp(written_host_ + std::uint64_t{index} * tensor_bytes(), expected.data(), expected.size()) == 0)
-            continue;
-          ++report.mismatched_tensors;
-          if (report.mismatches.size() < 8)
-            report.mismatches.push_back(fmt::format("written layer {} chunk {} {}", layer, c, k == 0 ? "K" : "V"));
-        }
+      check_written_layer(written_host_, layer, settings_.shape, settings_.run_salt, report);
     }
     return tutti::Status::ok();
   }
@@ -436,16 +416,7 @@ class GpuPipeline {
   tutti::Status verify_slot_now(std::uint32_t layer, const char* phase, Report& report) {
     if (!settings_.verify) return tutti::Status::ok();
     TUTTI_RETURN_IF_ERROR(gpu_.copy_to_host(verify_host_[0], read_slot(layer), hit_tensors_ * tensor_bytes()));
-    std::uint32_t index = 0;
-    for (std::uint32_t c = 0; c < settings_.shape.hit_chunks(); ++c)
-      for (std::uint32_t k = 0; k < 2; ++k, ++index) {
-        ++report.verified_tensors;
-        const std::byte* bytes = verify_host_[0] + std::uint64_t{index} * tensor_bytes();
-        if (checksum(std::span(bytes, tensor_bytes())) == checksums_.at(layer, c, k)) continue;
-        ++report.mismatched_tensors;
-        if (report.mismatches.size() < 8)
-          report.mismatches.push_back(fmt::format("{} layer {} chunk {} {}", phase, layer, c, k == 0 ? "K" : "V"));
-      }
+    check_cached_layer(verify_host_[0], layer, settings_.shape, checksums_, phase, report);
     return tutti::Status::ok();
   }
 

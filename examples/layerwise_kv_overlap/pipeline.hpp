@@ -19,6 +19,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -59,6 +60,17 @@ struct Report {
   std::uint64_t verified_tensors = 0;
   std::uint64_t mismatched_tensors = 0;
   std::vector<std::string> mismatches;  ///< The first few, for the message.
+
+  /// Counts one verified tensor; a mismatch is counted too and the first 8 are named
+  /// ("[<phase> ]layer L chunk C K|V").
+  void count_tensor(bool matched, std::string_view phase, std::uint32_t layer, std::uint32_t chunk, std::uint32_t kind) {
+    ++verified_tensors;
+    if (matched) return;
+    ++mismatched_tensors;
+    if (mismatches.size() < 8)
+      mismatches.push_back(fmt::format("{}{}layer {} chunk {} {}", phase, phase.empty() ? "" : " ", layer, chunk,
+                                       kind == 0 ? "K" : "V"));
+  }
 };
 
 struct Settings {
@@ -70,6 +82,32 @@ struct Settings {
   /// the written tensors cannot pass on bytes an earlier run wrote.
   std::uint64_t run_salt = 1;
 };
+
+/// Checks the cached tensors of `layer` as one slot holds them (chunk-major, K then V, host bytes)
+/// against their checksums, into `report` under `phase`.
+inline void check_cached_layer(const std::byte* slot, std::uint32_t layer, const Shape& shape, const Checksums& sums,
+                               std::string_view phase, Report& report) {
+  std::uint64_t index = 0;
+  for (std::uint32_t c = 0; c < shape.hit_chunks(); ++c)
+    for (std::uint32_t k = 0; k < 2; ++k, ++index)
+      report.count_tensor(checksum(std::span(slot + index * shape.tensor_bytes, shape.tensor_bytes)) == sums.at(layer, c, k),
+                          phase, layer, c, k);
+}
+
+/// Checks the missed tensors of `layer` as read back from the files (chunk-major, K then V, host
+/// bytes) against this run's salted content, so bytes an earlier run or the preparation left in the
+/// files cannot pass for a write that did not land.
+inline void check_written_layer(const std::byte* written, std::uint32_t layer, const Shape& shape, std::uint64_t salt,
+                                Report& report) {
+  std::vector<std::byte> expected(shape.tensor_bytes);
+  std::uint64_t index = 0;
+  for (std::uint32_t c = shape.hit_chunks(); c < shape.chunks(); ++c)
+    for (std::uint32_t k = 0; k < 2; ++k, ++index) {
+      fill_tensor(expected, layer, c, k, salt);
+      report.count_tensor(std::memcmp(written + index * shape.tensor_bytes, expected.data(), expected.size()) == 0,
+                          "written", layer, c, k);
+    }
+}
 
 /// Aligned host memory that is freed only after the runtime no longer references it.
 struct AlignedBuffer {
@@ -274,21 +312,8 @@ class Pipeline {
       Window<Runtime> window(runtime_, settings_.io_timeout_ns);
       TUTTI_RETURN_IF_ERROR(window.submit(std::move(requests)));
       TUTTI_RETURN_IF_ERROR(window.drain());
-      // Compare with this run's salted content: bytes an earlier run or the preparation left in the
-      // file cannot pass for a write that did not land.
-      std::vector<std::byte> expected(tensor_bytes());
-      std::uint32_t index = 0;
-      for (std::uint32_t c = settings_.shape.hit_chunks(); c < settings_.shape.chunks(); ++c)
-        for (std::uint32_t k = 0; k < 2; ++k, ++index) {
-          fill_tensor(expected, layer, c, k, settings_.run_salt);
-          const std::byte* got = writes_.data + (layer % 2) * miss_tensors_ * tensor_bytes() + index * tensor_bytes();
-          ++report.verified_tensors;
-          if (std::memcmp(got, expected.data(), expected.size()) != 0) {
-            ++report.mismatched_tensors;
-            if (report.mismatches.size() < 8)
-              report.mismatches.push_back(fmt::format("written layer {} chunk {} {}", layer, c, k == 0 ? "K" : "V"));
-          }
-        }
+      check_written_layer(writes_.data + (layer % 2) * miss_tensors_ * tensor_bytes(), layer, settings_.shape,
+                          settings_.run_salt, report);
     }
     return tutti::Status::ok();
   }
@@ -339,21 +364,8 @@ class Pipeline {
   void verify_layer(std::uint32_t layer, Report& report) {
     if (!settings_.verify) return;
     const auto start = Clock::now();
-    std::byte* slot = read_slot(layer);
-    std::uint32_t index = 0;
-    for (std::uint32_t c = 0; c < settings_.shape.hit_chunks(); ++c)
-      for (std::uint32_t k = 0; k < 2; ++k, ++index)
-        check(std::span(slot + index * tensor_bytes(), tensor_bytes()), layer, c, k, report);
+    check_cached_layer(read_slot(layer), layer, settings_.shape, checksums_, "", report);
     report.verify_ns += elapsed_ns(start);
-  }
-
-  void check(std::span<const std::byte> bytes, std::uint32_t layer, std::uint32_t chunk, std::uint32_t kind,
-             Report& report) {
-    ++report.verified_tensors;
-    if (checksum(bytes) == checksums_.at(layer, chunk, kind)) return;
-    ++report.mismatched_tensors;
-    if (report.mismatches.size() < 8)
-      report.mismatches.push_back(fmt::format("layer {} chunk {} {}", layer, chunk, kind == 0 ? "K" : "V"));
   }
 
   Runtime& runtime_;
