@@ -25,8 +25,8 @@
 //
 // The uring and cuFile passes live in local_nvme_read_baselines.cpp (host compiler); this file keeps
 // the GPU kernels. Before the first pass, one untimed local_nvme batch of the largest size lets the
-// batch pool allocate its device buffers before any other GPU allocation (accel::allocate_device
-// refuses a cudaMalloc result that is not 4096-byte aligned; cudaMalloc guarantees 256 bytes).
+// batch pool size its device buffers, so no timed pass pays for a slot's growth (cudaFree/cudaMalloc,
+// which wait for the device).
 //
 // Usage: tutti-bench-gpu-local-nvme [--file-mib N] [--batch B] [--queues Q] [--workers W]
 //                                   [--repeat R] [--uring-queue-depth D] [--cufile-threads T]
@@ -361,11 +361,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   // One untimed local_nvme batch of the largest size any pass submits (options.batch requests of
-  // 4 KiB), before anything else allocates GPU memory: the batch pool sizes its device buffers
-  // then and reuses them. accel::allocate_device refuses a cudaMalloc result that is not
-  // 4096-byte aligned, and cudaMalloc only guarantees 256 bytes: after a small allocation (the
-  // verifier's counters, cuFile's driver) the pool's later allocations failed with INTERNAL on the
-  // H200 (docs/benchmarks.md). Its bytes are checked by the first verified pass like any other.
+  // 4 KiB): the batch pool sizes its device buffers then and reuses them, so no timed pass pays
+  // for a slot's growth (cudaFree/cudaMalloc wait for the device). It also ran first, before any
+  // other GPU allocation, as the workaround for accel::allocate_device refusing cudaMalloc's
+  // 256-byte-aligned results; allocate_device now aligns itself (docs/benchmarks.md). Its bytes
+  // are checked by the first verified pass like any other.
   {
     std::vector<PathRequest<Path>> requests;
     for (std::uint64_t offset = 0; requests.size() < options.batch && offset < file_bytes; offset += 4096)
