@@ -1,8 +1,9 @@
 // The local_nvme DataPath with its submit and poll kernels on the GPU (CUDA profile), against the
-// soft controller in accelerator_mode (BAR0, queues and PRP lists in mapped pinned memory, GPU
-// memory reached through map_device and a pinned bounce buffer) backed by a real file:
+// soft controller in accelerator_mode (BAR0 and queues in mapped pinned memory, GPU memory
+// reached through map_device and a pinned bounce buffer) backed by a real file:
 //   - reads of the file into GPU memory (cudaMalloc) verified byte for byte against pread, over
-//     scattered extents and multi-page PRP lists;
+//     scattered extents and multi-page PRP lists (the GPU region's lists and both page tables in
+//     device memory, checked with cudaPointerGetAttributes);
 //   - writes from GPU memory verified against the file's bytes;
 //   - batches of 1 to 8192 requests, thousands of commands in flight across 64 queue pairs;
 //   - SQ/CQ wrap-around on a shallow queue;
@@ -208,6 +209,15 @@ TEST_CASE("reads of a real file over scattered extents land in GPU memory byte f
   auto target = rig.open(extents, blocks * 4096);
   DeviceMemory memory(blocks * 4096 + 8192);
   auto registration = rig.map(memory);
+  // Both page tables the kernels read per command are in device memory (no PCIe read per lookup).
+  for (const void* table : {static_cast<const void*>(registration.prp_table().pages.bus_addresses),
+                            static_cast<const void*>(registration.prp_table().lists.bus_addresses)}) {
+    cudaPointerAttributes attributes{};
+    REQUIRE(cudaPointerGetAttributes(&attributes, table) == cudaSuccess);
+    CHECK(attributes.type == cudaMemoryTypeDevice);
+  }
+  CHECK(registration.prp_table().pages.page_count == (blocks * 4096 + 8192) / 4096);
+  CHECK(registration.prp_table().lists.page_count == 2 * registration.prp_table().list_pages);
   // Lengths from one block to 2 MiB (PRP lists of both variants, MDTS splits), one per request,
   // at scattered file offsets and at memory offsets that are not page aligned (dword aligned).
   struct Piece { std::uint64_t file_offset, length, memory_offset; };

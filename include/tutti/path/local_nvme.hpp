@@ -210,12 +210,19 @@ class DataPath {
 
  private:
   /// A DMA mapping and its prebuilt PRP lists. Shared by the registration and any zombie command
-  /// that may still make the controller touch it; the last owner unmaps.
+  /// that may still make the controller touch it; the last owner unmaps (before the members'
+  /// memory is freed: the destructor body runs first).
   struct Mapping {
     libnvm::Controller* controller = nullptr;
     libnvm::DmaMapping mapping;
+    /// The list pages of a host-memory region: a controller DMA buffer (bus-contiguous).
     libnvm::DmaBuffer lists;
-    KernelArray<std::uint64_t> bus_addresses;  ///< the kernels' copy of mapping.bus_addresses
+    /// The list pages of a DEVICE region: device memory, DMA-mapped with dma_map_device.
+    accel::DeviceBuffer device_lists;
+    libnvm::DmaMapping device_lists_mapping;
+    /// table.pages and table.lists: the bus address of every region page, then of every list
+    /// page, in accelerator memory (CUDA profile: device memory; read per command by the kernels).
+    accel::DeviceBuffer page_tables;
     PrpTable table;
     std::uintptr_t user_address = 0;  ///< first byte of the user region
     std::uint64_t user_size = 0;
@@ -223,6 +230,7 @@ class DataPath {
     ~Mapping() {
       if (controller == nullptr) return;
       if (lists.id != 0) (void)controller->free_dma_buffer(lists.id);
+      if (device_lists_mapping.id != 0) (void)controller->dma_unmap(device_lists_mapping.id);
       if (mapping.id != 0) (void)controller->dma_unmap(mapping.id);
     }
   };
@@ -336,6 +344,10 @@ class DataPath {
   /// One registration (register_memory).
   struct registered_memory {
     std::shared_ptr<Mapping> mapping;
+    /// The registration's PRP table as the kernels read it (prp_table.hpp): page tables in
+    /// accelerator memory (CUDA profile: device memory, not dereferenceable on the host). For
+    /// inspection (tests, diagnostics). Precondition: a live registration (mapping set).
+    const PrpTable& prp_table() const noexcept { return mapping->table; }
   };
 
   /// One submit's in-flight state: a slot of the DataPath's batch pool, returned to the pool when
@@ -548,12 +560,19 @@ class DataPath {
   }
 
   /// DMA-maps the pages that hold the region and prebuilds its PRP lists (two variants, see
-  /// prp_table.hpp); the page table is copied where the kernels read it. HOST / PINNED_HOST
-  /// regions go through Controller::dma_map, DEVICE regions (CUDA profile; a cudaMalloc address)
-  /// through Controller::dma_map_device. Errors: the controller's dma_map / dma_map_device /
-  /// allocate_dma_buffer errors (e.g. INVALID_ARGUMENT when a page of the region is already
-  /// mapped by another registration, UNSUPPORTED when the controller cannot map device memory),
-  /// RESOURCE_EXHAUSTED when the page table copy cannot be allocated.
+  /// prp_table.hpp) at registration, so no submit builds a list. HOST / PINNED_HOST regions go
+  /// through Controller::dma_map and their list pages into a controller DMA buffer; DEVICE
+  /// regions (CUDA profile; a cudaMalloc address) through Controller::dma_map_device and their
+  /// list pages into device memory that is DMA-mapped the same way (the lists live where the
+  /// data does: a controller that reaches the region reaches its lists). The page tables the
+  /// kernels read per command (region pages and list pages, 8 bytes each) go into accelerator
+  /// memory (accel::DeviceBuffer: device memory in the CUDA profile). Memory per registration:
+  /// about 2 x 0.4 % of the region for lists, 0.2 % for page tables (4 KiB pages).
+  /// Errors: the controller's dma_map / dma_map_device / allocate_dma_buffer errors (e.g.
+  /// INVALID_ARGUMENT when a page of the region is already mapped by another registration,
+  /// UNSUPPORTED when the controller cannot map device memory), accel::allocate_device's
+  /// RESOURCE_EXHAUSTED, or a failed copy into device memory (DEVICE_ERROR); nothing stays mapped
+  /// on error. Thread-safety: safe concurrently with other calls on the DataPath.
   Result<registered_memory> register_memory(const MemoryView& view) {
     auto m = std::make_shared<Mapping>();
     const std::uint64_t page = 4096;
@@ -570,24 +589,73 @@ class DataPath {
     m->mapping = std::move(mapped.value());
     m->user_address = address;
     m->user_size = view.size;
-    try {
-      m->bus_addresses = KernelArray<std::uint64_t>(m->mapping.bus_addresses.begin(), m->mapping.bus_addresses.end(),
-                                                    accel::PlacementAllocator<std::uint64_t>(accel::kKernelReachable));
-    } catch (const std::bad_alloc&) {
-      return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: register_memory: no memory for a page table of {} pages",
-                   m->mapping.bus_addresses.size());
-    }
-    m->table.pages = nvme::PageTableView{m->bus_addresses.data(), m->bus_addresses.size(), m->mapping.page_size};
-    const std::uint32_t page_size = m->mapping.page_size;
-    m->table.list_pages = PrpTable::list_pages_for(m->table.pages.page_count, page_size);
-    auto lists = state_->controller->allocate_dma_buffer(2 * m->table.list_pages * page_size);
-    if (!lists) return lists.status().with_context("local_nvme: register_memory: PRP list buffer");
-    m->lists = *lists;
-    for (unsigned v = 0; v < 2; ++v) {
-      m->table.list_bus_address[v] = m->lists.bus_address + v * m->table.list_pages * page_size;
-      m->table.fill(v, static_cast<std::uint64_t*>(m->lists.host_address) + v * m->table.list_pages * (page_size / 8));
-    }
+    if (Status built = build_prp_table(*m, device); !built) return built.with_context("local_nvme: register_memory");
     return registered_memory{std::move(m)};
+  }
+
+  /// Places the list pages of `m` (device: device memory + dma_map_device; else a controller
+  /// DMA buffer), fills them on the host, copies them home, and places the page tables the
+  /// kernels read (see register_memory). Errors as register_memory; `m`'s destructor releases
+  /// whatever was set up.
+  Status build_prp_table(Mapping& m, bool device) {
+    const std::uint32_t page_size = m.mapping.page_size;
+    const std::uint64_t region_pages = m.mapping.bus_addresses.size();
+    const std::uint64_t list_pages = PrpTable::list_pages_for(region_pages, page_size);
+    const std::uint64_t list_bytes = 2 * list_pages * page_size;
+    std::vector<std::uint64_t> list_bus_addresses;
+    try {
+      list_bus_addresses.reserve(2 * list_pages);
+    } catch (const std::bad_alloc&) {
+      return error(StatusCode::RESOURCE_EXHAUSTED, "no host memory for the bus addresses of {} PRP list pages", 2 * list_pages);
+    }
+    if (device) {
+      auto memory = accel::DeviceBuffer::allocate(list_bytes);
+      if (!memory) return memory.status().with_context("PRP lists in device memory");
+      m.device_lists = std::move(*memory);
+      auto mapped = m.controller->dma_map_device(m.device_lists.data(), m.device_lists.size());
+      if (!mapped) return mapped.status().with_context("dma_map_device of the PRP lists");
+      m.device_lists_mapping = std::move(*mapped);
+      if (m.device_lists_mapping.page_size != page_size || m.device_lists_mapping.bus_addresses.size() < 2 * list_pages)
+        return error(StatusCode::INTERNAL, "dma_map_device of the PRP lists gave {} pages of {} bytes; {} pages of {} bytes needed",
+                     m.device_lists_mapping.bus_addresses.size(), m.device_lists_mapping.page_size, 2 * list_pages, page_size);
+      list_bus_addresses.assign(m.device_lists_mapping.bus_addresses.begin(),
+                                m.device_lists_mapping.bus_addresses.begin() + static_cast<std::ptrdiff_t>(2 * list_pages));
+    } else {
+      auto lists = m.controller->allocate_dma_buffer(list_bytes);
+      if (!lists) return lists.status().with_context("PRP list buffer");
+      m.lists = *lists;
+      for (std::uint64_t i = 0; i < 2 * list_pages; ++i) list_bus_addresses.push_back(m.lists.bus_address + i * page_size);
+    }
+    // Fill on the host from host copies of both page tables, then copy each to its home.
+    m.table.pages = nvme::PageTableView{m.mapping.bus_addresses.data(), region_pages, page_size};
+    m.table.lists = nvme::PageTableView{list_bus_addresses.data(), 2 * list_pages, page_size};
+    m.table.list_pages = list_pages;
+    if (device) {
+      std::vector<std::uint64_t> filled;
+      try {
+        filled.resize(list_bytes / 8);
+      } catch (const std::bad_alloc&) {
+        return error(StatusCode::RESOURCE_EXHAUSTED, "no host memory to build {} bytes of PRP lists", list_bytes);
+      }
+      m.table.fill(filled.data());
+      if (Status copied = accel::copy_to_device(m.device_lists.data(), filled.data(), list_bytes); !copied)
+        return copied.with_context("PRP lists into device memory");
+    } else {
+      m.table.fill(static_cast<std::uint64_t*>(m.lists.host_address));
+    }
+    const std::uint64_t table_bytes = (region_pages + 2 * list_pages) * sizeof(std::uint64_t);
+    auto tables = accel::DeviceBuffer::allocate(table_bytes);
+    if (!tables) return tables.status().with_context("page tables in accelerator memory");
+    m.page_tables = std::move(*tables);
+    auto* home = static_cast<std::uint64_t*>(m.page_tables.data());
+    if (Status copied = accel::copy_to_device(home, m.mapping.bus_addresses.data(), region_pages * sizeof(std::uint64_t)); !copied)
+      return copied.with_context("region page table into accelerator memory");
+    if (Status copied = accel::copy_to_device(home + region_pages, list_bus_addresses.data(), 2 * list_pages * sizeof(std::uint64_t));
+        !copied)
+      return copied.with_context("PRP list page table into accelerator memory");
+    m.table.pages.bus_addresses = home;
+    m.table.lists.bus_addresses = home + region_pages;
+    return Status::ok();
   }
 
   /// Unmaps the region. BUSY (and the mapping is kept alive until the controller is done) while a

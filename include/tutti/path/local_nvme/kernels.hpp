@@ -2,7 +2,8 @@
 // tutti/accel/ primitives and tutti/nvme/queue.hpp, so the same code runs on host threads (host
 // profile, accel::launch on the HostThreadPool) and on GPU threads (CUDA profile, launched from
 // code nvcc compiles; the batch's RequestState, CommandRecord and RequestReport arrays then live
-// in device memory, the extents, page tables and queue state in mapped pinned host memory).
+// in device memory, as are the registration's page tables and the target handle cache's L1; the
+// extents' L2 copy and the queue state are in mapped pinned host memory).
 //
 // One logical thread owns one request; the queue work is warp-collective (accel/warp.hpp; on the
 // host a warp is one lane):

@@ -16,6 +16,14 @@
 // as data. That happens for page e when (e + s) % (E - 1) == 0; two variants with shifts 0 and
 // (E - 1) / 2 never fail on the same e, so lookup picks the variant that works. Memory: two
 // lists of about N * 8 * E / (E - 1) bytes each (0.4% of the region per variant at P = 4096).
+// List pages need not be contiguous in bus space (an IOMMU may scatter a mapping's pages): the
+// table keeps the bus address of every list page (`lists`), and chains and PRP2 come from it.
+//
+// Placement (path/local_nvme.hpp, register_memory): both page tables, `pages` and `lists`, are
+// what the submitting threads read per command, so they live in accelerator memory (CUDA
+// profile: device memory, no PCIe round trip per lookup); the list pages themselves are read by
+// the controller and live with the region they describe (device memory for a DEVICE region,
+// a controller DMA buffer for host memory).
 // Host and device code; allocation-free lookup.
 #pragma once
 
@@ -27,12 +35,15 @@
 
 namespace tutti::local_nvme {
 
-/// A registered region as the submission code sees it: page table plus the two prebuilt list
-/// variants, all in memory the submitting threads can read. Trivially copyable.
+/// A registered region as the submission code sees it: the region's page table and the page
+/// table of its two prebuilt list variants, both in memory the submitting threads can read
+/// (device memory in the CUDA profile). Trivially copyable.
 struct PrpTable {
-  nvme::PageTableView pages;           ///< bus address of each memory page of the mapping
-  std::uint64_t list_bus_address[2] = {0, 0};  ///< first list page of each variant (bus)
-  std::uint64_t list_pages = 0;        ///< list pages per variant
+  nvme::PageTableView pages;  ///< bus address of each memory page of the mapping
+  /// Bus address of each list page: variant v's list page m is entry v * list_pages + m
+  /// (2 * list_pages entries, same page size as `pages`).
+  nvme::PageTableView lists;
+  std::uint64_t list_pages = 0;  ///< list pages per variant
 
   /// Shift of variant v (0 or 1), in entries.
   TUTTI_HOST_DEVICE constexpr std::uint64_t shift(unsigned v) const noexcept {
@@ -44,19 +55,23 @@ struct PrpTable {
     const std::uint64_t data_per_page = page_size / 8 - 1;
     return (page_count + (page_size / 8 - 1) / 2) / data_per_page + 1;
   }
-  /// Fills variant v's list pages (host memory `list`, list_pages * page_size bytes, whose bus
-  /// address is list_bus_address[v]). Called once at registration.
-  void fill(unsigned v, std::uint64_t* list) const noexcept {
+  /// Fills both variants' list pages into `list` (host memory, 2 * list_pages * page_size bytes:
+  /// variant v's page m at byte (v * list_pages + m) * page_size), whose pages the controller
+  /// finds at lists.bus_addresses. `pages` and `lists` must be readable by the calling (host)
+  /// thread. Called once at registration; the caller then copies `list` to its home.
+  void fill(std::uint64_t* list) const noexcept {
     const std::uint64_t per_page = pages.page_size / 8;
-    for (std::uint64_t m = 0; m < list_pages; ++m) {
-      for (std::uint64_t slot = 0; slot + 1 < per_page; ++slot) {
-        const std::uint64_t virtual_index = m * (per_page - 1) + slot;
-        const std::uint64_t s = shift(v);
-        const bool valid = virtual_index >= s && virtual_index - s < pages.page_count;
-        list[m * per_page + slot] = valid ? pages.bus_addresses[virtual_index - s] : 0;
+    for (unsigned v = 0; v < 2; ++v) {
+      for (std::uint64_t m = 0; m < list_pages; ++m) {
+        std::uint64_t* page = list + (v * list_pages + m) * per_page;
+        for (std::uint64_t slot = 0; slot + 1 < per_page; ++slot) {
+          const std::uint64_t virtual_index = m * (per_page - 1) + slot;
+          const std::uint64_t s = shift(v);
+          const bool valid = virtual_index >= s && virtual_index - s < pages.page_count;
+          page[slot] = valid ? pages.bus_addresses[virtual_index - s] : 0;
+        }
+        page[per_page - 1] = m + 1 < list_pages ? lists.bus_addresses[v * list_pages + m + 1] : 0;  // chain entry
       }
-      list[m * per_page + per_page - 1] =
-          m + 1 < list_pages ? list_bus_address[v] + (m + 1) * pages.page_size : 0;  // chain entry
     }
   }
 
@@ -86,7 +101,7 @@ struct PrpTable {
     const std::uint64_t last = first + count - 1;
     const unsigned v = (last + shift(0)) % data_per_page == 0 ? 1u : 0u;
     const std::uint64_t index = first + 1 + shift(v);
-    out.prp2 = list_bus_address[v] + (index / data_per_page) * page_size + (index % data_per_page) * 8;
+    out.prp2 = lists.bus_addresses[v * list_pages + index / data_per_page] + (index % data_per_page) * 8;
     out.list_entries = 0;  // nothing written: the list is prebuilt
     return out;
   }
