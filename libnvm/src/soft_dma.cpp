@@ -2,6 +2,7 @@
 #include "soft_dma.hpp"
 
 #include <algorithm>
+#include <array>
 
 namespace tutti::libnvm::soft {
 namespace {
@@ -57,23 +58,32 @@ DecodeResult decode_prp(std::uint64_t prp1, std::uint64_t prp2, std::uint64_t le
   const std::uint64_t data_entries = (remaining + page - 1) / page;
   std::uint64_t chain_hops = 0;
   std::uint64_t cursor = prp2;
+  // Entries are read in runs (one reader call each; a list in accelerator memory costs one copy
+  // per run, not per entry): never past the end of the current list page, never more entries
+  // than the transfer still needs, so exactly the bytes a one-by-one walk reads are read.
+  std::array<std::uint64_t, 64> run{};
   while (remaining > 0) {
-    std::uint64_t entry = 0;
-    if (!reader(cursor, &entry, sizeof entry)) return dma_failure();
-    ++result.descriptors_walked;
-    const bool last_slot_of_page = cursor % page == page - 8;
-    if (last_slot_of_page && remaining > page) {
-      // More than one entry still needed: this slot chains to the next list page.
-      if (entry % 8 != 0) return failure(GenericStatus::prp_offset_invalid);
-      if (++chain_hops > data_entries) return failure(GenericStatus::invalid_field_in_command);
-      cursor = entry;
-      continue;
+    const std::uint64_t slots_to_page_end = (page - cursor % page) / 8;
+    const std::uint64_t entries_needed = (remaining + page - 1) / page;
+    const std::uint64_t count = std::min({slots_to_page_end, entries_needed, std::uint64_t{run.size()}});
+    if (!reader(cursor, run.data(), count * sizeof(std::uint64_t))) return dma_failure();
+    for (std::uint64_t i = 0; i < count; ++i) {
+      const std::uint64_t entry = run[i];
+      ++result.descriptors_walked;
+      const bool last_slot_of_page = cursor % page == page - 8;
+      if (last_slot_of_page && remaining > page) {
+        // More than one entry still needed: this slot chains to the next list page.
+        if (entry % 8 != 0) return failure(GenericStatus::prp_offset_invalid);
+        if (++chain_hops > data_entries) return failure(GenericStatus::invalid_field_in_command);
+        cursor = entry;
+        break;  // the chain slot is the last of the run
+      }
+      if (entry % page != 0) return failure(GenericStatus::prp_offset_invalid);
+      const std::uint64_t chunk = std::min(remaining, page);
+      append(result.segments, entry, chunk);
+      remaining -= chunk;
+      cursor += 8;
     }
-    if (entry % page != 0) return failure(GenericStatus::prp_offset_invalid);
-    const std::uint64_t chunk = std::min(remaining, page);
-    append(result.segments, entry, chunk);
-    remaining -= chunk;
-    cursor += 8;
   }
   return result;
 }

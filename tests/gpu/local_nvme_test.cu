@@ -2,8 +2,8 @@
 // soft controller in accelerator_mode (BAR0 and queues in mapped pinned memory, GPU memory
 // reached through map_device and a pinned bounce buffer) backed by a real file:
 //   - reads of the file into GPU memory (cudaMalloc) verified byte for byte against pread, over
-//     scattered extents and multi-page PRP lists (the GPU region's lists and both page tables in
-//     device memory, checked with cudaPointerGetAttributes);
+//     scattered extents and multi-page PRP lists (both page tables in device memory, checked
+//     with cudaPointerGetAttributes);
 //   - writes from GPU memory verified against the file's bytes;
 //   - batches of 1 to 8192 requests, thousands of commands in flight across 64 queue pairs;
 //   - SQ/CQ wrap-around on a shallow queue;
@@ -210,14 +210,15 @@ TEST_CASE("reads of a real file over scattered extents land in GPU memory byte f
   DeviceMemory memory(blocks * 4096 + 8192);
   auto registration = rig.map(memory);
   // Both page tables the kernels read per command are in device memory (no PCIe read per lookup).
-  for (const void* table : {static_cast<const void*>(registration.prp_table().pages.bus_addresses),
-                            static_cast<const void*>(registration.prp_table().lists.bus_addresses)}) {
+  const local_nvme::PrpTable* table = registration.prp_table();
+  REQUIRE(table != nullptr);
+  for (const void* page_table : {static_cast<const void*>(table->pages.bus_addresses), static_cast<const void*>(table->lists.bus_addresses)}) {
     cudaPointerAttributes attributes{};
-    REQUIRE(cudaPointerGetAttributes(&attributes, table) == cudaSuccess);
+    REQUIRE(cudaPointerGetAttributes(&attributes, page_table) == cudaSuccess);
     CHECK(attributes.type == cudaMemoryTypeDevice);
   }
-  CHECK(registration.prp_table().pages.page_count == (blocks * 4096 + 8192) / 4096);
-  CHECK(registration.prp_table().lists.page_count == 2 * registration.prp_table().list_pages);
+  CHECK(table->pages.page_count == (blocks * 4096 + 8192) / 4096);
+  CHECK(table->lists.page_count == 2 * table->list_pages);
   // Lengths from one block to 2 MiB (PRP lists of both variants, MDTS splits), one per request,
   // at scattered file offsets and at memory offsets that are not page aligned (dword aligned).
   struct Piece { std::uint64_t file_offset, length, memory_offset; };

@@ -318,30 +318,42 @@ TEST_CASE("PrpTable: list pages scattered in bus space; every start page and len
   CHECK(table.lookup(2, 8).status == StatusCode::INVALID_ARGUMENT);
 }
 
-TEST_CASE("a DEVICE region's PRP lists live in device memory (accelerator_mode) and serve chained multi-page reads") {
+TEST_CASE("a DEVICE region (accelerator_mode) reads through the prebuilt lists, chained list pages included") {
   // Host profile: accelerator memory is host memory behind the same accel calls, so this runs the
-  // CUDA profile's placement logic (lists DMA-mapped with dma_map_device, page tables in
-  // accel::DeviceBuffer) on the CPU; tests/gpu runs it on a GPU.
+  // CUDA profile's registration (dma_map_device, page tables in an accel::DeviceBuffer) on the
+  // CPU; tests/gpu runs it on a GPU.
   libnvm::SoftControllerConfig config;
   config.accelerator_mode = true;
   Rig rig({}, config);
   auto t = rig.open({{0, 0, 48 << 20}}, 48 << 20);
-  Buffer buffer(6 << 20);  // 1536 pages: three list pages per variant
+  Buffer buffer(6 << 20);  // 1536 pages: four list pages per variant
   auto mapped = rig.path->register_memory({buffer.data, buffer.size, MemoryKind::DEVICE, 0});
   REQUIRE_MESSAGE(mapped.is_ok(), mapped.status().to_string());
   auto& m = *mapped;
+  const local_nvme::PrpTable* table = m.prp_table();
+  REQUIRE(table != nullptr);
+  CHECK(table->pages.page_count == 1536);
+  CHECK(table->lists.page_count == 2 * table->list_pages);
   const MemoryView view{buffer.data, buffer.size, MemoryKind::DEVICE, 0};
-  for (std::uint64_t start_page : {0ull, 255ull, 256ull, 511ull, 766ull, 767ull, 1022ull, 1277ull}) {
+  int chained = 0;
+  for (std::uint64_t start_page : {0ull, 255ull, 256ull, 400ull, 511ull, 766ull, 1000ull, 1022ull, 1277ull}) {
     std::memset(buffer.data, 0xEE, buffer.size);
     const std::uint64_t length = std::min<std::uint64_t>(1 << 20, buffer.size - start_page * 4096);
     const std::uint64_t file_offset = start_page * 8192;
+    // One 1 MiB command (MDTS): its list entries are virtual indices start+1 .. start+pages-1 of
+    // the variant lookup picks; the walk follows a chain when they span two list pages.
+    const std::uint64_t pages = length / 4096, last = start_page + pages - 1;
+    const std::uint64_t shift = table->shift(last % 511 == 0 ? 1 : 0);
+    if ((start_page + 1 + shift) / 511 != (last + shift) / 511) ++chained;
     auto [states, done] = rig.run({PathRequest<Path>{Direction::READ, &m, view, start_page * 4096, &t, file_offset, length}});
     REQUIRE_MESSAGE(done[0].status.is_ok(), done[0].status.to_string());
     auto expected = rig.device_bytes(file_offset, length);
     CHECK_MESSAGE(std::equal(expected.begin(), expected.end(), buffer.bytes() + start_page * 4096), "start page ", start_page);
   }
+  CHECK(chained >= 2);  // start pages 400 and 1000 cross a list page
   CHECK(rig.device->counters().dma_faults == 0);
   CHECK(rig.path->unregister_memory(m).is_ok());
+  CHECK(m.prp_table() == nullptr);
 }
 
 TEST_CASE("writes land on the namespace at the extents' LBAs and FLUSH issues one NVMe Flush") {

@@ -17,9 +17,10 @@
 // host-only).
 //
 // CUDA profile (docs/gpu.md, "local_nvme on the GPU"): the batch state the kernels update
-// (RequestState, CommandRecord, RequestReport arrays) lives in device memory; the rest they touch
-// (the target's extents, the registration's page table, the queues' shared state and credits)
-// lives in mapped pinned host memory (accel::Placement::mapped_host),
+// (RequestState, CommandRecord, RequestReport arrays) lives in device memory, as do the
+// registration's page tables and the target handle cache's L1; the rest they touch (the targets'
+// L2 extents, the queues' shared state and credits) lives in mapped pinned host memory
+// (accel::Placement::mapped_host),
 // the queues and doorbells must be GPU-writable (the soft controller in accelerator_mode; for a
 // PCIe controller the BAR's doorbell page registered with cudaHostRegister(IoMemory)), and
 // MemoryKind::DEVICE regions are mapped with Controller::dma_map_device. A host-compiled (.cpp)
@@ -173,7 +174,7 @@ class DataPath {
 
   using target_type = local_file::Target;
 
-  /// Arrays the kernels read or write outside the batch (extents, page tables, queue views), and
+  /// Arrays the kernels read or write outside the batch (L2 extents, queue views, credits), and
   /// the batch's pinned staging and report arrays: host memory in the host profile, mapped pinned
   /// host memory in the CUDA profile (accel/placement.hpp).
   template <class T>
@@ -215,11 +216,8 @@ class DataPath {
   struct Mapping {
     libnvm::Controller* controller = nullptr;
     libnvm::DmaMapping mapping;
-    /// The list pages of a host-memory region: a controller DMA buffer (bus-contiguous).
+    /// The PRP list pages (both variants): a controller DMA buffer, whatever the region's kind.
     libnvm::DmaBuffer lists;
-    /// The list pages of a DEVICE region: device memory, DMA-mapped with dma_map_device.
-    accel::DeviceBuffer device_lists;
-    libnvm::DmaMapping device_lists_mapping;
     /// table.pages and table.lists: the bus address of every region page, then of every list
     /// page, in accelerator memory (CUDA profile: device memory; read per command by the kernels).
     accel::DeviceBuffer page_tables;
@@ -230,7 +228,6 @@ class DataPath {
     ~Mapping() {
       if (controller == nullptr) return;
       if (lists.id != 0) (void)controller->free_dma_buffer(lists.id);
-      if (device_lists_mapping.id != 0) (void)controller->dma_unmap(device_lists_mapping.id);
       if (mapping.id != 0) (void)controller->dma_unmap(mapping.id);
     }
   };
@@ -346,8 +343,9 @@ class DataPath {
     std::shared_ptr<Mapping> mapping;
     /// The registration's PRP table as the kernels read it (prp_table.hpp): page tables in
     /// accelerator memory (CUDA profile: device memory, not dereferenceable on the host). For
-    /// inspection (tests, diagnostics). Precondition: a live registration (mapping set).
-    const PrpTable& prp_table() const noexcept { return mapping->table; }
+    /// inspection (tests, diagnostics); nullptr when this object holds no registration (default
+    /// constructed, or after unregister_memory). Thread-safety: as a plain value.
+    const PrpTable* prp_table() const noexcept { return mapping ? &mapping->table : nullptr; }
   };
 
   /// One submit's in-flight state: a slot of the DataPath's batch pool, returned to the pool when
@@ -561,13 +559,14 @@ class DataPath {
 
   /// DMA-maps the pages that hold the region and prebuilds its PRP lists (two variants, see
   /// prp_table.hpp) at registration, so no submit builds a list. HOST / PINNED_HOST regions go
-  /// through Controller::dma_map and their list pages into a controller DMA buffer; DEVICE
-  /// regions (CUDA profile; a cudaMalloc address) through Controller::dma_map_device and their
-  /// list pages into device memory that is DMA-mapped the same way (the lists live where the
-  /// data does: a controller that reaches the region reaches its lists). The page tables the
-  /// kernels read per command (region pages and list pages, 8 bytes each) go into accelerator
-  /// memory (accel::DeviceBuffer: device memory in the CUDA profile). Memory per registration:
-  /// about 2 x 0.4 % of the region for lists, 0.2 % for page tables (4 KiB pages).
+  /// through Controller::dma_map, DEVICE regions (CUDA profile; a cudaMalloc address) through
+  /// Controller::dma_map_device. The list pages are read by the controller and live in a
+  /// controller DMA buffer (host memory; for a GPU region they hold GPU bus addresses, as the
+  /// Linux NVMe driver's lists do under GPUDirect Storage: a drive reads them from host memory and
+  /// writes the data peer-to-peer). The page tables the kernels read per command (region pages and
+  /// list pages, 8 bytes each) go into accelerator memory (accel::DeviceBuffer: device memory in
+  /// the CUDA profile). Memory per registration: about 0.8 % of the region in list pages (host),
+  /// 0.2 % in page tables (device memory in the CUDA profile), at 4 KiB pages.
   /// Errors: the controller's dma_map / dma_map_device / allocate_dma_buffer errors (e.g.
   /// INVALID_ARGUMENT when a page of the region is already mapped by another registration,
   /// UNSUPPORTED when the controller cannot map device memory), accel::allocate_device's
@@ -589,60 +588,32 @@ class DataPath {
     m->mapping = std::move(mapped.value());
     m->user_address = address;
     m->user_size = view.size;
-    if (Status built = build_prp_table(*m, device); !built) return built.with_context("local_nvme: register_memory");
+    if (Status built = build_prp_table(*m); !built) return built.with_context("local_nvme: register_memory");
     return registered_memory{std::move(m)};
   }
 
-  /// Places the list pages of `m` (device: device memory + dma_map_device; else a controller
-  /// DMA buffer), fills them on the host, copies them home, and places the page tables the
-  /// kernels read (see register_memory). Errors as register_memory; `m`'s destructor releases
-  /// whatever was set up.
-  Status build_prp_table(Mapping& m, bool device) {
+  /// Allocates and fills the list pages of `m` (a controller DMA buffer) and places the page
+  /// tables the kernels read (see register_memory). Errors as register_memory; `m`'s destructor
+  /// releases whatever was set up.
+  Status build_prp_table(Mapping& m) {
     const std::uint32_t page_size = m.mapping.page_size;
     const std::uint64_t region_pages = m.mapping.bus_addresses.size();
     const std::uint64_t list_pages = PrpTable::list_pages_for(region_pages, page_size);
-    const std::uint64_t list_bytes = 2 * list_pages * page_size;
+    auto lists = m.controller->allocate_dma_buffer(2 * list_pages * page_size);
+    if (!lists) return lists.status().with_context("PRP list buffer");
+    m.lists = *lists;
     std::vector<std::uint64_t> list_bus_addresses;
     try {
-      list_bus_addresses.reserve(2 * list_pages);
+      list_bus_addresses.resize(2 * list_pages);
     } catch (const std::bad_alloc&) {
       return error(StatusCode::RESOURCE_EXHAUSTED, "no host memory for the bus addresses of {} PRP list pages", 2 * list_pages);
     }
-    if (device) {
-      auto memory = accel::DeviceBuffer::allocate(list_bytes);
-      if (!memory) return memory.status().with_context("PRP lists in device memory");
-      m.device_lists = std::move(*memory);
-      auto mapped = m.controller->dma_map_device(m.device_lists.data(), m.device_lists.size());
-      if (!mapped) return mapped.status().with_context("dma_map_device of the PRP lists");
-      m.device_lists_mapping = std::move(*mapped);
-      if (m.device_lists_mapping.page_size != page_size || m.device_lists_mapping.bus_addresses.size() < 2 * list_pages)
-        return error(StatusCode::INTERNAL, "dma_map_device of the PRP lists gave {} pages of {} bytes; {} pages of {} bytes needed",
-                     m.device_lists_mapping.bus_addresses.size(), m.device_lists_mapping.page_size, 2 * list_pages, page_size);
-      list_bus_addresses.assign(m.device_lists_mapping.bus_addresses.begin(),
-                                m.device_lists_mapping.bus_addresses.begin() + static_cast<std::ptrdiff_t>(2 * list_pages));
-    } else {
-      auto lists = m.controller->allocate_dma_buffer(list_bytes);
-      if (!lists) return lists.status().with_context("PRP list buffer");
-      m.lists = *lists;
-      for (std::uint64_t i = 0; i < 2 * list_pages; ++i) list_bus_addresses.push_back(m.lists.bus_address + i * page_size);
-    }
-    // Fill on the host from host copies of both page tables, then copy each to its home.
+    for (std::uint64_t i = 0; i < 2 * list_pages; ++i) list_bus_addresses[i] = m.lists.bus_address + i * page_size;
+    // Fill from host copies of both page tables, then move the tables to accelerator memory.
     m.table.pages = nvme::PageTableView{m.mapping.bus_addresses.data(), region_pages, page_size};
     m.table.lists = nvme::PageTableView{list_bus_addresses.data(), 2 * list_pages, page_size};
     m.table.list_pages = list_pages;
-    if (device) {
-      std::vector<std::uint64_t> filled;
-      try {
-        filled.resize(list_bytes / 8);
-      } catch (const std::bad_alloc&) {
-        return error(StatusCode::RESOURCE_EXHAUSTED, "no host memory to build {} bytes of PRP lists", list_bytes);
-      }
-      m.table.fill(filled.data());
-      if (Status copied = accel::copy_to_device(m.device_lists.data(), filled.data(), list_bytes); !copied)
-        return copied.with_context("PRP lists into device memory");
-    } else {
-      m.table.fill(static_cast<std::uint64_t*>(m.lists.host_address));
-    }
+    m.table.fill(static_cast<std::uint64_t*>(m.lists.host_address));
     const std::uint64_t table_bytes = (region_pages + 2 * list_pages) * sizeof(std::uint64_t);
     auto tables = accel::DeviceBuffer::allocate(table_bytes);
     if (!tables) return tables.status().with_context("page tables in accelerator memory");

@@ -22,8 +22,7 @@
 // Placement (path/local_nvme.hpp, register_memory): both page tables, `pages` and `lists`, are
 // what the submitting threads read per command, so they live in accelerator memory (CUDA
 // profile: device memory, no PCIe round trip per lookup); the list pages themselves are read by
-// the controller and live with the region they describe (device memory for a DEVICE region,
-// a controller DMA buffer for host memory).
+// the controller and live in a controller DMA buffer (host memory, also for a GPU region).
 // Host and device code; allocation-free lookup.
 #pragma once
 
