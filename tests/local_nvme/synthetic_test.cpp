@@ -16,6 +16,7 @@
 #include <tutti/nvme/status.hpp>
 #include <tutti/path/local_nvme.hpp>
 
+#include "host_buffer.hpp"
 #include "test_files.hpp"
 
 using namespace tutti;
@@ -25,16 +26,7 @@ namespace {
 
 constexpr std::uint64_t kSecond = 1'000'000'000;
 
-struct Buffer {
-  explicit Buffer(std::size_t n) : size(n) {
-    REQUIRE(posix_memalign(&data, 4096, n) == 0);
-    std::memset(data, 0xEE, n);
-  }
-  ~Buffer() { free(data); }
-  std::uint8_t* bytes() { return static_cast<std::uint8_t*>(data); }
-  void* data = nullptr;
-  std::size_t size;
-};
+using tutti::testing::Buffer;
 
 /// A soft controller on a pattern-filled backing file, its driver and a Path.
 struct Rig {
@@ -155,6 +147,7 @@ TEST_CASE("option defaults are pinned") {
   CHECK(o.device_target_cache_entries == 256);
   CHECK(o.device_target_cache_entry_extents == 256);
   CHECK(o.host_target_cache_bytes == std::uint64_t{256} << 20);
+  CHECK(o.poll_kernel_budget_ns == 1'000'000u);
   CHECK(Path::capabilities.offset_alignment == 4096);
   CHECK(Path::capabilities.unaligned_tail_at_end_of_target);
 }
@@ -194,6 +187,46 @@ TEST_CASE("invalid options are rejected naming the field") {
   o = {};
   o.host_target_cache_bytes = 0;
   CHECK(Path::create(**c, o).status().message().find("host_target_cache_bytes = 0") != std::string::npos);
+  o = {};
+  o.poll_kernel_budget_ns = Path::Options::kMaxPollKernelBudgetNs + 1;
+  CHECK(Path::create(**c, o).status().message().find("poll_kernel_budget_ns = 1000000001 outside 0..1000000000") !=
+        std::string::npos);
+  o = {};
+  o.command_timeout_ns = 1'000'000;
+  o.poll_kernel_budget_ns = 500'001;  // the host waits command_timeout_ns for a kernel: at most half of it
+  CHECK(Path::create(**c, o).status().message().find("poll_kernel_budget_ns = 500001 outside 0..500000") != std::string::npos);
+  o.poll_kernel_budget_ns = 500'000;
+  CHECK(Path::create(**c, o).is_ok());
+}
+
+TEST_CASE("the progress kernel polls on the accelerator's clock: one launch per batch with a budget, one per pass without") {
+  // One request of 32 commands (4 KiB each) with a window of 2: at most 2 complete per pass, so
+  // a kernel that polls one pass needs at least 16 launches; one that polls until done needs one
+  // (unless the 1 s budget runs out first).
+  for (const std::uint64_t budget : {std::uint64_t{0}, Path::Options::kMaxPollKernelBudgetNs}) {
+    CAPTURE(budget);
+    Path::Options o;
+    o.request_window = 2;
+    o.max_command_bytes = 4096;
+    o.poll_kernel_budget_ns = budget;
+    Rig rig(o);
+    auto t = rig.open({{0, 0, 1 << 20}}, 1 << 20);
+    Buffer buffer(1 << 20);
+    auto m = rig.map(buffer);
+    const std::uint64_t before = rig.path->poll_kernel_launches();
+    auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, 0, t, 64 << 10, 32 * 4096)});
+    REQUIRE_MESSAGE(done[0].status.is_ok(), done[0].status.to_string());
+    CHECK(done[0].commands == 32);
+    const auto expected = rig.device_bytes(64 << 10, 32 * 4096);
+    CHECK(std::equal(expected.begin(), expected.end(), buffer.bytes()));
+    const std::uint64_t launches = rig.path->poll_kernel_launches() - before;
+    if (budget == 0) {
+      CHECK(launches >= 16);
+    } else {
+      CHECK(launches == 1);
+    }
+    CHECK(rig.path->unregister_memory(m).is_ok());
+  }
 }
 
 TEST_CASE("a request is split at extent boundaries and at the command size limit, and reads the right bytes") {

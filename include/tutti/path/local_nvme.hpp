@@ -126,6 +126,8 @@ class DataPath {
     static constexpr std::uint32_t kDefaultDeviceTargetCacheEntryExtents = 256;
     static constexpr std::uint32_t kMaxDeviceTargetCacheEntryExtents = 65536;
     static constexpr std::uint64_t kDefaultHostTargetCacheBytes = std::uint64_t{256} << 20;  // 256 MiB
+    static constexpr std::uint64_t kDefaultPollKernelBudgetNs = 1'000'000;  // 1 ms
+    static constexpr std::uint64_t kMaxPollKernelBudgetNs = 1'000'000'000;  // 1 s
     /// I/O queue pairs to create (1..the controller's allocated queues). Requests of a batch are
     /// spread round robin over them.
     std::uint32_t queue_pairs = kDefaultQueuePairs;
@@ -166,6 +168,15 @@ class DataPath {
     /// Extents one L1 entry holds (1..kMaxDeviceTargetCacheEntryExtents); a target with more is
     /// always served from its L2 copy (counted as a fallback).
     std::uint32_t device_target_cache_entry_extents = kDefaultDeviceTargetCacheEntryExtents;
+    /// How long one progress kernel keeps polling on the accelerator before it returns to the
+    /// host, ns (0..kMaxPollKernelBudgetNs, and at most command_timeout_ns / 2 since the host waits
+    /// command_timeout_ns for a kernel): the kernel's warps reap, issue and finish requests in
+    /// passes, on the accelerator's clock, until their requests are done, one needs the host (an
+    /// Abort to send), or the budget is spent; progress() then copies the reports back. Each
+    /// launch also stops at progress()'s own timeout. 0: one pass per launch (a host round trip
+    /// per step). Longer budgets mean fewer launches and round trips, but completions reach the
+    /// caller only when a kernel returns and the stream is busy meanwhile.
+    std::uint64_t poll_kernel_budget_ns = kDefaultPollKernelBudgetNs;
     /// L2 bound: bytes of extents (24 per extent) of all open targets together, held in
     /// kernel-reachable memory (CUDA profile: mapped pinned host memory) from open to close
     /// (1..accel::kMaxAllocationBytes). open beyond it returns RESOURCE_EXHAUSTED naming this field.
@@ -256,6 +267,7 @@ class DataPath {
     accel::DeviceBuffer device_requests;  ///< size x RequestState: what the kernels update
     accel::DeviceBuffer device_records;   ///< size x request_window x CommandRecord
     accel::DeviceBuffer device_reports;   ///< size x RequestReport
+    accel::DeviceBuffer device_poll_stop; ///< PollKernel's stop word (8 bytes, zeroed before each launch)
     std::vector<CommandRecord> records_copy;         ///< one request's records, copied back on demand
     std::vector<std::shared_ptr<Mapping>> mappings;  ///< per request (zombie hand-off)
     std::vector<std::uint8_t> reported;              ///< completion already reported
@@ -308,10 +320,13 @@ class DataPath {
     std::vector<std::unique_ptr<Queue>> queues;
     KernelArray<Credits> credits;             ///< one per queue pair, sized once (stable addresses)
     KernelArray<DeviceQueue> device_queues;   ///< the kernels' view of `queues`
+    /// The source of the copy that zeroes a batch's poll stop word before each poll launch.
+    KernelArray<std::uint64_t> zero_word = kernel_array<std::uint64_t>(1, 0);
     std::atomic<std::uint64_t> next_queue{0};
     std::mutex zombie_mutex;
     std::vector<Zombie> zombies;
     std::atomic<std::uint64_t> aborts_sent{0};
+    std::atomic<std::uint64_t> poll_kernel_launches{0};
     std::shared_ptr<BatchPool> pool = std::make_shared<BatchPool>();
     std::shared_ptr<TargetCache> target_cache;  ///< shared with open targets and live batches
     /// Held shared by every submit and progress step from its launch to the end of its wait, taken
@@ -394,6 +409,11 @@ class DataPath {
                    options.threads_per_block, accel::kKernelWarpLanes);
     if (options.command_timeout_ns == 0 || options.abort_timeout_ns == 0 || options.admin_timeout_ns == 0)
       return error(StatusCode::INVALID_ARGUMENT, "local_nvme: timeouts must be > 0 ns");
+    if (options.poll_kernel_budget_ns > std::min(Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2))
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "local_nvme: poll_kernel_budget_ns = {} outside 0..{} (at most {} ns and command_timeout_ns / 2 = {} ns)",
+                   options.poll_kernel_budget_ns, std::min(Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2),
+                   Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2);
     if (options.max_batches_in_flight == 0 || options.max_batches_in_flight > Options::kMaxBatchesInFlightLimit)
       return error(StatusCode::INVALID_ARGUMENT, "local_nvme: max_batches_in_flight = {} outside 1..{}",
                    options.max_batches_in_flight, Options::kMaxBatchesInFlightLimit);
@@ -470,6 +490,9 @@ class DataPath {
   std::uint64_t max_command_bytes() const noexcept { return state_->max_command_bytes; }
   /// NVMe Abort commands sent so far.
   std::uint64_t aborts_sent() const noexcept { return state_->aborts_sent.load(); }
+  /// Progress kernels launched so far by progress() over all batches (one per step; see
+  /// Options::poll_kernel_budget_ns). Thread-safe (an atomic counter).
+  std::uint64_t poll_kernel_launches() const noexcept { return state_->poll_kernel_launches.load(); }
   /// Commands that timed out and were never answered, still holding their memory mapping.
   std::size_t zombie_commands() {
     reap_zombies();
@@ -703,7 +726,8 @@ class DataPath {
     }
     for (auto [buffer, bytes, what] : {std::tuple{&slot.device_requests, n * sizeof(RequestState), "request states"},
                                        std::tuple{&slot.device_records, n * window * sizeof(CommandRecord), "command records"},
-                                       std::tuple{&slot.device_reports, n * sizeof(RequestReport), "request reports"}}) {
+                                       std::tuple{&slot.device_reports, n * sizeof(RequestReport), "request reports"},
+                                       std::tuple{&slot.device_poll_stop, sizeof(std::uint64_t), "poll kernel's stop word"}}) {
       if (buffer->size() >= bytes) continue;
       *buffer = accel::DeviceBuffer();  // no kernel runs over an idle slot
       auto grown = accel::DeviceBuffer::allocate(bytes);
@@ -808,12 +832,21 @@ class DataPath {
     void* stream = state_->options.stream.native_handle();
     auto* device_requests = static_cast<RequestState*>(slot.device_requests.data());
     auto* device_reports = static_cast<RequestReport*>(slot.device_reports.data());
+    auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
     accel::Backoff backoff;
     for (;;) {
-      // ONE launch and ONE copy of the reports back per step, then ONE bounded wait.
+      // ONE launch (polling on the accelerator for up to its budget) and ONE copy of the reports
+      // back per step, then ONE bounded wait.
+      const std::uint64_t now = accel::timer_ns();
+      const std::uint64_t budget = std::min(state_->options.poll_kernel_budget_ns, deadline > now ? deadline - now : 0);
       {
         std::shared_lock gate(state_->kernel_gate);  // no zombie reaping while this kernel may run
-        TUTTI_RETURN_IF_ERROR(launch_over(n, PollKernel{device_requests, state_->device_queues.data(), n, device_reports}));
+        if (budget != 0)
+          TUTTI_RETURN_IF_ERROR(accel::copy_to_device_async(stop_word, state_->zero_word.data(), sizeof(std::uint64_t), stream)
+                                    .with_context("local_nvme: zeroing the poll kernel's stop word"));
+        TUTTI_RETURN_IF_ERROR(launch_over(
+            n, PollKernel{device_requests, state_->device_queues.data(), n, device_reports, stop_word, budget}));
+        state_->poll_kernel_launches.fetch_add(1, std::memory_order_relaxed);
         Status copied = accel::copy_from_device_async(slot.reports.data(), device_reports, n * sizeof(RequestReport), stream);
         Status waited = accel::synchronize(stream, state_->options.command_timeout_ns);
         if (!copied.is_ok() || !waited.is_ok()) {
@@ -852,8 +885,11 @@ class DataPath {
       if (all_done) return Status::ok();
       if (accel::timer_ns() >= deadline)
         return Status(StatusCode::NOT_READY, "local_nvme: batch still in flight");
-      if (any_new) backoff.reset();
-      backoff.pause();
+      if (any_new || budget != 0) {
+        backoff.reset();  // the kernel itself polled (or something completed): relaunch at once
+      } else {
+        backoff.pause();
+      }
     }
   }
 

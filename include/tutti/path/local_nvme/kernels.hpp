@@ -419,6 +419,16 @@ TUTTI_HOST_DEVICE inline void poll_request(RequestState& r, const DeviceQueue& q
   }
 }
 
+/// Records of the request the host must act on before the kernels may touch them again: timed_out
+/// (the host sends the Abort) and zombie (the host takes it over). 0 for a request not accepted.
+TUTTI_HOST_DEVICE inline std::uint32_t records_needing_host(const RequestState& r) noexcept {
+  std::uint32_t count = 0;
+  if (r.accepted)
+    for (std::uint32_t k = 0; k < r.max_window; ++k)
+      if (r.records[k].phase == CommandPhase::timed_out || r.records[k].phase == CommandPhase::zombie) ++count;
+  return count;
+}
+
 /// The request's report for the host (see RequestReport).
 TUTTI_HOST_DEVICE inline void write_report(const RequestState& r, RequestReport& out) noexcept {
   RequestReport report;
@@ -428,9 +438,7 @@ TUTTI_HOST_DEVICE inline void write_report(const RequestState& r, RequestReport&
   report.failed_file_offset = r.failed_file_offset;
   report.commands = r.commands;
   report.zombies = r.zombies;
-  if (r.accepted)
-    for (std::uint32_t k = 0; k < r.max_window; ++k)
-      if (r.records[k].phase == CommandPhase::timed_out || r.records[k].phase == CommandPhase::zombie) ++report.needs_host;
+  report.needs_host = records_needing_host(r);
   report.outcome = r.outcome;
   report.nvme_status = r.nvme_status;
   report.accepted = r.accepted;
@@ -475,23 +483,57 @@ struct AdmitKernel {
   }
 };
 
-/// The progress kernel: one poll_request pass per request, with the clock read where it runs.
-/// Same memory rules as AdmitKernel.
+/// The kernel-wide time at which PollKernel's polling stops: the first warp to arrive sets it to
+/// its clock + budget_ns (compare-and-swap from 0 on `stop_word`, which the host zeroes before
+/// each launch); the others read it. Lane 0 does it, every lane gets the value (collective). A
+/// kernel-wide stop bounds the whole launch by budget_ns plus one pass per wave of blocks, even
+/// when blocks cannot all be resident at once (or run one after another: the host profile).
+TUTTI_HOST_DEVICE inline std::uint64_t warp_poll_stop(std::uint64_t* stop_word, std::uint64_t budget_ns) noexcept {
+  std::uint64_t stop = 0;
+  if (accel::lane_id() == 0) {
+    accel::DeviceAtomicRef<std::uint64_t> word(*stop_word);
+    stop = word.load(accel::MemoryOrder::relaxed);
+    if (stop == 0) {
+      const std::uint64_t mine = accel::deadline_after(budget_ns);
+      std::uint64_t expected = 0;
+      stop = word.compare_exchange_strong(expected, mine, accel::MemoryOrder::relaxed) ? mine : expected;
+    }
+  }
+  return accel::warp_broadcast(stop, 0);
+}
+
+/// The progress kernel. Each warp polls its requests in passes (reap its CQs, poll_request with
+/// the clock read where it runs, issue further commands, finish idle requests) until none of them
+/// is waiting, or one needs the host (a record timed_out or zombie: the Abort and the zombie
+/// hand-off are the host's), or the kernel-wide stop time (warp_poll_stop) has passed; then it
+/// writes the reports. budget_ns = 0: one pass, no stop word read. Between passes the warp backs
+/// off with accel::Backoff (__nanosleep on a GPU). Every loop condition is a warp ballot, so the
+/// lanes stay convergent for the warp-collective steps. Same memory rules as AdmitKernel;
+/// `stop_word` in device memory (8 bytes, zeroed by the host before each launch with a budget).
 struct PollKernel {
   RequestState* requests = nullptr;
   const DeviceQueue* queues = nullptr;
   std::uint64_t count = 0;
   RequestReport* reports = nullptr;  ///< count entries
+  std::uint64_t* stop_word = nullptr;
+  std::uint64_t budget_ns = 0;  ///< how long the kernel may poll, ns on the kernels' clock
   TUTTI_HOST_DEVICE void operator()(accel::ThreadIndex t) const noexcept {
     const std::uint64_t i = t.global();
     RequestState* r = i < count ? &requests[i] : nullptr;
-    warp_reap(r, queues);
-    if (r != nullptr) poll_request(*r, queues[r->queue_index], accel::timer_ns());
-    detail::warp_issue_commands(r, queues);
-    if (r != nullptr) {
-      detail::finish_if_idle(*r, queues[r->queue_index]);
-      write_report(*r, reports[i]);
+    const std::uint64_t stop = budget_ns == 0 ? 0 : warp_poll_stop(stop_word, budget_ns);
+    accel::Backoff backoff(accel::Backoff::Settings{.spin_steps = 4, .yield_steps = 4, .first_sleep_ns = 256, .max_sleep_ns = 8192});
+    for (;;) {
+      warp_reap(r, queues);
+      const std::uint64_t now = accel::timer_ns();
+      if (r != nullptr) poll_request(*r, queues[r->queue_index], now);
+      detail::warp_issue_commands(r, queues);
+      if (r != nullptr) detail::finish_if_idle(*r, queues[r->queue_index]);
+      const bool host = r != nullptr && records_needing_host(*r) != 0;
+      const bool waiting = r != nullptr && r->accepted && !r->done;
+      if (accel::warp_ballot(waiting) == 0 || accel::warp_ballot(host) != 0 || accel::warp_ballot(now >= stop) != 0) break;
+      backoff.pause();
     }
+    if (r != nullptr) write_report(*r, reports[i]);
   }
 };
 
