@@ -30,7 +30,8 @@
 //
 // Usage: tutti-bench-gpu-local-nvme [--file-mib N] [--batch B] [--queues Q] [--workers W]
 //                                   [--repeat R] [--uring-queue-depth D] [--cufile-threads T]
-//                                   [--dir DIR] [--json FILE]
+//                                   [--poll-budget-ns NS] [--dir DIR] [--json FILE]
+// --poll-budget-ns: the DataPath's Options::poll_kernel_budget_ns (0: one poll pass per launch).
 // Exits 77 without a CUDA device; 2 on bad flags (checked before any file or GPU work); 1 when a
 // request failed or a byte did not match.
 #include <fcntl.h>
@@ -74,6 +75,7 @@ struct Options {
   std::uint32_t repeat = 3;
   std::uint32_t uring_queue_depth = 256;
   std::uint32_t cufile_threads = 16;
+  std::uint64_t poll_budget_ns = Path::Options::kDefaultPollKernelBudgetNs;  ///< Options::poll_kernel_budget_ns
   std::string dir = "/var/tmp";
   std::string json;
 };
@@ -271,6 +273,7 @@ int main(int argc, char** argv) {
     else if (key == "--repeat") options.repeat = static_cast<std::uint32_t>(number(100));
     else if (key == "--uring-queue-depth") options.uring_queue_depth = static_cast<std::uint32_t>(number(32768));
     else if (key == "--cufile-threads") options.cufile_threads = static_cast<std::uint32_t>(number(256));
+    else if (key == "--poll-budget-ns") options.poll_budget_ns = number(Path::Options::kMaxPollKernelBudgetNs);
     else if (key == "--dir") options.dir = value;
     else if (key == "--json") options.json = value;
     else {
@@ -337,6 +340,7 @@ int main(int argc, char** argv) {
   path_options.queue_pairs = options.queues;
   path_options.queue_depth = 1024;
   path_options.threads_per_block = 128;
+  path_options.poll_kernel_budget_ns = options.poll_budget_ns;
   auto path = Path::create(*controller.value(), path_options);
   if (!path) {
     std::fprintf(stderr, "DataPath: %s\n", path.status().to_string().c_str());
@@ -395,9 +399,10 @@ int main(int argc, char** argv) {
               properties.name, runtime_version, driver_version, file.c_str(),
               static_cast<unsigned long long>(options.file_mib));
   std::printf("local_nvme: soft controller with %u workers, %u I/O queue pairs of depth 1024, batches of up to %u "
-              "requests; uring: queue depth %u; cuFile: %u threads; pread: %u threads; best of %u passes\n",
-              options.workers, options.queues, options.batch, options.uring_queue_depth, options.cufile_threads,
-              options.workers, options.repeat);
+              "requests, poll kernel budget %llu ns; uring: queue depth %u; cuFile: %u threads; pread: %u threads; best of "
+              "%u passes\n",
+              options.workers, options.queues, options.batch, static_cast<unsigned long long>(options.poll_budget_ns),
+              options.uring_queue_depth, options.cufile_threads, options.workers, options.repeat);
   std::printf("cuFile: %s\n", cufile_description.c_str());
   std::printf("THIS MEASURES THE SOFT CONTROLLER EMULATION (host workers + bounce copies), not an SSD.\n");
   std::vector<Row> rows;
@@ -446,11 +451,11 @@ int main(int argc, char** argv) {
   if (!options.json.empty()) {
     if (FILE* f = std::fopen(options.json.c_str(), "w")) {
       std::fprintf(f, "{\"gpu\": %s, \"cuda_runtime_version\": %d, \"cuda_driver_api_version\": %d, \"file_bytes\": %llu, "
-                      "\"workers\": %u, \"queues\": %u, \"batch\": %u, \"uring_queue_depth\": %u, \"cufile_threads\": %u, "
+                      "\"workers\": %u, \"queues\": %u, \"batch\": %u, \"poll_kernel_budget_ns\": %llu, \"uring_queue_depth\": %u, \"cufile_threads\": %u, "
                       "\"repeat\": %u, \"cufile\": %s, \"all_verified\": %s, \"rows\": [\n",
                    json_string(properties.name).c_str(), runtime_version, driver_version,
                    static_cast<unsigned long long>(file_bytes), options.workers, options.queues, options.batch,
-                   options.uring_queue_depth, options.cufile_threads, options.repeat, json_string(cufile_description).c_str(),
+                   static_cast<unsigned long long>(options.poll_budget_ns), options.uring_queue_depth, options.cufile_threads, options.repeat, json_string(cufile_description).c_str(),
                    failures == 0 ? "true" : "false");
       for (std::size_t i = 0; i < rows.size(); ++i)
         std::fprintf(f, "  {\"path\": %s, \"request_bytes\": %llu, \"bytes\": %llu, \"requests\": %llu, \"seconds\": %.6f, "

@@ -7,6 +7,8 @@
 //   - writes from GPU memory verified against the file's bytes;
 //   - batches of 1 to 8192 requests, thousands of commands in flight across 64 queue pairs;
 //   - SQ/CQ wrap-around on a shallow queue;
+//   - the poll kernel polling on %globaltimer: one launch for a batch of many waves with a
+//     budget, one launch per pass without (poll_kernel_launches);
 //   - an injected NVMe error (DEVICE_ERROR with its status), a lost completion (TIMEOUT after an
 //     NVMe Abort, deadlines on %globaltimer; the soft controller answers the Abort, so no zombie);
 //   - DEVICE memory registrations refused by a controller without accelerator_mode;
@@ -239,6 +241,46 @@ TEST_CASE("reads of a real file over scattered extents land in GPU memory byte f
   const auto counters = rig.device->counters();
   CHECK(counters.device_bytes_read >= (4096 + 8192 + 65536 * 3 + (2 << 20) + (1 << 20)));
   CHECK(rig.path->unregister_memory(registration).is_ok());
+}
+
+TEST_CASE("the poll kernel polls on the GPU: one launch for a batch of many waves with a budget, one per pass without") {
+  // 96 requests (3 warps) of 8 commands of 4 KiB each with a window of 2: at least 4 passes per
+  // request. With a 1 s budget the warps poll on %globaltimer until done: ONE launch. With budget
+  // 0 every pass is a launch: at least 4 (3 more than one, as every request needs 4 passes).
+  const std::uint64_t requests_per_batch = 96, bytes_per_request = 8 * 4096;
+  for (const std::uint64_t budget : {std::uint64_t{0}, Path::Options::kMaxPollKernelBudgetNs}) {
+    CAPTURE(budget);
+    Path::Options o;
+    o.queue_pairs = 4;
+    o.request_window = 2;
+    o.max_command_bytes = 4096;
+    o.poll_kernel_budget_ns = budget;
+    Rig rig(o);
+    const auto extents = reversed_extents(1024, 16);
+    auto target = rig.open(extents, 1024 * 4096);
+    DeviceMemory memory(requests_per_batch * bytes_per_request);
+    auto registration = rig.map(memory);
+    std::vector<PathRequest<Path>> requests;
+    std::vector<std::uint64_t> lengths(requests_per_batch, bytes_per_request);
+    for (std::uint64_t i = 0; i < requests_per_batch; ++i)
+      requests.push_back(rig.request(Direction::READ, registration, memory, i * bytes_per_request, target,
+                                     (i * 37 % 128) * bytes_per_request, bytes_per_request));
+    const std::uint64_t before = rig.path->poll_kernel_launches();
+    auto [states, completions] = rig.run(requests);
+    check_all_ok(states, completions, lengths);
+    for (std::uint64_t i = 0; i < requests_per_batch; ++i) {
+      CHECK(completions[i].commands == 8);
+      CHECK(memory.read(i * bytes_per_request, bytes_per_request) ==
+            rig.expected(extents, (i * 37 % 128) * bytes_per_request, bytes_per_request));
+    }
+    const std::uint64_t launches = rig.path->poll_kernel_launches() - before;
+    if (budget == 0) {
+      CHECK(launches >= 4);
+    } else {
+      CHECK(launches == 1);
+    }
+    CHECK(rig.path->unregister_memory(registration).is_ok());
+  }
 }
 
 TEST_CASE("writes from GPU memory reach the file byte for byte") {
