@@ -16,7 +16,7 @@
 // CUDA profile: the soft controller is created in accelerator_mode (BAR0 and queues in mapped
 // pinned memory, DEVICE memory through map_device), whatever options.soft says.
 //
-// Included by the lead from presets.hpp. Needs libnvm (meson: libnvm_dep).
+// Included by presets.hpp. Needs libnvm (meson: libnvm_dep).
 #pragma once
 
 #include <memory>

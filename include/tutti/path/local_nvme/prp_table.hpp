@@ -57,7 +57,7 @@ struct PrpTable {
   /// Fills both variants' list pages into `list` (host memory, 2 * list_pages * page_size bytes:
   /// variant v's page m at byte (v * list_pages + m) * page_size), whose pages the controller
   /// finds at lists.bus_addresses. `pages` and `lists` must be readable by the calling (host)
-  /// thread. Called once at registration; the caller then copies `list` to its home.
+  /// thread. Called once at registration, on the list buffer itself (a controller DMA buffer).
   void fill(std::uint64_t* list) const noexcept {
     const std::uint64_t per_page = pages.page_size / 8;
     for (unsigned v = 0; v < 2; ++v) {
