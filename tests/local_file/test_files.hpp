@@ -1,19 +1,17 @@
-// Helpers shared by the local_file and local_nvme suites: deterministic file contents written
-// through the file system, and reading them back.
+// Pattern helpers of the local_file and local_nvme suites: deterministic file contents written
+// through the file system (tests/support/real_files.hpp does the file IO, and provides read_file,
+// file_size and TempDirectory to the files that include this one).
 #pragma once
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdint>
-#include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
-#include <doctest/doctest.h>
-
-#include <tutti/core/status.hpp>
+#include <real_files.hpp>
 
 namespace tutti::testing {
 
@@ -27,53 +25,30 @@ inline std::uint8_t pattern_byte(std::uint64_t seed, std::uint64_t offset) {
   return static_cast<std::uint8_t>(x >> (8 * (offset % 8)));
 }
 
+/// Bytes [offset, offset + length) of the test pattern `seed`.
 inline std::vector<std::uint8_t> pattern(std::uint64_t seed, std::uint64_t offset, std::uint64_t length) {
   std::vector<std::uint8_t> out(length);
   for (std::uint64_t i = 0; i < length; ++i) out[i] = pattern_byte(seed, offset + i);
   return out;
 }
 
-/// Appends pattern(seed) bytes [offset, offset + length) to `path` through the file system
-/// (buffered writes, O_APPEND), in chunks of `chunk` bytes.
+/// Appends pattern(seed) bytes [offset, offset + length) to `path` (created when missing) through
+/// the file system (buffered writes, O_APPEND), in chunks of `chunk` bytes, then fsyncs.
 inline void append_pattern(const std::string& path, std::uint64_t seed, std::uint64_t offset, std::uint64_t length,
                            std::uint64_t chunk = 1 << 20) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  REQUIRE(fd >= 0);
-  for (std::uint64_t done = 0; done < length;) {
-    const std::uint64_t n = std::min(chunk, length - done);
-    auto bytes = pattern(seed, offset + done, n);
-    REQUIRE(::write(fd, bytes.data(), n) == static_cast<ssize_t>(n));
-    done += n;
-  }
-  REQUIRE(::fsync(fd) == 0);
-  ::close(fd);
+  write_file(
+      path, FileWrite::APPEND, length,
+      [&](std::uint64_t at, std::span<std::byte> bytes) {
+        for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte{pattern_byte(seed, offset + at + i)};
+      },
+      chunk);
 }
 
-/// Writes a whole file of `length` pattern(seed) bytes.
+/// Writes a whole new file (a new inode: any old `path` is unlinked first) of `length`
+/// pattern(seed) bytes.
 inline void write_pattern_file(const std::string& path, std::uint64_t seed, std::uint64_t length) {
   ::unlink(path.c_str());
   append_pattern(path, seed, 0, length);
-}
-
-/// Reads [offset, offset + length) of `path` through the file system (buffered).
-inline std::vector<std::uint8_t> read_file(const std::string& path, std::uint64_t offset, std::uint64_t length) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  REQUIRE(fd >= 0);
-  std::vector<std::uint8_t> out(length);
-  std::uint64_t done = 0;
-  while (done < length) {
-    const ssize_t n = ::pread(fd, out.data() + done, length - done, static_cast<off_t>(offset + done));
-    REQUIRE(n > 0);
-    done += static_cast<std::uint64_t>(n);
-  }
-  ::close(fd);
-  return out;
-}
-
-inline std::uint64_t file_size(const std::string& path) {
-  struct stat st {};
-  REQUIRE(::stat(path.c_str(), &st) == 0);
-  return static_cast<std::uint64_t>(st.st_size);
 }
 
 }  // namespace tutti::testing

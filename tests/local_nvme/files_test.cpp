@@ -12,6 +12,7 @@
 #include <scratch_filesystem.hpp>
 #include <tutti/presets/local_nvme.hpp>
 
+#include "host_buffer.hpp"
 #include "test_files.hpp"
 
 using namespace tutti;
@@ -45,17 +46,7 @@ std::unique_ptr<SoftLocalNvme> make_stack(const ScratchFilesystem& fs, std::uint
   return std::move(stack.value());
 }
 
-/// Page-aligned host buffer.
-struct Buffer {
-  explicit Buffer(std::size_t n) : size(n) {
-    REQUIRE(posix_memalign(&data, 4096, n) == 0);
-    std::memset(data, 0xEE, n);
-  }
-  ~Buffer() { free(data); }
-  std::uint8_t* bytes() { return static_cast<std::uint8_t*>(data); }
-  void* data = nullptr;
-  std::size_t size;
-};
+using tutti::testing::Buffer;
 
 IoResult run(LocalNvmeRuntime& rt, const std::vector<IoRequest>& requests) {
   auto outcome = rt.submit(requests);

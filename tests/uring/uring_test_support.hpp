@@ -1,22 +1,19 @@
-// Helpers of the uring suites: page-aligned buffers, deterministic file contents, plain (buffered)
-// reads of what the file system holds, and a runtime loop that waits for a submit.
+// Helpers of the uring suites: page-aligned buffers, deterministic file contents (the file IO, file
+// sizes and scratch directories come from tests/support/real_files.hpp), plain (buffered) reads of
+// what the file system holds, and a runtime loop that waits for a submit.
 #pragma once
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
-#include <fmt/format.h>
-
+#include <real_files.hpp>
 #include <tutti/presets/uring.hpp>
 
 namespace tutti::testing {
@@ -43,40 +40,16 @@ inline std::byte pattern_byte(std::uint64_t offset, std::uint32_t seed) {
   return static_cast<std::byte>(x & 0xff);
 }
 
-/// Writes `size` pattern bytes to `path` (created or replaced) with plain pwrite, then fsyncs.
+/// Writes `size` pattern bytes to `path` (created or replaced) through the file system, then fsyncs.
 inline void write_pattern_file(const std::string& path, std::uint64_t size, std::uint32_t seed) {
-  const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
-  REQUIRE_MESSAGE(fd >= 0, "cannot create ", path);
-  std::vector<std::byte> chunk(1 << 20);
-  for (std::uint64_t done = 0; done < size;) {
-    const std::uint64_t n = std::min<std::uint64_t>(chunk.size(), size - done);
-    for (std::uint64_t i = 0; i < n; ++i) chunk[i] = pattern_byte(done + i, seed);
-    REQUIRE(::pwrite(fd, chunk.data(), n, static_cast<off_t>(done)) == static_cast<ssize_t>(n));
-    done += n;
-  }
-  REQUIRE(::fsync(fd) == 0);
-  ::close(fd);
+  write_file(path, FileWrite::REPLACE, size, [seed](std::uint64_t at, std::span<std::byte> chunk) {
+    for (std::size_t i = 0; i < chunk.size(); ++i) chunk[i] = pattern_byte(at + i, seed);
+  });
 }
 
 /// What the file system returns for [offset, offset + length) through a plain (buffered) pread.
 inline std::vector<std::byte> read_plain(const std::string& path, std::uint64_t offset, std::uint64_t length) {
-  std::vector<std::byte> out(length);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  REQUIRE(fd >= 0);
-  std::uint64_t done = 0;
-  while (done < length) {
-    const ssize_t n = ::pread(fd, out.data() + done, length - done, static_cast<off_t>(offset + done));
-    REQUIRE(n > 0);
-    done += static_cast<std::uint64_t>(n);
-  }
-  ::close(fd);
-  return out;
-}
-
-inline std::uint64_t file_size(const std::string& path) {
-  struct stat st {};
-  REQUIRE(::stat(path.c_str(), &st) == 0);
-  return static_cast<std::uint64_t>(st.st_size);
+  return read_file<std::byte>(path, offset, length);
 }
 
 /// Whether `memory[0, length)` equals the pattern of the file region starting at `offset`.
@@ -114,20 +87,5 @@ inline std::vector<RequestCompletion> run_all(UringRuntime& runtime, const std::
   }
   return out;
 }
-
-/// A unique scratch directory on the root file system (ext4 here), removed by the destructor.
-struct TempDirectory {
-  TempDirectory() {
-    char templ[] = "/var/tmp/tutti-uring-XXXXXX";
-    REQUIRE(::mkdtemp(templ) != nullptr);
-    path = templ;
-  }
-  ~TempDirectory() {
-    if (std::system(fmt::format("rm -rf '{}'", path).c_str()) != 0) {  // best effort; a leftover temp dir is harmless
-    }
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-  std::string path;
-};
 
 }  // namespace tutti::testing
