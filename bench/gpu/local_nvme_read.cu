@@ -28,7 +28,7 @@
 // batch pool size its device buffers, so no timed pass pays for a slot's growth (cudaFree/cudaMalloc,
 // which wait for the device).
 //
-// Usage: tutti-bench-gpu-local-nvme [--file-mib N] [--batch B] [--queues Q] [--workers W]
+// Usage: tutti-bench-gpu-local-nvme [--help] [--file-mib N] [--batch B] [--queues Q] [--workers W]
 //                                   [--repeat R] [--uring-queue-depth D] [--cufile-threads T]
 //                                   [--poll-budget-ns NS] [--dir DIR] [--json FILE]
 // --poll-budget-ns: the DataPath's Options::poll_kernel_budget_ns (0: one poll pass per launch).
@@ -55,7 +55,7 @@
 #include <tutti/libnvm/soft_controller.hpp>
 #include <tutti/path/local_nvme.hpp>
 
-#include "decimal_flag.hpp"
+#include "bench_options.hpp"
 #include "local_nvme_read_baselines.hpp"
 
 namespace {
@@ -67,18 +67,9 @@ using bench::gpu_read::Row;
 constexpr const char* kProgram = "tutti-bench-gpu-local-nvme";
 constexpr std::uint64_t kTimeoutNs = 60'000'000'000ull;  // every wait of a pass: 60 s
 
-struct Options {
-  std::uint64_t file_mib = 512;
-  std::uint32_t batch = 1024;
-  std::uint32_t queues = 16;
-  std::uint32_t workers = 8;
-  std::uint32_t repeat = 3;
-  std::uint32_t uring_queue_depth = 256;
-  std::uint32_t cufile_threads = 16;
-  std::uint64_t poll_budget_ns = Path::Options::kDefaultPollKernelBudgetNs;  ///< Options::poll_kernel_budget_ns
-  std::string dir = "/var/tmp";
-  std::string json;
-};
+using Options = tutti::bench::gpu::LocalNvmeReadOptions;
+static_assert(Options{}.poll_budget_ns == Path::Options::kDefaultPollKernelBudgetNs,
+              "the benchmark's default poll budget is the DataPath's");
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -258,35 +249,7 @@ std::string json_string(const std::string& text) {
 
 int main(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string key = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s: %s needs a value\n", kProgram, key.c_str());
-      return 2;
-    }
-    const char* value = argv[i + 1];
-    auto number = [&](std::uint64_t max) { return bench::parse_decimal_flag(kProgram, key.c_str(), value, max); };
-    if (key == "--file-mib") options.file_mib = number(65536);
-    else if (key == "--batch") options.batch = static_cast<std::uint32_t>(number(65536));
-    else if (key == "--queues") options.queues = static_cast<std::uint32_t>(number(1024));
-    else if (key == "--workers") options.workers = static_cast<std::uint32_t>(number(256));
-    else if (key == "--repeat") options.repeat = static_cast<std::uint32_t>(number(100));
-    else if (key == "--uring-queue-depth") options.uring_queue_depth = static_cast<std::uint32_t>(number(32768));
-    else if (key == "--cufile-threads") options.cufile_threads = static_cast<std::uint32_t>(number(256));
-    else if (key == "--poll-budget-ns") options.poll_budget_ns = number(Path::Options::kMaxPollKernelBudgetNs);
-    else if (key == "--dir") options.dir = value;
-    else if (key == "--json") options.json = value;
-    else {
-      std::fprintf(stderr, "%s: unknown option %s\n", kProgram, key.c_str());
-      return 2;
-    }
-  }
-  if (options.file_mib == 0 || options.batch == 0 || options.queues == 0 || options.workers == 0 || options.repeat == 0 ||
-      options.uring_queue_depth < 2 || options.cufile_threads == 0 || options.dir.empty()) {
-    std::fprintf(stderr, "%s: --file-mib, --batch, --queues, --workers, --repeat and --cufile-threads must be >= 1, "
-                 "--uring-queue-depth >= 2, --dir not empty\n", kProgram);
-    return 2;
-  }
+  if (const int status = tutti::bench::gpu::parse_local_nvme_read_options(argc, argv, options); status != -1) return status;
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::fprintf(stderr, "no CUDA device: skipping (exit 77)\n");

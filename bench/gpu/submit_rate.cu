@@ -12,7 +12,7 @@
 // reap_completions/take_completion until all 32 are back; T host threads run the same
 // NullControllerQueue::service loop over host memory. Same nvme/queue.hpp code, host pass.
 //
-// Usage: tutti-bench-gpu-submit [--commands N] [--repeat R] [--depth D] [--max-queues Q] [--json FILE]
+// Usage: tutti-bench-gpu-submit [--help] [--commands N] [--repeat R] [--depth D] [--max-queues Q] [--json FILE]
 //          [--stop-relay 0|1] [--stop-poll-ns NS] [--shapes W:P,...] [--host 0|1]
 // (--stop-relay 0 restores the controllers' old stop poll, for before/after figures in one build.)
 // Exits 77 when no CUDA device is present.
@@ -28,6 +28,7 @@
 #include <tutti/nvme/queue.hpp>
 #include <tutti/path/gpu/null_controller.hpp>
 
+#include "bench_options.hpp"
 #include "command_kernel.cuh"
 #include "gpu_queues.hpp"
 
@@ -37,17 +38,7 @@ using tutti::gpu_test::MemoryKind;
 using tutti::gpu_test::QueueSet;
 using tutti::gpu_test::QueueSetConfig;
 
-struct Options {
-  std::uint64_t commands = 1u << 20;  ///< commands per measured run (split over the warps / threads)
-  std::uint32_t repeat = 3;
-  std::uint32_t depth = 1024;
-  std::uint32_t max_queues = 128;
-  std::uint32_t stop_relay = 1;             ///< 1: the controllers' stop word relayed into GPU memory
-  std::uint64_t stop_poll_ns = 100'000;     ///< NullControllerSettings::stop_poll_interval_ns
-  std::string shapes;                       ///< "W:P,W:P,..." (warps : warps per block); empty: the default set
-  bool host = true;                         ///< also run the host rows
-  std::string json;
-};
+using Options = tutti::bench::gpu::SubmitRateOptions;
 
 struct Row {
   std::string path;          ///< "gpu" or "host"
@@ -203,22 +194,7 @@ Row run_host(const Options& options, std::uint32_t threads) {
 
 int main(int argc, char** argv) {
   Options options;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string key = argv[i];
-    if (key == "--commands") options.commands = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (key == "--repeat") options.repeat = static_cast<std::uint32_t>(std::strtoul(argv[i + 1], nullptr, 10));
-    else if (key == "--depth") options.depth = static_cast<std::uint32_t>(std::strtoul(argv[i + 1], nullptr, 10));
-    else if (key == "--max-queues") options.max_queues = static_cast<std::uint32_t>(std::strtoul(argv[i + 1], nullptr, 10));
-    else if (key == "--json") options.json = argv[i + 1];
-    else if (key == "--stop-relay") options.stop_relay = static_cast<std::uint32_t>(std::strtoul(argv[i + 1], nullptr, 10));
-    else if (key == "--stop-poll-ns") options.stop_poll_ns = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (key == "--shapes") options.shapes = argv[i + 1];
-    else if (key == "--host") options.host = std::strtoul(argv[i + 1], nullptr, 10) != 0;
-    else {
-      std::fprintf(stderr, "unknown option %s\n", key.c_str());
-      return 2;
-    }
-  }
+  if (const int status = tutti::bench::gpu::parse_submit_rate_options(argc, argv, options); status != -1) return status;
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);  // see tests/gpu/gpu_main.cpp: lazy loading stalls behind the controller
   if (!tutti::gpu_test::cuda_device_present()) {
     std::fprintf(stderr, "no CUDA device: skipping (exit 77)\n");
@@ -242,21 +218,9 @@ int main(int argc, char** argv) {
                                {sms, 1, "1 warp/SM"},   {sms * 4, 4, "4 warps/SM"}, {sms * 16, 8, "16 warps/SM"}};
   if (!options.shapes.empty()) {
     shapes.clear();
-    std::size_t at = 0;
-    while (at < options.shapes.size()) {
-      const std::size_t comma = std::min(options.shapes.find(',', at), options.shapes.size());
-      const std::string item = options.shapes.substr(at, comma - at);
-      const std::size_t colon = item.find(':');
-      const std::uint32_t w = static_cast<std::uint32_t>(std::strtoul(item.c_str(), nullptr, 10));
-      const std::uint32_t p = colon == std::string::npos ? 1 : static_cast<std::uint32_t>(std::strtoul(item.c_str() + colon + 1, nullptr, 10));
-      if (w == 0 || p == 0 || w % p != 0) {
-        std::fprintf(stderr, "--shapes: '%s' must be W:P with W a multiple of P, both >= 1\n", item.c_str());
-        return 2;
-      }
-      shapes.push_back({w, p, "custom"});
-      at = comma + 1;
-    }
+    for (const auto& [warps, per_block] : options.shapes) shapes.push_back({warps, per_block, "custom"});
   }
+
   std::printf("controller stop word: %s, read every %llu ns; max queues %u\n",
               options.stop_relay != 0 ? "relayed into GPU memory by warp 0" : "read from mapped host memory by every warp",
               static_cast<unsigned long long>(options.stop_poll_ns), options.max_queues);

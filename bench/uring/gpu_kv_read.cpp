@@ -16,10 +16,11 @@
 // an IO error fails the run (exit 1). A pass stops taking new reads after --pass-seconds (what it read
 // until then is measured and marked partial), so the whole run is bounded.
 //
-//   gpu_kv_read [--dir DIR] [--layers N] [--tensors-per-layer N] [--tensor-bytes B] [--block-bytes B]
+//   gpu_kv_read [--help] [--dir DIR] [--layers N] [--tensors-per-layer N] [--tensor-bytes B] [--block-bytes B]
 //               [--queue-depth N] [--cufile-threads N] [--pass-seconds S] [--json PATH] [--keep-files]
 //
 // GB/s is 10^9 bytes per second. Exit status: 0 when every pass verified, 1 otherwise, 2 on bad flags.
+#include <CLI/CLI.hpp>
 #include <cuda_runtime.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -42,7 +43,6 @@
 
 #include <tutti/presets/uring.hpp>
 
-#include "../support/decimal_flag.hpp"
 #include "../support/uring_device_staging.hpp"
 
 #if defined(TUTTI_HAVE_CUFILE)
@@ -324,49 +324,37 @@ PassResult run_pread(const Settings& s, const std::vector<Unit>& order, void* de
   return r;
 }
 
-/// The decimal number `text` of `flag`, at most `max`; exits 2 naming the flag otherwise. strtoull
-/// alone would take "-4096" as 2^64 - 4096 (a multiple of 4096 that then wraps every size product),
-/// and a later cast to 32 bits would turn 2^32 + 2 into 2.
-std::uint64_t parse_number(const char* flag, const char* text, std::uint64_t max) {
-  return tutti::bench::parse_decimal_flag("gpu_kv_read", flag, text, max);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Settings s;
-  for (int i = 1; i < argc; ++i) {
-    const std::string key = argv[i];
-    if (key == "--keep-files") {
-      s.keep_files = true;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "gpu_kv_read: %s needs a value\n", key.c_str());
-      return 2;
-    }
-    const char* value = argv[++i];
-    if (key == "--dir") s.dir = value;
-    else if (key == "--json") s.json = value;
-    else if (key == "--layers") s.layers = parse_number("--layers", value, 1000);
-    else if (key == "--tensors-per-layer") s.tensors_per_layer = parse_number("--tensors-per-layer", value, std::uint64_t{1} << 20);
-    else if (key == "--tensor-bytes") s.tensor_bytes = parse_number("--tensor-bytes", value, std::uint64_t{1} << 30);
-    else if (key == "--block-bytes") s.block_bytes = parse_number("--block-bytes", value, std::uint64_t{1} << 30);
-    else if (key == "--queue-depth") s.queue_depth = static_cast<std::uint32_t>(parse_number("--queue-depth", value, 32768));
-    else if (key == "--cufile-threads") s.cufile_threads = static_cast<std::uint32_t>(parse_number("--cufile-threads", value, 256));
-    else if (key == "--pass-seconds") s.pass_seconds = static_cast<double>(parse_number("--pass-seconds", value, 86400));
-    else {
-      std::fprintf(stderr, "gpu_kv_read: unknown flag %s\n", key.c_str());
-      return 2;
-    }
+  // CLI11 checks every number against its range before the conversion can wrap: "-4096" is not a
+  // size, and 2^32 + 2 is not a queue depth (both once slipped through strtoull and a 32-bit cast).
+  CLI::App app{"gpu_kv_read: a KV-sized working set from files into GPU memory, through the uring DataPath, cuFile "
+               "and pread + cudaMemcpy, every pass verified byte for byte"};
+  app.add_option("--dir", s.dir, "folder for the layer files")->capture_default_str();
+  app.add_option("--layers", s.layers, "layer files")->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000}))->capture_default_str();
+  app.add_option("--tensors-per-layer", s.tensors_per_layer, "tensors per layer file")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20))->capture_default_str();
+  app.add_option("--tensor-bytes", s.tensor_bytes, "bytes per tensor (a multiple of 4096)")
+      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))->capture_default_str();
+  app.add_option("--block-bytes", s.block_bytes, "bytes per block of the random-block shape (a multiple of 4096 dividing --tensor-bytes)")
+      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))->capture_default_str();
+  app.add_option("--queue-depth", s.queue_depth, "uring requests in flight")->check(CLI::Range(2u, 32768u))->capture_default_str();
+  app.add_option("--cufile-threads", s.cufile_threads, "cuFile reader threads")->check(CLI::Range(1u, 256u))->capture_default_str();
+  app.add_option("--pass-seconds", s.pass_seconds, "time bound of one pass, s")->check(CLI::Range(1.0, 86400.0))->capture_default_str();
+  app.add_option("--json", s.json, "write the results as JSON here");
+  app.add_flag("--keep-files", s.keep_files, "keep the layer files");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;  // --help: 0; bad flags: 2, as every benchmark here
   }
-  if (s.layers == 0 || s.layers > 1000 || s.tensors_per_layer == 0 || s.tensor_bytes == 0 || s.tensor_bytes % 4096 != 0 ||
-      s.block_bytes == 0 || s.block_bytes % 4096 != 0 || s.tensor_bytes % s.block_bytes != 0 || s.queue_depth < 2 ||
-      s.queue_depth > 32768 || s.cufile_threads == 0 || s.cufile_threads > 256 || s.pass_seconds <= 0) {
-    std::fprintf(stderr,
-                 "gpu_kv_read: need 1 <= --layers <= 1000, --tensors-per-layer >= 1, --tensor-bytes and --block-bytes "
-                 "multiples of 4096 with the block dividing the tensor, 2 <= --queue-depth <= 32768, 1 <= "
-                 "--cufile-threads <= 256, --pass-seconds >= 1\n");
+  if (s.tensor_bytes % 4096 != 0 || s.block_bytes % 4096 != 0 || s.tensor_bytes % s.block_bytes != 0) {
+    std::fprintf(stderr, "gpu_kv_read: --tensor-bytes = %llu and --block-bytes = %llu must be multiples of 4096 with the "
+                 "block dividing the tensor\n", static_cast<unsigned long long>(s.tensor_bytes),
+                 static_cast<unsigned long long>(s.block_bytes));
     return 2;
   }
 

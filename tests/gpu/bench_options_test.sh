@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# bench_options_test.sh SUBMIT_BENCH LOCAL_NVME_BENCH: the two GPU benchmarks refuse nonsense flags
+# with exit status 2 and a message naming the flag, before any GPU or file work (so this needs no
+# GPU), and answer --help with 0.
+set -euo pipefail
+submit=$1 local_nvme=$2
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+failures=0
+# expect STATUS WORD BENCH ARGS...: the exit status and WORD in the output, within 10 s.
+expect() {
+  local want=$1 word=$2 bench=$3
+  shift 3
+  set +e
+  timeout 10 "$bench" "$@" >"$out" 2>&1
+  local rc=$?
+  set -e
+  if [ "$rc" -ne "$want" ] || ! grep -q -- "$word" "$out"; then
+    echo "FAIL: $(basename "$bench") $* -> exit $rc (want $want, output with '$word'):"
+    cat "$out"
+    failures=$((failures + 1))
+  else
+    echo "ok: $(basename "$bench") $* -> exit $rc"
+  fi
+}
+expect 2 "--depth" "$submit" --depth 0
+expect 2 "--commands" "$submit" --commands abc
+expect 2 "--stop-relay" "$submit" --stop-relay 2
+expect 2 "--shapes" "$submit" --shapes 8:3
+expect 2 "--shapes" "$submit" --shapes 8:x
+expect 2 "--shapes" "$submit" --shapes 64:64
+expect 2 "unknown\|--bogus\|extraneous" "$submit" --bogus 1
+expect 0 "--max-queues" "$submit" --help
+expect 2 "--batch" "$local_nvme" --batch -1
+expect 2 "--queues" "$local_nvme" --queues 4294967298
+expect 2 "--poll-budget-ns" "$local_nvme" --poll-budget-ns 2000000000
+expect 2 "--file-mib" "$local_nvme" --file-mib 0
+expect 0 "--poll-budget-ns" "$local_nvme" --help
+[ "$failures" -eq 0 ] || { echo "FAIL: $failures case(s)"; exit 1; }
+echo "all nonsense refused"
