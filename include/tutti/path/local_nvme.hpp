@@ -129,7 +129,9 @@ class DataPath {
     static constexpr std::uint64_t kDefaultPollKernelBudgetNs = 1'000'000;  // 1 ms
     static constexpr std::uint64_t kMaxPollKernelBudgetNs = 1'000'000'000;  // 1 s
     /// I/O queue pairs to create (1..the controller's allocated queues). Requests of a batch are
-    /// spread round robin over them.
+    /// spread round robin over them, one queue pair per warp of 32 requests (CUDA profile; per
+    /// request on the host). Warps that share a queue pair contend on its SQ, CQ and credits: give
+    /// at least batch size / 32 queue pairs (docs/benchmarks.md measured 2.5x at 4 KiB for it).
     std::uint32_t queue_pairs = kDefaultQueuePairs;
     /// Entries per SQ and CQ (2..CAP.MQES + 1); depth - 1 commands in flight per queue pair.
     std::uint32_t queue_depth = kDefaultQueueDepth;
@@ -948,9 +950,9 @@ class DataPath {
                      p.target_offset, p.length, r.target.lba_size, r.target.file_size);
       case RequestOutcome::rejected_memory_room:
         return error(StatusCode::OUT_OF_RANGE,
-                     "local_nvme: the tail is transferred as a whole {}-byte LBA ({} bytes) but only {} bytes of "
-                     "memory follow memory_offset = {}",
-                     r.target.lba_size, report.transfer_length, r.memory_room, p.memory_offset);
+                     "local_nvme: length = {} needs {} bytes of memory (whole {}-byte LBAs: a tail is transferred "
+                     "rounded up) but only {} bytes follow memory_offset = {}",
+                     p.length, report.transfer_length, r.target.lba_size, r.memory_room, p.memory_offset);
       default:
         return error(StatusCode::INTERNAL, "local_nvme: request not accepted (outcome {})",
                      static_cast<unsigned>(report.outcome));
