@@ -400,7 +400,8 @@ inline Status validate(const DeviceBuffer& buffer, const Range& r, std::size_t i
 /// skipped once an error happened or the budget ran out: TIMEOUT). A cuFileRead that has started is
 /// never abandoned: read() returns only after every worker has returned, so no read lands in
 /// memory the caller frees afterwards. Errors: see the file comment; validation errors come before
-/// any read.
+/// any read; RESOURCE_EXHAUSTED when a reader thread cannot be started (the started ones finish
+/// their current range first).
 inline Result<ReadReport> read(const DeviceBuffer& buffer, std::span<const Range> ranges, const ReadOptions& options) {
   if (options.threads == 0 || options.threads > ReadOptions::kMaxThreads)
     return error(StatusCode::INVALID_ARGUMENT, "ReadOptions::threads = {} must be in 1..{}", options.threads,
@@ -449,8 +450,14 @@ inline Result<ReadReport> read(const DeviceBuffer& buffer, std::span<const Range
   {
     std::vector<std::jthread> workers;
     const std::size_t n = std::min<std::size_t>(options.threads, std::max<std::size_t>(ranges.size(), 1));
-    workers.reserve(n);
-    for (std::size_t t = 0; t < n; ++t) workers.emplace_back(worker);
+    try {
+      workers.reserve(n);
+      for (std::size_t t = 0; t < n; ++t) workers.emplace_back(worker);
+    } catch (const std::exception& e) {  // std::system_error (no thread) or std::bad_alloc
+      // The threads already started stop after their current range; the read fails whole.
+      fail(error(StatusCode::RESOURCE_EXHAUSTED, "cuFile read: could not start reader thread {} of {}: {}",
+                 workers.size() + 1, n, e.what()));
+    }
   }  // joins every worker
   const auto elapsed = Clock::now() - start;
   if (!failure.is_ok()) return failure;
