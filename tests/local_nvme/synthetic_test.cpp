@@ -919,3 +919,26 @@ TEST_CASE("target cache: open beyond host_target_cache_bytes is RESOURCE_EXHAUST
   read_whole_and_verify(rig, c);
   CHECK(rig.path->target_cache_statistics().misses == 1);
 }
+
+TEST_CASE("a request whose memory ends before its transfer is rejected at submit naming length and memory_offset") {
+  Rig rig;
+  auto t = rig.open({{0, 0, 1 << 20}}, (1 << 20) - 100);  // the last LBA is a tail
+  Buffer buffer(16384);
+  auto m = rig.map(buffer);
+  const auto before = rig.device_bytes(0, 1 << 20);
+  // Not a tail: 8192 bytes with 4096 bytes of memory left; then a tail of 3996 bytes that moves a
+  // whole 4096-byte LBA with 4000 bytes of memory left.
+  auto [states, done] = rig.run({rig.request(Direction::WRITE, m, buffer, 12288, t, 0, 8192),
+                                 rig.request(Direction::READ, m, buffer, 12384, t, (1 << 20) - 4096, 3996)});
+  CHECK(states[0].code() == StatusCode::OUT_OF_RANGE);
+  CHECK_MESSAGE(states[0].message().find("length = 8192 needs 8192 bytes") != std::string::npos, states[0].to_string());
+  CHECK(states[0].message().find("only 4096 bytes follow memory_offset = 12288") != std::string::npos);
+  CHECK(states[1].code() == StatusCode::OUT_OF_RANGE);
+  CHECK_MESSAGE(states[1].message().find("length = 3996 needs 4096 bytes") != std::string::npos, states[1].to_string());
+  CHECK(states[1].message().find("only 4000 bytes follow memory_offset = 12384") != std::string::npos);
+  CHECK(!done[0].done);
+  CHECK(!done[1].done);
+  CHECK(std::all_of(buffer.bytes(), buffer.bytes() + buffer.size, [](std::uint8_t b) { return b == 0xEE; }));
+  CHECK(rig.device_bytes(0, 1 << 20) == before);
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}

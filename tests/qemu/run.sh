@@ -5,7 +5,8 @@
 #
 # For each Debian kernel line (bookworm 6.1, bookworm-backports 6.12) this
 # fetches the kernel image and headers as packages, builds driver/snvme
-# against the headers, builds the static guest programs and an initramfs,
+# against the headers, builds the static guest programs (snvme-test,
+# libnvm-snvme-test, local-nvme-snvme-test) and an initramfs,
 # then boots qemu-system-x86_64 (q35, emulated NVMe, emulated Intel IOMMU)
 # once per LBA format (512 and 4096 bytes) and runs tests/qemu/guest/suite.sh.
 #
@@ -42,7 +43,7 @@ readonly FORBIDDEN='DMAR: \[DMA|BUG:|WARNING:|Oops'
 # did not run fails the rig.
 readonly EXPECTED_TESTS=(param-range no-grab-on-load bind perms queue-flush-fua info
 	bad-ioctl load-ext4 mkfs-mount-write fiemap-read fiemap-write wrap
-	libnvm-snvme-controller kill-9-mid-io leaks-after-kill close-with-queues-live
+	libnvm-snvme-controller local-nvme-snvme kill-9-mid-io leaks-after-kill close-with-queues-live
 	leaks-after-close umount-fsck rebind-50 remount-after-rebind controller-failure
 	leaks-final)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Builds the static guest test of libnvm's SnvmeController: build-libnvm.sh REPO_ROOT OUT_DIR.
+# Builds the static guest tests of libnvm's SnvmeController and of the local_nvme DataPath over it
+# (host profile): build-libnvm.sh REPO_ROOT OUT_DIR.
 # {fmt} is used header-only so that the binary needs no shared library in the guest.
 set -euo pipefail
 root=$1
@@ -9,6 +10,13 @@ g++ -std=c++20 -O2 -Wall -Wextra -Werror -static -DFMT_HEADER_ONLY -DTUTTI_ACCEL
 	-I "$root/include" -I "$root/libnvm/include" \
 	-o "$out/libnvm-snvme-test" \
 	"$root/tests/qemu/guest/libnvm-snvme-test.cpp" \
+	"$root/libnvm/snvme/snvme_controller.cpp" \
+	"$root/libnvm/src/controller.cpp" \
+	-pthread
+g++ -std=c++20 -O2 -Wall -Wextra -Werror -static -DFMT_HEADER_ONLY -DTUTTI_ACCELERATOR_HOST \
+	-I "$root/include" -I "$root/libnvm/include" \
+	-o "$out/local-nvme-snvme-test" \
+	"$root/tests/qemu/guest/local-nvme-snvme-test.cpp" \
 	"$root/libnvm/snvme/snvme_controller.cpp" \
 	"$root/libnvm/src/controller.cpp" \
 	-pthread

@@ -125,6 +125,8 @@ t fiemap-read $T fiemap-read /mnt/small /mnt/one-mib /mnt/three-mib
 t fiemap-write $T fiemap-write /mnt/one-mib
 t wrap $T wrap
 t libnvm-snvme-controller /bin/libnvm-snvme-test "$LBA" $((245 * 1048576 / LBA))
+# The local_nvme DataPath over SnvmeController: a hand-built file in the scratch tail from 248 MiB.
+t local-nvme-snvme /bin/local-nvme-snvme-test "$LBA" $((248 * 1048576 / LBA))
 
 kill_mid_io() {
 	rm -f /tmp/ready
