@@ -105,11 +105,8 @@ class SlotVerifier {
   tutti::Status finish(Report& report) {
     tutti::Status first = collect(0);
     tutti::Status second = collect(1);
-    report.verified_tensors += verified_.verified_tensors;
-    report.mismatched_tensors += verified_.mismatched_tensors;
+    report.merge_checks(verified_);
     report.verify_ns += verified_.verify_ns;
-    for (auto& m : verified_.mismatches)
-      if (report.mismatches.size() < 8) report.mismatches.push_back(m);
     verified_ = Report{};
     return first.is_ok() ? second : first;
   }
@@ -123,10 +120,8 @@ class SlotVerifier {
   tutti::Status collect(int parity) {
     if (!pending_[parity].valid()) return tutti::Status::ok();
     Outcome out = pending_[parity].get();
-    verified_.verified_tensors += out.report.verified_tensors;
-    verified_.mismatched_tensors += out.report.mismatched_tensors;
+    verified_.merge_checks(out.report);
     verified_.verify_ns += out.report.verify_ns;
-    for (auto& m : out.report.mismatches) verified_.mismatches.push_back(std::move(m));
     return out.status;
   }
 

@@ -4,6 +4,7 @@
 // The CUDA build with cuBLAS (LAYERWISE_GPU) keeps the KV slots in GPU memory and computes on the GPU
 // (gpu_pipeline.hpp, gpu_compute.cu), with pread + cudaMemcpy and cuFile baselines in the same run.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -158,19 +159,69 @@ tutti::Status pread_baseline(const Options& o, const fs::path& dir, Pipeline<Run
         }
         report.pread_baseline.bytes += shape.tensor_bytes;
         ++report.pread_baseline.requests;
-        if (o.settings.verify && checksum(std::span(dst, shape.tensor_bytes)) != sums.at(l, c, k)) {
-          ++report.mismatched_tensors;
-          report.mismatches.push_back(fmt::format("pread layer {} chunk {}", l, c));
-        }
+        if (o.settings.verify)  // counted like the pipelines' checks (Report::count_tensor), untimed
+          report.count_tensor(checksum(std::span(dst, shape.tensor_bytes)) == sums.at(l, c, k), "pread", l, c, k);
       }
     ::close(fd);
   }
   return tutti::Status::ok();
 }
 
+/// An exclusive flock(2) on "<data dir>/layerwise.lock", held until destruction (the end of main), so
+/// that two runs cannot rewrite the same layer files at once (one's written-tensor check would then
+/// read the other's bytes). Not copyable; one per process.
+class DataDirLock {
+ public:
+  static constexpr const char* kFileName = "layerwise.lock";
+  DataDirLock() = default;
+  DataDirLock(const DataDirLock&) = delete;
+  DataDirLock& operator=(const DataDirLock&) = delete;
+  ~DataDirLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock; the empty file stays (unlinking it would race)
+  }
+
+  /// Takes the lock without waiting. Errors: BUSY when another process holds it (the message
+  /// names the folder and --data-dir); DEVICE_ERROR when the lock file cannot be opened or locked.
+  tutti::Status acquire(const fs::path& dir) {
+    const fs::path path = dir / kFileName;
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      return tutti::error(tutti::StatusCode::DEVICE_ERROR, "lock file '{}': {}", path.string(), std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return tutti::Status::ok();
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      return tutti::error(tutti::StatusCode::BUSY,
+                          "data directory '{}' is in use by another layerwise_kv_overlap run (it holds the lock "
+                          "'{}'); wait for that run to end or pick another folder with --data-dir",
+                          dir.string(), path.string());
+    return tutti::error(tutti::StatusCode::DEVICE_ERROR, "flock '{}': {}", path.string(), std::strerror(err));
+  }
+
+ private:
+  int fd_ = -1;
+};
+
 double ms(std::uint64_t ns) { return static_cast<double>(ns) / 1e6; }
 
-void print_report(const Options& o, const Report& r, const fs::path& dir) {
+/// The host profile's verdict figures: the compute thread computes, verifies, or waits for reads or
+/// writes, so its waits are both what compute waited for and which IO it waited for.
+BoundFigures host_bound_figures(const Options& o, const Report& r) {
+  BoundFigures f;
+  f.layers = o.settings.shape.layers;
+  f.pipeline_ns = r.pipeline_ns;
+  f.compute_ns = r.compute_ns;
+  f.compute_waited_ns = r.read_stall_ns + r.write_stall_ns;
+  f.read_wait_ns = r.read_stall_ns;
+  f.write_wait_ns = r.write_stall_ns;
+  f.restore_alone_ns = r.restore_only.ns;
+  return f;
+}
+
+/// The summary (stdout). `bound` carries the figures of the "per layer" verdict (host_bound_figures,
+/// or the CUDA build's gpu_bound_figures).
+void print_report(const Options& o, const Report& r, const fs::path& dir, const BoundFigures& bound) {
   const Shape& s = o.settings.shape;
   fmt::print("\nlayerwise_kv_overlap  backend={}  data={}\n", o.backend, o.backend == "memfs" ? "memfs" : dir.string());
   if (o.backend == "nvme-soft")
@@ -202,9 +253,11 @@ void print_report(const Options& o, const Report& r, const fs::path& dir) {
     fmt::print("  overlap        : compute waited {:.2f} ms for reads that take {:.2f} ms alone: {:.0f}% of the read "
                "time was hidden behind compute and writes\n",
                ms(r.read_stall_ns), ms(r.restore_only.ns), 100.0 * std::clamp(hidden, 0.0, 1.0));
+  fmt::print("  per layer      : {}\n", layer_bound_line(bound));
   if (o.settings.verify)
-    fmt::print("  verify         : {} tensors checked (XXH3 per tensor), {} mismatched -> {}\n", r.verified_tensors,
-               r.mismatched_tensors, r.mismatched_tensors == 0 ? "VERIFIED" : "FAILED");
+    fmt::print("  verify         : {} tensors checked ({}; XXH3 per tensor read, byte compare per tensor written), {} "
+               "mismatched -> {}\n",
+               r.verified_tensors, r.checks_by_source(), r.mismatched_tensors, r.mismatched_tensors == 0 ? "VERIFIED" : "FAILED");
   else
     fmt::print("  verify         : off (--no-verify)\n");
 }
@@ -214,10 +267,13 @@ nlohmann::json phase_json(const PhaseStats& p) {
                         {"gb_per_s", p.gigabytes_per_second()}};
 }
 
-/// Writes the figures as JSON; `extra` (an object) adds the GPU build's fields.
-void write_json(const Options& o, const Report& r, const nlohmann::json& extra = nlohmann::json::object()) {
+/// Writes the figures as JSON; `bound` gives the "bound" verdict, `extra` (an object) adds the GPU build's fields.
+void write_json(const Options& o, const Report& r, const BoundFigures& bound,
+                const nlohmann::json& extra = nlohmann::json::object()) {
   if (o.json_path.empty()) return;
   auto phase = phase_json;
+  nlohmann::json by_source = nlohmann::json::object();
+  for (const auto& [source, count] : r.verified_by_source) by_source[source] = count;
   nlohmann::json j = {{"backend", o.backend},
                       {"shape", shape_json(o.settings.shape)},
                       {"restore_only", phase(r.restore_only)},
@@ -229,7 +285,9 @@ void write_json(const Options& o, const Report& r, const nlohmann::json& extra =
                       {"read_stall_ns", r.read_stall_ns},
                       {"write_stall_ns", r.write_stall_ns},
                       {"verified_tensors", r.verified_tensors},
-                      {"mismatched_tensors", r.mismatched_tensors}};
+                      {"verified_tensors_by_source", by_source},
+                      {"mismatched_tensors", r.mismatched_tensors},
+                      {"bound", bound_name(pipeline_bound(bound))}};
   j.update(extra);
   std::ofstream out(o.json_path);
   out << j.dump(2) << "\n";
@@ -264,8 +322,8 @@ int run(Runtime& runtime, const Options& o, const fs::path& dir, const std::vect
   if (auto s = pipeline.run(report); !s.is_ok()) return fail(s, "pipeline");
   if (o.settings.verify)
     if (auto s = pipeline.verify_written(report); !s.is_ok()) return fail(s, "verify written tensors");
-  print_report(o, report, dir);
-  write_json(o, report);
+  print_report(o, report, dir, host_bound_figures(o, report));
+  write_json(o, report, host_bound_figures(o, report));
   if (report.mismatched_tensors != 0) {
     fmt::print(stderr, "error: {} tensors did not match their checksums, first: {}\n", report.mismatched_tensors,
                report.mismatches.empty() ? "" : report.mismatches.front());
@@ -344,6 +402,21 @@ int run_nvme_soft(const Options& o, const fs::path& dir) {
 }
 
 #if defined(LAYERWISE_GPU)
+/// The CUDA build's verdict figures: the compute stream's time and its idle time before each layer
+/// (CUDA events: what compute waited for IO), and the host thread's waits, which say which IO it was.
+BoundFigures gpu_bound_figures(const Options& o, const Report& r, const GpuReport& g) {
+  BoundFigures f;
+  f.layers = o.settings.shape.layers;
+  f.compute_name = "GPU compute";
+  f.pipeline_ns = r.pipeline_ns;
+  f.compute_ns = g.gpu_compute_ns;
+  f.compute_waited_ns = r.read_stall_ns;  // the compute stream's idle time before each layer
+  f.read_wait_ns = g.host_read_wait_ns;
+  f.write_wait_ns = r.write_stall_ns;
+  f.restore_alone_ns = r.restore_only.ns;
+  return f;
+}
+
 /// The GPU build's lines of the summary: the device, the compute, the cuFile baseline.
 void print_gpu_report(const Options& o, const Report& r, const GpuReport& g) {
   const Shape& s = o.settings.shape;
@@ -367,13 +440,6 @@ void print_gpu_report(const Options& o, const Report& r, const GpuReport& g) {
     fmt::print("  GPU compute    : {:.2f} ms of a spin kernel over {} layers (--compute sleep, {:.2f} ms per layer)\n",
                ms(g.gpu_compute_ns), s.layers, o.compute_ms);
   }
-  const double per_layer = 1.0 / s.layers;
-  fmt::print("  per layer      : restore alone {:.2f} ms, GPU compute {:.2f} ms, pipeline {:.2f} ms: {}-bound{}\n",
-             ms(r.restore_only.ns) * per_layer, ms(g.gpu_compute_ns) * per_layer, ms(r.pipeline_ns) * per_layer,
-             r.restore_only.ns > g.gpu_compute_ns ? "IO" : "compute",
-             r.restore_only.ns > g.gpu_compute_ns
-                 ? " (compute can hide at most its own time of the reads; writes share the storage)"
-                 : "");
   fmt::print("  waits          : 'waiting for reads' is the compute stream's idle time before each layer (CUDA events); "
              "the host thread spent {:.2f} ms waiting for reads to complete\n",
              ms(g.host_read_wait_ns));
@@ -480,9 +546,9 @@ int run_gpu(Options o, const fs::path& dir) {
     if (o.settings.verify)
       if (auto s = pipeline.verify_written(report); !s.is_ok()) return fail(s, "verify written tensors");
   }
-  print_report(o, report, dir);
+  print_report(o, report, dir, gpu_bound_figures(o, report, gpu_report));
   print_gpu_report(o, report, gpu_report);
-  write_json(o, report, gpu_json(o, report, gpu_report));
+  write_json(o, report, gpu_bound_figures(o, report, gpu_report), gpu_json(o, report, gpu_report));
   if (report.mismatched_tensors != 0) {
     fmt::print(stderr, "error: {} tensors did not match their checksums, first: {}\n", report.mismatched_tensors,
                report.mismatches.empty() ? "" : report.mismatches.front());
@@ -512,11 +578,23 @@ int main(int argc, char** argv) {
                  "Backend: uring (io_uring + O_DIRECT, any file system), nvme-soft (FIEMAP + NVMe queues of the "
                  "software NVMe controller, on an ext4 image it loop-mounts; root) or memfs (host memory)")
       ->check(CLI::IsMember({"uring", "nvme-soft", "memfs"}))->capture_default_str();
-  app.add_option("--data-dir", o.data_dir, "Where the layer files live (default: $TMPDIR/tutti-layerwise-kv)");
+  app.add_option("--data-dir", o.data_dir,
+                 "Where the layer files live (default: $TMPDIR/tutti-layerwise-kv); one run at a time per folder "
+                 "(a second run fails at once)");
   app.add_option("--json", o.json_path, "Also write the figures as JSON to this file");
-  app.add_flag("--verify,!--no-verify", o.settings.verify, "Verify every tensor read (default on)");
-  app.add_flag("--drop-caches,!--no-drop-caches", o.drop_caches, "Drop the page cache between phases (root only)");
-  app.add_flag("--pread-baseline,!--no-pread-baseline", o.pread_baseline, "Measure plain pread in the same run");
+  // A switch and its negation as two flags ("--NAME" sets `value`, "--no-NAME" clears it; giving both is an
+  // error): one flag "--NAME,!--no-NAME" would show as "--NAME,--no-NAME{false}" in --help, which reads
+  // like a default of off. Each help text states the real default.
+  auto add_switch = [&app](const std::string& name, bool& value, const std::string& on_help, const std::string& off_help) {
+    CLI::Option* on = app.add_flag_callback("--" + name, [&value] { value = true; }, on_help);
+    CLI::Option* off = app.add_flag_callback("--no-" + name, [&value] { value = false; }, off_help);
+    on->excludes(off);
+  };
+  add_switch("verify", o.settings.verify, "Verify every tensor read and written (default: on)", "Skip verification");
+  add_switch("drop-caches", o.drop_caches, "Drop the page cache between phases (root only; default: on when run as root)",
+             "Keep the page cache between phases");
+  add_switch("pread-baseline", o.pread_baseline, "Measure plain pread in the same run (default: on)",
+             "Skip the plain pread baseline");
 #if defined(LAYERWISE_GPU)
   app.add_option("--memory", o.memory,
                  "Where the KV slots live: device (GPU memory, compute on the GPU; uring backend), host (the host "
@@ -531,8 +609,9 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", o.hidden, "Hidden size of the MLP GEMM [tokens x hidden] x [hidden x hidden] (multiple of 8)")
       ->check(CLI::Range(8u, 1u << 16))->capture_default_str();
   app.add_option("--accelerator", o.accelerator, "CUDA device ordinal")->check(CLI::Range(0, 1023))->capture_default_str();
-  app.add_flag("--cufile-baseline,!--no-cufile-baseline", o.cufile_baseline,
-               "Measure cuFile (cuFileRead into the same device slots) in the same run");
+  add_switch("cufile-baseline", o.cufile_baseline,
+             "Measure cuFile (cuFileRead into the same device slots) in the same run (default: on)",
+             "Skip the cuFile baseline");
 #endif
   CLI11_PARSE(app, argc, argv);
 #if defined(LAYERWISE_GPU)
@@ -626,6 +705,11 @@ int main(int argc, char** argv) {
                  data_bytes + data_bytes / 4, dir.string(), space.available);
       return 2;
     }
+  }
+  DataDirLock lock;  // held until main returns: every phase below reads or writes the folder's files
+  if (auto s = lock.acquire(dir); !s.is_ok()) {
+    fmt::print(stderr, "error: {}\n", s.to_string());
+    return 2;
   }
   if (o.backend == "nvme-soft") return run_nvme_soft(o, dir);
 

@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -46,7 +47,8 @@ struct PhaseStats {
   double gigabytes_per_second() const { return ns ? static_cast<double>(bytes) / static_cast<double>(ns) : 0.0; }
 };
 
-/// Everything the example measures.
+/// Everything the example measures. Not thread-safe: a helper thread fills a Report of its own, which
+/// the driving thread adds with merge_checks.
 struct Report {
   PhaseStats restore_only;     ///< All cached tensors read through the runtime, no compute.
   PhaseStats pread_baseline;   ///< The same tensors through plain pread into the same memory.
@@ -60,18 +62,97 @@ struct Report {
   std::uint64_t verified_tensors = 0;
   std::uint64_t mismatched_tensors = 0;
   std::vector<std::string> mismatches;  ///< The first few, for the message.
+  /// Tensors checked per source ("restore", "pread", "pipeline", "written", the CUDA build's baselines),
+  /// in the order each source was first counted; the counts add up to verified_tensors.
+  std::vector<std::pair<std::string, std::uint64_t>> verified_by_source;
 
-  /// Counts one verified tensor; a mismatch is counted too and the first 8 are named
-  /// ("[<phase> ]layer L chunk C K|V").
+  /// Counts one tensor checked by source `phase` (a mismatch is counted too, and the first 8 are named
+  /// "<phase> layer L chunk C K|V"). Every check goes through here, so verified_tensors is the true count.
   void count_tensor(bool matched, std::string_view phase, std::uint32_t layer, std::uint32_t chunk, std::uint32_t kind) {
     ++verified_tensors;
+    add_source(phase, 1);
     if (matched) return;
     ++mismatched_tensors;
-    if (mismatches.size() < 8)
-      mismatches.push_back(fmt::format("{}{}layer {} chunk {} {}", phase, phase.empty() ? "" : " ", layer, chunk,
-                                       kind == 0 ? "K" : "V"));
+    if (mismatches.size() < kNamedMismatches)
+      mismatches.push_back(fmt::format("{} layer {} chunk {} {}", phase, layer, chunk, kind == 0 ? "K" : "V"));
+  }
+
+  /// Adds the tensor counts and named mismatches of `other` (a helper thread's Report); not the timings.
+  void merge_checks(const Report& other) {
+    verified_tensors += other.verified_tensors;
+    mismatched_tensors += other.mismatched_tensors;
+    for (const auto& [source, count] : other.verified_by_source) add_source(source, count);
+    for (const auto& m : other.mismatches)
+      if (mismatches.size() < kNamedMismatches) mismatches.push_back(m);
+  }
+
+  /// "restore 1920, pread 1920, pipeline 1920, written 640": what each source checked.
+  std::string checks_by_source() const {
+    std::string out;
+    for (const auto& [source, count] : verified_by_source) out += fmt::format("{}{} {}", out.empty() ? "" : ", ", source, count);
+    return out.empty() ? "none" : out;
+  }
+
+ private:
+  static constexpr std::size_t kNamedMismatches = 8;
+  void add_source(std::string_view source, std::uint64_t count) {
+    for (auto& [name, n] : verified_by_source)
+      if (name == source) {
+        n += count;
+        return;
+      }
+    verified_by_source.emplace_back(std::string(source), count);
   }
 };
+
+/// What bounded the pipeline: the activity that, made faster, would shorten it.
+enum class Bound { COMPUTE, READS, WRITES };
+
+/// The figures the verdict is drawn from: totals over all layers, in nanoseconds. The host profile fills
+/// them from the compute thread's time split; the CUDA build from the compute stream's CUDA events (compute
+/// and its waits) and the host thread's waits (which IO it waited for).
+struct BoundFigures {
+  std::uint32_t layers = 1;
+  std::string_view compute_name = "compute";  ///< How the summary names the compute ("GPU compute").
+  std::uint64_t pipeline_ns = 0;        ///< Wall time of read(L+1) || compute(L) || write(L-1) over all layers.
+  std::uint64_t compute_ns = 0;         ///< Time the compute ran.
+  std::uint64_t compute_waited_ns = 0;  ///< Time the compute waited for IO, reads and writes together.
+  std::uint64_t read_wait_ns = 0;       ///< Time the thread driving the pipeline waited for reads to complete,
+  std::uint64_t write_wait_ns = 0;      ///< and for writes: which IO the compute waited for.
+  std::uint64_t restore_alone_ns = 0;   ///< The same reads with no compute (restore only), for reference.
+};
+
+/// Compute-bound when the compute waited for IO at most a tenth of its own time (IO stretched the
+/// pipeline by at most 10% over the compute alone); otherwise IO bounded it: read-bound or write-bound
+/// by which the thread driving the pipeline waited for longer.
+inline Bound pipeline_bound(const BoundFigures& f) {
+  if (f.compute_waited_ns <= f.compute_ns / 10) return Bound::COMPUTE;
+  return f.read_wait_ns >= f.write_wait_ns ? Bound::READS : Bound::WRITES;
+}
+
+/// The verdict's name in the JSON report ("bound"): "compute", "reads" or "writes".
+inline const char* bound_name(Bound b) {
+  return b == Bound::COMPUTE ? "compute" : b == Bound::READS ? "reads" : "writes";
+}
+
+/// The summary's "per layer" line after its label, the same words in both builds, e.g.
+/// "restore alone 6.25 ms, compute 2.50 ms, pipeline 22.50 ms: write-bound: compute waited 20.00 ms for IO
+/// (89% of the pipeline); the pipeline's thread waited 0.50 ms for reads, 19.50 ms for writes".
+/// All figures are per layer (totals / layers), in milliseconds.
+inline std::string layer_bound_line(const BoundFigures& f) {
+  const double layers = static_cast<double>(std::max(1u, f.layers));
+  auto per_layer_ms = [&](std::uint64_t ns) { return static_cast<double>(ns) / 1e6 / layers; };
+  const Bound bound = pipeline_bound(f);
+  return fmt::format(
+      "restore alone {:.2f} ms, {} {:.2f} ms, pipeline {:.2f} ms: {}-bound: compute waited {:.2f} ms for IO ({:.0f}% "
+      "of the pipeline{}); the pipeline's thread waited {:.2f} ms for reads, {:.2f} ms for writes",
+      per_layer_ms(f.restore_alone_ns), f.compute_name, per_layer_ms(f.compute_ns), per_layer_ms(f.pipeline_ns),
+      bound == Bound::COMPUTE ? "compute" : bound == Bound::READS ? "read" : "write", per_layer_ms(f.compute_waited_ns),
+      f.pipeline_ns ? 100.0 * static_cast<double>(std::min(f.compute_waited_ns, f.pipeline_ns)) / static_cast<double>(f.pipeline_ns)
+                    : 0.0,
+      bound == Bound::COMPUTE ? ": IO hides behind compute" : "", per_layer_ms(f.read_wait_ns),
+      per_layer_ms(f.write_wait_ns));
+}
 
 struct Settings {
   Shape shape;
@@ -262,14 +343,12 @@ class Pipeline {
       TUTTI_RETURN_IF_ERROR(window.drain());
       if (verifying.valid()) verifying.wait();  // read(L+1) reuses the slot of layer L-1
       if (layer + 1 < layers()) TUTTI_RETURN_IF_ERROR(window.submit(read_requests(layer + 1)));
-      verifying = std::async(std::launch::async, [this, layer, &verified] { verify_layer(layer, verified); });
+      verifying = std::async(std::launch::async, [this, layer, &verified] { verify_layer(layer, "restore", verified); });
     }
     report.restore_only = window.stats();
     report.restore_only.ns = elapsed_ns(start);  // IO only: the last layer's hashing is not counted
     if (verifying.valid()) verifying.wait();
-    report.verified_tensors += verified.verified_tensors;
-    report.mismatched_tensors += verified.mismatched_tensors;
-    for (auto& m : verified.mismatches) report.mismatches.push_back("restore " + m);
+    report.merge_checks(verified);
     return tutti::Status::ok();
   }
 
@@ -283,7 +362,7 @@ class Pipeline {
       auto t = Clock::now();
       TUTTI_RETURN_IF_ERROR(reads.drain());
       report.read_stall_ns += elapsed_ns(t);
-      verify_layer(layer, report);
+      verify_layer(layer, "pipeline", report);
       if (layer + 1 < layers()) TUTTI_RETURN_IF_ERROR(reads.submit(read_requests(layer + 1)));
       if (layer >= 1) TUTTI_RETURN_IF_ERROR(writes.submit(write_requests(layer - 1)));
       compute(layer, report);
@@ -361,10 +440,10 @@ class Pipeline {
     report.compute_ns += elapsed_ns(start);
   }
 
-  void verify_layer(std::uint32_t layer, Report& report) {
+  void verify_layer(std::uint32_t layer, std::string_view phase, Report& report) {
     if (!settings_.verify) return;
     const auto start = Clock::now();
-    check_cached_layer(read_slot(layer), layer, settings_.shape, checksums_, "", report);
+    check_cached_layer(read_slot(layer), layer, settings_.shape, checksums_, phase, report);
     report.verify_ns += elapsed_ns(start);
   }
 

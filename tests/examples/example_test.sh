@@ -7,22 +7,59 @@ example=$1 backend=$2
 if [ "$backend" = nvme-soft ] && [ "$(id -u)" -ne 0 ]; then echo "SKIP: nvme-soft needs root"; exit 77; fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-args=(--backend "$backend" --layers 6 --context-tokens 1024 --chunk-tokens 256 --tensor-bytes 65536
-      --compute-ms 0.5 --data-dir "$dir/data" --json "$dir/report.json" --no-drop-caches)
-"$example" "${args[@]}" >"$dir/out.txt" 2>&1 || { cat "$dir/out.txt"; echo "FAIL: example exited $?"; exit 1; }
+base=(--backend "$backend" --layers 6 --context-tokens 1024 --chunk-tokens 256 --tensor-bytes 65536
+      --data-dir "$dir/data" --no-drop-caches)
+args=("${base[@]}" --compute-ms 0.5 --json "$dir/report.json")
+rc=0
+"$example" "${args[@]}" >"$dir/out.txt" 2>&1 || rc=$?
+[ "$rc" -eq 0 ] || { cat "$dir/out.txt"; echo "FAIL: example exited $rc"; exit 1; }
 grep -q "0 mismatched -> VERIFIED" "$dir/out.txt" || { cat "$dir/out.txt"; echo "FAIL: no VERIFIED line"; exit 1; }
-python3 - "$dir/report.json" <<'PY'
+# Every check is counted, per source: 6 layers x 3 cached chunks x 2 tensors per read pass (restore,
+# the plain pread baseline on file backends, the pipeline) + 6 x 1 missed chunk x 2 written tensors.
+if [ "$backend" = memfs ]; then checked="84 tensors checked (restore 36, pipeline 36, written 12;"
+else checked="120 tensors checked (restore 36, pread 36, pipeline 36, written 12;"; fi
+grep -qF "$checked" "$dir/out.txt" || { cat "$dir/out.txt"; echo "FAIL: no line '$checked'"; exit 1; }
+# The verdict: what bounded the pipeline, per layer, the same in the text and in the JSON.
+verdict=$(sed -n 's/^  per layer      : restore alone [0-9.]* ms, compute [0-9.]* ms, pipeline [0-9.]* ms: \(compute\|read\|write\)-bound: compute waited [0-9.]* ms for IO .*/\1/p' "$dir/out.txt")
+[ -n "$verdict" ] || { cat "$dir/out.txt"; echo "FAIL: no 'per layer' verdict line"; exit 1; }
+python3 - "$dir/report.json" "$backend" "$verdict" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
+backend, verdict = sys.argv[2], sys.argv[3]
 # 6 layers x 3 cached chunks x 2 tensors, read in the restore and pipeline phases, + written tensors read back.
 assert r["restore_only"]["requests"] == 36, r
 assert r["pipeline_reads"]["requests"] == 36, r
 assert r["pipeline_writes"]["requests"] == 12, r
 assert r["restore_only"]["bytes"] == 36 * 65536, r
-assert r["mismatched_tensors"] == 0 and r["verified_tensors"] >= 36 * 2 + 12, r
+sources = {"restore": 36, "pipeline": 36, "written": 12}
+if backend != "memfs":
+    sources["pread"] = 36
+assert r["verified_tensors_by_source"] == sources, r["verified_tensors_by_source"]
+assert r["mismatched_tensors"] == 0 and r["verified_tensors"] == sum(sources.values()), r
+assert r["bound"] == {"compute": "compute", "read": "reads", "write": "writes"}[verdict], (r["bound"], verdict)
 PY
-echo "clean run verified"
+echo "clean run verified ($verdict-bound)"
+
+# Verdicts that do not depend on the machine's speed: 20 ms of compute per layer hides 8 reads of 64 KiB
+# (memfs: host memory); with no compute and every chunk cached, compute waits only for reads.
+expect_bound() {
+  local want=$1
+  shift
+  local rc=0
+  "$example" "${base[@]}" "$@" --no-pread-baseline >"$dir/out3.txt" 2>&1 || rc=$?
+  [ "$rc" -eq 0 ] || { cat "$dir/out3.txt"; echo "FAIL: $* exited $rc"; exit 1; }
+  grep -q "^  per layer      : .*: $want-bound: " "$dir/out3.txt" || { cat "$dir/out3.txt"; echo "FAIL: $* is not $want-bound"; exit 1; }
+  echo "$want-bound as expected: $*"
+}
+case "$backend" in
+  memfs) expect_bound compute --compute-ms 20 ;;
+  uring) expect_bound read --compute-ms 0 --hit-percent 100 ;;
+esac
 [ "$backend" = uring ] || exit 0  # the corruption check edits plain files in the data directory
+# The 100% run rewrote the data set; write the 75% one back before corrupting it.
+rc=0
+"$example" "${args[@]}" --no-pread-baseline >"$dir/out.txt" 2>&1 || rc=$?
+[ "$rc" -eq 0 ] || { cat "$dir/out.txt"; echo "FAIL: rerun exited $rc"; exit 1; }
 
 # Corrupt one byte of layer 2, chunk 1, V tensor: (2*1+1) * 65536 + 100.
 printf '\xff' | dd of="$dir/data/layer-002.kv" bs=1 seek=$((3 * 65536 + 100)) conv=notrunc status=none
