@@ -243,6 +243,11 @@ TEST_CASE("reads of a real file over scattered extents land in GPU memory byte f
   CHECK(rig.path->unregister_memory(registration).is_ok());
 }
 
+TEST_CASE("the cuda profile's poll kernel budget defaults to 1 ms") {
+  CHECK(Path::Options{}.poll_kernel_budget_ns == 1'000'000u);
+  CHECK(Path::Options::kDefaultPollKernelBudgetNs == 1'000'000u);
+}
+
 TEST_CASE("the poll kernel polls on the GPU: one launch for a batch of many waves with a budget, one per pass without") {
   // 96 requests (3 warps) of 8 commands of 4 KiB each with a window of 2: at least 4 passes per
   // request. With a 1 s budget the warps poll on %globaltimer until done: ONE launch. With budget

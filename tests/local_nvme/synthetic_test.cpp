@@ -147,7 +147,7 @@ TEST_CASE("option defaults are pinned") {
   CHECK(o.device_target_cache_entries == 256);
   CHECK(o.device_target_cache_entry_extents == 256);
   CHECK(o.host_target_cache_bytes == std::uint64_t{256} << 20);
-  CHECK(o.poll_kernel_budget_ns == 1'000'000u);
+  CHECK(o.poll_kernel_budget_ns == 0u);  // host profile; 1 ms in the cuda profile (tests/gpu pins it)
   CHECK(Path::capabilities.offset_alignment == 4096);
   CHECK(Path::capabilities.unaligned_tail_at_end_of_target);
 }
@@ -521,6 +521,36 @@ TEST_CASE("progress never hangs: a short budget returns NOT_READY and the IO fin
   std::vector<RequestCompletion> completions(1);
   CHECK(rig.path->progress(b, completions, 1'000'000).code() == StatusCode::NOT_READY);
   CHECK_FALSE(completions[0].done);
+  CHECK(rig.path->progress(b, completions, 10 * kSecond).is_ok());
+  CHECK(completions[0].status.code() == StatusCode::TIMEOUT);
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("a polling kernel stays within progress's timeout: a lost completion, a 10 ms budget, a 20 ms progress") {
+  Path::Options o;
+  o.command_timeout_ns = kSecond;
+  o.poll_kernel_budget_ns = 10'000'000;  // each launch polls up to 10 ms
+  Rig rig(o);
+  auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  libnvm::SoftFaultRule rule;
+  rule.action = libnvm::SoftFaultRule::Action::lose_completion;
+  rig.device->inject_fault(rule);
+  std::vector<Status> states(1);
+  std::vector<PathRequest<Path>> rs{rig.request(Direction::READ, m, buffer, 0, t, 0, 4096)};
+  auto b = rig.path->submit(rs, states);
+  REQUIRE(states[0].is_ok());
+  std::vector<RequestCompletion> completions(1);
+  const std::uint64_t before = rig.path->poll_kernel_launches();
+  const auto start = accel::timer_ns();
+  CHECK(rig.path->progress(b, completions, 20'000'000).code() == StatusCode::NOT_READY);
+  const auto elapsed = accel::timer_ns() - start;
+  CHECK(elapsed >= 20'000'000u);
+  CHECK(elapsed < 500'000'000u);  // 20 ms + at most one pass (generous for sanitizers)
+  CHECK(rig.path->poll_kernel_launches() - before >= 2);  // 10 ms budgets: at least two launches
+  CHECK_FALSE(completions[0].done);
+  // The command then times out (1 s), is aborted, and the request reports TIMEOUT.
   CHECK(rig.path->progress(b, completions, 10 * kSecond).is_ok());
   CHECK(completions[0].status.code() == StatusCode::TIMEOUT);
   CHECK(rig.path->unregister_memory(m).is_ok());

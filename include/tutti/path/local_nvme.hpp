@@ -126,7 +126,9 @@ class DataPath {
     static constexpr std::uint32_t kDefaultDeviceTargetCacheEntryExtents = 256;
     static constexpr std::uint32_t kMaxDeviceTargetCacheEntryExtents = 65536;
     static constexpr std::uint64_t kDefaultHostTargetCacheBytes = std::uint64_t{256} << 20;  // 256 MiB
-    static constexpr std::uint64_t kDefaultPollKernelBudgetNs = 1'000'000;  // 1 ms
+    /// 1 ms in the cuda profile; 0 in the host profile, where the threads of a block run one after
+    /// another (accel/launch_host.hpp), so a polling thread would hold the later requests of its block.
+    static constexpr std::uint64_t kDefaultPollKernelBudgetNs = accel::kProfile == accel::Profile::cuda ? 1'000'000 : 0;
     static constexpr std::uint64_t kMaxPollKernelBudgetNs = 1'000'000'000;  // 1 s
     /// I/O queue pairs to create (1..the controller's allocated queues). Requests of a batch are
     /// spread round robin over them, one queue pair per warp of 32 requests (CUDA profile; per
@@ -177,7 +179,11 @@ class DataPath {
     /// Abort to send), or the budget is spent; progress() then copies the reports back. Each
     /// launch also stops at progress()'s own timeout. 0: one pass per launch (a host round trip
     /// per step). Longer budgets mean fewer launches and round trips, but completions reach the
-    /// caller only when a kernel returns and the stream is busy meanwhile.
+    /// caller only when a kernel returns and the stream is busy meanwhile. All batches share
+    /// Options::stream, so a kernel may queue behind other batches' poll kernels: every wait for a
+    /// kernel is bounded by command_timeout_ns plus this budget per poll kernel in flight.
+    /// Host profile: a block's threads run one after another, so the first request of a block
+    /// polls and the others get one pass each (default 0 there).
     std::uint64_t poll_kernel_budget_ns = kDefaultPollKernelBudgetNs;
     /// L2 bound: bytes of extents (24 per extent) of all open targets together, held in
     /// kernel-reachable memory (CUDA profile: mapped pinned host memory) from open to close
@@ -322,8 +328,12 @@ class DataPath {
     std::vector<std::unique_ptr<Queue>> queues;
     KernelArray<Credits> credits;             ///< one per queue pair, sized once (stable addresses)
     KernelArray<DeviceQueue> device_queues;   ///< the kernels' view of `queues`
-    /// The source of the copy that zeroes a batch's poll stop word before each poll launch.
-    KernelArray<std::uint64_t> zero_word = kernel_array<std::uint64_t>(1, 0);
+    /// The source of the copy that zeroes a batch's poll stop word before each poll launch (one
+    /// word, pinned; allocated by create).
+    KernelArray<std::uint64_t> zero_word;
+    /// Poll kernels launched and not yet waited for, over all batches (they share the stream, so
+    /// a wait may sit behind all of them: kernel_wait_bound_ns).
+    std::atomic<std::uint64_t> poll_launches_in_flight{0};
     std::atomic<std::uint64_t> next_queue{0};
     std::mutex zombie_mutex;
     std::vector<Zombie> zombies;
@@ -413,7 +423,8 @@ class DataPath {
       return error(StatusCode::INVALID_ARGUMENT, "local_nvme: timeouts must be > 0 ns");
     if (options.poll_kernel_budget_ns > std::min(Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2))
       return error(StatusCode::INVALID_ARGUMENT,
-                   "local_nvme: poll_kernel_budget_ns = {} outside 0..{} (at most {} ns and command_timeout_ns / 2 = {} ns)",
+                   "local_nvme: poll_kernel_budget_ns = {} outside 0..{} (at most {} ns and command_timeout_ns / 2 = {} ns): "
+                   "lower poll_kernel_budget_ns or raise command_timeout_ns",
                    options.poll_kernel_budget_ns, std::min(Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2),
                    Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2);
     if (options.max_batches_in_flight == 0 || options.max_batches_in_flight > Options::kMaxBatchesInFlightLimit)
@@ -449,6 +460,7 @@ class DataPath {
     state->target_cache = std::move(cache.value());
     try {
       state->credits = kernel_array<Credits>(options.queue_pairs);
+      state->zero_word = kernel_array<std::uint64_t>(1, 0);
     } catch (const std::bad_alloc&) {
       return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the credits of {} queue pairs",
                    options.queue_pairs);
@@ -789,7 +801,7 @@ class DataPath {
       detail::assign(launched,
                      accel::copy_from_device_async(slot.reports.data(), device_reports, n * sizeof(RequestReport), stream));
     if (copy_enqueued || cache_copied) {
-      const Status waited = accel::synchronize(stream, state_->options.command_timeout_ns);
+      const Status waited = accel::synchronize(stream, kernel_wait_bound_ns(state_->poll_launches_in_flight.load()));
       if (!waited.is_ok()) {
         // The stream may still run the copy or the kernel, which may have commands in flight:
         // abandon the slot to it (never reused or freed; the mappings stay referenced).
@@ -824,10 +836,20 @@ class DataPath {
     return b;
   }
 
-  /// Polls the batch for up to timeout_ns (see the concept). OK when every accepted request has
-  /// completed, NOT_READY when the budget ran out first.
+  /// Polls the batch for up to timeout_ns (see the concept): launches poll kernels (each polling on
+  /// the accelerator for up to min(Options::poll_kernel_budget_ns, what is left of timeout_ns)),
+  /// sends Aborts and hands off zombies between them. OK when every accepted request has
+  /// completed, NOT_READY when the budget ran out first; a failed kernel wait or copy (TIMEOUT /
+  /// DEVICE_ERROR) abandons the batch to its kernel, and every later progress on it returns
+  /// DEVICE_ERROR without launching. Each wait is bounded by command_timeout_ns plus the budget of
+  /// this DataPath's poll kernels queued ahead on the shared stream.
   Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
     if (!b.slot) return Status::ok();  // nothing was accepted
+    if (b.slot->kernel_may_run)
+      // A wait failed earlier: a kernel may still run over this batch's state; launching another
+      // over it (or zeroing its stop word) would race with it. The batch stays abandoned.
+      return error(StatusCode::DEVICE_ERROR, "local_nvme: this batch was abandoned after a failed kernel wait; its requests' "
+                                        "outcome is unknown");
     const std::uint64_t deadline = accel::deadline_after(timeout_ns);
     BatchSlot& slot = *b.slot;
     const std::size_t n = slot.size;
@@ -849,8 +871,10 @@ class DataPath {
         TUTTI_RETURN_IF_ERROR(launch_over(
             n, PollKernel{device_requests, state_->device_queues.data(), n, device_reports, stop_word, budget}));
         state_->poll_kernel_launches.fetch_add(1, std::memory_order_relaxed);
+        const std::uint64_t in_flight = state_->poll_launches_in_flight.fetch_add(1) + 1;  // this one and those ahead
+        const PollLaunchCount counted{state_->poll_launches_in_flight};
         Status copied = accel::copy_from_device_async(slot.reports.data(), device_reports, n * sizeof(RequestReport), stream);
-        Status waited = accel::synchronize(stream, state_->options.command_timeout_ns);
+        Status waited = accel::synchronize(stream, kernel_wait_bound_ns(in_flight));
         if (!copied.is_ok() || !waited.is_ok()) {
           // The kernel may still run (or its reports never came back): the slot is abandoned to it
           // (never reused or freed, even after the caller destroys the batch).
@@ -898,6 +922,22 @@ class DataPath {
  private:
   explicit DataPath(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
+  /// Takes one poll launch off State::poll_launches_in_flight when its wait is over.
+  struct PollLaunchCount {
+    std::atomic<std::uint64_t>& count;
+    ~PollLaunchCount() { count.fetch_sub(1); }
+  };
+
+  /// How long a wait for work just enqueued on Options::stream may take, ns: command_timeout_ns
+  /// plus the polling budget of `poll_kernels` poll kernels of this DataPath queued ahead of it
+  /// (all batches share the stream; each may poll for its whole budget). Saturating.
+  std::uint64_t kernel_wait_bound_ns(std::uint64_t poll_kernels) const noexcept {
+    const std::uint64_t budget = state_->options.poll_kernel_budget_ns, limit = ~std::uint64_t{0};
+    const std::uint64_t extra = budget == 0 ? 0 : (poll_kernels > limit / budget ? limit : poll_kernels * budget);
+    const std::uint64_t timeout = state_->options.command_timeout_ns;
+    return extra > limit - timeout ? limit : timeout + extra;
+  }
+
   /// One launch of `kernel` (AdmitKernel / PollKernel: they skip threads at or past n) over n
   /// logical threads, on Options::stream.
   template <class Kernel>
@@ -932,7 +972,8 @@ class DataPath {
     TUTTI_RETURN_IF_ERROR(accel::copy_from_device_async(slot.records_copy.data(), device_records + i * window,
                                                         window * sizeof(CommandRecord), stream)
                               .with_context("local_nvme: command records"));
-    return accel::synchronize(stream, state_->options.command_timeout_ns).with_context("local_nvme: command records");
+    return accel::synchronize(stream, kernel_wait_bound_ns(state_->poll_launches_in_flight.load()))
+        .with_context("local_nvme: command records");
   }
 
   /// The Status of a request the submit kernel did not accept: `r` as staged, `report` from the kernel.

@@ -355,9 +355,12 @@ TUTTI_HOST_DEVICE inline void admit_request(RequestState& r, const DeviceQueue& 
 
 /// The progress kernel's per-request step, after the warp reaped the CQ: takes this request's
 /// completions, marks commands past their deadline. `now` from accel::timer_ns() on the side the
-/// kernel runs (the clock the deadlines were set with). Further commands are issued by
-/// warp_issue_commands after it.
-TUTTI_HOST_DEVICE inline void poll_request(RequestState& r, const DeviceQueue& q, std::uint64_t now) noexcept {
+/// kernel runs (the clock the deadlines were set with). `check_controller`: also read CSTS (an
+/// uncached MMIO read on a PCIe drive) to fail the request if the controller stopped; callers
+/// polling in a loop pass it only once the loop backs off to sleeping and on its last pass.
+/// Further commands are issued by warp_issue_commands after it.
+TUTTI_HOST_DEVICE inline void poll_request(RequestState& r, const DeviceQueue& q, std::uint64_t now,
+                                           bool check_controller = true) noexcept {
   if (!r.accepted) return;
   // The host handled every timed_out and zombie record it saw after the previous kernel (it sent
   // the Abort, it took the zombie over): the abort timer starts below (deadline 0), the record of
@@ -405,7 +408,7 @@ TUTTI_HOST_DEVICE inline void poll_request(RequestState& r, const DeviceQueue& q
       }
     }
   }
-  if (r.in_flight != 0 && q.queue.controller_failed()) {
+  if (check_controller && r.in_flight != 0 && q.queue.controller_failed()) {
     // The controller stopped: nothing will complete. Every command becomes a zombie (its memory
     // stays mapped until the queue is deleted) and the request fails.
     for (std::uint32_t k = 0; k < r.window; ++k) {
@@ -525,7 +528,10 @@ struct PollKernel {
     for (;;) {
       warp_reap(r, queues);
       const std::uint64_t now = accel::timer_ns();
-      if (r != nullptr) poll_request(*r, queues[r->queue_index], now);
+      // CSTS (uncached MMIO on a PCIe drive) is read only once the loop sleeps between passes
+      // (after 8 passes) and when the stop time has passed; a one-pass kernel reads it every time.
+      const bool check_controller = budget_ns == 0 || backoff.sleeping() || now >= stop;
+      if (r != nullptr) poll_request(*r, queues[r->queue_index], now, check_controller);
       detail::warp_issue_commands(r, queues);
       if (r != nullptr) detail::finish_if_idle(*r, queues[r->queue_index]);
       const bool host = r != nullptr && records_needing_host(*r) != 0;
