@@ -6,8 +6,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include "../support/cli_checks.hpp"
+
 namespace tutti::bench::gpu {
 namespace {
+
+using tutti::bench::kDecimal;
 
 /// Runs the parse; -1 to go on, 0 after --help, 2 on a bad flag (CLI11 printed why).
 int finish(CLI::App& app, int argc, char** argv) {
@@ -43,18 +47,18 @@ int parse_submit_rate_options(int argc, char** argv, SubmitRateOptions& o) {
   CLI::App app{"tutti-bench-gpu-submit: 4 KiB command submission rate of GPU warps and of host threads against a null "
                "controller, same queue code, one run"};
   app.add_option("--commands", o.commands, "commands per measured run")
-      ->check(CLI::Range(std::uint64_t{1024}, std::uint64_t{1} << 36))->capture_default_str();
-  app.add_option("--repeat", o.repeat, "measured runs per shape (best reported)")->check(CLI::Range(1u, 100u))->capture_default_str();
-  app.add_option("--depth", o.depth, "entries per SQ and CQ")->check(CLI::Range(64u, 65536u))->capture_default_str();
-  app.add_option("--max-queues", o.max_queues, "queue pairs at most")->check(CLI::Range(1u, 1024u))->capture_default_str();
+      ->check(kDecimal)->check(CLI::Range(std::uint64_t{1024}, std::uint64_t{1} << 36))->capture_default_str();
+  app.add_option("--repeat", o.repeat, "measured runs per shape (best reported)")->check(kDecimal)->check(CLI::Range(1u, 100u))->capture_default_str();
+  app.add_option("--depth", o.depth, "entries per SQ and CQ")->check(kDecimal)->check(CLI::Range(64u, 65536u))->capture_default_str();
+  app.add_option("--max-queues", o.max_queues, "queue pairs at most")->check(kDecimal)->check(CLI::Range(1u, 1024u))->capture_default_str();
   app.add_option("--stop-relay", o.stop_relay, "1: relay the stop word into GPU memory; 0: every controller warp polls host memory")
-      ->check(CLI::Range(0u, 1u))->capture_default_str();
+      ->check(kDecimal)->check(CLI::Range(0u, 1u))->capture_default_str();
   app.add_option("--stop-poll-ns", o.stop_poll_ns, "controllers' stop word poll interval, ns")
-      ->check(CLI::Range(std::uint64_t{1000}, std::uint64_t{10'000'000'000}))->capture_default_str();
+      ->check(kDecimal)->check(CLI::Range(std::uint64_t{1000}, std::uint64_t{10'000'000'000}))->capture_default_str();
   std::vector<std::string> shapes;
   app.add_option("--shapes", shapes, "W:P,W:P,... warps : warps per block (default: 1, 8, 32 warps and 1, 4, 16 per SM)")
       ->delimiter(',');
-  app.add_option("--host", o.host, "1: also run the host-thread rows")->capture_default_str();
+  app.add_option("--host", o.host, "1: also run the host-thread rows")->check(kDecimal)->check(CLI::Range(0, 1))->capture_default_str();
   app.add_option("--json", o.json, "write the rows as JSON here");
   if (const int status = finish(app, argc, argv); status != -1) return status;
   for (const std::string& item : shapes) {
@@ -68,16 +72,16 @@ int parse_submit_rate_options(int argc, char** argv, SubmitRateOptions& o) {
 int parse_local_nvme_read_options(int argc, char** argv, LocalNvmeReadOptions& o) {
   CLI::App app{"tutti-bench-gpu-local-nvme: reads of a real file into GPU memory through local_nvme (GPU kernels, soft "
                "controller emulation), the uring DataPath, cuFile and pread + cudaMemcpy, every pass verified"};
-  app.add_option("--file-mib", o.file_mib, "file size, MiB")->check(CLI::Range(std::uint64_t{1}, std::uint64_t{65536}))->capture_default_str();
-  app.add_option("--batch", o.batch, "requests per local_nvme submit")->check(CLI::Range(1u, 65536u))->capture_default_str();
-  app.add_option("--queues", o.queues, "I/O queue pairs")->check(CLI::Range(1u, 1024u))->capture_default_str();
-  app.add_option("--workers", o.workers, "soft controller workers (and pread threads)")->check(CLI::Range(1u, 256u))->capture_default_str();
-  app.add_option("--repeat", o.repeat, "passes per path and size (best reported)")->check(CLI::Range(1u, 100u))->capture_default_str();
-  app.add_option("--uring-queue-depth", o.uring_queue_depth, "uring requests in flight")->check(CLI::Range(2u, 32768u))->capture_default_str();
-  app.add_option("--cufile-threads", o.cufile_threads, "cuFile reader threads")->check(CLI::Range(1u, 256u))->capture_default_str();
+  app.add_option("--file-mib", o.file_mib, "file size, MiB")->check(kDecimal)->check(CLI::Range(std::uint64_t{1}, std::uint64_t{65536}))->capture_default_str();
+  app.add_option("--batch", o.batch, "requests per local_nvme submit")->check(kDecimal)->check(CLI::Range(1u, 65536u))->capture_default_str();
+  app.add_option("--queues", o.queues, "I/O queue pairs")->check(kDecimal)->check(CLI::Range(1u, 1024u))->capture_default_str();
+  app.add_option("--workers", o.workers, "soft controller workers (and pread threads)")->check(kDecimal)->check(CLI::Range(1u, 256u))->capture_default_str();
+  app.add_option("--repeat", o.repeat, "passes per path and size (best reported)")->check(kDecimal)->check(CLI::Range(1u, 100u))->capture_default_str();
+  app.add_option("--uring-queue-depth", o.uring_queue_depth, "uring requests in flight")->check(kDecimal)->check(CLI::Range(2u, 32768u))->capture_default_str();
+  app.add_option("--cufile-threads", o.cufile_threads, "cuFile reader threads")->check(kDecimal)->check(CLI::Range(1u, 256u))->capture_default_str();
   app.add_option("--poll-budget-ns", o.poll_budget_ns, "local_nvme Options::poll_kernel_budget_ns (0: one poll pass per launch)")
-      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1'000'000'000}))->capture_default_str();
-  app.add_option("--dir", o.dir, "folder for the file")->capture_default_str();
+      ->check(kDecimal)->check(CLI::Range(std::uint64_t{0}, LocalNvmeReadOptions::kMaxPollBudgetNs))->capture_default_str();
+  app.add_option("--dir", o.dir, "folder for the file (it must exist)")->check(CLI::ExistingDirectory)->capture_default_str();
   app.add_option("--json", o.json, "write the rows as JSON here");
   return finish(app, argc, argv);
 }

@@ -35,6 +35,7 @@ struct LocalNvmeReadOptions {
   std::uint32_t repeat = 3;                ///< passes per path and size (best is reported)
   std::uint32_t uring_queue_depth = 256;   ///< uring requests in flight
   std::uint32_t cufile_threads = 16;       ///< cuFile reader threads
+  static constexpr std::uint64_t kMaxPollBudgetNs = 1'000'000'000;  ///< local_nvme's kMaxPollKernelBudgetNs
   std::uint64_t poll_budget_ns = 1'000'000;  ///< local_nvme Options::poll_kernel_budget_ns (0: one pass per launch)
   std::string dir = "/var/tmp";            ///< folder for the file
   std::string json;                        ///< write the rows as JSON here (empty: no file)

@@ -70,6 +70,7 @@ constexpr std::uint64_t kTimeoutNs = 60'000'000'000ull;  // every wait of a pass
 using Options = tutti::bench::gpu::LocalNvmeReadOptions;
 static_assert(Options{}.poll_budget_ns == Path::Options::kDefaultPollKernelBudgetNs,
               "the benchmark's default poll budget is the DataPath's");
+static_assert(Options::kMaxPollBudgetNs == Path::Options::kMaxPollKernelBudgetNs, "and so is its limit");
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

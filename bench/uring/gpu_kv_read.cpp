@@ -43,6 +43,7 @@
 
 #include <tutti/presets/uring.hpp>
 
+#include "../support/cli_checks.hpp"
 #include "../support/uring_device_staging.hpp"
 
 #if defined(TUTTI_HAVE_CUFILE)
@@ -332,17 +333,19 @@ int main(int argc, char** argv) {
   // size, and 2^32 + 2 is not a queue depth (both once slipped through strtoull and a 32-bit cast).
   CLI::App app{"gpu_kv_read: a KV-sized working set from files into GPU memory, through the uring DataPath, cuFile "
                "and pread + cudaMemcpy, every pass verified byte for byte"};
-  app.add_option("--dir", s.dir, "folder for the layer files")->capture_default_str();
-  app.add_option("--layers", s.layers, "layer files")->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000}))->capture_default_str();
+  app.add_option("--dir", s.dir, "folder for the layer files (created)")->check(tutti::bench::kNotEmpty)->capture_default_str();
+  app.add_option("--layers", s.layers, "layer files")->check(tutti::bench::kDecimal)->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000}))->capture_default_str();
   app.add_option("--tensors-per-layer", s.tensors_per_layer, "tensors per layer file")
-      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20))->capture_default_str();
+      ->check(tutti::bench::kDecimal)->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20))->capture_default_str();
   app.add_option("--tensor-bytes", s.tensor_bytes, "bytes per tensor (a multiple of 4096)")
-      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))->capture_default_str();
+      ->check(tutti::bench::kDecimal)->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))->capture_default_str();
   app.add_option("--block-bytes", s.block_bytes, "bytes per block of the random-block shape (a multiple of 4096 dividing --tensor-bytes)")
-      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))->capture_default_str();
-  app.add_option("--queue-depth", s.queue_depth, "uring requests in flight")->check(CLI::Range(2u, 32768u))->capture_default_str();
-  app.add_option("--cufile-threads", s.cufile_threads, "cuFile reader threads")->check(CLI::Range(1u, 256u))->capture_default_str();
-  app.add_option("--pass-seconds", s.pass_seconds, "time bound of one pass, s")->check(CLI::Range(1.0, 86400.0))->capture_default_str();
+      ->check(tutti::bench::kDecimal)->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))->capture_default_str();
+  app.add_option("--queue-depth", s.queue_depth, "uring requests in flight")->check(tutti::bench::kDecimal)->check(CLI::Range(2u, 32768u))->capture_default_str();
+  app.add_option("--cufile-threads", s.cufile_threads, "cuFile reader threads")->check(tutti::bench::kDecimal)->check(CLI::Range(1u, 256u))->capture_default_str();
+  std::uint32_t pass_seconds = static_cast<std::uint32_t>(s.pass_seconds);  // whole seconds: no NaN, no fractions
+  app.add_option("--pass-seconds", pass_seconds, "time bound of one pass, s")
+      ->check(tutti::bench::kDecimal)->check(CLI::Range(1u, 86400u))->capture_default_str();
   app.add_option("--json", s.json, "write the results as JSON here");
   app.add_flag("--keep-files", s.keep_files, "keep the layer files");
   try {
@@ -351,6 +354,7 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;  // --help: 0; bad flags: 2, as every benchmark here
   }
+  s.pass_seconds = pass_seconds;
   if (s.tensor_bytes % 4096 != 0 || s.block_bytes % 4096 != 0 || s.tensor_bytes % s.block_bytes != 0) {
     std::fprintf(stderr, "gpu_kv_read: --tensor-bytes = %llu and --block-bytes = %llu must be multiples of 4096 with the "
                  "block dividing the tensor\n", static_cast<unsigned long long>(s.tensor_bytes),

@@ -35,6 +35,11 @@ expect 2 "--batch" "$local_nvme" --batch -1
 expect 2 "--queues" "$local_nvme" --queues 4294967298
 expect 2 "--poll-budget-ns" "$local_nvme" --poll-budget-ns 2000000000
 expect 2 "--file-mib" "$local_nvme" --file-mib 0
+# CLI11 alone reads integers with base 0: "010" would be 8 and "0x10" 16; only decimal digits pass.
+expect 2 "--batch" "$local_nvme" --batch 010
+expect 2 "--poll-budget-ns" "$local_nvme" --poll-budget-ns 0x10
+expect 2 "--commands" "$submit" --commands +4096
+expect 2 "--dir" "$local_nvme" --dir ""
 expect 0 "--poll-budget-ns" "$local_nvme" --help
 [ "$failures" -eq 0 ] || { echo "FAIL: $failures case(s)"; exit 1; }
 echo "all nonsense refused"

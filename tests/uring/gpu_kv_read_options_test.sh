@@ -30,5 +30,8 @@ expect_refused "--cufile-threads" --cufile-threads 4294967312
 expect_refused "--layers" --layers 1001
 expect_refused "1 TiB" --layers 2 --tensors-per-layer 1048576 --tensor-bytes 1073741824
 expect_refused "--block-bytes" --block-bytes 6144
+# Only decimal digits: CLI11 alone reads "010" as 8; NaN once passed a floating-point range check.
+expect_refused "--queue-depth" --queue-depth 010
+expect_refused "--pass-seconds" --pass-seconds nan
 [ "$failures" -eq 0 ] || { echo "FAIL: $failures case(s)"; exit 1; }
 echo "all nonsense refused"
