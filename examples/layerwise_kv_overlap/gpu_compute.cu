@@ -19,6 +19,8 @@
 
 #include <fmt/format.h>
 
+#include <tutti/accel/memory.hpp>
+
 namespace layerwise::gpu {
 namespace {
 
@@ -151,7 +153,7 @@ Gpu::~Gpu() {
   if (s.pipeline_start) (void)cudaEventDestroy(s.pipeline_start);
   if (s.cublas) (void)cublasDestroy(s.cublas);
   if (!s.leak) {
-    for (void* p : s.device_memory) (void)cudaFree(p);
+    for (void* p : s.device_memory) tutti::accel::free_device(p);
     for (void* p : s.pinned_memory) (void)cudaFreeHost(p);
   }
   if (s.compute) (void)cudaStreamDestroy(s.compute);
@@ -244,12 +246,13 @@ std::string Gpu::description() const {
 }
 
 tutti::Result<std::byte*> Gpu::allocate_device(std::uint64_t bytes) {
-  void* p = nullptr;
   LAYERWISE_CUDA(cudaSetDevice(state_->ordinal));
-  if (auto s = cuda_status(cudaMalloc(&p, bytes), "cudaMalloc"); !s.is_ok())
-    return s.with_context(fmt::format("{} bytes of device memory", bytes));
-  state_->device_memory.push_back(p);
-  return static_cast<std::byte*>(p);
+  // accel::allocate_device, not cudaMalloc: cudaMalloc aligns to 256 bytes only, and the KV slots
+  // take O_DIRECT reads and NVMe PRPs, which need 4096-byte aligned memory.
+  auto p = tutti::accel::allocate_device(bytes);
+  if (!p) return p.status().with_context(fmt::format("{} bytes of device memory", bytes));
+  state_->device_memory.push_back(*p);
+  return static_cast<std::byte*>(*p);
 }
 
 tutti::Result<std::byte*> Gpu::allocate_pinned(std::uint64_t bytes) {

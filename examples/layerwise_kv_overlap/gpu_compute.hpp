@@ -70,7 +70,8 @@ class Gpu {
   /// "NVIDIA H200, driver 580.x, CUDA runtime 13.0".
   std::string description() const;
 
-  /// Device memory (cudaMalloc; 256-byte aligned), freed with the Gpu. DEVICE_ERROR when out of memory.
+  /// Device memory (accel::allocate_device: 4096-byte aligned, zeroed), freed with the Gpu. Errors
+  /// as accel::allocate_device (RESOURCE_EXHAUSTED / DEVICE_ERROR when out of memory).
   tutti::Result<std::byte*> allocate_device(std::uint64_t bytes);
   /// Page-locked host memory (cudaHostAlloc, page aligned), freed with the Gpu.
   tutti::Result<std::byte*> allocate_pinned(std::uint64_t bytes);

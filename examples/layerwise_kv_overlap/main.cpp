@@ -340,6 +340,14 @@ bool shell(const std::string& command) { return std::system((command + " >/dev/n
 /// directory; a software NVMe controller is backed by the same image, files are resolved to LBAs with
 /// FIEMAP and every IO is an NVMe command on its queues. Needs root (losetup, mount).
 int run_nvme_soft(const Options& o, const fs::path& dir) {
+  if constexpr (tutti::accel::kProfile == tutti::accel::Profile::cuda) {
+    // local_nvme's submit and poll kernels launch only from code nvcc compiles; this pipeline is
+    // host code, so in the cuda profile every submit would be UNSUPPORTED. Refuse before any work.
+    fmt::print(stderr, "error: --backend nvme-soft is not available in the cuda build of this example (local_nvme's "
+                       "kernels launch only from nvcc-compiled code and this pipeline is host code); use the host build "
+                       "(scripts/example), or tutti-bench-gpu-local-nvme for the GPU path (docs/gpu.md)\n");
+    return 2;
+  }
   if (geteuid() != 0) {
     fmt::print(stderr, "error: --backend nvme-soft loop-mounts an ext4 image and needs root\n");
     return 2;
@@ -420,7 +428,7 @@ BoundFigures gpu_bound_figures(const Options& o, const Report& r, const GpuRepor
 /// The GPU build's lines of the summary: the device, the compute, the cuFile baseline.
 void print_gpu_report(const Options& o, const Report& r, const GpuReport& g) {
   const Shape& s = o.settings.shape;
-  fmt::print("  device         : {}, accelerator {}; KV slots in device memory (cudaMalloc)\n", g.device, o.accelerator);
+  fmt::print("  device         : {}, accelerator {}; KV slots in device memory (accel::allocate_device)\n", g.device, o.accelerator);
   if (g.use_gemm) {
     fmt::print("  compute        : per layer {}{} x GEMM [{} x {}] x [{} x {}] fp16 (fp32 accumulate, cuBLAS); one GEMM "
                "{:.3f} ms = {:.0f} TFLOP/s\n",
