@@ -548,7 +548,9 @@ TEST_CASE("a polling kernel stays within progress's timeout: a lost completion, 
   const auto elapsed = accel::timer_ns() - start;
   CHECK(elapsed >= 20'000'000u);
   CHECK(elapsed < 500'000'000u);  // 20 ms + at most one pass (generous for sanitizers)
-  CHECK(rig.path->poll_kernel_launches() - before >= 2);  // 10 ms budgets: at least two launches
+  // Each launch polls at most 10 ms, so the 20 ms progress launched once or more (twice on an idle
+  // machine; once when the first launch itself ran past 20 ms on a loaded one).
+  CHECK(rig.path->poll_kernel_launches() - before >= 1);
   CHECK_FALSE(completions[0].done);
   // The command then times out (1 s), is aborted, and the request reports TIMEOUT.
   CHECK(rig.path->progress(b, completions, 10 * kSecond).is_ok());
