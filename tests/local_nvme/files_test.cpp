@@ -100,12 +100,23 @@ TEST_CASE("files written through ext4 read back byte for byte through the soft c
     MESSAGE(path, ": ", result.commands, " NVMe commands for ", size, " bytes");
     CHECK(rt.close(*t).is_ok());
   }
-  // The interleaved file needs one command per extent at least.
+  // The interleaved file needs one command per extent at least. How many extents ext4 gives it
+  // varies (its allocator preallocates per file), so compare with what FIEMAP reports now.
+  local_file::Resolver::Options resolver_options;
+  resolver_options.block_device_path = fs->loop_device();
+  resolver_options.partition_start_bytes = 0;
+  resolver_options.lba_size = 4096;
+  auto resolver = local_file::Resolver::create(resolver_options);
+  REQUIRE_MESSAGE(resolver.is_ok(), resolver.status().to_string());
+  auto resolved = resolver->resolve("file://" + a, {});
+  REQUIRE_MESSAGE(resolved.is_ok(), resolved.status().to_string());
+  const std::size_t extents = resolved->extents.size();
+  CHECK(extents > 1);
   auto t = rt.open("file://" + a);
   REQUIRE(t.is_ok());
   IoResult result;
   nvme_read(rt, *t, *m, buffer, 0, tutti::testing::file_size(a), &result);
-  CHECK(result.commands > 10);
+  CHECK(result.commands >= extents);
   CHECK(rt.close(*t).is_ok());
   CHECK(rt.unregister_memory(*m).is_ok());
 }
