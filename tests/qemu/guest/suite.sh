@@ -8,6 +8,7 @@
 # Prints "TUTTI-TEST <name> PASS|FAIL" per test, the kernel log between
 # TUTTI-DMESG-BEGIN/END, then "TUTTI-SUITE pass=<n> fail=<m>", and powers off.
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+echo "TUTTI-INIT started"  # the rig's sign that the kernel reached /init (tests/qemu/run.sh, boot)
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
