@@ -505,57 +505,61 @@ TEST_CASE("a lost completion times out, is aborted with NVMe Abort, and reports 
   CHECK(rig.path->unregister_memory(m).is_ok());
 }
 
+/// One 4 KiB READ submitted to a controller that loses every completion: the setup of the tests
+/// of what progress, Abort and zombies do when a command never completes. `batch` and
+/// `completions` are the submit's; the rig, target and mapping stay alive with the object.
+struct LostCompletionRead {
+  explicit LostCompletionRead(Path::Options options) : rig(options) {
+    target.emplace(rig.open({{0, 0, 16 << 20}}, 16 << 20));
+    mapping.emplace(rig.map(buffer));
+    libnvm::SoftFaultRule rule;
+    rule.action = libnvm::SoftFaultRule::Action::lose_completion;
+    rig.device->inject_fault(rule);
+    std::vector<Status> states(1);
+    std::vector<PathRequest<Path>> rs{rig.request(Direction::READ, *mapping, buffer, 0, *target, 0, 4096)};
+    batch = rig.path->submit(rs, states);
+    REQUIRE(states[0].is_ok());
+  }
+  Rig rig;
+  Buffer buffer{1 << 20};
+  std::optional<Path::open_target> target;
+  std::optional<Path::registered_memory> mapping;
+  Path::batch batch;
+  std::vector<RequestCompletion> completions = std::vector<RequestCompletion>(1);
+};
+
 TEST_CASE("progress never hangs: a short budget returns NOT_READY and the IO finishes later") {
   Path::Options o;
   o.command_timeout_ns = 200'000'000;
-  Rig rig(o);
-  auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
-  Buffer buffer(1 << 20);
-  auto m = rig.map(buffer);
-  libnvm::SoftFaultRule rule;
-  rule.action = libnvm::SoftFaultRule::Action::lose_completion;
-  rig.device->inject_fault(rule);
-  std::vector<Status> states(1);
-  std::vector<PathRequest<Path>> rs{rig.request(Direction::READ, m, buffer, 0, t, 0, 4096)};
-  auto b = rig.path->submit(rs, states);
-  std::vector<RequestCompletion> completions(1);
-  CHECK(rig.path->progress(b, completions, 1'000'000).code() == StatusCode::NOT_READY);
-  CHECK_FALSE(completions[0].done);
-  CHECK(rig.path->progress(b, completions, 10 * kSecond).is_ok());
-  CHECK(completions[0].status.code() == StatusCode::TIMEOUT);
-  CHECK(rig.path->unregister_memory(m).is_ok());
+  LostCompletionRead lost(o);
+  auto& path = *lost.rig.path;
+  CHECK(path.progress(lost.batch, lost.completions, 1'000'000).code() == StatusCode::NOT_READY);
+  CHECK_FALSE(lost.completions[0].done);
+  CHECK(path.progress(lost.batch, lost.completions, 10 * kSecond).is_ok());
+  CHECK(lost.completions[0].status.code() == StatusCode::TIMEOUT);
+  CHECK(path.unregister_memory(*lost.mapping).is_ok());
 }
 
 TEST_CASE("a polling kernel stays within progress's timeout: a lost completion, a 10 ms budget, a 20 ms progress") {
   Path::Options o;
   o.command_timeout_ns = kSecond;
   o.poll_kernel_budget_ns = 10'000'000;  // each launch polls up to 10 ms
-  Rig rig(o);
-  auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
-  Buffer buffer(1 << 20);
-  auto m = rig.map(buffer);
-  libnvm::SoftFaultRule rule;
-  rule.action = libnvm::SoftFaultRule::Action::lose_completion;
-  rig.device->inject_fault(rule);
-  std::vector<Status> states(1);
-  std::vector<PathRequest<Path>> rs{rig.request(Direction::READ, m, buffer, 0, t, 0, 4096)};
-  auto b = rig.path->submit(rs, states);
-  REQUIRE(states[0].is_ok());
-  std::vector<RequestCompletion> completions(1);
-  const std::uint64_t before = rig.path->poll_kernel_launches();
+  LostCompletionRead lost(o);
+  auto& path = *lost.rig.path;
+  const std::uint64_t before = path.poll_kernel_launches();
   const auto start = accel::timer_ns();
-  CHECK(rig.path->progress(b, completions, 20'000'000).code() == StatusCode::NOT_READY);
+  CHECK(path.progress(lost.batch, lost.completions, 20'000'000).code() == StatusCode::NOT_READY);
   const auto elapsed = accel::timer_ns() - start;
   CHECK(elapsed >= 20'000'000u);
   CHECK(elapsed < 500'000'000u);  // 20 ms + at most one pass (generous for sanitizers)
   // Each launch polls at most 10 ms, so the 20 ms progress launched once or more (twice on an idle
   // machine; once when the first launch itself ran past 20 ms on a loaded one).
-  CHECK(rig.path->poll_kernel_launches() - before >= 1);
-  CHECK_FALSE(completions[0].done);
+  CHECK(path.poll_kernel_launches() - before >= 1);
+  CHECK_FALSE(lost.completions[0].done);
   // The command then times out (1 s), is aborted, and the request reports TIMEOUT.
-  CHECK(rig.path->progress(b, completions, 10 * kSecond).is_ok());
-  CHECK(completions[0].status.code() == StatusCode::TIMEOUT);
-  CHECK(rig.path->unregister_memory(m).is_ok());
+  CHECK(path.progress(lost.batch, lost.completions, 10 * kSecond).is_ok());
+  CHECK(lost.completions[0].status.code() == StatusCode::TIMEOUT);
+  CHECK(path.unregister_memory(*lost.mapping).is_ok());
 }
 
 TEST_CASE("commands the controller never answers keep their memory mapped: unregister is BUSY") {
@@ -563,24 +567,14 @@ TEST_CASE("commands the controller never answers keep their memory mapped: unreg
   o.command_timeout_ns = 20'000'000;
   o.abort_timeout_ns = 20'000'000;
   o.admin_timeout_ns = 20'000'000;
-  Rig rig(o);
-  auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
-  Buffer buffer(1 << 20);
-  auto m = rig.map(buffer);
-  libnvm::SoftFaultRule rule;
-  rule.action = libnvm::SoftFaultRule::Action::lose_completion;
-  rig.device->inject_fault(rule);
-  std::vector<Status> states(1);
-  std::vector<PathRequest<Path>> rs{rig.request(Direction::READ, m, buffer, 0, t, 0, 4096)};
-  auto b = rig.path->submit(rs, states);
-  REQUIRE(states[0].is_ok());
-  rig.device->set_controller_fatal();  // the Abort cannot be answered either
-  std::vector<RequestCompletion> completions(1);
-  REQUIRE(rig.path->progress(b, completions, 10 * kSecond).is_ok());
-  CHECK(completions[0].status.code() == StatusCode::DEVICE_ERROR);
-  CHECK(completions[0].confirmed_bytes == 0);
-  CHECK(rig.path->zombie_commands() == 1);
-  CHECK(rig.path->unregister_memory(m).code() == StatusCode::BUSY);
+  LostCompletionRead lost(o);
+  auto& path = *lost.rig.path;
+  lost.rig.device->set_controller_fatal();  // the Abort cannot be answered either
+  REQUIRE(path.progress(lost.batch, lost.completions, 10 * kSecond).is_ok());
+  CHECK(lost.completions[0].status.code() == StatusCode::DEVICE_ERROR);
+  CHECK(lost.completions[0].confirmed_bytes == 0);
+  CHECK(path.zombie_commands() == 1);
+  CHECK(path.unregister_memory(*lost.mapping).code() == StatusCode::BUSY);
 }
 
 TEST_CASE("backpressure: a full queue rejects requests with RESOURCE_EXHAUSTED and they never run") {
