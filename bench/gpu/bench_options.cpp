@@ -12,16 +12,7 @@ namespace tutti::bench::gpu {
 namespace {
 
 using tutti::bench::kDecimal;
-
-/// Runs the parse; -1 to go on, 0 after --help, 2 on a bad flag (CLI11 printed why).
-int finish(CLI::App& app, int argc, char** argv) {
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  return -1;
-}
+using tutti::bench::parse_flags;
 
 /// `text` as a decimal number in [low, high]; false on anything else (sign, space, trailing text).
 bool parse_bounded(std::string_view text, std::uint32_t low, std::uint32_t high, std::uint32_t& out) {
@@ -60,7 +51,7 @@ int parse_submit_rate_options(int argc, char** argv, SubmitRateOptions& o) {
       ->delimiter(',');
   app.add_option("--host", o.host, "1: also run the host-thread rows")->check(kDecimal)->check(CLI::Range(0, 1))->capture_default_str();
   app.add_option("--json", o.json, "write the rows as JSON here");
-  if (const int status = finish(app, argc, argv); status != -1) return status;
+  if (const int status = parse_flags(app, argc, argv); status != -1) return status;
   for (const std::string& item : shapes) {
     std::pair<std::uint32_t, std::uint32_t> shape;
     if (!parse_shape(item, shape)) return 2;
@@ -83,7 +74,7 @@ int parse_local_nvme_read_options(int argc, char** argv, LocalNvmeReadOptions& o
       ->check(kDecimal)->check(CLI::Range(std::uint64_t{0}, LocalNvmeReadOptions::kMaxPollBudgetNs))->capture_default_str();
   app.add_option("--dir", o.dir, "folder for the file (it must exist)")->check(CLI::ExistingDirectory)->capture_default_str();
   app.add_option("--json", o.json, "write the rows as JSON here");
-  return finish(app, argc, argv);
+  return parse_flags(app, argc, argv);
 }
 
 }  // namespace tutti::bench::gpu

@@ -348,12 +348,7 @@ int main(int argc, char** argv) {
       ->check(tutti::bench::kDecimal)->check(CLI::Range(1u, 86400u))->capture_default_str();
   app.add_option("--json", s.json, "write the results as JSON here");
   app.add_flag("--keep-files", s.keep_files, "keep the layer files");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : 2;  // --help: 0; bad flags: 2, as every benchmark here
-  }
+  if (const int status = tutti::bench::parse_flags(app, argc, argv); status != -1) return status;
   s.pass_seconds = pass_seconds;
   if (s.tensor_bytes % 4096 != 0 || s.block_bytes % 4096 != 0 || s.tensor_bytes % s.block_bytes != 0) {
     std::fprintf(stderr, "gpu_kv_read: --tensor-bytes = %llu and --block-bytes = %llu must be multiples of 4096 with the "

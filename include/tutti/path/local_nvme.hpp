@@ -421,12 +421,12 @@ class DataPath {
                    options.threads_per_block, accel::kKernelWarpLanes);
     if (options.command_timeout_ns == 0 || options.abort_timeout_ns == 0 || options.admin_timeout_ns == 0)
       return error(StatusCode::INVALID_ARGUMENT, "local_nvme: timeouts must be > 0 ns");
-    if (options.poll_kernel_budget_ns > std::min(Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2))
+    if (const std::uint64_t limit = std::min(Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2);
+        options.poll_kernel_budget_ns > limit)
       return error(StatusCode::INVALID_ARGUMENT,
                    "local_nvme: poll_kernel_budget_ns = {} outside 0..{} (at most {} ns and command_timeout_ns / 2 = {} ns): "
                    "lower poll_kernel_budget_ns or raise command_timeout_ns",
-                   options.poll_kernel_budget_ns, std::min(Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2),
-                   Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2);
+                   options.poll_kernel_budget_ns, limit, Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2);
     if (options.max_batches_in_flight == 0 || options.max_batches_in_flight > Options::kMaxBatchesInFlightLimit)
       return error(StatusCode::INVALID_ARGUMENT, "local_nvme: max_batches_in_flight = {} outside 1..{}",
                    options.max_batches_in_flight, Options::kMaxBatchesInFlightLimit);
