@@ -474,6 +474,25 @@ TEST_CASE("close whose flush outlasts close_flush_timeout_ns returns TIMEOUT, ke
   CHECK(matches_pattern(plain.data(), 0, size, 43));
 }
 
+TEST_CASE("drain with a budget of UINT64_MAX waits for the commands in flight instead of ending at once") {
+  // Regression: the drain deadline was now + drain_timeout_ns without saturation; UINT64_MAX (which
+  // TUTTI_URING_DRAIN_TIMEOUT_NS accepts) wrapped into a deadline in the past, and the destructor
+  // stopped draining at once.
+  TempDirectory dir;
+  const auto path = dir.file("drainforever");
+  const std::uint64_t size = 64u << 20;
+  write_pattern_file(path, size, 46);
+  uring::DataPath d(uring::Options{.close_flush_timeout_ns = 0});
+  auto t = open_for_flush(d, path);
+  dirty_page_cache(path, size, 47);
+  REQUIRE(d.close(t).code() == StatusCode::TIMEOUT);  // the FLUSH of 64 MiB of dirty pages is in flight
+  REQUIRE(d.stats().in_flight_commands == 1);
+  const Status drained = d.drain(UINT64_MAX);
+  REQUIRE_MESSAGE(drained.is_ok(), drained.to_string());
+  CHECK(d.stats().in_flight_commands == 0);
+  REQUIRE(close_until_done(d, t).is_ok());
+}
+
 TEST_CASE("a WRITE submitted after a close returned TIMEOUT gets a FLUSH of its own before close reports OK") {
   TempDirectory dir;
   const auto path = dir.file("writeafter");

@@ -17,6 +17,7 @@
 
 #include <tutti/accel/config.hpp>
 #include <tutti/accel/scope.hpp>
+#include <tutti/core/clock.hpp>
 #include <tutti/core/status.hpp>
 
 namespace tutti::accel::shim {
@@ -99,13 +100,11 @@ TUTTI_HOST_DEVICE inline std::uint32_t mmio_load32(const volatile std::uint32_t*
 }
 
 /// Device: `mov.u64 %0, %globaltimer;` (ns, PTX ISA "Special Registers: %globaltimer"; updated
-/// about every microsecond on recent GPUs). Host pass: steady_clock.
+/// about every microsecond on recent GPUs). Host pass: monotonic_ns (core/clock.hpp).
 TUTTI_HOST_DEVICE inline std::uint64_t timer_ns() noexcept {
   std::uint64_t now = 0;
   TUTTI_IF_DEVICE((asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));),
-                  (now = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                        std::chrono::steady_clock::now().time_since_epoch())
-                                                        .count());));
+                  (now = monotonic_ns();));
   return now;
 }
 

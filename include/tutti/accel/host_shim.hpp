@@ -21,6 +21,7 @@
 
 #include <tutti/accel/config.hpp>
 #include <tutti/accel/scope.hpp>
+#include <tutti/core/clock.hpp>
 #include <tutti/core/status.hpp>
 
 namespace tutti::accel::shim {
@@ -92,11 +93,7 @@ inline std::uint32_t mmio_load32(const volatile std::uint32_t* reg) noexcept {
   return std::atomic_ref<std::uint32_t>(*const_cast<std::uint32_t*>(reg)).load(std::memory_order_acquire);
 }
 
-inline std::uint64_t timer_ns() noexcept {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-          .count());
-}
+inline std::uint64_t timer_ns() noexcept { return monotonic_ns(); }
 
 inline void cpu_pause() noexcept {
 #if defined(__x86_64__) || defined(__i386__)

@@ -25,6 +25,7 @@
 
 #include <tutti/accel/config.hpp>
 #include <tutti/accel/scope.hpp>
+#include <tutti/core/clock.hpp>
 
 #if defined(TUTTI_ACCELERATOR_CUDA)
 #include <tutti/accel/cuda_shim.hpp>
@@ -70,14 +71,13 @@ TUTTI_HOST_DEVICE inline std::uint32_t mmio_load32(const volatile std::uint32_t*
   return shim::mmio_load32(reg);
 }
 
-/// Monotonic time in nanoseconds. Host: std::chrono::steady_clock. CUDA device: %globaltimer,
+/// Monotonic time in nanoseconds. Host: monotonic_ns() (core/clock.hpp). CUDA device: %globaltimer,
 /// which is not the host clock: compare only values read on the same side.
 TUTTI_HOST_DEVICE inline std::uint64_t timer_ns() noexcept { return shim::timer_ns(); }
 
 /// The deadline `budget_ns` from now, saturating instead of wrapping.
 TUTTI_HOST_DEVICE inline std::uint64_t deadline_after(std::uint64_t budget_ns) noexcept {
-  const std::uint64_t now = timer_ns();
-  return budget_ns > ~std::uint64_t{0} - now ? ~std::uint64_t{0} : now + budget_ns;
+  return saturating_add(timer_ns(), budget_ns);
 }
 
 /// Backoff for polling loops, so pollers do not starve their neighbours on small machines.

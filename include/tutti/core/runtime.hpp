@@ -45,20 +45,11 @@
 
 #include <fmt/format.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define TUTTI_HAS_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TUTTI_HAS_LSAN 1
-#endif
-#endif
-#if TUTTI_HAS_LSAN
-#include <sanitizer/lsan_interface.h>
-#endif
-
+#include <tutti/core/clock.hpp>
 #include <tutti/core/concepts.hpp>
 #include <tutti/core/handles.hpp>
 #include <tutti/core/io.hpp>
+#include <tutti/core/leak.hpp>
 #include <tutti/core/status.hpp>
 
 namespace tutti {
@@ -88,27 +79,6 @@ constexpr void for_each_index(F&& f) {
 struct Pinnable {
   std::atomic<std::uint64_t> in_flight{0};
 };
-
-inline std::uint64_t now_ns() noexcept {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
-
-/// a + b without wrapping (saturates at UINT64_MAX).
-constexpr std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) noexcept {
-  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
-}
-
-/// Largest budget handed to a DataPath or to std::chrono, in ns (2^62 ns = 146 years): "forever"
-/// without overflowing a signed 64-bit nanosecond count.
-inline constexpr std::uint64_t kMaxBudgetNs = std::uint64_t{1} << 62;
-
-/// The nanoseconds left until `deadline` (0 once passed), capped at kMaxBudgetNs.
-inline std::uint64_t remaining_ns(std::uint64_t deadline) noexcept {
-  const std::uint64_t now = now_ns();
-  return deadline > now ? std::min(deadline - now, kMaxBudgetNs) : 0;
-}
 
 }  // namespace detail
 
@@ -415,12 +385,12 @@ class StorageRuntime {
   Result<IoResult> wait(IoHandle handle, std::uint64_t timeout_ns) {
     auto io = find_io(handle);
     if (!io) return io.status();
-    const std::uint64_t deadline = detail::saturating_add(detail::now_ns(), timeout_ns);
+    const std::uint64_t deadline = deadline_after_ns(timeout_ns);
     std::unique_lock guard((*io)->mutex, std::defer_lock);
-    if (!guard.try_lock_for(std::chrono::nanoseconds(std::min(timeout_ns, detail::kMaxBudgetNs))))
+    if (!guard.try_lock_for(as_duration(timeout_ns)))
       return error(StatusCode::TIMEOUT, "{} is being waited on by another thread; not complete after {} ns",
                    handle.to_string(), timeout_ns);
-    Status s = advance(**io, detail::remaining_ns(deadline));
+    Status s = advance(**io, remaining_ns(deadline));
     if (!s.is_ok()) return s.code() == StatusCode::TIMEOUT ? s.with_context(handle.to_string()) : s;
     return (*io)->result;
   }
@@ -453,10 +423,10 @@ class StorageRuntime {
   /// time; any other call may run concurrently.
   Status shutdown(std::uint64_t drain_timeout_ns) {
     state_->shutting_down.store(true);
-    const std::uint64_t deadline = detail::saturating_add(detail::now_ns(), drain_timeout_ns);
+    const std::uint64_t deadline = deadline_after_ns(drain_timeout_ns);
     {  // Let submits that already passed validation finish handing their buckets to the DataPaths.
       std::unique_lock lock(state_->tables_mutex);
-      state_->drained.wait_for(lock, std::chrono::nanoseconds(std::min(drain_timeout_ns, detail::kMaxBudgetNs)),
+      state_->drained.wait_for(lock, as_duration(drain_timeout_ns),
                                [&] { return state_->submits_in_progress == 0; });
       if (state_->submits_in_progress != 0)
         return error(StatusCode::TIMEOUT, "shutdown: {} submit call(s) still running after {} ns",
@@ -471,8 +441,8 @@ class StorageRuntime {
     std::size_t pending = 0;
     for (auto& io : ios) {
       std::unique_lock guard(io->mutex, std::defer_lock);
-      if (!guard.try_lock_for(std::chrono::nanoseconds(detail::remaining_ns(deadline))) ||
-          !advance(*io, detail::remaining_ns(deadline)).is_ok())
+      if (!guard.try_lock_for(as_duration(remaining_ns(deadline))) ||
+          !advance(*io, remaining_ns(deadline)).is_ok())
         ++pending;
     }
     {  // A region being unregistered or a target being closed by another thread belongs to that thread: wait.
@@ -483,7 +453,7 @@ class StorageRuntime {
         state_->targets.for_each([&](TargetHandle, TargetEntry& e) { n += e.closing ? 1 : 0; });
         return n;
       };
-      state_->drained.wait_for(lock, std::chrono::nanoseconds(detail::remaining_ns(deadline)),
+      state_->drained.wait_for(lock, as_duration(remaining_ns(deadline)),
                                [&] { return unregistering() == 0; });
       pending += unregistering();
     }
@@ -621,13 +591,6 @@ class StorageRuntime {
     std::atomic<bool> shutting_down{false};
     bool shut_down = false;
   };
-
-  /// Keeps IO state alive forever because a device may still write into it; tells LeakSanitizer so.
-  static void leak_on_purpose([[maybe_unused]] State* state) {
-#if TUTTI_HAS_LSAN
-    __lsan_ignore_object(state);
-#endif
-  }
 
   static Status shutting_down_error(std::string_view operation) {
     return error(StatusCode::BUSY, "{}: the runtime is shutting down", operation);
@@ -813,7 +776,7 @@ class StorageRuntime {
   /// when not complete in time; a DataPath's progress error otherwise.
   Status advance(IoEntry& io, std::uint64_t budget_ns) {
     if (io.complete) return Status::ok();
-    const std::uint64_t deadline = detail::saturating_add(detail::now_ns(), budget_ns);
+    const std::uint64_t deadline = deadline_after_ns(budget_ns);
     Status failure;
     detail::for_each_index<kBackends>([&](auto I) {
       auto& bucket = std::get<I>(io.parts);
@@ -822,7 +785,7 @@ class StorageRuntime {
         return;
       }
       Status s = std::get<I>(state_->backends)->datapath.progress(
-          *bucket.batch, std::span<RequestCompletion>(bucket.completions), detail::remaining_ns(deadline));
+          *bucket.batch, std::span<RequestCompletion>(bucket.completions), remaining_ns(deadline));
       if (s.is_ok())
         bucket.complete = true;
       else

@@ -66,17 +66,6 @@
 
 #include <fmt/format.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define TUTTI_LOCAL_NVME_HAS_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TUTTI_LOCAL_NVME_HAS_LSAN 1
-#endif
-#endif
-#if TUTTI_LOCAL_NVME_HAS_LSAN
-#include <sanitizer/lsan_interface.h>
-#endif
-
 #include <tutti/accel/async_copy.hpp>
 #include <tutti/accel/memory.hpp>
 #include <tutti/accel/placement.hpp>
@@ -85,6 +74,7 @@
 #include <tutti/bind/extents.hpp>
 #include <tutti/core/concepts.hpp>
 #include <tutti/core/io.hpp>
+#include <tutti/core/leak.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/libnvm/controller.hpp>
 #include <tutti/nvme/queue.hpp>
@@ -99,13 +89,6 @@ namespace detail {
 /// `to = value` with the result of the assignment explicitly discarded (Status is [[nodiscard]],
 /// and nvcc's front end warns about the discarded Status& of operator=).
 inline void assign(Status& to, Status value) { (void)(to = std::move(value)); }
-/// Keeps an object alive forever (a device may still DMA into what it owns); tells LSan so.
-template <class T>
-void leak_on_purpose([[maybe_unused]] T* object) {
-#if TUTTI_LOCAL_NVME_HAS_LSAN
-  __lsan_ignore_object(object);
-#endif
-}
 }  // namespace detail
 
 class DataPath {
@@ -304,7 +287,7 @@ class DataPath {
       if (slot == nullptr) return;
       if (slot->kernel_may_run) {
         // Never free or reuse memory a kernel may still write: keep it forever, counted in use.
-        detail::leak_on_purpose(slot);
+        leak_on_purpose(slot);
         return;
       }
       slot->mappings.clear();  // registrations may be unmapped now (zombies hold their own reference)
@@ -358,7 +341,7 @@ class DataPath {
         // The controller did not confirm the queues are gone (e.g. CSTS.CFS): it might still DMA
         // for a zombie command, so its mapping is leaked on purpose rather than unmapped.
         for (Zombie& z : zombies)
-          if (z.mapping) detail::leak_on_purpose(new std::shared_ptr<Mapping>(std::move(z.mapping)));
+          if (z.mapping) leak_on_purpose(new std::shared_ptr<Mapping>(std::move(z.mapping)));
       }
       zombies.clear();  // the mappings may go now
     }
@@ -582,7 +565,7 @@ class DataPath {
                             state_->options.command_timeout_ns + state_->options.abort_timeout_ns + state_->options.admin_timeout_ns);
         if (!s.is_ok()) {
           // Still in flight: keep the batch (and what it references) alive rather than free it.
-          detail::leak_on_purpose(new batch(std::move(b)));
+          leak_on_purpose(new batch(std::move(b)));
           detail::assign(flushed, error(StatusCode::TIMEOUT, "flush on close: the NVMe Flush did not complete in time"));
         } else {
           detail::assign(flushed, completion.status.with_context("flush on close"));

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <tutti/bind/memfs.hpp>
+#include <tutti/core/clock.hpp>
 #include <tutti/core/concepts.hpp>
 #include <tutti/core/io.hpp>
 #include <tutti/core/status.hpp>
@@ -144,8 +145,7 @@ class DataPath {
   Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
     BatchState& s = *b.state;
     std::unique_lock lock(s.mutex);
-    const std::uint64_t budget = std::min<std::uint64_t>(timeout_ns, std::uint64_t{1} << 62);  // no chrono overflow
-    s.done_cv.wait_for(lock, std::chrono::nanoseconds(budget), [&] { return s.remaining == 0; });
+    s.done_cv.wait_for(lock, as_duration(timeout_ns), [&] { return s.remaining == 0; });
     for (std::size_t j : s.finished) {
       const Work& w = s.work[j];
       RequestCompletion& c = completions[w.position];

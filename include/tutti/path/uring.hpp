@@ -77,8 +77,10 @@
 #include <tutti/accel/config.hpp>
 #include <tutti/accel/stream.hpp>
 #include <tutti/bind/file.hpp>
+#include <tutti/core/clock.hpp>
 #include <tutti/core/concepts.hpp>
 #include <tutti/core/io.hpp>
+#include <tutti/core/leak.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/path/uring/errors.hpp>
 #include <tutti/path/uring/staging.hpp>
@@ -331,6 +333,16 @@ class DataPath {
   const Options& options() const noexcept { return engine_->options; }
   /// A snapshot of the counters. Thread-safe.
   Stats stats() const { return engine_->snapshot(); }
+  /// Waits up to `timeout_ns` ns (UINT64_MAX: no limit) until no command of any batch is in flight,
+  /// reaping completions for their batches (their progress() then reports them). The destructor does
+  /// this with Options::drain_timeout_ns. Errors: TIMEOUT when commands are still in flight; the
+  /// ring's creation error. Thread-safety: may run concurrently with submit() and progress().
+  Status drain(std::uint64_t timeout_ns) {
+    TUTTI_RETURN_IF_ERROR(status());
+    if (engine_->drain(timeout_ns)) return Status::ok();
+    return error(StatusCode::TIMEOUT, "{} command(s) still in flight after {} ns", engine_->in_flight_commands.load(),
+                 timeout_ns);
+  }
 
   /// Opens a payload: checks its alignment against capabilities and registers the file.
   /// Errors: the ring's creation error; UNSUPPORTED when the file system needs an O_DIRECT alignment
@@ -532,12 +544,6 @@ class DataPath {
     return o;
   }
 
-  static std::uint64_t now_ns() noexcept {
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-            .count());
-  }
-
   // ---------------------------------------------------------------------------------------------
   // The ring and everything it guards. Heap-allocated so the DataPath moves without moving a ring.
   struct Engine {
@@ -616,20 +622,27 @@ class DataPath {
     /// batches are leaked on purpose so a late CQE never meets freed memory.
     ~Engine() {
       if (!ring_ready) return;
-      const std::uint64_t deadline = now_ns() + options.drain_timeout_ns;
-      while (in_flight_commands.load() > 0 && now_ns() < deadline) {
+      if (!drain(options.drain_timeout_ns)) {
+        std::scoped_lock lock(live_mutex);
+        for (auto& [raw, owner] : live) leak_on_purpose(new std::shared_ptr<BatchState>(owner));
+      }
+      io_uring_queue_exit(&ring);
+    }
+
+    /// Reaps until no command is in flight or `timeout_ns` passed; true when none is left.
+    bool drain(std::uint64_t timeout_ns) {
+      // Saturating: drain_timeout_ns = UINT64_MAX ("forever", which the environment accepts) must not
+      // wrap into a deadline in the past, which would end the drain at once.
+      const std::uint64_t deadline = deadline_after_ns(timeout_ns);
+      while (in_flight_commands.load() > 0 && monotonic_ns() < deadline) {
         std::unique_lock lock(completion_mutex);
         reap();
 #if defined(TUTTI_ACCELERATOR_CUDA)
         pump_staging();
 #endif
-        wait_for_cqe(std::min<std::uint64_t>(options.wait_slice_ns, deadline - std::min(deadline, now_ns())));
+        wait_for_cqe(std::min<std::uint64_t>(options.wait_slice_ns, remaining_ns(deadline)));
       }
-      if (in_flight_commands.load() > 0) {
-        std::scoped_lock lock(live_mutex);
-        for (auto& [raw, owner] : live) new std::shared_ptr<BatchState>(owner);  // leaked on purpose
-      }
-      io_uring_queue_exit(&ring);
+      return in_flight_commands.load() == 0;
     }
 
     Stats snapshot() {
@@ -1208,12 +1221,11 @@ class DataPath {
     }
 
     Status progress(BatchState& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
-      const std::uint64_t start = now_ns();
-      const std::uint64_t deadline = timeout_ns > UINT64_MAX - start ? UINT64_MAX : start + timeout_ns;
+      const std::uint64_t deadline = deadline_after_ns(timeout_ns);
       for (;;) {
         std::unique_lock lock(completion_mutex, std::defer_lock);
         waiting_reapers.fetch_add(1);
-        const bool locked = lock.try_lock_for(std::chrono::nanoseconds(deadline - std::min(deadline, now_ns())));
+        const bool locked = lock.try_lock_for(as_duration(remaining_ns(deadline)));
         waiting_reapers.fetch_sub(1);
         if (!locked) return Status(StatusCode::NOT_READY, "uring batch in flight (another thread is reaping)");
         bool staged_pending = false;
@@ -1223,7 +1235,7 @@ class DataPath {
 #endif
         report(b, completions);
         if (b.remaining_requests == 0) return Status::ok();
-        const std::uint64_t now = now_ns();
+        const std::uint64_t now = monotonic_ns();
         if (now >= deadline) return Status(StatusCode::NOT_READY, "uring batch in flight");
         std::uint64_t slice = std::min(deadline - now, options.wait_slice_ns);
         if (staged_pending) slice = std::min<std::uint64_t>(slice, 20'000);  // copies complete without CQEs
