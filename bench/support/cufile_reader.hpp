@@ -80,7 +80,7 @@ namespace tutti::bench::cufile {
 /// A Status for a cuFile control call (CUfileError_t): OK, or the CUfileOpError text (and the CUDA
 /// driver error when err is CU_FILE_CUDA_DRIVER_ERROR), naming `call`.
 inline Status status_of(CUfileError_t result, std::string_view call) {
-  if (result.err == CU_FILE_SUCCESS) return Status::ok();
+  if (result.err == CU_FILE_SUCCESS) return Status::success();
   StatusCode code = StatusCode::DEVICE_ERROR;
   switch (result.err) {
     case CU_FILE_DRIVER_NOT_INITIALIZED:
@@ -126,7 +126,7 @@ inline Status status_of_io(ssize_t result, int saved_errno, std::string_view wha
 
 /// A Status for a CUDA runtime call.
 inline Status cuda_status_of(cudaError_t code, std::string_view call) {
-  if (code == cudaSuccess) return Status::ok();
+  if (code == cudaSuccess) return Status::success();
   return error(StatusCode::DEVICE_ERROR, "{} failed: {} ({})", call, cudaGetErrorString(code), cudaGetErrorName(code));
 }
 
@@ -225,7 +225,7 @@ class Driver {
     const int closed = std::fclose(out);
     if (written < 0 || closed != 0)
       return error(StatusCode::DEVICE_ERROR, "writing '{}': {}", path, file::errno_text(errno));
-    return Status::ok();
+    return Status::success();
   }
 
   Driver(const Driver&) = delete;
@@ -391,7 +391,7 @@ inline Status validate(const DeviceBuffer& buffer, const Range& r, std::size_t i
   if (r.file_offset > r.file->size() || r.bytes > r.file->size() - r.file_offset)
     return error(StatusCode::OUT_OF_RANGE, "ranges[{}]: file_offset {} + bytes {} exceeds the size {} of '{}'", index,
                  r.file_offset, r.bytes, r.file->size(), r.file->path());
-  return Status::ok();
+  return Status::success();
 }
 
 /// Reads every range into `buffer` with options.threads synchronous cuFileRead calls in flight.

@@ -86,7 +86,7 @@ tutti::Status prepare(const Config& c) {
     ::fsync(fd);
     ::close(fd);
   }
-  return tutti::Status::ok();
+  return tutti::Status::success();
 }
 
 template <class Runtime>

@@ -28,13 +28,13 @@ using tutti::Status;
 using tutti::StatusCode;
 
 Status cuda_status(cudaError_t code, const char* call) {
-  if (code == cudaSuccess) return Status::ok();
+  if (code == cudaSuccess) return Status::success();
   return tutti::error(StatusCode::DEVICE_ERROR, "{} failed: {} ({})", call, cudaGetErrorString(code),
                       cudaGetErrorName(code));
 }
 
 Status cublas_status(cublasStatus_t code, const char* call) {
-  if (code == CUBLAS_STATUS_SUCCESS) return Status::ok();
+  if (code == CUBLAS_STATUS_SUCCESS) return Status::success();
   return tutti::error(StatusCode::DEVICE_ERROR, "{} failed: {} ({})", call, cublasGetStatusString(code),
                       static_cast<int>(code));
 }
@@ -86,7 +86,7 @@ Status wait_event(cudaEvent_t event, int ordinal, std::uint64_t timeout_ns, cons
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
   for (;;) {
     const cudaError_t code = cudaEventQuery(event);
-    if (code == cudaSuccess) return Status::ok();
+    if (code == cudaSuccess) return Status::success();
     if (code != cudaErrorNotReady) return cuda_status(code, "cudaEventQuery");
     if (std::chrono::steady_clock::now() >= deadline)
       return tutti::error(StatusCode::TIMEOUT, "{} did not complete within {} ns", what, timeout_ns);
@@ -276,20 +276,20 @@ void Gpu::keep_memory() noexcept { state_->leak = true; }
 
 tutti::Status Gpu::copy_to_device(std::byte* device, const std::byte* host, std::uint64_t bytes) {
   LAYERWISE_CUDA(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
-  return Status::ok();
+  return Status::success();
 }
 
 tutti::Status Gpu::copy_to_host(std::byte* host, const std::byte* device, std::uint64_t bytes) {
   LAYERWISE_CUDA(cudaSetDevice(state_->ordinal));
   LAYERWISE_CUDA(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
-  return Status::ok();
+  return Status::success();
 }
 
 tutti::Status Gpu::copy_to_host_async(std::byte* host, const std::byte* device, std::uint64_t bytes, int slot) {
   State& s = *state_;
   LAYERWISE_CUDA(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s.verification));
   LAYERWISE_CUDA(cudaEventRecord(s.verification_done[slot & 1], s.verification));
-  return Status::ok();
+  return Status::success();
 }
 
 tutti::Status Gpu::launch_layer(std::uint32_t layer, const std::byte* read_slot, std::uint32_t cached_chunks,
@@ -330,7 +330,7 @@ tutti::Status Gpu::launch_layer(std::uint32_t layer, const std::byte* read_slot,
   }
   LAYERWISE_CUDA(cudaEventRecord(s.layer_end[layer], s.compute));
   s.layer_ran[layer] = true;
-  return Status::ok();
+  return Status::success();
 }
 
 tutti::Result<GemmFigures> Gpu::calibrate(std::uint32_t cached_chunks) {
@@ -389,7 +389,7 @@ tutti::Status Gpu::wait_verification(int slot, std::uint64_t timeout_ns) {
 
 tutti::Status Gpu::synchronize(std::uint64_t timeout_ns) {
   State& s = *state_;
-  if (!s.compute || !s.verification) return Status::ok();
+  if (!s.compute || !s.verification) return Status::success();
   LAYERWISE_CUDA(cudaSetDevice(s.ordinal));
   LAYERWISE_CUDA(cudaEventRecord(s.drained[0], s.compute));
   LAYERWISE_CUDA(cudaEventRecord(s.drained[1], s.verification));
@@ -400,7 +400,7 @@ tutti::Status Gpu::synchronize(std::uint64_t timeout_ns) {
 tutti::Status Gpu::mark_start() {
   LAYERWISE_CUDA(cudaEventRecord(state_->pipeline_start, state_->compute));
   state_->started = true;
-  return Status::ok();
+  return Status::success();
 }
 
 std::uint64_t Gpu::layer_wait_ns(std::uint32_t layer) const {
@@ -445,7 +445,7 @@ tutti::Status Gpu::cufile_open(std::byte* device, std::uint64_t bytes) {
     return buffer.status();
   }
   s.cufile_buffer = std::move(*buffer);
-  return Status::ok();
+  return Status::success();
 }
 
 std::string Gpu::cufile_description() const {

@@ -74,11 +74,11 @@ class SlotVerifier {
   /// Starts verifying layer `layer`'s cached tensors at `slot` (device memory). Finishes the hash of
   /// layer - 2 first (it used the same host buffer). Does nothing when verification is off.
   tutti::Status start(std::uint32_t layer, const std::byte* slot, const char* phase) {
-    if (!enabled_) return tutti::Status::ok();
+    if (!enabled_) return tutti::Status::success();
     const int parity = static_cast<int>(layer % 2);
     TUTTI_RETURN_IF_ERROR(collect(parity));
     const std::uint64_t bytes = std::uint64_t{shape_.hit_chunks()} * 2 * shape_.tensor_bytes;
-    if (bytes == 0) return tutti::Status::ok();
+    if (bytes == 0) return tutti::Status::success();
     TUTTI_RETURN_IF_ERROR(gpu_.copy_to_host_async(host_[parity], slot, bytes, parity));
     started_[parity] = true;
     pending_[parity] = std::async(std::launch::async, [this, layer, parity, phase] {
@@ -90,14 +90,14 @@ class SlotVerifier {
       out.report.verify_ns = elapsed_ns(start);
       return out;
     });
-    return tutti::Status::ok();
+    return tutti::Status::success();
   }
 
   /// Waits (bounded) until the copy of the slot of layer `layer` left device memory: the slot may be
   /// overwritten afterwards.
   tutti::Status copied(std::uint32_t layer) {
     const int parity = static_cast<int>(layer % 2);
-    if (!started_[parity]) return tutti::Status::ok();
+    if (!started_[parity]) return tutti::Status::success();
     return gpu_.wait_verification(parity, timeout_ns_);
   }
 
@@ -118,7 +118,7 @@ class SlotVerifier {
   };
 
   tutti::Status collect(int parity) {
-    if (!pending_[parity].valid()) return tutti::Status::ok();
+    if (!pending_[parity].valid()) return tutti::Status::success();
     Outcome out = pending_[parity].get();
     verified_.merge_checks(out.report);
     verified_.verify_ns += out.report.verify_ns;
@@ -195,7 +195,7 @@ class GpuPipeline {
     auto w = runtime_.register_memory({writes_, 2 * write_bytes, tutti::MemoryKind::DEVICE, gpu_.ordinal()});
     if (!w) return w.status();
     write_memory_ = *w;
-    return tutti::Status::ok();
+    return tutti::Status::success();
   }
 
   std::byte* read_slot(std::uint32_t layer) const { return reads_ + (layer % 2) * hit_tensors_ * tensor_bytes(); }
@@ -249,7 +249,7 @@ class GpuPipeline {
       TUTTI_RETURN_IF_ERROR(status);
       TUTTI_RETURN_IF_ERROR(verify_slot_now(l, "pread+cudaMemcpy", report));
     }
-    return tutti::Status::ok();
+    return tutti::Status::success();
   }
 
   /// Baseline: cuFileRead (bench/support/cufile_reader.hpp) of each layer's cached tensors into the same
@@ -263,7 +263,7 @@ class GpuPipeline {
     const std::uint64_t slots_bytes = 2 * std::max<std::uint64_t>(1, hit_tensors_) * tensor_bytes();
     if (auto s = gpu_.cufile_open(reads_, slots_bytes); !s.is_ok()) {
       gpu_report.cufile_error = s.to_string();
-      return tutti::Status::ok();
+      return tutti::Status::success();
     }
     gpu_report.cufile_mode = gpu_.cufile_description();
     for (std::uint32_t threads : {1u, 8u}) {
@@ -283,7 +283,7 @@ class GpuPipeline {
         if (!ns) {
           gpu_report.cufile_error = ns.status().with_context(fmt::format("{} thread(s), layer {}", threads, l)).to_string();
           gpu_.cufile_close();
-          return tutti::Status::ok();
+          return tutti::Status::success();
         }
         run.stats.ns += *ns;
         run.stats.bytes += ranges.size() * tensor_bytes();
@@ -293,7 +293,7 @@ class GpuPipeline {
       gpu_report.cufile_runs.push_back(run);
     }
     gpu_.cufile_close();
-    return tutti::Status::ok();
+    return tutti::Status::success();
   }
 
   /// Phase 2: read(L+1) || compute(L) || write(L-1), compute on the GPU.
@@ -350,7 +350,7 @@ class GpuPipeline {
   /// Reads back every tensor the pipeline wrote (into device memory, through the runtime), copies it to
   /// the host and compares it with this run's salted content.
   tutti::Status verify_written(Report& report) {
-    if (miss_tensors_ == 0) return tutti::Status::ok();
+    if (miss_tensors_ == 0) return tutti::Status::success();
     for (std::uint32_t layer = 0; layer < layers(); ++layer) {
       TUTTI_RETURN_IF_ERROR(poison(write_slot(layer), miss_tensors_ * tensor_bytes()));
       Window<Runtime> window(runtime_, settings_.io_timeout_ns);
@@ -359,7 +359,7 @@ class GpuPipeline {
       TUTTI_RETURN_IF_ERROR(gpu_.copy_to_host(written_host_, write_slot(layer), miss_tensors_ * tensor_bytes()));
       check_written_layer(written_host_, layer, settings_.shape, settings_.run_salt, report);
     }
-    return tutti::Status::ok();
+    return tutti::Status::success();
   }
 
   std::uint32_t layers() const { return settings_.shape.layers; }
@@ -372,7 +372,7 @@ class GpuPipeline {
 
   /// Poisons a slot (0xa5) so a read that moves no bytes cannot pass verification on stale bytes.
   tutti::Status poison(std::byte* device, std::uint64_t bytes) {
-    if (!settings_.verify || bytes == 0) return tutti::Status::ok();
+    if (!settings_.verify || bytes == 0) return tutti::Status::success();
     return gpu_.fill_device(device, 0xa5, bytes, settings_.io_timeout_ns);
   }
 
@@ -385,7 +385,7 @@ class GpuPipeline {
       for (std::uint32_t k = 0; k < 2; ++k, ++index)
         out.push_back({tutti::Direction::READ, read_memory_, base + index * tensor_bytes(), layers_[layer],
                        settings_.shape.tensor_offset(c, k), tensor_bytes()});
-    if (out.empty()) return tutti::Status::ok();
+    if (out.empty()) return tutti::Status::success();
     return window.submit(std::move(out));
   }
 
@@ -409,10 +409,10 @@ class GpuPipeline {
 
   /// Copies layer `layer`'s read slot to the host now and hashes it (the baselines' untimed check).
   tutti::Status verify_slot_now(std::uint32_t layer, const char* phase, Report& report) {
-    if (!settings_.verify) return tutti::Status::ok();
+    if (!settings_.verify) return tutti::Status::success();
     TUTTI_RETURN_IF_ERROR(gpu_.copy_to_host(verify_host_[0], read_slot(layer), hit_tensors_ * tensor_bytes()));
     check_cached_layer(verify_host_[0], layer, settings_.shape, checksums_, phase, report);
-    return tutti::Status::ok();
+    return tutti::Status::success();
   }
 
   Runtime& runtime_;

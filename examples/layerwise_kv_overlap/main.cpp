@@ -98,7 +98,7 @@ tutti::Status prepare_files(const Shape& shape, const fs::path& dir) {
     for (std::uint32_t l = 0; complete && l < shape.layers; ++l)
       complete = fs::exists(dir / shape.layer_file_name(l)) &&
                  fs::file_size(dir / shape.layer_file_name(l)) == shape.layer_file_bytes();
-    if (complete) return tutti::Status::ok();
+    if (complete) return tutti::Status::success();
   }
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -124,7 +124,7 @@ tutti::Status prepare_files(const Shape& shape, const fs::path& dir) {
     progress_bar("preparing KV files", l + 1, shape.layers);
   }
   std::ofstream(manifest) << shape_json(shape).dump(2) << "\n";
-  return tutti::Status::ok();
+  return tutti::Status::success();
 }
 
 void drop_page_cache(const Options& o) {
@@ -164,7 +164,7 @@ tutti::Status pread_baseline(const Options& o, const fs::path& dir, Pipeline<Run
       }
     ::close(fd);
   }
-  return tutti::Status::ok();
+  return tutti::Status::success();
 }
 
 /// An exclusive flock(2) on "<data dir>/layerwise.lock", held until destruction (the end of main), so
@@ -187,7 +187,7 @@ class DataDirLock {
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0)
       return tutti::error(tutti::StatusCode::DEVICE_ERROR, "lock file '{}': {}", path.string(), std::strerror(errno));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return tutti::Status::ok();
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return tutti::Status::success();
     const int err = errno;
     ::close(fd_);
     fd_ = -1;

@@ -244,13 +244,13 @@ class Window {
       }
       pending = std::move(rejected);
     }
-    return tutti::Status::ok();
+    return tutti::Status::success();
   }
 
   /// Waits for every IO in flight; fails on any request that did not move all its bytes.
   tutti::Status drain() {
     while (!in_flight_.empty()) TUTTI_RETURN_IF_ERROR(complete_oldest());
-    return tutti::Status::ok();
+    return tutti::Status::success();
   }
 
   /// Error path: waits (bounded) for whatever is still in flight so its memory can be released.
@@ -282,7 +282,7 @@ class Window {
     stats_.bytes += result->confirmed_bytes;
     stats_.requests += result->requests;
     stats_.commands += result->commands;
-    return tutti::Status::ok();
+    return tutti::Status::success();
   }
 
   Runtime& runtime_;
@@ -326,7 +326,7 @@ class Pipeline {
     auto w = runtime_.register_memory({writes_.data, writes_.size, tutti::MemoryKind::HOST});
     if (!w) return w.status();
     write_memory_ = *w;
-    return tutti::Status::ok();
+    return tutti::Status::success();
   }
 
   std::byte* read_slot(std::uint32_t layer) { return reads_.data + (layer % 2) * hit_tensors_ * tensor_bytes(); }
@@ -349,7 +349,7 @@ class Pipeline {
     report.restore_only.ns = elapsed_ns(start);  // IO only: the last layer's hashing is not counted
     if (verifying.valid()) verifying.wait();
     report.merge_checks(verified);
-    return tutti::Status::ok();
+    return tutti::Status::success();
   }
 
   /// Phase 2: read(L+1) || compute(L) || write(L-1).
@@ -378,12 +378,12 @@ class Pipeline {
     report.pipeline_reads = reads.stats();
     report.pipeline_writes = writes.stats();
     report.pipeline_reads.ns = report.pipeline_writes.ns = report.pipeline_ns;  // both ran the whole pipeline
-    return tutti::Status::ok();
+    return tutti::Status::success();
   }
 
   /// Reads back every tensor the pipeline wrote and verifies it.
   tutti::Status verify_written(Report& report) {
-    if (miss_tensors_ == 0) return tutti::Status::ok();
+    if (miss_tensors_ == 0) return tutti::Status::success();
     for (std::uint32_t layer = 0; layer < layers(); ++layer) {
       std::vector<tutti::IoRequest> requests = write_requests(layer);
       for (auto& r : requests) r.direction = tutti::Direction::READ;
@@ -394,7 +394,7 @@ class Pipeline {
       check_written_layer(writes_.data + (layer % 2) * miss_tensors_ * tensor_bytes(), layer, settings_.shape,
                           settings_.run_salt, report);
     }
-    return tutti::Status::ok();
+    return tutti::Status::success();
   }
 
   std::uint32_t layers() const { return settings_.shape.layers; }

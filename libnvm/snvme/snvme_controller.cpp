@@ -156,7 +156,7 @@ Status SnvmeController::bring_up(const BringUpOptions& options) {
     doorbell_bytes_ = info.doorbell_bytes;
   }
   identity_ = std::move(id);
-  return Status::ok();
+  return Status::success();
 }
 
 Status SnvmeController::shutdown(std::uint64_t /*timeout_ns*/) {
@@ -214,7 +214,7 @@ Status SnvmeController::destroy_ring_locked(std::uint16_t qid, Ring& ring) {
   arg.group_id = ring.group_id;
   if (::ioctl(fd_, SNVME_IOC_DESTROY_QUEUE_GROUP, &arg) != 0)
     return errno_status(fmt::format("DESTROY_QUEUE_GROUP of QID {}", qid), errno);
-  return Status::ok();
+  return Status::success();
 }
 
 Status SnvmeController::delete_io_queue_pair(std::uint16_t qid) {
@@ -261,7 +261,7 @@ Status SnvmeController::dma_unmap(std::uint64_t mapping_id) {
   arg.map_id = static_cast<std::uint32_t>(mapping_id);
   if (mapping_id == 0 || mapping_id > UINT32_MAX || ::ioctl(fd_, SNVME_IOC_DMA_UNMAP, &arg) != 0)
     return errno_status(fmt::format("DMA_UNMAP of mapping {}", mapping_id), mapping_id == 0 ? ENOENT : errno);
-  return Status::ok();
+  return Status::success();
 }
 
 Result<DmaBuffer> SnvmeController::allocate_dma_buffer(std::size_t length) {

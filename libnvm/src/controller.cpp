@@ -5,7 +5,7 @@
 namespace tutti::libnvm {
 
 Status check_completion(const nvme::CompletionQueueEntry& cqe, std::string_view what) {
-  if (cqe.status().success()) return Status::ok();
+  if (cqe.status().success()) return Status::success();
   return error(StatusCode::DEVICE_ERROR, "{}: {}", what, nvme::describe_status(cqe.status()));
 }
 

@@ -122,7 +122,7 @@ class RegisterController final : public Controller {
     identity_.max_queue_entries = cap.max_queue_entries();
     identity_.doorbell_stride = dstrd;
     io_qid_in_use_.assign(identity_.io_submission_queues_allocated + 1u, false);
-    return Status::ok();
+    return Status::success();
   }
 
   Status shutdown(std::uint64_t timeout_ns) override {
@@ -146,7 +146,7 @@ class RegisterController final : public Controller {
       backoff.pause();
     }
     brought_up_ = false;
-    return Status::ok();
+    return Status::success();
   }
 
   const ControllerIdentity& identity() const noexcept override { return identity_; }
@@ -278,7 +278,7 @@ class RegisterController final : public Controller {
       if (csts.device_gone()) return error(StatusCode::DEVICE_ERROR, "CSTS reads all ones: device gone");
       if (ready && ControllerStatus::CFS::decode(csts.raw) != 0)
         return error(StatusCode::DEVICE_ERROR, "CSTS.CFS (Controller Fatal Status) is set");
-      if ((ControllerStatus::RDY::decode(csts.raw) != 0) == ready) return Status::ok();
+      if ((ControllerStatus::RDY::decode(csts.raw) != 0) == ready) return Status::success();
       if (accel::timer_ns() >= deadline)
         return error(StatusCode::TIMEOUT, "CSTS.RDY did not become {} within {} ns", ready ? 1 : 0, timeout_ns);
       backoff.pause();
@@ -361,7 +361,7 @@ class RegisterController final : public Controller {
     identity.model_number = trimmed(c.mn, sizeof c.mn);
     identity.firmware_revision = trimmed(c.fr, sizeof c.fr);
     identity_ = std::move(identity);
-    return Status::ok();
+    return Status::success();
   }
 
   Status delete_queue_locked(AdminOpcode opcode, std::uint16_t qid) {
@@ -382,7 +382,7 @@ class RegisterController final : public Controller {
     TUTTI_RETURN_IF_ERROR(transport_->free_dma_buffer(it->second.cq_memory.id));
     io_qid_in_use_[qid] = false;
     io_queues_.erase(it);
-    return Status::ok();
+    return Status::success();
   }
 
   /// Frees every queue buffer after a reset (the controller no longer references them).

@@ -1320,7 +1320,7 @@ Status SoftController::unmap(std::uint64_t mapping_id) {
   auto owned = impl_->bus.unmap(mapping_id);
   if (!owned) return owned.status();
   free_owned(owned->memory, owned->owner);
-  return Status::ok();
+  return Status::success();
 }
 
 Result<DmaBuffer> SoftController::allocate_dma_buffer(std::size_t length) {

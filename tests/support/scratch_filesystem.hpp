@@ -30,7 +30,7 @@ enum class FilesystemType { EXT4, TMPFS };
 inline Status run_command(const std::string& command) {
   const int rc = std::system((command + " >/dev/null 2>&1").c_str());
   if (rc != 0) return error(StatusCode::INTERNAL, "command failed (status {}): {}", rc, command);
-  return Status::ok();
+  return Status::success();
 }
 
 class ScratchFilesystem {
@@ -97,7 +97,7 @@ class ScratchFilesystem {
     mounted_ = false;
     TUTTI_RETURN_IF_ERROR(run_command(fmt::format("mount {} {}", loop_device_, mount_point_)));
     mounted_ = true;
-    return Status::ok();
+    return Status::success();
   }
 
  private:

@@ -38,13 +38,13 @@ namespace tutti::accel {
 inline Status copy_to_device_async(void* device_destination, const void* host_source, std::size_t bytes, void* stream) {
   if (Status checked = detail::check_copy("copy_to_device_async", device_destination, host_source, bytes); !checked)
     return checked;
-  if (bytes == 0) return Status::ok();
+  if (bytes == 0) return Status::success();
 #if defined(TUTTI_ACCELERATOR_CUDA)
   if (const cudaError_t result = cudaMemcpyAsync(device_destination, host_source, bytes, cudaMemcpyHostToDevice,
                                                  static_cast<cudaStream_t>(stream));
       result != cudaSuccess)
     return shim::cuda_error(result, "copy_to_device_async: cudaMemcpyAsync(cudaMemcpyHostToDevice)", bytes);
-  return Status::ok();
+  return Status::success();
 #else
   (void)stream;
   return shim::copy_bytes("copy_to_device_async", device_destination, host_source, bytes);
@@ -55,13 +55,13 @@ inline Status copy_to_device_async(void* device_destination, const void* host_so
 inline Status copy_from_device_async(void* host_destination, const void* device_source, std::size_t bytes, void* stream) {
   if (Status checked = detail::check_copy("copy_from_device_async", host_destination, device_source, bytes); !checked)
     return checked;
-  if (bytes == 0) return Status::ok();
+  if (bytes == 0) return Status::success();
 #if defined(TUTTI_ACCELERATOR_CUDA)
   if (const cudaError_t result = cudaMemcpyAsync(host_destination, device_source, bytes, cudaMemcpyDeviceToHost,
                                                  static_cast<cudaStream_t>(stream));
       result != cudaSuccess)
     return shim::cuda_error(result, "copy_from_device_async: cudaMemcpyAsync(cudaMemcpyDeviceToHost)", bytes);
-  return Status::ok();
+  return Status::success();
 #else
   (void)stream;
   return shim::copy_bytes("copy_from_device_async", host_destination, device_source, bytes);

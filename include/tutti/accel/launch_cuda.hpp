@@ -30,7 +30,7 @@ Status launch(const LaunchConfig& config, const Kernel& kernel) {
   const cudaError_t result = cudaGetLastError();
   if (result != cudaSuccess)
     return error(StatusCode::DEVICE_ERROR, "launch: {}", cudaGetErrorString(result));
-  return Status::ok();
+  return Status::success();
 }
 
 /// Waits until every launch enqueued on `stream` (a cudaStream_t; nullptr: the legacy default
@@ -43,7 +43,7 @@ inline Status synchronize(void* stream, std::uint64_t timeout_ns) {
   Backoff backoff;
   for (;;) {
     const cudaError_t result = cudaStreamQuery(static_cast<cudaStream_t>(stream));
-    if (result == cudaSuccess) return Status::ok();
+    if (result == cudaSuccess) return Status::success();
     if (result != cudaErrorNotReady)
       return error(StatusCode::DEVICE_ERROR, "synchronize: {}", cudaGetErrorString(result));
     if (timer_ns() >= deadline)

@@ -34,11 +34,11 @@ Status launch(const LaunchConfig& config, const Kernel& kernel) {
   } catch (...) {
     return error(StatusCode::INTERNAL, "launch: a kernel threw a non-standard exception");
   }
-  return Status::ok();
+  return Status::success();
 }
 
 /// Waits for the work of `stream`: nothing to wait for on the host (launch is synchronous), so
 /// always OK. Present so DataPaths wait the same way in both profiles. Thread-safety: trivially safe.
-inline Status synchronize(void* /*stream*/, std::uint64_t /*timeout_ns*/) { return Status::ok(); }
+inline Status synchronize(void* /*stream*/, std::uint64_t /*timeout_ns*/) { return Status::success(); }
 
 }  // namespace tutti::accel

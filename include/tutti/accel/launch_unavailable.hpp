@@ -18,6 +18,6 @@ Status launch(const LaunchConfig& config, const Kernel&) {
 }
 
 /// Nothing was launched from this translation unit, so nothing to wait for: always OK.
-inline Status synchronize(void* /*stream*/, std::uint64_t /*timeout_ns*/) { return Status::ok(); }
+inline Status synchronize(void* /*stream*/, std::uint64_t /*timeout_ns*/) { return Status::success(); }
 
 }  // namespace tutti::accel

@@ -57,14 +57,14 @@ inline Status check_allocation(const char* what, std::size_t bytes) {
   if (bytes == 0) return error(StatusCode::INVALID_ARGUMENT, "{}: bytes = 0 must be >= 1", what);
   if (bytes > kMaxAllocationBytes)
     return error(StatusCode::INVALID_ARGUMENT, "{}: bytes = {} exceeds the limit of {} bytes", what, bytes, kMaxAllocationBytes);
-  return Status::ok();
+  return Status::success();
 }
 inline std::size_t round_to_alignment(std::size_t bytes) { return (bytes + kMemoryAlignment - 1) / kMemoryAlignment * kMemoryAlignment; }
 inline Status check_copy(const char* what, const void* destination, const void* source, std::size_t bytes) {
   if (bytes != 0 && (destination == nullptr || source == nullptr))
     return error(StatusCode::INVALID_ARGUMENT, "{}: destination = {} and source = {} must be non-null for bytes = {}", what, destination,
                  source, bytes);
-  return Status::ok();
+  return Status::success();
 }
 }  // namespace detail
 
@@ -107,7 +107,7 @@ inline void free_device(void* address) noexcept { shim::free_device(address); }
 /// failed: the message has the vendor's text; destination contents are then unspecified).
 inline Status copy_to_device(void* device_destination, const void* host_source, std::size_t bytes) {
   if (Status checked = detail::check_copy("copy_to_device", device_destination, host_source, bytes); !checked) return checked;
-  if (bytes == 0) return Status::ok();
+  if (bytes == 0) return Status::success();
   return shim::copy_to_device(device_destination, host_source, bytes);
 }
 
@@ -115,7 +115,7 @@ inline Status copy_to_device(void* device_destination, const void* host_source, 
 /// as copy_to_device in the other direction (same stream rule, same errors).
 inline Status copy_from_device(void* host_destination, const void* device_source, std::size_t bytes) {
   if (Status checked = detail::check_copy("copy_from_device", host_destination, device_source, bytes); !checked) return checked;
-  if (bytes == 0) return Status::ok();
+  if (bytes == 0) return Status::success();
   return shim::copy_from_device(host_destination, device_source, bytes);
 }
 

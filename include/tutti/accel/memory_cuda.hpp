@@ -92,7 +92,7 @@ inline Status copy_synchronous(void* destination, const void* source, std::size_
   cudaError_t result = cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, *stream);
   if (result == cudaSuccess) result = cudaStreamSynchronize(*stream);
   if (result != cudaSuccess) return cuda_error(result, what, bytes);
-  return Status::ok();
+  return Status::success();
 }
 
 /// cudaMalloc guarantees 256-byte alignment only (a small earlier allocation makes the next one start

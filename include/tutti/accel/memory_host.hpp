@@ -33,7 +33,7 @@ inline Status copy_bytes(const char* what, void* destination, const void* source
     return error(StatusCode::INVALID_ARGUMENT, "{}: destination = {} and source = {} must be non-null for bytes = {}", what, destination,
                  source, bytes);
   std::memcpy(destination, source, bytes);
-  return Status::ok();
+  return Status::success();
 }
 inline Status copy_to_device(void* device_destination, const void* host_source, std::size_t bytes) {
   return copy_bytes("copy_to_device", device_destination, host_source, bytes);

@@ -108,7 +108,7 @@ struct Target {
     if (expected < file_size)
       return error(StatusCode::DATA_LOSS, "'{}': no extent maps file offset {} (hole up to end of file {})", path,
                    expected, file_size);
-    return Status::ok();
+    return Status::success();
   }
 };
 

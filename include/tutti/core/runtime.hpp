@@ -410,7 +410,7 @@ class StorageRuntime {
     }
     std::scoped_lock lock(state_->tables_mutex);
     if (state_->ios.find(handle, "io")) (void)state_->ios.erase(handle);
-    return Status::ok();
+    return Status::success();
   }
 
   /// Stops accepting work, waits up to drain_timeout_ns for in-flight IO, then closes every target
@@ -726,7 +726,7 @@ class StorageRuntime {
     bucket.requests.push_back(request);
     bucket.input_index.push_back(i);
     bucket.pins.push_back(pins);
-    return Status::ok();
+    return Status::success();
   }
 
   template <Capabilities caps>
@@ -762,7 +762,7 @@ class StorageRuntime {
       return error(StatusCode::INVALID_ARGUMENT,
                    "requests[{}]: memory address + memory_offset = {:#x} is not a multiple of {} bytes", i, address,
                    caps.memory_alignment);
-    return Status::ok();
+    return Status::success();
   }
 
   Result<std::shared_ptr<IoEntry>> find_io(IoHandle handle) const {
@@ -775,7 +775,7 @@ class StorageRuntime {
   /// Drives an IO's DataPath batches for up to budget_ns (io->mutex held). OK once complete; TIMEOUT
   /// when not complete in time; a DataPath's progress error otherwise.
   Status advance(IoEntry& io, std::uint64_t budget_ns) {
-    if (io.complete) return Status::ok();
+    if (io.complete) return Status::success();
     const std::uint64_t deadline = deadline_after_ns(budget_ns);
     Status failure;
     detail::for_each_index<kBackends>([&](auto I) {
@@ -795,7 +795,7 @@ class StorageRuntime {
     });
     if (!failure.is_ok()) return failure;
     finish(io);
-    return Status::ok();
+    return Status::success();
   }
 
   /// Marks a completed IO: unpins its targets and regions and builds its IoResult.

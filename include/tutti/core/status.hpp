@@ -59,10 +59,14 @@ class [[nodiscard]] Status {
   Status() noexcept = default;
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
-  /// The OK status (no allocation).
-  static Status ok() noexcept { return Status(); }
+  /// The OK status (no allocation); the same as Status{}.
+  static Status success() noexcept { return Status(); }
 
+  /// True for OK. The one check: `if (!status.is_ok()) return status;`.
   bool is_ok() const noexcept { return code_ == StatusCode::OK; }
+  /// Deleted on purpose: `ok()` was once the static factory of the OK status, so `if (s.ok())`
+  /// compiled and was always true, whatever s held. Use is_ok() to check, success() to make one.
+  bool ok() const = delete;
   explicit operator bool() const noexcept { return is_ok(); }
   StatusCode code() const noexcept { return code_; }
   /// The message; empty for OK.

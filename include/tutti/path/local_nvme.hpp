@@ -646,13 +646,13 @@ class DataPath {
       return copied.with_context("PRP list page table into accelerator memory");
     m.table.pages.bus_addresses = home;
     m.table.lists.bus_addresses = home + region_pages;
-    return Status::ok();
+    return Status::success();
   }
 
   /// Unmaps the region. BUSY (and the mapping is kept alive until the controller is done) while a
   /// timed-out command that the controller never answered may still transfer into it.
   Status unregister_memory(registered_memory& memory) {
-    if (!memory.mapping) return Status::ok();
+    if (!memory.mapping) return Status::success();
     reap_zombies();
     if (const auto z = memory.mapping->zombies.load(); z > 0)
       return error(StatusCode::BUSY,
@@ -660,7 +660,7 @@ class DataPath {
                    "mapping stays until they complete or the queues are deleted",
                    z);
     memory.mapping.reset();
-    return Status::ok();
+    return Status::success();
   }
 
   /// One launch over the batch (see the file comment). Never blocks beyond the launch (CUDA: the
@@ -811,7 +811,7 @@ class DataPath {
     bool any_accepted = false;
     for (std::size_t i = 0; i < n; ++i) {
       const RequestReport& report = slot.reports[i];
-      detail::assign(states[i], report.accepted ? Status::ok() : rejection(slot.staged[i], report, requests[i]));
+      detail::assign(states[i], report.accepted ? Status::success() : rejection(slot.staged[i], report, requests[i]));
       if (!report.accepted) slot.reported[i] = 1;
       any_accepted = any_accepted || report.accepted;
     }
@@ -827,7 +827,7 @@ class DataPath {
   /// DEVICE_ERROR without launching. Each wait is bounded by command_timeout_ns plus the budget of
   /// this DataPath's poll kernels queued ahead on the shared stream.
   Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
-    if (!b.slot) return Status::ok();  // nothing was accepted
+    if (!b.slot) return Status::success();  // nothing was accepted
     if (b.slot->kernel_may_run)
       // A wait failed earlier: a kernel may still run over this batch's state; launching another
       // over it (or zeroing its stop word) would race with it. The batch stays abandoned.
@@ -891,7 +891,7 @@ class DataPath {
         any_new = true;
       }
       reap_zombies();
-      if (all_done) return Status::ok();
+      if (all_done) return Status::success();
       if (accel::timer_ns() >= deadline)
         return Status(StatusCode::NOT_READY, "local_nvme: batch still in flight");
       if (any_new || budget != 0) {
@@ -925,7 +925,7 @@ class DataPath {
   /// logical threads, on Options::stream.
   template <class Kernel>
   Status launch_over(std::size_t n, const Kernel& kernel) {
-    if (n == 0) return Status::ok();
+    if (n == 0) return Status::success();
     const std::uint32_t tpb = state_->options.threads_per_block;
     const accel::LaunchConfig config{static_cast<std::uint32_t>((n + tpb - 1) / tpb), tpb, state_->options.stream.native_handle()};
     return accel::launch(config, kernel);
@@ -996,7 +996,7 @@ class DataPath {
                                                             static_cast<std::uint8_t>(report.nvme_status & 0xff), false);
     switch (report.outcome) {
       case RequestOutcome::ok:
-        detail::assign(c.status, Status::ok());
+        detail::assign(c.status, Status::success());
         break;
       case RequestOutcome::nvme_error:
         detail::assign(c.status, error(StatusCode::DEVICE_ERROR,

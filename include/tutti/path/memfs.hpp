@@ -108,9 +108,9 @@ class DataPath {
     return open_target{std::move(target.file), options.writable};
   }
   std::uint64_t size_bytes(const open_target& t) const noexcept { return t.file->size; }
-  Status close(open_target&) { return Status::ok(); }
+  Status close(open_target&) { return Status::success(); }
   Result<registered_memory> register_memory(const MemoryView&) { return registered_memory{}; }
-  Status unregister_memory(registered_memory&) { return Status::ok(); }
+  Status unregister_memory(registered_memory&) { return Status::success(); }
 
   /// Queues the accepted requests; rejects with RESOURCE_EXHAUSTED past queue_depth in flight.
   batch submit(std::span<const PathRequest<DataPath>> requests, std::span<Status> states) {
@@ -126,7 +126,7 @@ class DataPath {
                           current, options_.queue_depth);
         continue;
       }
-      states[k] = Status::ok();
+      states[k] = Status::success();
       auto* memory = r.memory_view.address ? static_cast<std::byte*>(r.memory_view.address) + r.memory_offset : nullptr;
       state->work.push_back(Work{r.direction, memory, r.target_offset, r.length, r.target->file.get(), k});
     }
@@ -149,13 +149,13 @@ class DataPath {
     for (std::size_t j : s.finished) {
       const Work& w = s.work[j];
       RequestCompletion& c = completions[w.position];
-      c.status = Status::ok();
+      c.status = Status::success();
       c.confirmed_bytes = w.length;
       c.commands = 1;
       c.done = true;
     }
     s.finished.clear();
-    return s.remaining == 0 ? Status::ok() : Status(StatusCode::NOT_READY, "memfs batch in flight");
+    return s.remaining == 0 ? Status::success() : Status(StatusCode::NOT_READY, "memfs batch in flight");
   }
 
  private:

@@ -339,7 +339,7 @@ class DataPath {
   /// ring's creation error. Thread-safety: may run concurrently with submit() and progress().
   Status drain(std::uint64_t timeout_ns) {
     TUTTI_RETURN_IF_ERROR(status());
-    if (engine_->drain(timeout_ns)) return Status::ok();
+    if (engine_->drain(timeout_ns)) return Status::success();
     return error(StatusCode::TIMEOUT, "{} command(s) still in flight after {} ns", engine_->in_flight_commands.load(),
                  timeout_ns);
   }
@@ -435,7 +435,7 @@ class DataPath {
                    memory.view.address, memory.view.kind == MemoryKind::HOST ? "HOST" : "PINNED_HOST");
     std::scoped_lock lock(memory.completion_stream->mutex);
     memory.completion_stream->stream = stream;
-    return Status::ok();
+    return Status::success();
 #else
     (void)memory;
     (void)stream;
@@ -464,7 +464,7 @@ class DataPath {
     if (found == 0)
       return error(StatusCode::NOT_FOUND, "set_completion_stream: no DEVICE memory region registered with the uring "
                                           "DataPath starts at address {}", address);
-    return Status::ok();
+    return Status::success();
 #else
     (void)address;
     (void)stream;
@@ -502,7 +502,7 @@ class DataPath {
   Status unregister_memory(registered_memory& memory) {
     if (const auto n = memory.in_flight->load(); n > 0)
       return error(StatusCode::BUSY, "memory region at {} has {} command(s) in flight", memory.view.address, n);
-    if (!engine_) return Status::ok();
+    if (!engine_) return Status::success();
 #if defined(TUTTI_ACCELERATOR_CUDA)
     if (memory.view.kind == MemoryKind::DEVICE) {
       std::scoped_lock lock(engine_->device_regions_mutex);
@@ -737,7 +737,7 @@ class DataPath {
     }
 
     Status unregister_buffer(registered_memory& memory) {
-      if (memory.fixed_buffer_index < 0) return Status::ok();
+      if (memory.fixed_buffer_index < 0) return Status::success();
       iovec empty{nullptr, 0};
       __u64 tag = 0;
       const int rc = io_uring_register_buffers_update_tag(&ring, static_cast<unsigned>(memory.fixed_buffer_index),
@@ -749,7 +749,7 @@ class DataPath {
       std::scoped_lock lock(table_mutex);
       free_buffer_slots.push_back(memory.fixed_buffer_index);
       memory.fixed_buffer_index = -1;
-      return Status::ok();
+      return Status::success();
     }
 
     // --- submission ------------------------------------------------------------------------------
@@ -820,7 +820,7 @@ class DataPath {
             continue;
           }
           in_flight_commands.fetch_add(planned[k]);
-          states[k] = Status::ok();
+          states[k] = Status::success();
           build(*state, requests[k], k, planned[k], fences[k], staged, host_commands);
         }
         state->remaining_requests = state->requests.size();
@@ -1134,12 +1134,12 @@ class DataPath {
                        "the uring DataPath stages through accelerator {}; memory on accelerator {} needs its own "
                        "DataPath",
                        staging->device(), device);
-        return Status::ok();
+        return Status::success();
       }
       auto created = detail::StagingRing::create(options.staging_buffers, options.staging_buffer_bytes, device);
       if (!created) return created.status().with_context("allocating the uring staging ring");
       staging = std::move(created.value());
-      return Status::ok();
+      return Status::success();
     }
 
     /// Advances staged commands (completion mutex held): finished copies, then free buffers to waiting
@@ -1234,7 +1234,7 @@ class DataPath {
         staged_pending = pump_staging();
 #endif
         report(b, completions);
-        if (b.remaining_requests == 0) return Status::ok();
+        if (b.remaining_requests == 0) return Status::success();
         const std::uint64_t now = monotonic_ns();
         if (now >= deadline) return Status(StatusCode::NOT_READY, "uring batch in flight");
         std::uint64_t slice = std::min(deadline - now, options.wait_slice_ns);
@@ -1242,7 +1242,7 @@ class DataPath {
         wait_for_cqe(slice);
         reap();
         report(b, completions);
-        if (b.remaining_requests == 0) return Status::ok();
+        if (b.remaining_requests == 0) return Status::success();
         lock.unlock();
         if (waiting_reapers.load() > 0) std::this_thread::yield();  // let another batch's caller reap
       }

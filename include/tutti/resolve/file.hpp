@@ -215,7 +215,7 @@ class Resolver {
     const int current = ::fcntl(fd, F_GETFL);
     if (current < 0 || ::fcntl(fd, F_SETFL, current & ~O_NONBLOCK) != 0)
       return error(StatusCode::DEVICE_ERROR, "fcntl on '{}' failed: {}", path, errno_text(errno));
-    return Status::ok();
+    return Status::success();
   }
 
   static Status open_error(const std::string& path, std::string_view call, int error_number,

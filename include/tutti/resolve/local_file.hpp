@@ -242,7 +242,7 @@ class Resolver {
   /// FIEMAP over [0, file_size) in as many calls as needed; fills target.extents (merged).
   Status walk_fiemap(int fd, const std::string& path, Target& target, bool writable) const {
     const std::uint64_t size = target.file_size;
-    if (size == 0) return Status::ok();
+    if (size == 0) return Status::success();
     std::vector<std::uint64_t> storage((sizeof(fiemap) + kFiemapExtentsPerCall * sizeof(fiemap_extent)) / 8 + 1);
     auto* map = reinterpret_cast<fiemap*>(storage.data());
     std::uint64_t next = 0;  // first file offset not yet mapped
@@ -295,7 +295,7 @@ class Resolver {
     if (next < size)
       return error(StatusCode::DATA_LOSS, "'{}': hole at file offset {} (no extent up to the end of file {})", path, next,
                    size);
-    return Status::ok();
+    return Status::success();
   }
 
   /// Fail-closed checks of one extent's flags (see the file comment).
@@ -323,7 +323,7 @@ class Resolver {
       return error(StatusCode::UNSUPPORTED,
                    "'{}': shared (reflinked) extent at file offset {}: writing it in place would change other files",
                    path, at);
-    return Status::ok();
+    return Status::success();
   }
 
   Options options_;

@@ -36,7 +36,7 @@ namespace tutti::uring::detail {
 
 /// A Status for a CUDA runtime error: DEVICE_ERROR with the call and cudaGetErrorString's text.
 inline Status cuda_status(cudaError_t code, const char* call) {
-  if (code == cudaSuccess) return Status::ok();
+  if (code == cudaSuccess) return Status::success();
   return error(StatusCode::DEVICE_ERROR, "{} failed: {} ({})", call, cudaGetErrorString(code),
                cudaGetErrorName(code));
 }
@@ -175,7 +175,7 @@ class StagingRing {
     }
     // Work the caller queues on its stream from now on comes after this copy.
     if (fence) return {cuda_status(cudaStreamWaitEvent(fence->caller(), done, 0), "cudaStreamWaitEvent (caller's stream)"), true};
-    return {Status::ok(), true};
+    return {Status::success(), true};
   }
   int device_ = 0;
   std::uint64_t buffer_bytes_ = 0;
