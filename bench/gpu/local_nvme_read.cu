@@ -61,7 +61,7 @@
 namespace {
 
 using namespace tutti;
-using Path = local_nvme::DataPath;
+using Path = local_nvme::LocalNvmeDataPath;
 using bench::gpu_read::Row;
 
 constexpr const char* kProgram = "tutti-bench-gpu-local-nvme";

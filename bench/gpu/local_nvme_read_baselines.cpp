@@ -40,9 +40,9 @@ Row failed_setup(const std::string& name, std::uint64_t request_bytes, const std
 Row measure_uring(const std::string& file, void* device, std::uint64_t file_bytes, std::uint64_t request_bytes,
                   std::uint32_t queue_depth, const PassFrame& frame) {
   const std::string name = "tutti uring (O_DIRECT, pinned staging)";
-  uring::DataPath data_path(uring_device_read_options(request_bytes, queue_depth));
-  if (Status s = data_path.status(); !s.is_ok()) return failed_setup(name, request_bytes, "setup failed: " + s.to_string());
-  UringRuntime runtime(UringBackend{tutti::file::Resolver{}, std::move(data_path)});
+  auto created = make_uring_runtime(uring_device_read_options(request_bytes, queue_depth));
+  if (!created) return failed_setup(name, request_bytes, "setup failed: " + created.status().to_string());
+  UringRuntime& runtime = *created;
   auto target = runtime.open("file://" + file, {});
   if (!target) return failed_setup(name, request_bytes, "open failed: " + target.status().to_string());
   auto memory = runtime.register_memory({device, file_bytes, MemoryKind::DEVICE, 0});

@@ -127,33 +127,33 @@ struct NullRig {
     device = *libnvm::SoftController::create(c);
     controller = libnvm::open_soft_controller(device).value();
     if (!controller->bring_up({}).is_ok()) std::abort();
-    local_nvme::DataPath::Options o;
+    local_nvme::LocalNvmeDataPath::Options o;
     o.queue_pairs = 1;
     o.queue_depth = 1024;
-    path = std::make_unique<local_nvme::DataPath>(local_nvme::DataPath::create(*controller, o).value());
+    path = std::make_unique<local_nvme::LocalNvmeDataPath>(local_nvme::LocalNvmeDataPath::create(*controller, o).value());
     local_file::Target t;
     t.path = "null";
     t.extents = {{0, 0, 1ull << 32}};
     t.file_size = 1ull << 32;
     t.lba_size = 4096;
-    target = std::make_unique<local_nvme::DataPath::open_target>(path->open(std::move(t), {}).value());
+    target = std::make_unique<local_nvme::LocalNvmeDataPath::open_target>(path->open(std::move(t), {}).value());
     buffer = std::aligned_alloc(4096, 64 << 20);
-    memory = std::make_unique<local_nvme::DataPath::registered_memory>(
+    memory = std::make_unique<local_nvme::LocalNvmeDataPath::registered_memory>(
         path->register_memory({buffer, 64 << 20, MemoryKind::HOST, -1}).value());
   }
   std::shared_ptr<libnvm::SoftController> device;
   std::unique_ptr<libnvm::Controller> controller;
-  std::unique_ptr<local_nvme::DataPath> path;
-  std::unique_ptr<local_nvme::DataPath::open_target> target;
+  std::unique_ptr<local_nvme::LocalNvmeDataPath> path;
+  std::unique_ptr<local_nvme::LocalNvmeDataPath::open_target> target;
   void* buffer = nullptr;
-  std::unique_ptr<local_nvme::DataPath::registered_memory> memory;
+  std::unique_ptr<local_nvme::LocalNvmeDataPath::registered_memory> memory;
 };
 
 void BM_RequestCostNull(benchmark::State& state) {
   static NullRig rig;
   const std::uint64_t bytes = static_cast<std::uint64_t>(state.range(0));
   const std::size_t batch = static_cast<std::size_t>(state.range(1));
-  std::vector<PathRequest<local_nvme::DataPath>> rs;
+  std::vector<PathRequest<local_nvme::LocalNvmeDataPath>> rs;
   for (std::size_t i = 0; i < batch; ++i)
     rs.push_back({Direction::READ, rig.memory.get(), MemoryView{rig.buffer, 64 << 20, MemoryKind::HOST, -1},
                   (i * bytes) % (64 << 20), rig.target.get(), i * bytes, bytes});

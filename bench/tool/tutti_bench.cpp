@@ -251,8 +251,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> uris;
   if (c.backend == "memfs") {
     for (std::uint32_t f = 0; f < c.files; ++f) uris.push_back(fmt::format("memfs://bench-{}?size={}", f, c.file_size));
-    tutti::MemfsRuntime rt;
-    results = run(rt, c, uris);
+    auto rt = tutti::make_memfs_runtime();
+    results = rt ? run(*rt, c, uris) : tutti::Result<Results>(rt.status());
   } else {
     if (c.dir.empty()) {
       fmt::print(stderr, "error: --dir is required for backend {}\n", c.backend);
@@ -265,8 +265,8 @@ int main(int argc, char** argv) {
     if (c.drop_caches && std::system("sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null") != 0)
       fmt::print(stderr, "note: --drop-caches: /proc/sys/vm/drop_caches is not writable; the page cache was kept\n");
     for (std::uint32_t f = 0; f < c.files; ++f) uris.push_back(file_uri(fs::path(c.dir) / fmt::format("bench-{}.dat", f)));
-    tutti::UringRuntime rt;
-    results = run(rt, c, uris);
+    auto rt = tutti::make_uring_runtime();
+    results = rt ? run(*rt, c, uris) : tutti::Result<Results>(rt.status());
   }
   if (!results) {
     fmt::print(stderr, "error: {}\n", results.status().to_string());

@@ -189,7 +189,9 @@ PassResult run_uring(const Settings& s, const std::vector<Unit>& order, void* de
   r.method = "uring";
   const std::uint64_t unit = order.front().bytes;
   const tutti::uring::Options options = tutti::bench::uring_device_read_options(unit, s.queue_depth);
-  tutti::UringRuntime runtime(tutti::UringBackend{tutti::file::Resolver{}, tutti::uring::DataPath(options)});
+  auto created = tutti::make_uring_runtime(options);
+  if (!created) die("uring runtime: " + created.status().to_string());
+  tutti::UringRuntime& runtime = *created;
   std::vector<tutti::TargetHandle> targets;
   for (std::uint64_t l = 0; l < s.layers; ++l) {
     auto t = runtime.open("file://" + s.layer_path(l), {});

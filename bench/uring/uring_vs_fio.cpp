@@ -89,8 +89,12 @@ bool prepare_file(const Settings& s) {
 /// Keeps iodepth requests in flight through UringRuntime for `seconds`: iodepth / batch submits of
 /// `batch` requests; when the oldest completes it is released and a new one submitted.
 Figures run_uring(const Settings& s, std::uint64_t block, bool random_offsets) {
-  tutti::UringRuntime runtime(tutti::UringBackend{
-      tutti::file::Resolver{}, tutti::uring::DataPath(tutti::uring::Options{.queue_depth = s.iodepth * 2})});
+  auto created = tutti::make_uring_runtime(tutti::uring::Options{.queue_depth = s.iodepth * 2});
+  if (!created) {
+    std::fprintf(stderr, "uring runtime: %s\n", created.status().to_string().c_str());
+    std::exit(1);
+  }
+  tutti::UringRuntime& runtime = *created;
   auto target = runtime.open("file://" + s.file);
   if (!target) {
     std::fprintf(stderr, "open: %s\n", target.status().to_string().c_str());

@@ -529,7 +529,12 @@ int run_gpu(Options o, const fs::path& dir) {
   gpu_report.gemm = *figures;
   Report report;
   const Checksums sums = expected_checksums(shape);
-  tutti::UringRuntime runtime;
+  auto created = tutti::make_uring_runtime();
+  if (!created) {
+    fmt::print(stderr, "error: {}\n", created.status().to_string());
+    return 2;
+  }
+  tutti::UringRuntime& runtime = *created;
   {
     GpuPipeline<tutti::UringRuntime> pipeline(runtime, device, o.settings, sums);
     auto fail = [&](const tutti::Status& s, const char* phase) {
@@ -677,8 +682,12 @@ int main(int argc, char** argv) {
   if (o.backend == "memfs") {
     for (std::uint32_t l = 0; l < shape.layers; ++l)
       uris.push_back(fmt::format("memfs://layer-{:03}?size={}", l, shape.layer_file_bytes()));
-    tutti::MemfsRuntime runtime;
-    return run<tutti::MemfsRuntime>(runtime, o, dir, uris, false, [&](tutti::MemfsRuntime& rt) {
+    auto runtime = tutti::make_memfs_runtime();
+    if (!runtime) {
+      fmt::print(stderr, "error: {}\n", runtime.status().to_string());
+      return 2;
+    }
+    return run<tutti::MemfsRuntime>(*runtime, o, dir, uris, false, [&](tutti::MemfsRuntime& rt) {
       // memfs lives in this process: write the data set through the runtime itself.
       AlignedBuffer tensor(shape.tensor_bytes);
       auto memory = rt.register_memory({tensor.data, tensor.size, tutti::MemoryKind::HOST});
@@ -729,6 +738,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (std::uint32_t l = 0; l < shape.layers; ++l) uris.push_back(file_uri(dir / shape.layer_file_name(l)));
-  tutti::UringRuntime runtime;
-  return run<tutti::UringRuntime>(runtime, o, dir, uris, true, {});
+  auto runtime = tutti::make_uring_runtime();
+  if (!runtime) {
+    fmt::print(stderr, "error: {}\n", runtime.status().to_string());
+    return 2;
+  }
+  return run<tutti::UringRuntime>(*runtime, o, dir, uris, true, {});
 }

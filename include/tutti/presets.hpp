@@ -15,8 +15,17 @@
 namespace tutti {
 
 /// memfs:// targets in host memory: the sample backend, for tests and examples.
-using MemfsBackend = Backend<memfs::Resolver, memfs::DataPath>;
+using MemfsBackend = Backend<memfs::MemfsResolver, memfs::MemfsDataPath>;
 using MemfsRuntime = StorageRuntime<MemfsBackend>;
+
+/// A memfs runtime over a fresh store (or `resolver`'s, to share files between runtimes).
+/// Errors: those of memfs::MemfsDataPath::create. Thread-safety: any thread.
+inline Result<MemfsRuntime> make_memfs_runtime(memfs::MemfsDataPath::Options options = {}, RuntimeOptions runtime = {},
+                                               memfs::MemfsResolver resolver = {}) {
+  auto datapath = memfs::MemfsDataPath::create(options);
+  if (!datapath) return datapath.status().with_context("memfs DataPath");
+  return MemfsRuntime(MemfsBackend{std::move(resolver), std::move(datapath).value()}, runtime);
+}
 
 }  // namespace tutti
 

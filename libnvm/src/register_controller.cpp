@@ -23,7 +23,7 @@ namespace tutti::libnvm {
 namespace {
 
 using nvme::AdminOpcode;
-using nvme::Capabilities;
+using nvme::ControllerCapabilities;
 using nvme::ControllerConfiguration;
 using nvme::ControllerStatus;
 
@@ -69,7 +69,7 @@ class RegisterController final : public Controller {
       return error(StatusCode::INVALID_ARGUMENT, "nsid = {} is not a valid namespace identifier", options.nsid);
     if (controller_status_locked().device_gone()) return error(StatusCode::DEVICE_ERROR, "CSTS reads all ones: device gone");
     brought_up_ = false;
-    const Capabilities cap = read_capabilities();
+    const ControllerCapabilities cap = read_capabilities();
     const std::uint64_t ready_timeout = options.ready_timeout_ns != 0 ? options.ready_timeout_ns : std::max<std::uint64_t>(cap.timeout_ns(), 500'000'000);
 
     // 1. Disable and wait for CSTS.RDY = 0 (this also clears a fatal status).
@@ -100,7 +100,7 @@ class RegisterController final : public Controller {
     write_register(kRegisterCc, cc);
     TUTTI_RETURN_IF_ERROR(wait_ready_locked(true, ready_timeout).with_context("enable (CC.EN = 1)"));
 
-    const std::uint32_t dstrd = static_cast<std::uint32_t>(Capabilities::DSTRD::decode(cap.raw));
+    const std::uint32_t dstrd = static_cast<std::uint32_t>(ControllerCapabilities::DSTRD::decode(cap.raw));
     admin_ = std::make_unique<nvme::QueuePairStorage>(
         static_cast<nvme::SubmissionQueueEntry*>(admin_sq_memory_.host_address),
         static_cast<nvme::CompletionQueueEntry*>(admin_cq_memory_.host_address), doorbell(nvme::submission_queue_tail_doorbell_offset(0, dstrd)),
@@ -262,10 +262,10 @@ class RegisterController final : public Controller {
     write_register(index, static_cast<std::uint32_t>(value));
     write_register(index + 1, static_cast<std::uint32_t>(value >> 32));
   }
-  Capabilities read_capabilities() noexcept {
+  ControllerCapabilities read_capabilities() noexcept {
     const std::uint64_t low = read_register(kRegisterCap);
     const std::uint64_t high = read_register(kRegisterCap + 1);
-    return Capabilities{low | (high << 32)};
+    return ControllerCapabilities{low | (high << 32)};
   }
   ControllerStatus controller_status_locked() noexcept { return ControllerStatus{read_register(kRegisterCsts)}; }
 

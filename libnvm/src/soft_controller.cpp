@@ -1270,7 +1270,7 @@ Result<std::shared_ptr<SoftController>> SoftController::create(const SoftControl
     if (!impl->bar) return error(StatusCode::RESOURCE_EXHAUSTED, "BAR0 allocation of {} bytes failed", impl->bar_size);
     std::memset(impl->bar.get(), 0, impl->bar_size);
   }
-  using CAP = nvme::Capabilities;
+  using CAP = nvme::ControllerCapabilities;
   std::uint64_t cap = 0;
   cap = CAP::MQES::encode(cap, config.max_queue_entries - 1);
   cap = CAP::CQR::encode(cap, 1);

@@ -11,6 +11,6 @@ struct OtherResolver {
 };
 
 int main() {
-  tutti::Backend<OtherResolver, tutti::memfs::DataPath> backend{};
+  tutti::Backend<OtherResolver, tutti::memfs::MemfsDataPath> backend{};
   (void)backend;
 }

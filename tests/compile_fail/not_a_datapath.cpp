@@ -6,6 +6,6 @@ struct NotADataPath {
 };
 
 int main() {
-  tutti::Backend<tutti::memfs::Resolver, NotADataPath>* backend = nullptr;
+  tutti::Backend<tutti::memfs::MemfsResolver, NotADataPath>* backend = nullptr;
   (void)sizeof(*backend);
 }

@@ -2,6 +2,8 @@
 #include <tutti/tutti.hpp>
 
 int main() {
-  tutti::Backend<tutti::memfs::Resolver, tutti::memfs::DataPath> backend{};
+  auto datapath = tutti::memfs::MemfsDataPath::create();
+  if (!datapath) return 1;
+  tutti::Backend<tutti::memfs::MemfsResolver, tutti::memfs::MemfsDataPath> backend{{}, std::move(datapath).value()};
   (void)backend;
 }

@@ -20,7 +20,7 @@ constexpr std::uint64_t kSecond = 1'000'000'000;
 
 struct Fixture {
   std::shared_ptr<Faults> faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt{FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}}};
+  StorageRuntime<FaultyBackend> rt{FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}}};
   alignas(4096) std::byte memory[16384]{};
   TargetHandle target;
   TargetHandle readonly;
@@ -71,7 +71,7 @@ TEST_CASE("null, stale and foreign handles are rejected") {
   REQUIRE(f.rt.unregister_memory(gone).is_ok());
   expect(f.one({Direction::READ, gone, 0, f.target, 0, 512}), StatusCode::NOT_FOUND, "stale");
 
-  MemfsRuntime second;
+  MemfsRuntime second = testing::require_ok(make_memfs_runtime());
   auto foreign = *second.open("memfs://foreign?size=4096");
   expect(f.one({Direction::READ, f.mem, 0, Handle<TargetTag>(foreign), 0, 512}), StatusCode::INVALID_ARGUMENT,
          "another runtime");
@@ -141,7 +141,7 @@ TEST_CASE("a batch with invalid requests runs only the valid ones, and nothing o
 }
 
 TEST_CASE("bad memory registrations are INVALID_ARGUMENT or UNSUPPORTED") {
-  MemfsRuntime rt;
+  MemfsRuntime rt = testing::require_ok(make_memfs_runtime());
   std::byte one[1];
   CHECK(rt.register_memory({nullptr, 16, MemoryKind::HOST}).code() == StatusCode::INVALID_ARGUMENT);
   CHECK(rt.register_memory({one, 0, MemoryKind::HOST}).code() == StatusCode::INVALID_ARGUMENT);
@@ -155,7 +155,7 @@ TEST_CASE("bad memory registrations are INVALID_ARGUMENT or UNSUPPORTED") {
 }
 
 TEST_CASE("unknown schemes and malformed URIs are INVALID_ARGUMENT naming the problem") {
-  MemfsRuntime rt;
+  MemfsRuntime rt = testing::require_ok(make_memfs_runtime());
   struct Case {
     const char* uri;
     StatusCode code;

@@ -17,7 +17,7 @@ TEST_CASE("concurrent submitters make progress and every request completes exact
   constexpr int kRounds = 100;
   constexpr int kPerBatch = 8;
   constexpr std::uint64_t kBlock = 512;
-  MemfsRuntime rt;
+  MemfsRuntime rt = testing::require_ok(make_memfs_runtime());
   auto target = rt.open("memfs://concurrent?size=" + std::to_string(kThreads * kPerBatch * kBlock), {.writable = true});
   REQUIRE(target.is_ok());
   std::atomic<int> failures{0};

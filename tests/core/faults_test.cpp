@@ -18,7 +18,7 @@ constexpr std::uint64_t kSecond = 1'000'000'000;
 
 TEST_CASE("a short transfer is reported per request with confirmed bytes, indices and the device status") {
   auto faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
   auto target = *rt.open("memfs://short?size=65536");
   std::vector<std::byte> buffer(65536);
   auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
@@ -45,7 +45,7 @@ TEST_CASE("a short transfer is reported per request with confirmed bytes, indice
 
 TEST_CASE("a failing progress keeps the IO in flight and its memory pinned until it recovers") {
   auto faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
   auto target = *rt.open("memfs://progress?size=4096");
   std::vector<std::byte> buffer(4096);
   auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
@@ -68,7 +68,7 @@ TEST_CASE("a failing progress keeps the IO in flight and its memory pinned until
 
 TEST_CASE("a delayed completion honours the wait budget and completes once released") {
   auto faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
   auto target = *rt.open("memfs://delay?size=4096");
   std::vector<std::byte> buffer(4096);
   auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
@@ -88,7 +88,7 @@ TEST_CASE("a delayed completion honours the wait budget and completes once relea
 
 TEST_CASE("unregister_memory keeps the handle valid while the DataPath says the device still uses the memory") {
   auto faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
   auto target = *rt.open("memfs://held?size=4096");
   std::vector<std::byte> buffer(4096);
   auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
@@ -104,7 +104,7 @@ TEST_CASE("unregister_memory keeps the handle valid while the DataPath says the 
 
 TEST_CASE("after a BUSY unregister the region stays registered and usable") {
   auto faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
   auto target = *rt.open("memfs://held2?size=4096");
   std::vector<std::byte> buffer(4096);
   auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
@@ -121,7 +121,7 @@ TEST_CASE("after a BUSY unregister the region stays registered and usable") {
 
 TEST_CASE("a close whose flush times out keeps the target open and usable, and can be retried") {
   auto faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
   auto target = *rt.open("memfs://closing?size=8192", OpenOptions{.writable = true, .flush_on_close = true});
   std::vector<std::byte> buffer(8192, std::byte{0x5a});
   auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
@@ -152,7 +152,7 @@ TEST_CASE("a close whose flush times out keeps the target open and usable, and c
 
 TEST_CASE("a shutdown whose close of a target times out keeps that target and closes it on the next shutdown") {
   auto faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
   REQUIRE(rt.open("memfs://retained?size=4096", OpenOptions{.writable = true, .flush_on_close = true}).is_ok());
   faults->close_timeouts = 2;
   const Status first = rt.shutdown(kSecond);
@@ -174,7 +174,7 @@ TEST_CASE("close racing shutdown releases the target exactly once and never afte
   // free, and `closes` counts a double close, if it does.
   for (int round = 0; round < 300; ++round) {
     auto faults = std::make_shared<Faults>();
-    StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+    StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
     auto target = rt.open(fmt::format("memfs://race-{}?size=4096", round));
     REQUIRE(target.is_ok());
     Status closed;

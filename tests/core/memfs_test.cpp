@@ -6,7 +6,7 @@
 using namespace tutti;
 
 TEST_CASE("memfs files are shared by name and keep their size") {
-  memfs::Resolver resolver;
+  memfs::MemfsResolver resolver;
   auto a = resolver.resolve("memfs://shared?size=4096", {});
   auto b = resolver.resolve("memfs://shared", {});
   REQUIRE(a.is_ok());
@@ -17,7 +17,7 @@ TEST_CASE("memfs files are shared by name and keep their size") {
 
 TEST_CASE("the memfs store refuses files past its total budget with RESOURCE_EXHAUSTED") {
   auto store = std::make_shared<memfs::Store>(memfs::Store::Options{.max_file_bytes = 4096, .max_total_bytes = 8192});
-  memfs::Resolver resolver(store);
+  memfs::MemfsResolver resolver(store);
   CHECK(resolver.resolve("memfs://one?size=4096", {}).is_ok());
   CHECK(resolver.resolve("memfs://two?size=4096", {}).is_ok());
   auto three = resolver.resolve("memfs://three?size=4096", {});
@@ -26,9 +26,9 @@ TEST_CASE("the memfs store refuses files past its total budget with RESOURCE_EXH
 }
 
 TEST_CASE("the memfs DataPath satisfies the DataPath concept and binds with its resolver") {
-  static_assert(tutti::DataPath<memfs::DataPath>);
-  static_assert(tutti::Resolver<memfs::Resolver>);
-  static_assert(memfs::DataPath::capabilities.memory_kinds.contains(MemoryKind::PINNED_HOST));
-  static_assert(!memfs::DataPath::capabilities.memory_kinds.contains(MemoryKind::DEVICE));
-  CHECK(std::string_view(memfs::DataPath::name) == "memfs");
+  static_assert(tutti::DataPath<memfs::MemfsDataPath>);
+  static_assert(tutti::Resolver<memfs::MemfsResolver>);
+  static_assert(memfs::MemfsDataPath::capabilities.memory_kinds.contains(MemoryKind::PINNED_HOST));
+  static_assert(!memfs::MemfsDataPath::capabilities.memory_kinds.contains(MemoryKind::DEVICE));
+  CHECK(std::string_view(memfs::MemfsDataPath::name) == "memfs");
 }

@@ -28,7 +28,7 @@ std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
 }  // namespace
 
 TEST_CASE("data written through the runtime reads back byte for byte") {
-  MemfsRuntime rt;
+  MemfsRuntime rt = testing::require_ok(make_memfs_runtime());
   auto target = rt.open("memfs://round-trip?size=65536", {.writable = true});
   REQUIRE(target.is_ok());
   CHECK(*rt.target_size(*target) == 65536);
@@ -69,7 +69,7 @@ TEST_CASE("data written through the runtime reads back byte for byte") {
 
 TEST_CASE("partial commit: a rejected request never runs and the IO handle covers only accepted ones") {
   auto faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
   auto target = rt.open("memfs://partial?size=4096", {.writable = true});
   REQUIRE(target.is_ok());
   auto data = pattern(4096, 9);
@@ -114,7 +114,7 @@ TEST_CASE("partial commit: a rejected request never runs and the IO handle cover
 }
 
 TEST_CASE("backpressure rejects past the queue depth with RESOURCE_EXHAUSTED instead of blocking") {
-  MemfsRuntime rt(MemfsBackend{memfs::Resolver{}, memfs::DataPath{{.queue_depth = 2}}});
+  MemfsRuntime rt = testing::require_ok(make_memfs_runtime({.queue_depth = 2}));
   auto target = rt.open("memfs://pressure?size=8192");
   std::vector<std::byte> buffer(8192);
   auto mem = rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
@@ -135,7 +135,7 @@ TEST_CASE("backpressure rejects past the queue depth with RESOURCE_EXHAUSTED ins
 
 TEST_CASE("requests past the DataPath's batch limit are rejected RESOURCE_EXHAUSTED, the rest accepted") {
   auto faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
   auto target = rt.open("memfs://limit?size=4096");
   std::vector<std::byte> buffer(4096);
   auto mem = rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
@@ -150,7 +150,7 @@ TEST_CASE("requests past the DataPath's batch limit are rejected RESOURCE_EXHAUS
 
 TEST_CASE("close and unregister return BUSY while IO is in flight, and succeed after it completes") {
   auto faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
   auto target = rt.open("memfs://busy?size=4096");
   std::vector<std::byte> buffer(4096);
   auto mem = rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
@@ -183,7 +183,7 @@ TEST_CASE("close and unregister return BUSY while IO is in flight, and succeed a
 
 TEST_CASE("shutdown with IO in flight returns TIMEOUT and keeps memory registered until the IO drains") {
   auto faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
   auto target = rt.open("memfs://drain?size=4096", {.writable = true});
   std::vector<std::byte> buffer(4096, std::byte{0x5a});
   auto mem = rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
@@ -215,7 +215,7 @@ TEST_CASE("a runtime destroyed with IO in flight keeps its DataPath alive instea
   // exactly as a device would (which is why the runtime leaks instead of freeing).
   static std::vector<std::byte> buffer(4096);
   {
-    StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}},
+    StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}},
                                      RuntimeOptions{.destructor_drain_timeout_ns = 1'000'000});
     auto target = rt.open("memfs://leak?size=4096");
     auto mem = rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
@@ -233,7 +233,7 @@ namespace {
 struct ScratchResolver {
   using target_type = memfs::Target;
   static constexpr std::string_view scheme = "scratch";
-  memfs::Resolver inner;
+  memfs::MemfsResolver inner;
   Result<memfs::Target> resolve(std::string_view uri, const OpenOptions& o) {
     std::string rewritten = "memfs" + std::string(uri.substr(uri.find("://")));
     return inner.resolve(rewritten, o);
@@ -244,7 +244,8 @@ using TwoBackends = StorageRuntime<MemfsBackend, Backend<ScratchResolver, Faulty
 
 TEST_CASE("requests for several backends in one submit are bucketed per backend under one IO handle") {
   auto faults = std::make_shared<Faults>();
-  TwoBackends rt(MemfsBackend{}, Backend<ScratchResolver, FaultyDataPath>{ScratchResolver{}, FaultyDataPath{faults}});
+  TwoBackends rt(MemfsBackend{memfs::MemfsResolver{}, testing::require_ok(memfs::MemfsDataPath::create())},
+                 Backend<ScratchResolver, FaultyDataPath>{ScratchResolver{}, FaultyDataPath{faults}});
   auto a = rt.open("memfs://a?size=4096", {.writable = true});
   auto b = rt.open("scratch://b?size=4096", {.writable = true});
   REQUIRE(a.is_ok());
@@ -276,7 +277,7 @@ TEST_CASE("requests for several backends in one submit are bucketed per backend 
 }
 
 TEST_CASE("open_batch returns one result per URI in input order and failures do not stop the others") {
-  MemfsRuntime rt;
+  MemfsRuntime rt = testing::require_ok(make_memfs_runtime());
   std::vector<std::string> uris;
   for (int i = 0; i < 50; ++i) uris.push_back("memfs://batch" + std::to_string(i) + "?size=4096");
   uris[7] = "memfs://missing";       // NOT_FOUND: no size to create it
@@ -298,7 +299,7 @@ TEST_CASE("open_batch returns one result per URI in input order and failures do 
 
 TEST_CASE("a wait budget of UINT64_MAX means wait as long as it takes, not TIMEOUT at once") {
   auto faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
   auto target = *rt.open("memfs://forever?size=4096");
   std::vector<std::byte> buffer(4096);
   auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});
@@ -317,7 +318,7 @@ TEST_CASE("a wait budget of UINT64_MAX means wait as long as it takes, not TIMEO
 
 TEST_CASE("query and release never block behind another thread's wait") {
   auto faults = std::make_shared<Faults>();
-  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::Resolver{}, FaultyDataPath{faults}});
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
   auto target = *rt.open("memfs://nonblocking?size=4096");
   std::vector<std::byte> buffer(4096);
   auto mem = *rt.register_memory({buffer.data(), buffer.size(), MemoryKind::HOST});

@@ -37,7 +37,7 @@
 #include <tutti/path/local_nvme.hpp>
 
 using namespace tutti;
-using Path = local_nvme::DataPath;
+using Path = local_nvme::LocalNvmeDataPath;
 
 namespace {
 

@@ -31,12 +31,12 @@ std::unique_ptr<ScratchFilesystem> make_ext4(std::uint64_t size = 256ull << 20, 
   return std::move(fs.value());
 }
 
-local_file::Resolver resolver_for(const ScratchFilesystem& fs, std::uint32_t lba_size = 4096) {
-  local_file::Resolver::Options o;
+local_file::LocalFileResolver resolver_for(const ScratchFilesystem& fs, std::uint32_t lba_size = 4096) {
+  local_file::LocalFileResolver::Options o;
   o.block_device_path = fs.loop_device();
   o.partition_start_bytes = 0;
   o.lba_size = lba_size;
-  auto r = local_file::Resolver::create(o);
+  auto r = local_file::LocalFileResolver::create(o);
   REQUIRE_MESSAGE(r.is_ok(), r.status().to_string());
   return std::move(r.value());
 }
@@ -234,11 +234,11 @@ TEST_CASE("every fsync policy resolves a freshly written (dirty, delayed-allocat
       REQUIRE(::write(fd, bytes.data(), bytes.size()) == 300000);
       ::close(fd);
     }
-    local_file::Resolver::Options o;
+    local_file::LocalFileResolver::Options o;
     o.block_device_path = fs->loop_device();
     o.partition_start_bytes = 0;
     o.fsync_policy = policy;
-    auto resolver = local_file::Resolver::create(o);
+    auto resolver = local_file::LocalFileResolver::create(o);
     REQUIRE(resolver.is_ok());
     auto r = resolver->resolve("file://" + path, {});
     REQUIRE_MESSAGE(r.is_ok(), r.status().to_string());

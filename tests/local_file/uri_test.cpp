@@ -7,22 +7,22 @@
 
 #include <doctest/doctest.h>
 
-#include <tutti/bind/extents.hpp>
+#include <tutti/bind/local_file.hpp>
 #include <tutti/resolve/local_file.hpp>
 
 using namespace tutti;
 
 namespace {
-local_file::Resolver::Options options_for(dev_t device, std::optional<std::uint64_t> start = 0,
+local_file::LocalFileResolver::Options options_for(dev_t device, std::optional<std::uint64_t> start = 0,
                                           std::uint32_t lba_size = 4096) {
-  local_file::Resolver::Options o;
+  local_file::LocalFileResolver::Options o;
   o.device = device;
   o.partition_start_bytes = start;
   o.lba_size = lba_size;
   return o;
 }
-local_file::Resolver make_resolver() {
-  auto r = local_file::Resolver::create(options_for(makedev(7, 0)));
+local_file::LocalFileResolver make_resolver() {
+  auto r = local_file::LocalFileResolver::create(options_for(makedev(7, 0)));
   REQUIRE(r.is_ok());
   return std::move(r.value());
 }
@@ -52,20 +52,20 @@ TEST_CASE("percent-encoded paths are decoded before open") {
 }
 
 TEST_CASE("resolver options are validated") {
-  CHECK(local_file::Resolver::create(options_for(makedev(7, 0), 0, 1024)).code() ==
+  CHECK(local_file::LocalFileResolver::create(options_for(makedev(7, 0), 0, 1024)).code() ==
         StatusCode::INVALID_ARGUMENT);
-  CHECK(local_file::Resolver::create({}).code() == StatusCode::INVALID_ARGUMENT);
-  local_file::Resolver::Options by_path;
+  CHECK(local_file::LocalFileResolver::create({}).code() == StatusCode::INVALID_ARGUMENT);
+  local_file::LocalFileResolver::Options by_path;
   by_path.block_device_path = "/nonexistent/dev";
-  CHECK(local_file::Resolver::create(by_path).code() == StatusCode::NOT_FOUND);
+  CHECK(local_file::LocalFileResolver::create(by_path).code() == StatusCode::NOT_FOUND);
   by_path.block_device_path = "/dev/null";
-  CHECK(local_file::Resolver::create(by_path).code() == StatusCode::INVALID_ARGUMENT);
-  CHECK(local_file::Resolver::create(options_for(makedev(7, 0), 512)).code() ==
+  CHECK(local_file::LocalFileResolver::create(by_path).code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(local_file::LocalFileResolver::create(options_for(makedev(7, 0), 512)).code() ==
         StatusCode::INVALID_ARGUMENT);  // not a multiple of the 4096-byte LBA size
-  CHECK(local_file::Resolver::Options{}.lba_size == 4096);
-  CHECK(local_file::Resolver::Options{}.nsid == 1);
-  CHECK(local_file::Resolver::Options{}.fsync_policy == local_file::FsyncPolicy::writable_opens);
-  CHECK(local_file::Resolver::Options{}.sysfs_root == "/sys");
+  CHECK(local_file::LocalFileResolver::Options{}.lba_size == 4096);
+  CHECK(local_file::LocalFileResolver::Options{}.nsid == 1);
+  CHECK(local_file::LocalFileResolver::Options{}.fsync_policy == local_file::FsyncPolicy::writable_opens);
+  CHECK(local_file::LocalFileResolver::Options{}.sysfs_root == "/sys");
 }
 
 TEST_CASE("the partition start is read from sysfs in 512-byte sectors, and 0 for a whole disk") {
@@ -91,7 +91,7 @@ TEST_CASE("the partition start is read from sysfs in 512-byte sectors, and 0 for
   auto r = [&] {
     auto o = options_for(makedev(259, 3), std::nullopt);
     o.sysfs_root = root.string();
-    return local_file::Resolver::create(o);
+    return local_file::LocalFileResolver::create(o);
   }();
   REQUIRE(r.is_ok());
   CHECK(*r->options().partition_start_bytes == 2048u * 512);

@@ -33,7 +33,7 @@ std::unique_ptr<ScratchFilesystem> make_ext4(std::uint64_t size = 256ull << 20, 
 }
 
 std::unique_ptr<SoftLocalNvme> make_stack(const ScratchFilesystem& fs, std::uint32_t lba_size = 4096,
-                                          local_nvme::DataPath::Options datapath = {}) {
+                                          local_nvme::LocalNvmeDataPath::Options datapath = {}) {
   SoftLocalNvmeOptions o;
   o.backing_path = fs.image_path();
   o.block_device_path = fs.loop_device();
@@ -102,11 +102,11 @@ TEST_CASE("files written through ext4 read back byte for byte through the soft c
   }
   // The interleaved file needs one command per extent at least. How many extents ext4 gives it
   // varies (its allocator preallocates per file), so compare with what FIEMAP reports now.
-  local_file::Resolver::Options resolver_options;
+  local_file::LocalFileResolver::Options resolver_options;
   resolver_options.block_device_path = fs->loop_device();
   resolver_options.partition_start_bytes = 0;
   resolver_options.lba_size = 4096;
-  auto resolver = local_file::Resolver::create(resolver_options);
+  auto resolver = local_file::LocalFileResolver::create(resolver_options);
   REQUIRE_MESSAGE(resolver.is_ok(), resolver.status().to_string());
   auto resolved = resolver->resolve("file://" + a, {});
   REQUIRE_MESSAGE(resolved.is_ok(), resolved.status().to_string());
@@ -309,7 +309,7 @@ TEST_CASE("more files than the target handle cache's L1 holds read in rotating o
   for (int i = 0; i < kFiles; ++i) paths.push_back(fs->path(fmt::format("layer{}", i)));
   for (int chunk = 0; chunk < 16; ++chunk)  // interleaved appends: every file has many extents
     for (int i = 0; i < kFiles; ++i) tutti::testing::append_pattern(paths[i], 500 + i, std::uint64_t(chunk) * 8192, 8192);
-  local_nvme::DataPath::Options o;
+  local_nvme::LocalNvmeDataPath::Options o;
   o.device_target_cache_entries = 3;
   auto stack = make_stack(*fs, 4096, o);
   auto& rt = *stack->runtime;

@@ -20,7 +20,7 @@
 #include "test_files.hpp"
 
 using namespace tutti;
-using Path = local_nvme::DataPath;
+using Path = local_nvme::LocalNvmeDataPath;
 
 namespace {
 

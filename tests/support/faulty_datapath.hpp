@@ -7,7 +7,7 @@
 //   - refuse unregister_memory with BUSY (a device that has not let go of the memory yet),
 //   - answer close() with TIMEOUT a number of times (a flush that did not finish in its budget).
 // Faults are set through a shared Faults object that tests keep after moving the DataPath into a
-// runtime. Thread-safe like memfs::DataPath.
+// runtime. Thread-safe like memfs::MemfsDataPath.
 #pragma once
 
 #include <algorithm>
@@ -22,6 +22,8 @@
 
 #include <tutti/path/memfs.hpp>
 #include <tutti/resolve/memfs.hpp>
+
+#include "require_ok.hpp"
 
 namespace tutti::testing {
 
@@ -59,7 +61,7 @@ struct Faults {
 
 class FaultyDataPath {
  public:
-  using inner_type = memfs::DataPath;
+  using inner_type = memfs::MemfsDataPath;
   using target_type = memfs::Target;
   using open_target = inner_type::open_target;
   using registered_memory = inner_type::registered_memory;
@@ -81,7 +83,7 @@ class FaultyDataPath {
   }();
 
   explicit FaultyDataPath(std::shared_ptr<Faults> faults, inner_type::Options options = {})
-      : faults_(std::move(faults)), inner_(options) {}
+      : faults_(std::move(faults)), inner_(require_ok(inner_type::create(options))) {}
 
   Result<open_target> open(target_type&& t, const OpenOptions& o) { return inner_.open(std::move(t), o); }
   std::uint64_t size_bytes(const open_target& t) const { return inner_.size_bytes(t); }
@@ -144,6 +146,6 @@ class FaultyDataPath {
 
 static_assert(tutti::DataPath<FaultyDataPath>);
 
-using FaultyBackend = Backend<memfs::Resolver, FaultyDataPath>;
+using FaultyBackend = Backend<memfs::MemfsResolver, FaultyDataPath>;
 
 }  // namespace tutti::testing

@@ -41,7 +41,7 @@ struct Mount {
 void round_trip(const std::string& path, const OpenOptions& options) {
   const std::uint64_t size = 37 * 4096 + 3000;
   write_pattern_file(path, size, 21);
-  UringRuntime runtime;
+  UringRuntime runtime = require_ok(make_uring_runtime());
   auto t = runtime.open("file://" + path, options);
   REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
   AlignedBuffer out(size), in(size);
@@ -76,7 +76,7 @@ TEST_CASE("ext4 on a 512-byte-sector loop device: O_DIRECT round trip byte for b
   auto fs = make_fs(FilesystemType::EXT4, 512);
   const auto path = fs->path("kv");
   write_pattern_file(path, 4096, 1);
-  auto t = file::Resolver{}.resolve("file://" + path, {});
+  auto t = file::FileResolver{}.resolve("file://" + path, {});
   REQUIRE(t.is_ok());
   CHECK(t->direct);
   CHECK(t->filesystem == "ext4");
@@ -88,7 +88,7 @@ TEST_CASE("ext4 on a 4096-byte-sector loop device: alignment 4096 and the tail r
   auto fs = make_fs(FilesystemType::EXT4, 4096);
   const auto path = fs->path("kv");
   write_pattern_file(path, 4096, 1);
-  auto t = file::Resolver{}.resolve("file://" + path, {});
+  auto t = file::FileResolver{}.resolve("file://" + path, {});
   REQUIRE(t.is_ok());
   CHECK(t->direct);
   CHECK(t->direct_io_alignment == 4096);
@@ -99,7 +99,7 @@ TEST_CASE("ext4: a file truncated under an open target fails OUT_OF_RANGE from t
   auto fs = make_fs(FilesystemType::EXT4);
   const auto path = fs->path("shrink");
   write_pattern_file(path, 64 * 4096, 3);
-  UringRuntime runtime;
+  UringRuntime runtime = require_ok(make_uring_runtime());
   auto t = runtime.open("file://" + path);
   REQUIRE(t.is_ok());
   AlignedBuffer buffer(64 * 4096);
@@ -121,7 +121,7 @@ TEST_CASE("tmpfs: O_DIRECT when the kernel offers it (Linux 6.6+), else UNSUPPOR
   auto fs = make_fs(FilesystemType::TMPFS);
   const auto path = fs->path("kv");
   write_pattern_file(path, 8192, 4);
-  auto t = file::Resolver{}.resolve("file://" + path, {});
+  auto t = file::FileResolver{}.resolve("file://" + path, {});
   if (t.is_ok()) {
     CHECK(t->direct);
     CHECK(t->filesystem == "tmpfs");
@@ -130,7 +130,7 @@ TEST_CASE("tmpfs: O_DIRECT when the kernel offers it (Linux 6.6+), else UNSUPPOR
     CHECK(t.code() == StatusCode::UNSUPPORTED);
     CHECK(t.status().message().find("tmpfs") != std::string::npos);
   }
-  auto b = file::Resolver{}.resolve("file://" + path, {.allow_buffered = true});
+  auto b = file::FileResolver{}.resolve("file://" + path, {.allow_buffered = true});
   REQUIRE(b.is_ok());
   round_trip(path, {.writable = true, .allow_buffered = true});
 }
@@ -139,16 +139,16 @@ TEST_CASE("ramfs has no O_DIRECT: UNSUPPORTED naming the file system, and allow_
   Mount ramfs("ramfs");
   const auto path = ramfs.path + "/kv";
   write_pattern_file(path, 8192, 5);
-  UringRuntime runtime;
+  UringRuntime runtime = require_ok(make_uring_runtime());
   auto refused = runtime.open("file://" + path);
   REQUIRE(refused.code() == StatusCode::UNSUPPORTED);
   CHECK(refused.status().message().find("ramfs") != std::string::npos);
   CHECK(refused.status().message().find(path) != std::string::npos);
   CHECK(refused.status().message().find("allow_buffered") != std::string::npos);
-  auto t = file::Resolver{}.resolve("file://" + path, {.allow_buffered = true});
+  auto t = file::FileResolver{}.resolve("file://" + path, {.allow_buffered = true});
   REQUIRE(t.is_ok());
   CHECK_FALSE(t->direct);
-  CHECK(t->alignment_source == file::AlignmentSource::BUFFERED);
+  CHECK(t->alignment_source == file::AlignmentSource::buffered);
   round_trip(path, {.writable = true, .allow_buffered = true});
 }
 
@@ -157,7 +157,7 @@ TEST_CASE("a file on a read-only mount opened for writing fails naming the path 
   const auto path = fs->path("ro");
   write_pattern_file(path, 4096, 6);
   REQUIRE(run_command(fmt::format("mount -o remount,ro {}", fs->mount_point())).is_ok());
-  UringRuntime runtime;
+  UringRuntime runtime = require_ok(make_uring_runtime());
   auto w = runtime.open("file://" + path, {.writable = true});
   REQUIRE(w.code() == StatusCode::INVALID_ARGUMENT);
   CHECK(w.status().message().find(path) != std::string::npos);

@@ -76,7 +76,7 @@ struct DeviceFileSetup {
 
   explicit DeviceFileSetup(const Options& options)
       : path(dir.file(options.name)),
-        runtime(UringBackend{file::Resolver{}, uring::DataPath(options.datapath)}),
+        runtime(require_ok(make_uring_runtime(options.datapath))),
         device(options.device_bytes != 0 ? options.device_bytes : options.file_bytes) {
     write_pattern_file(path, options.file_bytes, options.seed);
     auto opened = runtime.open("file://" + path, {.writable = options.writable, .allow_buffered = true});
@@ -93,7 +93,7 @@ struct DeviceFileSetup {
 
   TempDirectory dir;
   std::string path;
-  UringRuntime runtime;
+  UringRuntime runtime = require_ok(make_uring_runtime());
   TargetHandle target{};
   DeviceBuffer device;
 };
@@ -107,7 +107,7 @@ TEST_CASE("reads into DEVICE memory through the staging ring, larger than the st
   const std::uint64_t size = (48u << 20) + 4096 + 321;  // more than 4 x 4 MiB staging buffers, unaligned tail
   DeviceFileSetup f({.name = "kv", .file_bytes = size, .seed = 31,
                      .datapath = {.staging_buffers = 4, .staging_buffer_bytes = 4u << 20}, .device_bytes = size + 4096});
-  auto payload = file::Resolver{}.resolve("file://" + f.path, {.allow_buffered = true});
+  auto payload = file::FileResolver{}.resolve("file://" + f.path, {.allow_buffered = true});
   REQUIRE(payload.is_ok());
   MESSAGE("file system ", payload->filesystem, ", O_DIRECT ", payload->direct);
   const MemoryHandle m = f.register_device();
@@ -202,7 +202,7 @@ TEST_CASE("set_completion_stream refuses host memory and unknown addresses, nami
   if (!have_gpu()) return;
   CallerStream caller;
   const auto stream = accel::StreamRef::from_cuda(caller.stream);
-  uring::DataPath d;
+  uring::UringDataPath d = require_ok(uring::UringDataPath::create());
   AlignedBuffer host(4096);
   auto h = d.register_memory(host.view());
   REQUIRE(h.is_ok());

@@ -17,7 +17,7 @@ namespace {
 
 struct Fixture {
   explicit Fixture(uring::Options options = {})
-      : runtime(UringBackend{file::Resolver{}, uring::DataPath(options)}) {}
+      : runtime(require_ok(make_uring_runtime(options))) {}
   TargetHandle open(const std::string& path, OpenOptions options = {}) {
     auto t = runtime.open("file://" + path, options);
     REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
@@ -29,7 +29,7 @@ struct Fixture {
     return *m;
   }
   TempDirectory dir;
-  UringRuntime runtime;
+  UringRuntime runtime = require_ok(make_uring_runtime());
 };
 
 IoRequest read_request(MemoryHandle m, std::uint64_t memory_offset, TargetHandle t, std::uint64_t offset,
@@ -238,7 +238,7 @@ TEST_CASE("fixed buffers fall back to plain reads when the table is full or disa
   CHECK(f.runtime.datapath().stats().fixed_buffer_registrations == 2);
   CHECK(f.runtime.unregister_memory(md).is_ok());
 
-  uring::DataPath disabled(uring::Options{.registered_files = 0, .fixed_buffers = 0});
+  uring::UringDataPath disabled = require_ok(uring::UringDataPath::create(uring::Options{.registered_files = 0, .fixed_buffers = 0}));
   auto r = disabled.register_memory(a.view());
   REQUIRE(r.is_ok());
   CHECK(r->fixed_buffer_index == -1);
@@ -348,15 +348,15 @@ TEST_CASE("the DataPath itself refuses unregister and close while its commands a
   TempDirectory dir;
   const auto path = dir.file("guard");
   write_pattern_file(path, 8 * 4096, 14);
-  auto payload = file::Resolver{}.resolve("file://" + path, {});
+  auto payload = file::FileResolver{}.resolve("file://" + path, {});
   REQUIRE(payload.is_ok());
-  uring::DataPath d;
+  uring::UringDataPath d = require_ok(uring::UringDataPath::create());
   auto t = d.open(std::move(payload).value(), {});
   REQUIRE(t.is_ok());
   AlignedBuffer b(8 * 4096);
   auto m = d.register_memory(b.view());
   REQUIRE(m.is_ok());
-  const PathRequest<uring::DataPath> r{Direction::READ, &*m, b.view(), 0, &*t, 0, 8 * 4096};
+  const PathRequest<uring::UringDataPath> r{Direction::READ, &*m, b.view(), 0, &*t, 0, 8 * 4096};
   std::vector<Status> states(1);
   auto batch = d.submit(std::span(&r, 1), states);
   REQUIRE(states[0].is_ok());
@@ -377,17 +377,17 @@ TEST_CASE("an unaligned tail WRITE on O_DIRECT without a tail descriptor is reje
   TempDirectory dir;
   const auto path = dir.file("notail");
   write_pattern_file(path, 4096 + 10, 13);
-  auto payload = file::Resolver{}.resolve("file://" + path, {.writable = true});
+  auto payload = file::FileResolver{}.resolve("file://" + path, {.writable = true});
   REQUIRE(payload.is_ok());
   if (!payload->direct) return;  // only O_DIRECT targets need the tail descriptor
   payload->tail_fd.reset();
-  uring::DataPath d;
+  uring::UringDataPath d = require_ok(uring::UringDataPath::create());
   auto t = d.open(std::move(payload).value(), {.writable = true});
   REQUIRE(t.is_ok());
   AlignedBuffer b(8192);
   auto m = d.register_memory(b.view());
   REQUIRE(m.is_ok());
-  const PathRequest<uring::DataPath> r{Direction::WRITE, &*m, b.view(), 0, &*t, 0, 4096 + 10};
+  const PathRequest<uring::UringDataPath> r{Direction::WRITE, &*m, b.view(), 0, &*t, 0, 4096 + 10};
   std::vector<Status> states(1);
   auto batch = d.submit(std::span(&r, 1), states);
   CHECK(states[0].code() == StatusCode::INVALID_ARGUMENT);
@@ -400,8 +400,8 @@ TEST_CASE("an unaligned tail WRITE on O_DIRECT without a tail descriptor is reje
 namespace {
 
 /// Opens `path` writable with flush_on_close on `d` (DataPath API, so the test sees the target).
-uring::DataPath::open_target open_for_flush(uring::DataPath& d, const std::string& path) {
-  auto payload = file::Resolver{}.resolve("file://" + path, {.writable = true, .flush_on_close = true});
+uring::UringDataPath::open_target open_for_flush(uring::UringDataPath& d, const std::string& path) {
+  auto payload = file::FileResolver{}.resolve("file://" + path, {.writable = true, .flush_on_close = true});
   REQUIRE_MESSAGE(payload.is_ok(), payload.status().to_string());
   auto t = d.open(std::move(payload).value(), {.writable = true, .flush_on_close = true});
   REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
@@ -421,7 +421,7 @@ void dirty_page_cache(const std::string& path, std::uint64_t bytes, std::uint32_
 }
 
 /// Calls close() every millisecond while it answers TIMEOUT, for at most 60 s; the last answer.
-Status close_until_done(uring::DataPath& d, uring::DataPath::open_target& t) {
+Status close_until_done(uring::UringDataPath& d, uring::UringDataPath::open_target& t) {
   Status out = d.close(t);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (out.code() == StatusCode::TIMEOUT && std::chrono::steady_clock::now() < deadline) {
@@ -437,7 +437,7 @@ TEST_CASE("close with flush_on_close flushes through the ring within its budget 
   TempDirectory dir;
   const auto path = dir.file("flush");
   write_pattern_file(path, 4u << 20, 40);
-  uring::DataPath d;
+  uring::UringDataPath d = require_ok(uring::UringDataPath::create());
   auto t = open_for_flush(d, path);
   dirty_page_cache(path, 4u << 20, 41);
   const auto commands_before = d.stats().commands;
@@ -456,7 +456,7 @@ TEST_CASE("close whose flush outlasts close_flush_timeout_ns returns TIMEOUT, ke
   write_pattern_file(path, size, 42);
   // 0 ns: close() checks the flush once. IORING_OP_FSYNC always runs in an io-wq worker, so writing
   // back 64 MiB of dirty pages cannot have finished by then.
-  uring::DataPath d(uring::Options{.close_flush_timeout_ns = 0});
+  uring::UringDataPath d = require_ok(uring::UringDataPath::create(uring::Options{.close_flush_timeout_ns = 0}));
   auto t = open_for_flush(d, path);
   dirty_page_cache(path, size, 43);
   const Status first = d.close(t);
@@ -482,7 +482,7 @@ TEST_CASE("drain with a budget of UINT64_MAX waits for the commands in flight in
   const auto path = dir.file("drainforever");
   const std::uint64_t size = 64u << 20;
   write_pattern_file(path, size, 46);
-  uring::DataPath d(uring::Options{.close_flush_timeout_ns = 0});
+  uring::UringDataPath d = require_ok(uring::UringDataPath::create(uring::Options{.close_flush_timeout_ns = 0}));
   auto t = open_for_flush(d, path);
   dirty_page_cache(path, size, 47);
   REQUIRE(d.close(t).code() == StatusCode::TIMEOUT);  // the FLUSH of 64 MiB of dirty pages is in flight
@@ -498,7 +498,7 @@ TEST_CASE("a WRITE submitted after a close returned TIMEOUT gets a FLUSH of its 
   const auto path = dir.file("writeafter");
   const std::uint64_t size = 64u << 20;
   write_pattern_file(path, size, 46);
-  uring::DataPath d(uring::Options{.close_flush_timeout_ns = 0});
+  uring::UringDataPath d = require_ok(uring::UringDataPath::create(uring::Options{.close_flush_timeout_ns = 0}));
   auto t = open_for_flush(d, path);
   dirty_page_cache(path, size, 47);
   const Status first = d.close(t);
@@ -508,7 +508,7 @@ TEST_CASE("a WRITE submitted after a close returned TIMEOUT gets a FLUSH of its 
   std::memset(b.get(), 0x6b, 4096);
   auto m = d.register_memory(b.view());
   REQUIRE(m.is_ok());
-  const PathRequest<uring::DataPath> r{Direction::WRITE, &*m, b.view(), 0, &t, 0, 4096};
+  const PathRequest<uring::UringDataPath> r{Direction::WRITE, &*m, b.view(), 0, &t, 0, 4096};
   std::vector<Status> states(1);
   auto batch = d.submit(std::span(&r, 1), states);
   REQUIRE(states[0].is_ok());
@@ -531,7 +531,7 @@ TEST_CASE("a target destroyed while its close flush is in flight leaves the flus
   TempDirectory dir;
   const auto path = dir.file("dropped");
   write_pattern_file(path, 16u << 20, 44);
-  uring::DataPath d(uring::Options{.close_flush_timeout_ns = 0});
+  uring::UringDataPath d = require_ok(uring::UringDataPath::create(uring::Options{.close_flush_timeout_ns = 0}));
   {
     auto t = open_for_flush(d, path);
     dirty_page_cache(path, 16u << 20, 45);
@@ -540,14 +540,14 @@ TEST_CASE("a target destroyed while its close flush is in flight leaves the flus
     else REQUIRE(s.code() == StatusCode::TIMEOUT);
   }  // the target (and its in-flight gauge) is gone; the FLUSH references none of it
   // Another batch reaps the flush's completion (ASan would flag a write into the freed target).
-  auto other = file::Resolver{}.resolve("file://" + path, {});
+  auto other = file::FileResolver{}.resolve("file://" + path, {});
   REQUIRE(other.is_ok());
   auto t2 = d.open(std::move(other).value(), {});
   REQUIRE(t2.is_ok());
   AlignedBuffer b(4096);
   auto m = d.register_memory(b.view());
   REQUIRE(m.is_ok());
-  const PathRequest<uring::DataPath> r{Direction::READ, &*m, b.view(), 0, &*t2, 0, 4096};
+  const PathRequest<uring::UringDataPath> r{Direction::READ, &*m, b.view(), 0, &*t2, 0, 4096};
   std::vector<Status> states(1);
   auto batch = d.submit(std::span(&r, 1), states);
   REQUIRE(states[0].is_ok());

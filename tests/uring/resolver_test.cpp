@@ -20,7 +20,7 @@ TEST_CASE("uring options have the documented defaults") {
   CHECK(o.staging_buffer_bytes == (4u << 20));
   CHECK(o.drain_timeout_ns == 5'000'000'000ull);
   CHECK(o.close_flush_timeout_ns == 30'000'000'000ull);
-  constexpr Capabilities caps = uring::DataPath::capabilities;
+  constexpr Capabilities caps = uring::UringDataPath::capabilities;
   CHECK(caps.offset_alignment == 4096);
   CHECK(caps.memory_alignment == 4096);
   CHECK(caps.max_request_bytes == (64u << 20));
@@ -50,10 +50,10 @@ TEST_CASE("options come from TUTTI_URING_* environment variables, and bad values
 }
 
 TEST_CASE("options are normalised: queue depth clamped, command size big enough for the largest request") {
-  uring::DataPath d(uring::Options{.queue_depth = 0, .max_command_bytes = 1000});
+  uring::UringDataPath d = require_ok(uring::UringDataPath::create(uring::Options{.queue_depth = 0, .max_command_bytes = 1000}));
   CHECK(d.options().queue_depth == 1);
   CHECK(d.options().max_command_bytes == (64u << 20));
-  uring::DataPath e(uring::Options{.queue_depth = 16, .max_command_bytes = 1000});
+  uring::UringDataPath e = require_ok(uring::UringDataPath::create(uring::Options{.queue_depth = 16, .max_command_bytes = 1000}));
   CHECK(e.options().max_command_bytes == (4u << 20));
 }
 
@@ -70,7 +70,7 @@ TEST_CASE("errno values map to status codes with the errno text") {
 }
 
 TEST_CASE("bad file URIs are refused with messages that say why") {
-  file::Resolver resolver;
+  file::FileResolver resolver;
   auto code = [&](const std::string& uri) { return resolver.resolve(uri, {}).code(); };
   CHECK(code("") == StatusCode::INVALID_ARGUMENT);
   CHECK(code("/etc/hostname") == StatusCode::INVALID_ARGUMENT);
@@ -89,7 +89,7 @@ TEST_CASE("bad file URIs are refused with messages that say why") {
 
 TEST_CASE("only regular files resolve; a FIFO is refused without blocking") {
   TempDirectory dir;
-  file::Resolver resolver;
+  file::FileResolver resolver;
   auto d = resolver.resolve("file://" + dir.path, {});
   CHECK(d.code() == StatusCode::INVALID_ARGUMENT);
   CHECK(d.status().message().find("not a regular file") != std::string::npos);
@@ -103,7 +103,7 @@ TEST_CASE("a file on ext4 resolves with O_DIRECT, its size and its alignment; lo
   TempDirectory dir;
   const std::string path = dir.file("with space");
   write_pattern_file(path, 12345, 1);
-  file::Resolver resolver;
+  file::FileResolver resolver;
   auto t = resolver.resolve("file://localhost" + dir.path + "/with%20space", {});
   REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
   CHECK(t->path == path);
@@ -114,7 +114,7 @@ TEST_CASE("a file on ext4 resolves with O_DIRECT, its size and its alignment; lo
   if (t->direct) {
     CHECK(t->direct_io_alignment >= 512);
     CHECK(t->direct_io_alignment <= 4096);
-    CHECK(t->alignment_source != file::AlignmentSource::BUFFERED);
+    CHECK(t->alignment_source != file::AlignmentSource::buffered);
   }
   MESSAGE("file system ", t->filesystem, ", direct ", t->direct, ", alignment ", t->direct_io_alignment, " from ",
           file::to_string(t->alignment_source));
@@ -126,11 +126,11 @@ TEST_CASE("a file on ext4 resolves with O_DIRECT, its size and its alignment; lo
 
 TEST_CASE("DEVICE memory is unsupported by the host profile") {
 #if !defined(TUTTI_ACCELERATOR_CUDA)
-  uring::DataPath d;
+  uring::UringDataPath d = require_ok(uring::UringDataPath::create());
   AlignedBuffer b(4096);
   auto r = d.register_memory({b.get(), 4096, MemoryKind::DEVICE, 0});
   CHECK(r.code() == StatusCode::UNSUPPORTED);
-  UringRuntime runtime;
+  UringRuntime runtime = require_ok(make_uring_runtime());
   CHECK(runtime.register_memory({b.get(), 4096, MemoryKind::DEVICE, 0}).code() == StatusCode::UNSUPPORTED);
 #endif
 }

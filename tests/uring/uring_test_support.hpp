@@ -14,6 +14,7 @@
 
 #include <doctest/doctest.h>
 #include <real_files.hpp>
+#include <require_ok.hpp>
 #include <tutti/presets/uring.hpp>
 
 namespace tutti::testing {

@@ -1,4 +1,4 @@
-// The plain-file payload: what tutti::file::Resolver produces and tutti::uring::DataPath opens.
+// The plain-file payload: what tutti::file::FileResolver produces and tutti::uring::UringDataPath opens.
 //
 // One open regular file of any Linux file system, reached through the kernel's file interface (no
 // FIEMAP, no block addresses): the file descriptor (owned, closed on destruction), the file's size in
@@ -36,18 +36,18 @@ inline std::string errno_text(int error_number) {
 
 /// Where Target::direct_io_alignment came from.
 enum class AlignmentSource : std::uint8_t {
-  STATX = 0,  ///< statx(2) with STATX_DIOALIGN: stx_dio_offset_align (Linux 6.1+, per file system).
-  BLOCK_DEVICE = 1,    ///< The logical block size of the block device behind the file system (BLKSSZGET / sysfs).
-  PROBE = 2,           ///< A probing O_DIRECT read at growing sizes (512 .. 4096 bytes).
-  BUFFERED = 3,        ///< Not O_DIRECT (OpenOptions::allow_buffered): the page cache needs no alignment (1).
+  statx = 0,         ///< statx(2) with STATX_DIOALIGN: stx_dio_offset_align (Linux 6.1+, per file system).
+  block_device = 1,  ///< The logical block size of the block device behind the file system (BLKSSZGET / sysfs).
+  probe = 2,         ///< A probing O_DIRECT read at growing sizes (512 .. 4096 bytes).
+  buffered = 3,      ///< Not O_DIRECT (OpenOptions::allow_buffered): the page cache needs no alignment (1).
 };
 
 constexpr std::string_view to_string(AlignmentSource source) noexcept {
   switch (source) {
-    case AlignmentSource::STATX: return "STATX";
-    case AlignmentSource::BLOCK_DEVICE: return "BLOCK_DEVICE";
-    case AlignmentSource::PROBE: return "PROBE";
-    case AlignmentSource::BUFFERED: return "BUFFERED";
+    case AlignmentSource::statx: return "STATX";
+    case AlignmentSource::block_device: return "BLOCK_DEVICE";
+    case AlignmentSource::probe: return "PROBE";
+    case AlignmentSource::buffered: return "BUFFERED";
   }
   return "UNKNOWN_ALIGNMENT_SOURCE";
 }
@@ -65,7 +65,7 @@ struct Target {
   std::uint64_t size = 0;                   ///< File size in bytes at open time.
   std::uint32_t direct_io_alignment = 1;    ///< Bytes: O_DIRECT offsets and lengths must be multiples (1 when buffered).
   std::uint32_t direct_io_memory_alignment = 1;  ///< Bytes: O_DIRECT buffer addresses must be multiples (1 when buffered).
-  AlignmentSource alignment_source = AlignmentSource::BUFFERED;
+  AlignmentSource alignment_source = AlignmentSource::buffered;
   bool direct = false;    ///< Opened with O_DIRECT (page cache bypassed).
   bool writable = false;  ///< Opened read-write (OpenOptions::writable).
 

@@ -105,6 +105,10 @@ class StorageRuntime {
 
   StorageRuntime(const StorageRuntime&) = delete;
   StorageRuntime& operator=(const StorageRuntime&) = delete;
+  /// Moves the whole state (handles stay valid: they name the state, which does not move). The
+  /// moved-from runtime may only be destroyed. Not thread-safe against calls on `other`.
+  StorageRuntime(StorageRuntime&& other) noexcept = default;
+  StorageRuntime& operator=(StorageRuntime&&) = delete;  // would have to shut the old state down
 
   /// Calls shutdown(options.destructor_drain_timeout_ns) unless shutdown succeeded before. When IO
   /// is still in flight after that, every DataPath, registration and open target is leaked on

@@ -1,5 +1,5 @@
-// NVMe queue ring primitives, usable from host threads now and GPU threads later: slot
-// reservation, SQE write, doorbell coalescing, command identifiers with generations, CQ phase-tag
+// NVMe queue ring primitives, used alike by host threads and GPU threads (host and cuda profiles):
+// slot reservation, SQE write, doorbell coalescing, command identifiers with generations, CQ phase-tag
 // tracking, CQ head doorbell, and completion polling bounded by a time budget in nanoseconds.
 //
 // Written only against tutti/accel/ primitives (no std::atomic, no vendor headers).

@@ -14,7 +14,7 @@
 namespace tutti::nvme {
 
 /// CAP, Controller Capabilities, offset 00h, 64 bits, read-only (Base 2.0, 3.1.3.1).
-struct Capabilities {
+struct ControllerCapabilities {
   std::uint64_t raw;
   using MQES = BitField<std::uint64_t, 0, 16>;    ///< Maximum Queue Entries Supported, 0's based (>= 1)
   using CQR = BitField<std::uint64_t, 16, 1>;     ///< Contiguous Queues Required
@@ -37,7 +37,7 @@ struct Capabilities {
   TUTTI_HOST_DEVICE constexpr std::uint64_t memory_page_size_minimum() const noexcept { return 1ull << (12 + MPSMIN::decode(raw)); }
   TUTTI_HOST_DEVICE constexpr std::uint64_t memory_page_size_maximum() const noexcept { return 1ull << (12 + MPSMAX::decode(raw)); }
 };
-static_assert(sizeof(Capabilities) == 8);
+static_assert(sizeof(ControllerCapabilities) == 8);
 
 /// VS, Version, offset 08h (Base 2.0, 3.1.3.2): MJR 31:16, MNR 15:8, TER 7:0.
 struct Version {

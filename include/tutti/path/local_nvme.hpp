@@ -71,7 +71,7 @@
 #include <tutti/accel/placement.hpp>
 #include <tutti/accel/primitives.hpp>
 #include <tutti/accel/stream.hpp>
-#include <tutti/bind/extents.hpp>
+#include <tutti/bind/local_file.hpp>
 #include <tutti/core/concepts.hpp>
 #include <tutti/core/io.hpp>
 #include <tutti/core/leak.hpp>
@@ -91,7 +91,7 @@ namespace detail {
 inline void assign(Status& to, Status value) { (void)(to = std::move(value)); }
 }  // namespace detail
 
-class DataPath {
+class LocalNvmeDataPath {
  public:
   /// Settings; each default is a kDefault* constant (tests pin them; docs/local-nvme.md lists them).
   struct Options {
@@ -380,8 +380,8 @@ class DataPath {
   /// Creates the queue pairs on a brought-up controller. Errors: INVALID_ARGUMENT (options out of
   /// range, controller not brought up, LBA size not 512/4096, memory page size not 4096..65536),
   /// and the controller's create_io_queue_pair errors (queues already created are deleted).
-  static Result<DataPath> create(libnvm::Controller& controller) { return create(controller, Options()); }
-  static Result<DataPath> create(libnvm::Controller& controller, Options options) {
+  static Result<LocalNvmeDataPath> create(libnvm::Controller& controller) { return create(controller, Options()); }
+  static Result<LocalNvmeDataPath> create(libnvm::Controller& controller, Options options) {
     const libnvm::ControllerIdentity& id = controller.identity();
     if (id.lba_size != 512 && id.lba_size != 4096)
       return error(StatusCode::INVALID_ARGUMENT,
@@ -475,11 +475,11 @@ class DataPath {
       return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the kernels' queue views");
     }
     for (std::size_t i = 0; i < state->queues.size(); ++i) state->device_queues[i] = state->queues[i]->device();
-    return DataPath(std::move(state));
+    return LocalNvmeDataPath(std::move(state));
   }
 
-  DataPath(DataPath&&) noexcept = default;
-  DataPath& operator=(DataPath&&) noexcept = default;
+  LocalNvmeDataPath(LocalNvmeDataPath&&) noexcept = default;
+  LocalNvmeDataPath& operator=(LocalNvmeDataPath&&) noexcept = default;
 
   /// The settings in force and the LBA size / command size limit derived from the controller.
   const Options& options() const noexcept { return state_->options; }
@@ -554,9 +554,9 @@ class DataPath {
   Status close(open_target& t) {
     Status flushed;
     if (t.flush_on_close && t.payload) {
-      const PathRequest<DataPath> flush{Direction::FLUSH, nullptr, MemoryView{}, 0, &t, 0, 0};
+      const PathRequest<LocalNvmeDataPath> flush{Direction::FLUSH, nullptr, MemoryView{}, 0, &t, 0, 0};
       Status state;
-      batch b = submit(std::span<const PathRequest<DataPath>>(&flush, 1), std::span<Status>(&state, 1));
+      batch b = submit(std::span<const PathRequest<LocalNvmeDataPath>>(&flush, 1), std::span<Status>(&state, 1));
       if (!state.is_ok()) {
         detail::assign(flushed, state.with_context("flush on close"));
       } else {
@@ -672,7 +672,7 @@ class DataPath {
   /// error (UNSUPPORTED from a host-compiled translation unit of the CUDA profile), or the wait's
   /// error (TIMEOUT / DEVICE_ERROR: the slot is then abandoned to the kernel, never reused or
   /// freed, and stays counted in max_batches_in_flight).
-  batch submit(std::span<const PathRequest<DataPath>> requests, std::span<Status> states) {
+  batch submit(std::span<const PathRequest<LocalNvmeDataPath>> requests, std::span<Status> states) {
     batch b;
     const std::size_t n = requests.size();
     if (n == 0) return b;
@@ -903,7 +903,7 @@ class DataPath {
   }
 
  private:
-  explicit DataPath(std::unique_ptr<State> state) : state_(std::move(state)) {}
+  explicit LocalNvmeDataPath(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
   /// Takes one poll launch off State::poll_launches_in_flight when its wait is over.
   struct PollLaunchCount {
@@ -960,7 +960,7 @@ class DataPath {
   }
 
   /// The Status of a request the submit kernel did not accept: `r` as staged, `report` from the kernel.
-  Status rejection(const RequestState& r, const RequestReport& report, const PathRequest<DataPath>& p) const {
+  Status rejection(const RequestState& r, const RequestReport& report, const PathRequest<LocalNvmeDataPath>& p) const {
     const Queue& q = *state_->queues[r.queue_index];
     switch (report.outcome) {
       case RequestOutcome::rejected_backpressure:
@@ -1082,6 +1082,6 @@ class DataPath {
   std::unique_ptr<State> state_;
 };
 
-static_assert(tutti::DataPath<DataPath>);
+static_assert(tutti::DataPath<LocalNvmeDataPath>);
 
 }  // namespace tutti::local_nvme

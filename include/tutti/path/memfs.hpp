@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -30,7 +31,7 @@
 
 namespace tutti::memfs {
 
-class DataPath {
+class MemfsDataPath {
  public:
   struct Options {
     static constexpr std::uint32_t kDefaultQueueDepth = 4096;
@@ -86,15 +87,21 @@ class DataPath {
     std::shared_ptr<BatchState> state;
   };
 
-  DataPath() : DataPath(Options{}) {}
-  explicit DataPath(Options options) : options_(options), worker_(std::make_unique<Worker>()) {
-    if (options_.queue_depth == 0) options_.queue_depth = 1;
-    worker_->thread = std::thread([w = worker_.get()] { run(*w); });
+  /// Starts the worker thread that executes requests. A queue_depth of 0 is raised to 1.
+  /// Errors: RESOURCE_EXHAUSTED when the thread cannot be started. Thread-safety: any thread.
+  static Result<MemfsDataPath> create() { return create(Options{}); }
+  static Result<MemfsDataPath> create(Options options) {
+    try {
+      return MemfsDataPath(options);
+    } catch (const std::system_error& e) {
+      return error(StatusCode::RESOURCE_EXHAUSTED, "memfs DataPath: its worker thread could not be started: {}",
+                   e.what());
+    }
   }
-  DataPath(DataPath&&) noexcept = default;
-  DataPath& operator=(DataPath&&) = delete;  // would drop a running worker thread
+  MemfsDataPath(MemfsDataPath&&) noexcept = default;
+  MemfsDataPath& operator=(MemfsDataPath&&) = delete;  // would drop a running worker thread
   /// Finishes queued work, then joins the worker.
-  ~DataPath() {
+  ~MemfsDataPath() {
     if (!worker_) return;
     {
       std::scoped_lock lock(worker_->mutex);
@@ -113,7 +120,7 @@ class DataPath {
   Status unregister_memory(registered_memory&) { return Status::success(); }
 
   /// Queues the accepted requests; rejects with RESOURCE_EXHAUSTED past queue_depth in flight.
-  batch submit(std::span<const PathRequest<DataPath>> requests, std::span<Status> states) {
+  batch submit(std::span<const PathRequest<MemfsDataPath>> requests, std::span<Status> states) {
     auto state = std::make_shared<BatchState>();
     for (std::size_t k = 0; k < requests.size(); ++k) {
       const auto& r = requests[k];
@@ -159,6 +166,11 @@ class DataPath {
   }
 
  private:
+  explicit MemfsDataPath(Options options) : options_(options), worker_(std::make_unique<Worker>()) {
+    if (options_.queue_depth == 0) options_.queue_depth = 1;
+    worker_->thread = std::thread([w = worker_.get()] { run(*w); });
+  }
+
   static void run(Worker& w) {
     for (;;) {
       std::shared_ptr<BatchState> next;
@@ -190,6 +202,6 @@ class DataPath {
   std::unique_ptr<Worker> worker_;
 };
 
-static_assert(tutti::DataPath<DataPath>);
+static_assert(tutti::DataPath<MemfsDataPath>);
 
 }  // namespace tutti::memfs

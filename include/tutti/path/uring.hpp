@@ -1,9 +1,9 @@
-// tutti::uring::DataPath: host-executed IO on plain files (tutti::file::Target) with io_uring
+// tutti::uring::UringDataPath: host-executed IO on plain files (tutti::file::Target) with io_uring
 // (liburing), into host memory directly and, in the CUDA profile, into DEVICE memory through a bounded
 // ring of pinned staging buffers (tutti/path/uring/staging.hpp). docs/uring.md is the long form.
 //
 // Shape:
-//  - One io_uring per DataPath, created by the constructor: Options::queue_depth SQ entries, twice as
+//  - One io_uring per DataPath, created by create(): Options::queue_depth SQ entries, twice as
 //    many CQ entries, optional SQPOLL. A registered file table (Options::registered_files slots) and a
 //    sparse fixed buffer table (Options::fixed_buffers slots) are registered at creation; when the
 //    kernel refuses either, the DataPath runs without it (plain fds / plain reads and writes) and says
@@ -92,7 +92,7 @@ class StreamFence;  // tutti/path/uring/staging.hpp (CUDA profile)
 }  // namespace detail
 
 /// Settings of a uring DataPath. Every field has a default constant; docs/uring.md lists them and
-/// tests/uring/options_test.cpp pins them.
+/// tests/uring/resolver_test.cpp pins them.
 struct Options {
   static constexpr std::uint32_t kDefaultQueueDepth = 256;
   static constexpr bool kDefaultSqpoll = false;
@@ -192,7 +192,7 @@ struct Stats {
   std::string fixed_buffer_table_error;          ///< Why the fixed buffer table is missing (empty when present).
 };
 
-class DataPath {
+class UringDataPath {
  public:
   /// EINTR / EAGAIN results resubmitted before the request fails.
   static constexpr std::uint32_t kMaxRetries = 16;
@@ -261,10 +261,10 @@ class DataPath {
 
  private:
   enum class Stage : std::uint8_t {
-    DISK,                ///< The SQE is in the kernel (or about to be).
-    WAITING_FOR_STAGING, ///< DEVICE memory: waiting for a free staging buffer.
-    COPY,                ///< DEVICE memory: a cudaMemcpyAsync into or out of the staging buffer runs.
-    DONE,
+    disk,                 ///< The SQE is in the kernel (or about to be).
+    waiting_for_staging,  ///< DEVICE memory: waiting for a free staging buffer.
+    copy,                 ///< DEVICE memory: a cudaMemcpyAsync into or out of the staging buffer runs.
+    done,
   };
   struct RequestState {
     std::size_t position = 0;  // index into the submitted span
@@ -284,7 +284,7 @@ class DataPath {
     BatchState* batch = nullptr;
     std::uint32_t request = 0;
     Direction direction = Direction::READ;
-    Stage stage = Stage::DISK;
+    Stage stage = Stage::disk;
     int fd = -1;
     bool fixed_file = false;
     int buffer_index = -1;              // fixed buffer slot, -1 for plain IO
@@ -317,18 +317,26 @@ class DataPath {
     std::shared_ptr<BatchState> state;
   };
 
-  DataPath() : DataPath(Options{}) {}
-  /// Creates the ring. Never throws for kernel refusals: when io_uring_queue_init fails, status()
-  /// returns the error and every open / register_memory / submit reports it.
-  explicit DataPath(Options options) : engine_(std::make_unique<Engine>(normalized(options))) {}
-  DataPath(DataPath&&) noexcept = default;
-  DataPath& operator=(DataPath&&) noexcept = default;
-  DataPath(const DataPath&) = delete;
-  DataPath& operator=(const DataPath&) = delete;
-  ~DataPath() = default;
+  /// Creates the ring (io_uring_queue_init_params with Options::queue_depth SQ entries and twice as
+  /// many CQ entries, SQPOLL when asked) and its registered file and fixed buffer tables (a table the
+  /// kernel refuses is not an error: the DataPath then uses plain descriptors and buffers, and says
+  /// why in open_target / registered_memory). Options are normalised first (see options()).
+  /// Errors: the kernel's refusal of the ring, from its errno: RESOURCE_EXHAUSTED (ENOMEM, EMFILE,
+  /// ENFILE), UNSUPPORTED (ENOSYS: io_uring disabled; EPERM for SQPOLL without privilege), as
+  /// status_from_errno maps them. Thread-safety: any thread.
+  static Result<UringDataPath> create(Options options = {}) {
+    auto engine = std::make_unique<Engine>(normalized(options));
+    if (!engine->init_status.is_ok()) return engine->init_status;
+    return UringDataPath(std::move(engine));
+  }
+  UringDataPath(UringDataPath&&) noexcept = default;
+  UringDataPath& operator=(UringDataPath&&) noexcept = default;
+  UringDataPath(const UringDataPath&) = delete;
+  UringDataPath& operator=(const UringDataPath&) = delete;
+  ~UringDataPath() = default;
 
-  /// OK when the ring was created; otherwise why not (RESOURCE_EXHAUSTED, UNSUPPORTED ...).
-  Status status() const { return engine_ ? engine_->init_status : Status(StatusCode::INTERNAL, "moved-from DataPath"); }
+  /// OK, or INTERNAL for a moved-from DataPath (create() refuses a ring the kernel refused).
+  Status status() const { return engine_ ? Status::success() : Status(StatusCode::INTERNAL, "moved-from DataPath"); }
   /// The options in force (after normalisation: clamped queue depth, rounded sizes).
   const Options& options() const noexcept { return engine_->options; }
   /// A snapshot of the counters. Thread-safe.
@@ -384,7 +392,7 @@ class DataPath {
       return error(StatusCode::BUSY, "'{}' has {} command(s) in flight", target.file.path, n);
     if (!target.pending_close_flush) {
       if (target.flush_on_close && target.file.writable && engine_ && engine_->init_status.is_ok()) {
-        const PathRequest<DataPath> flush{Direction::FLUSH, nullptr, {}, 0, &target, 0, 0};
+        const PathRequest<UringDataPath> flush{Direction::FLUSH, nullptr, {}, 0, &target, 0, 0};
         Status accepted;
         auto state = engine_->submit(std::span(&flush, 1), std::span(&accepted, 1), /*close_flush=*/true);
         if (!accepted.is_ok()) return accepted.with_context(fmt::format("FLUSH (fdatasync) of '{}' on close", target.file.path));
@@ -521,7 +529,7 @@ class DataPath {
   /// mutex (held for the enqueue). states[i]: OK (accepted), RESOURCE_EXHAUSTED (in-flight budget of
   /// queue_depth commands full; resubmit later), INVALID_ARGUMENT (an unaligned tail WRITE on an O_DIRECT
   /// target without a tail descriptor), or the ring's creation error.
-  batch submit(std::span<const PathRequest<DataPath>> requests, std::span<Status> states) {
+  batch submit(std::span<const PathRequest<UringDataPath>> requests, std::span<Status> states) {
     return batch{engine_->submit(requests, states)};
   }
 
@@ -754,7 +762,7 @@ class DataPath {
 
     // --- submission ------------------------------------------------------------------------------
     /// Commands a request needs, or an error that rejects it.
-    Result<std::uint32_t> plan(const PathRequest<DataPath>& r) const {
+    Result<std::uint32_t> plan(const PathRequest<UringDataPath>& r) const {
       if (r.direction == Direction::FLUSH) return 1u;
       if (r.direction == Direction::WRITE && r.target->file.direct && r.length % r.target->file.direct_io_alignment != 0 &&
           !r.target->file.tail_fd.valid())
@@ -774,7 +782,7 @@ class DataPath {
 
     /// close_flush: the FLUSH of close(), which counts on no target's in-flight gauge and owns its
     /// path, so the target may be destroyed while it is in flight.
-    std::shared_ptr<BatchState> submit(std::span<const PathRequest<DataPath>> requests, std::span<Status> states,
+    std::shared_ptr<BatchState> submit(std::span<const PathRequest<UringDataPath>> requests, std::span<Status> states,
                                        bool close_flush = false) {
       auto state = std::make_shared<BatchState>();
       state->close_flush = close_flush;
@@ -831,7 +839,7 @@ class DataPath {
         }
         submit_calls.fetch_add(1);
         for (Command& c : state->commands)
-          if (c.stage == Stage::DISK) prepare_sqe(c);
+          if (c.stage == Stage::disk) prepare_sqe(c);
         if (host_commands > 0) submit_locked();
       }
 #if defined(TUTTI_ACCELERATOR_CUDA)
@@ -846,7 +854,7 @@ class DataPath {
 #if defined(TUTTI_ACCELERATOR_CUDA)
     /// The fence of a DEVICE request whose registration is fenced on a caller's stream: one per stream
     /// and batch, recorded on that stream now. Null when there is none.
-    Result<detail::StreamFence*> fence_for(const PathRequest<DataPath>& r, BatchState& state) {
+    Result<detail::StreamFence*> fence_for(const PathRequest<UringDataPath>& r, BatchState& state) {
       if (r.memory_view.kind != MemoryKind::DEVICE || r.memory == nullptr) return static_cast<detail::StreamFence*>(nullptr);
       accel::StreamRef stream;
       {
@@ -864,7 +872,7 @@ class DataPath {
 #endif
 
     /// Appends request k's state and its commands (submission mutex held).
-    void build(BatchState& state, const PathRequest<DataPath>& r, std::size_t k, std::uint32_t count,
+    void build(BatchState& state, const PathRequest<UringDataPath>& r, std::size_t k, std::uint32_t count,
                detail::StreamFence* fence, std::vector<Command*>& staged, std::uint32_t& host_commands) {
       const auto request_index = static_cast<std::uint32_t>(state.requests.size());
       RequestState& rs = state.requests.emplace_back();
@@ -919,7 +927,7 @@ class DataPath {
           c.device_address = memory;
           c.chunk_bytes = bytes;
           c.chunk_target_offset = c.target_offset;
-          c.stage = Stage::WAITING_FOR_STAGING;
+          c.stage = Stage::waiting_for_staging;
           staged.push_back(&c);
           continue;
         }
@@ -1087,7 +1095,7 @@ class DataPath {
           auto started = staging->copy_to_device(c.staging_slot, c.device_address, c.chunk_bytes, c.fence);
           if (!started.status.is_ok()) fail(c, started.status.with_context(describe(c)));
           if (started.in_flight) {  // the slot stays ours until the copy is seen done, even when it failed
-            c.stage = Stage::COPY;
+            c.stage = Stage::copy;
             copying.push_back(&c);
             return;
           }
@@ -1107,7 +1115,7 @@ class DataPath {
 
     /// Retires command c: its request completes when it was the last command.
     void finish(Command& c, std::vector<std::shared_ptr<BatchState>>& retired) {
-      c.stage = Stage::DONE;
+      c.stage = Stage::done;
       BatchState& b = *c.batch;
       RequestState& r = b.requests[c.request];
       in_flight_commands.fetch_sub(1);
@@ -1162,7 +1170,7 @@ class DataPath {
           copying.pop_back();
           if (!done) fail(c, done.status().with_context(describe(c)));
           if (done && c.direction == Direction::WRITE) {  // D2H finished: write the buffer to the file
-            c.stage = Stage::DISK;
+            c.stage = Stage::disk;
             to_disk.push_back(&c);
             continue;
           }
@@ -1180,7 +1188,7 @@ class DataPath {
           c.address = staging->buffer(slot);
           c.buffer_index = -1;
           if (c.direction == Direction::READ) {
-            c.stage = Stage::DISK;
+            c.stage = Stage::disk;
             to_disk.push_back(&c);
             continue;
           }
@@ -1192,7 +1200,7 @@ class DataPath {
             finish(c, retired);
             continue;
           }
-          c.stage = Stage::COPY;  // the slot stays ours until the copy is seen done, even when it failed
+          c.stage = Stage::copy;  // the slot stays ours until the copy is seen done, even when it failed
           copying.push_back(&c);
         }
         pending = !copying.empty() || !staging_queue.empty();
@@ -1249,9 +1257,11 @@ class DataPath {
     }
   };
 
+  explicit UringDataPath(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+
   std::unique_ptr<Engine> engine_;
 };
 
-static_assert(tutti::DataPath<DataPath>);
+static_assert(tutti::DataPath<UringDataPath>);
 
 }  // namespace tutti::uring

@@ -1,7 +1,7 @@
 // Ready-made local-file runtime over one NVMe controller: file:// URIs resolved with FIEMAP
-// (local_file::Resolver) and executed as NVMe commands (local_nvme::DataPath).
+// (local_file::LocalFileResolver) and executed as NVMe commands (local_nvme::LocalNvmeDataPath).
 //
-//   LocalNvmeBackend  = Backend<local_file::Resolver, local_nvme::DataPath>
+//   LocalNvmeBackend  = Backend<local_file::LocalFileResolver, local_nvme::LocalNvmeDataPath>
 //   LocalNvmeRuntime  = StorageRuntime<LocalNvmeBackend>
 //
 // make_soft_local_nvme() builds the whole stack over a soft controller (libnvm) backed by a file
@@ -32,7 +32,7 @@
 namespace tutti {
 
 /// file:// targets on one NVMe namespace, IO through NVMe queues of one controller.
-using LocalNvmeBackend = Backend<local_file::Resolver, local_nvme::DataPath>;
+using LocalNvmeBackend = Backend<local_file::LocalFileResolver, local_nvme::LocalNvmeDataPath>;
 using LocalNvmeRuntime = StorageRuntime<LocalNvmeBackend>;
 
 /// Settings of make_soft_local_nvme. The LBA size is the soft controller's (soft.lba_size).
@@ -47,7 +47,7 @@ struct SoftLocalNvmeOptions {
   std::optional<std::uint64_t> partition_start_bytes = 0;
   libnvm::SoftControllerConfig soft{};   ///< soft controller settings (defaults: libnvm's kSoftDefault*)
   libnvm::BringUpOptions bring_up{};     ///< controller bring-up settings
-  local_nvme::DataPath::Options datapath{};
+  local_nvme::LocalNvmeDataPath::Options datapath{};
   RuntimeOptions runtime{};
 };
 
@@ -61,8 +61,8 @@ struct SoftLocalNvme {
 };
 
 /// Creates the soft controller, brings it up, creates the DataPath's queues and the runtime.
-/// Errors: those of SoftController::create, bring_up, local_file::Resolver::create and
-/// local_nvme::DataPath::create (each with context).
+/// Errors: those of SoftController::create, bring_up, local_file::LocalFileResolver::create and
+/// local_nvme::LocalNvmeDataPath::create (each with context).
 inline Result<std::unique_ptr<SoftLocalNvme>> make_soft_local_nvme(SoftLocalNvmeOptions options) {
   auto stack = std::make_unique<SoftLocalNvme>();
   options.soft.backing_path = options.backing_path;
@@ -76,14 +76,14 @@ inline Result<std::unique_ptr<SoftLocalNvme>> make_soft_local_nvme(SoftLocalNvme
   if (!controller) return controller.status().with_context("soft controller driver");
   stack->controller = std::move(controller.value());
   TUTTI_RETURN_IF_ERROR(stack->controller->bring_up(options.bring_up).with_context("bring_up"));
-  local_file::Resolver::Options resolver_options;
+  local_file::LocalFileResolver::Options resolver_options;
   resolver_options.block_device_path = options.block_device_path;
   resolver_options.partition_start_bytes = options.partition_start_bytes;
   resolver_options.lba_size = stack->controller->identity().lba_size;
   resolver_options.nsid = stack->controller->identity().nsid;
-  auto resolver = local_file::Resolver::create(resolver_options);
+  auto resolver = local_file::LocalFileResolver::create(resolver_options);
   if (!resolver) return resolver.status();
-  auto datapath = local_nvme::DataPath::create(*stack->controller, options.datapath);
+  auto datapath = local_nvme::LocalNvmeDataPath::create(*stack->controller, options.datapath);
   if (!datapath) return datapath.status();
   stack->runtime = std::make_unique<LocalNvmeRuntime>(
       LocalNvmeBackend{std::move(resolver.value()), std::move(datapath.value())}, options.runtime);

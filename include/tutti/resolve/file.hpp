@@ -1,4 +1,4 @@
-// tutti::file::Resolver: file:// URIs -> an open regular file (tutti::file::Target), on any Linux file
+// tutti::file::FileResolver: file:// URIs -> an open regular file (tutti::file::Target), on any Linux file
 // system (ext4, xfs, btrfs, tmpfs, overlayfs ...). It needs no FIEMAP: the DataPath (uring) reaches the
 // file through the kernel's file interface.
 //
@@ -105,7 +105,7 @@ inline std::uint32_t probe_direct_io_alignment(int fd) {
 }  // namespace detail
 
 /// Resolver for file:// URIs. Stateless; copies are independent. See the file comment for the rules.
-class Resolver {
+class FileResolver {
  public:
   using target_type = Target;
   static constexpr std::string_view scheme = "file";
@@ -172,14 +172,14 @@ class Resolver {
           target.direct_io_alignment = extended.stx_dio_offset_align;
           target.direct_io_memory_alignment = extended.stx_dio_mem_align ? extended.stx_dio_mem_align
                                                                           : extended.stx_dio_offset_align;
-          target.alignment_source = AlignmentSource::STATX;
+          target.alignment_source = AlignmentSource::statx;
         }
       } else if (const std::uint32_t block = detail::logical_block_size(info.st_dev); block > 0) {
         target.direct_io_alignment = target.direct_io_memory_alignment = block;
-        target.alignment_source = AlignmentSource::BLOCK_DEVICE;
+        target.alignment_source = AlignmentSource::block_device;
       } else if (const std::uint32_t probed = detail::probe_direct_io_alignment(target.fd.get()); probed > 0) {
         target.direct_io_alignment = target.direct_io_memory_alignment = probed;
-        target.alignment_source = AlignmentSource::PROBE;
+        target.alignment_source = AlignmentSource::probe;
       } else {
         direct = false;
       }
@@ -197,7 +197,7 @@ class Resolver {
       }
       target.direct = false;
       target.direct_io_alignment = target.direct_io_memory_alignment = 1;
-      target.alignment_source = AlignmentSource::BUFFERED;
+      target.alignment_source = AlignmentSource::buffered;
       return Result<Target>(std::move(target));
     }
     target.direct = true;

@@ -1,5 +1,5 @@
 // The local_file resolver: `file:///absolute/path` -> extents of that file on one NVMe namespace
-// (tutti::local_file::Target, include/tutti/bind/extents.hpp), through FIEMAP.
+// (tutti::local_file::Target, include/tutti/bind/local_file.hpp), through FIEMAP.
 //
 // Configuration (Resolver::Options): the block device that backs the namespace's file system
 // (a path such as /dev/nvme0n1p1 or /dev/loop3, or its dev_t), the partition's start offset (read
@@ -48,7 +48,7 @@
 #include <string_view>
 #include <vector>
 
-#include <tutti/bind/extents.hpp>
+#include <tutti/bind/local_file.hpp>
 #include <tutti/core/io.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/core/uri.hpp>
@@ -82,7 +82,7 @@ inline Result<std::uint64_t> read_partition_start(dev_t device, const std::strin
     if (dir.empty())
       return error(StatusCode::UNSUPPORTED,
                    "block device {} is not listed under {}/dev/block or {}/class/block; set "
-                   "local_file::Resolver::Options::partition_start_bytes explicitly",
+                   "local_file::LocalFileResolver::Options::partition_start_bytes explicitly",
                    id, sysfs_root, sysfs_root);
   }
   if (!fs::exists(dir / "partition", ec)) return std::uint64_t{0};
@@ -107,7 +107,7 @@ enum class FsyncPolicy : std::uint8_t {
 inline constexpr FsyncPolicy kDefaultFsyncPolicy = FsyncPolicy::writable_opens;
 
 /// Resolver for file:// URIs on one NVMe namespace. Copyable (plain configuration).
-class Resolver {
+class LocalFileResolver {
  public:
   using target_type = Target;
   static constexpr std::string_view scheme = "file";
@@ -137,7 +137,7 @@ class Resolver {
   /// Validates the options and finds the device. Errors: INVALID_ARGUMENT (lba_size not 512 or
   /// 4096, nsid 0, neither path nor dev_t given, path is not a block device), NOT_FOUND (no such
   /// path), UNSUPPORTED / DEVICE_ERROR from read_partition_start.
-  static Result<Resolver> create(Options options) {
+  static Result<LocalFileResolver> create(Options options) {
     if (options.lba_size != 512 && options.lba_size != 4096)
       return error(StatusCode::INVALID_ARGUMENT, "local_file: lba_size = {} must be 512 or 4096 bytes",
                    options.lba_size);
@@ -163,7 +163,7 @@ class Resolver {
     if (*options.partition_start_bytes % options.lba_size != 0)
       return error(StatusCode::INVALID_ARGUMENT, "local_file: partition start {} is not a multiple of the {}-byte LBA size",
                    *options.partition_start_bytes, options.lba_size);
-    return Resolver(std::move(options));
+    return LocalFileResolver(std::move(options));
   }
 
   /// The effective options (device and partition start filled in).
@@ -237,7 +237,7 @@ class Resolver {
   }
 
  private:
-  explicit Resolver(Options options) : options_(std::move(options)) {}
+  explicit LocalFileResolver(Options options) : options_(std::move(options)) {}
 
   /// FIEMAP over [0, file_size) in as many calls as needed; fills target.extents (merged).
   Status walk_fiemap(int fd, const std::string& path, Target& target, bool writable) const {

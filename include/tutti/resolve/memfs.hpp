@@ -76,14 +76,14 @@ class Store {
 };
 
 /// Resolver for memfs:// URIs. Copies share one Store.
-class Resolver {
+class MemfsResolver {
  public:
   using target_type = Target;
   static constexpr std::string_view scheme = "memfs";
   static constexpr std::size_t kMaxNameLength = 255;
 
-  Resolver() : store_(std::make_shared<Store>()) {}
-  explicit Resolver(std::shared_ptr<Store> store) : store_(std::move(store)) {}
+  MemfsResolver() : store_(std::make_shared<Store>()) {}
+  explicit MemfsResolver(std::shared_ptr<Store> store) : store_(std::move(store)) {}
 
   Result<Target> resolve(std::string_view text, const OpenOptions&) {
     auto uri = parse_uri(text);

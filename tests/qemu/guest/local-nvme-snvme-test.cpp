@@ -46,7 +46,7 @@
 #include "../../../libnvm/snvme/snvme_controller.hpp"
 
 using namespace tutti;
-using Path = local_nvme::DataPath;
+using Path = local_nvme::LocalNvmeDataPath;
 
 namespace {
 

@@ -32,7 +32,7 @@
 
 #include <tutti/accel/primitives.hpp>
 #include <tutti/accel/warp.hpp>
-#include <tutti/bind/extents.hpp>
+#include <tutti/bind/local_file.hpp>
 #include <tutti/nvme/commands.hpp>
 #include <tutti/nvme/opcodes.hpp>
 #include <tutti/nvme/queue.hpp>
@@ -45,7 +45,7 @@ inline constexpr std::uint32_t kMaxWindow = 64;
 
 /// The device-resident target handle: what a submitting thread needs of an open file.
 struct DeviceTarget {
-  const local_file::Extent* extents = nullptr;  ///< sorted, gap-free (bind/extents.hpp)
+  const local_file::Extent* extents = nullptr;  ///< sorted, gap-free (bind/local_file.hpp)
   std::uint64_t extent_count = 0;
   std::uint64_t file_size = 0;  ///< bytes
   std::uint32_t lba_size = 0;   ///< bytes: 512 or 4096

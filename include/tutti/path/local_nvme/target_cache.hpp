@@ -43,7 +43,7 @@
 
 #include <tutti/accel/async_copy.hpp>
 #include <tutti/accel/memory.hpp>
-#include <tutti/bind/extents.hpp>
+#include <tutti/bind/local_file.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/path/local_nvme/kernels.hpp>
 

@@ -1,6 +1,6 @@
 // The local_file payload: a file as sorted extents on one NVMe namespace, plus the open file
-// descriptor that is its lease. Produced by tutti::local_file::Resolver (FIEMAP), opened by
-// tutti::local_nvme::DataPath.
+// descriptor that is its lease. Produced by tutti::local_file::LocalFileResolver (FIEMAP), opened by
+// tutti::local_nvme::LocalNvmeDataPath.
 //
 // Units: file offsets, device offsets and lengths in bytes; LBAs in logical blocks of `lba_size`
 // bytes (the namespace's LBA format, NVMe Base Spec 2.0, 5.17.2.1 / NVM Command Set 1.0, 4.1.5.1).

@@ -66,10 +66,10 @@ TEST_CASE("CQE dword 3 carries CID and status with the phase tag in bit 16") {
 }
 
 TEST_CASE("register fields decode CAP, CC, CSTS and AQA") {
-  Capabilities cap{0};
-  cap.raw = Capabilities::MQES::encode(cap.raw, 1023);
-  cap.raw = Capabilities::DSTRD::encode(cap.raw, 2);
-  cap.raw = Capabilities::TO::encode(cap.raw, 4);
+  ControllerCapabilities cap{0};
+  cap.raw = ControllerCapabilities::MQES::encode(cap.raw, 1023);
+  cap.raw = ControllerCapabilities::DSTRD::encode(cap.raw, 2);
+  cap.raw = ControllerCapabilities::TO::encode(cap.raw, 4);
   CHECK(cap.max_queue_entries() == 1024);
   CHECK(cap.doorbell_stride_bytes() == 16);
   CHECK(cap.timeout_ns() == 2'000'000'000ull);
