@@ -330,10 +330,10 @@ int snvme_delete_queue(struct snvme_ctrl *ctrl, u8 opcode, u16 qid)
 
 /*
  * Takes the controller out of service: disables it (which deletes every
- * queue and stops its DMA), then fails all block requests in flight.
- * Userspace queue groups stay allocated until their owners close; their
- * pages stay pinned until then, which is safe because the controller no
- * longer runs.
+ * queue and stops its DMA), revokes every open file, then fails all block
+ * requests in flight. Userspace queue groups stay allocated until their
+ * owners close; their pages stay pinned until then, which is safe because
+ * the controller no longer runs.
  */
 static void snvme_fail_work(struct work_struct *work)
 {
@@ -345,6 +345,7 @@ static void snvme_fail_work(struct work_struct *work)
 	mutex_unlock(&ctrl->admin_lock);
 	for (i = 0; i < ctrl->nr_vecs; i++)
 		synchronize_irq(pci_irq_vector(ctrl->pdev, i));
+	snvme_chr_revoke(ctrl, SNVME_REVOKED_FAILED);
 	snvme_blk_cancel_all(ctrl);
 }
 
@@ -604,7 +605,9 @@ static int snvme_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	mutex_init(&ctrl->admin_lock);
 	init_completion(&ctrl->admin_done);
 	mutex_init(&ctrl->files_lock);
+	spin_lock_init(&ctrl->files_spin);
 	INIT_LIST_HEAD(&ctrl->files);
+	init_waitqueue_head(&ctrl->revoke_wait);
 	spin_lock_init(&ctrl->uq_lock);
 	INIT_WORK(&ctrl->fail_work, snvme_fail_work);
 	ret = ida_alloc_max(&snvme_instance_ida, SNVME_MAX_CTRLS - 1, GFP_KERNEL);

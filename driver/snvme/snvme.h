@@ -17,7 +17,9 @@
 #include <linux/pci.h>
 #include <linux/rwsem.h>
 #include <linux/spinlock.h>
+#include <linux/wait.h>
 #include <linux/workqueue.h>
+#include <linux/xarray.h>
 
 #include "include/uapi/snvme.h"
 
@@ -142,8 +144,15 @@ struct snvme_ctrl {
 	struct cdev cdev;
 	struct device cdev_dev;
 	bool cdev_added;
+	/*
+	 * files_lock serialises the teardown of files (release, remove, the
+	 * reset); files_spin guards the list for revocation, which fail_work
+	 * does without sleeping locks. Both are held to add or delete.
+	 */
 	struct mutex files_lock;
+	spinlock_t files_spin;
 	struct list_head files;		/* struct snvme_file */
+	wait_queue_head_t revoke_wait;	/* poll() of every open file */
 
 	struct snvme_counters cnt;
 	struct dentry *debugfs;		/* <debugfs>/snvme/snvme<C>/ */
@@ -158,6 +167,11 @@ struct snvme_file {
 	struct idr groups;
 	struct idr maps;
 	bool torn_down;			/* remove() has released everything */
+	u32 revoked;			/* 0 or SNVME_REVOKED_*, the gravest so far */
+	bool queues_gone;		/* a reset deleted its queues on the controller */
+	struct page *status_page;	/* struct snvme_status, mapped read-only */
+	struct xarray frozen;		/* mmap pgoff -> stand-in page after removal */
+	struct page *sink_page;		/* the doorbells' stand-in */
 };
 
 /* core.c */
@@ -185,6 +199,7 @@ int snvme_chr_module_init(void);
 void snvme_chr_module_exit(void);
 int snvme_chr_add(struct snvme_ctrl *ctrl);
 void snvme_chr_remove(struct snvme_ctrl *ctrl);
+void snvme_chr_revoke(struct snvme_ctrl *ctrl, u32 why);
 
 /* p2p.c (nv-p2p builds) or stubs */
 struct snvme_dmamap;

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <linux/fiemap.h>
 #include <linux/fs.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,6 +29,7 @@
 #define CTRL_PATH "/dev/snvme0"
 #define BDEV_PATH "/dev/snvme0n1"
 #define CONTROL_PATH "/dev/snvme-control"
+#define DEBUGFS_CTRL "/sys/kernel/debug/snvme/snvme0/"
 #define SNVME_MAX_USER_QUEUES_GUESS 128
 
 static int failures;
@@ -878,8 +880,27 @@ static int write_file(const char *path, const char *text)
 	return ok ? 0 : -EIO;
 }
 
+/* The file's status page (SNVME_MMAP_STATUS), read-only. */
+static volatile struct snvme_status *map_status(int fd)
+{
+	void *p = mmap(NULL, SNVME_STATUS_BYTES, PROT_READ, MAP_SHARED, fd, SNVME_MMAP_STATUS);
+
+	if (p == MAP_FAILED)
+		die("mmap of the status page: %s", strerror(errno));
+	return p;
+}
+
+/* poll() of fd without waiting: the revents it reports now. */
+static int poll_revents(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN | POLLPRI };
+
+	return poll(&p, 1, 0) < 0 ? -errno : p.revents;
+}
+
 static int cmd_fail(const char *addr)
 {
+	volatile struct snvme_status *st;
 	struct snvme_queue_group g;
 	struct uq_queue q[2];
 	struct uq_buf buf;
@@ -892,10 +913,19 @@ static int cmd_fail(const char *addr)
 	must_open(&c);
 	if (uq_group_create(&c, 2, 8, &g, q) || uq_buf_alloc(&c, &buf, 64 * 1024))
 		die("setup: %s", strerror(errno));
+	st = map_status(c.fd);
 	t0 = uq_now_ns();
-	ret = write_file("/sys/kernel/debug/snvme/snvme0/fail", "1\n");
+	ret = write_file(DEBUGFS_CTRL "fail", "1\n");
 	check(ret == 0, "failure injected through debugfs (%s), %llu ms", strerror(-ret),
 	      (unsigned long long)((uq_now_ns() - t0) / 1000000));
+	check(st->csts == 0xffffffffu && st->revoked == SNVME_REVOKED_FAILED,
+	      "status page: csts 0x%x, revoked %u (FAILED)", st->csts, st->revoked);
+	check(poll_revents(c.fd) == (POLLPRI | POLLERR | POLLHUP),
+	      "poll() reports POLLPRI | POLLERR | POLLHUP (0x%x)", poll_revents(c.fd));
+	ret = open(CTRL_PATH, O_RDWR);
+	check(ret < 0 && errno == ENODEV, "open of a failed controller is ENODEV");
+	if (ret >= 0)
+		close(ret);
 	check(uq_get_info(c.fd, &in) == -ENODEV, "GET_INFO on a failed controller is ENODEV");
 	p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, c.fd, q[0].d.sq_offset);
 	check(p == MAP_FAILED && errno == ENODEV, "mmap on a failed controller is ENODEV");
@@ -910,6 +940,7 @@ static int cmd_fail(const char *addr)
 	free(blk);
 	uq_group_unmap(q, 2);
 	uq_buf_free(&c, &buf);	/* DMA_UNMAP fails with ENODEV; the pages go at close */
+	munmap((void *)st, SNVME_STATUS_BYTES);
 	uq_close(&c);
 	check(read_stat("pinned_pages") == 0 && read_stat("dma_maps") == 0 &&
 	      read_stat("queue_groups") == 0, "close released pins, maps and groups of the failed controller");
