@@ -518,7 +518,6 @@ static bool snvme_file_owns_qid(struct snvme_file *f, u16 qid)
 static int snvme_ioc_abort(struct snvme_file *f, struct snvme_abort *a)
 {
 	struct snvme_ctrl *ctrl = f->ctrl;
-	struct nvme_command c = { };
 	u32 result = 0;
 	int ret;
 
@@ -527,10 +526,7 @@ static int snvme_ioc_abort(struct snvme_file *f, struct snvme_abort *a)
 				    a->sqid);
 		return -ENOENT;
 	}
-	c.abort.opcode = nvme_admin_abort_cmd;
-	c.abort.sqid = cpu_to_le16(a->sqid);
-	c.abort.cid = a->cid;
-	ret = snvme_admin_cmd(ctrl, &c, &result);
+	ret = snvme_abort_cmd(ctrl, a->sqid, a->cid, &result);
 	if (ret > 0) {
 		/* Abort Command Limit Exceeded (SCT 1h, SC 03h): try again later. */
 		dev_dbg(ctrl->dev, "ABORT SQ %u CID 0x%x: NVMe status 0x%x\n",

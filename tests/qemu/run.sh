@@ -210,14 +210,16 @@ cleanup() {
 	fi
 }
 
-# build_module ABI [NVIDIA_SRC]: prints the path of snvme.ko.
+# build_module ABI [NVIDIA_SRC]: prints the path of snvme.ko. Without NVIDIA_SRC
+# it is the module the guests load, with fault injection; with it, a build
+# check in the production configuration (no fault injection).
 build_module() {
 	local abi=$1 nv=${2:-} k=$CACHE/kernels/$1/root
 	local hdir=$k/usr/src/linux-headers-$abi-amd64 out=$WORK/mod-$abi${2:+-nvp2p}
 	rm -rf "$out"
 	mkdir -p "$out"
 	cp -r "$ROOT/driver/snvme/." "$out/"
-	local extra=()
+	local extra=(SNVME_FAULT_INJECTION=1)
 	[[ -n $nv ]] && extra=(NVIDIA_SRC="$nv" KBUILD_MODPOST_WARN=1)
 	if ! make -C "$hdir" M="$out" CC=gcc-12 -j2 W=1 "${extra[@]}" modules >"$out/build.log" 2>&1; then
 		cat "$out/build.log" >&2
