@@ -5,7 +5,8 @@
 #
 # For each Debian kernel line (bookworm 6.1, bookworm-backports 6.12) this
 # fetches the kernel image and headers as packages, builds driver/snvme
-# against the headers, builds the static guest programs (snvme-test,
+# against the headers (with its fault injection: SNVME_FAULT_INJECTION=1),
+# builds the static guest programs (snvme-test,
 # libnvm-snvme-test, local-nvme-snvme-test) and an initramfs,
 # then boots qemu-system-x86_64 (q35, emulated NVMe, emulated Intel IOMMU)
 # once per LBA format (512 and 4096 bytes) and runs tests/qemu/guest/suite.sh.
@@ -51,7 +52,8 @@ readonly EXPECTED_TESTS=(param-range no-grab-on-load bind perms queue-flush-fua 
 	bad-ioctl load-ext4 mkfs-mount-write fiemap-read fiemap-write wrap
 	libnvm-snvme-controller local-nvme-snvme kill-9-mid-io leaks-after-kill close-with-queues-live
 	leaks-after-close umount-fsck rebind-50 remount-after-rebind controller-failure
-	leaks-final)
+	leaks-final ladder-setup timeout-poll timeout-abort-reset timeout-fail reset-revoke
+	libnvm-reset leaks-after-reset ladder-fsck)
 
 MODE=normal
 case "${1:-}" in
@@ -384,7 +386,12 @@ main() {
 			# No "nm | grep -q": with pipefail, nm's SIGPIPE would fail the check.
 			[[ $(nm -u "$nvko") == *nvidia_p2p_get_pages* ]] ||
 				die "$abi: nv-p2p build did not compile the GPU path"
-			log "$abi: nv-p2p build OK (GPU DMA path compiled; not loadable here)"
+			# It is also the production configuration: no fault injection in it.
+			! grep -aq drop_completions "$nvko" ||
+				die "$abi: a build without SNVME_FAULT_INJECTION=1 has the fault injection knobs"
+			grep -aq drop_completions "$ko" ||
+				die "$abi: the test build lacks the fault injection knobs"
+			log "$abi: nv-p2p build OK (GPU DMA path compiled, no fault injection; not loadable here)"
 		fi
 		initrd=$(build_initramfs "$abi" "$ko")
 		if [[ $MODE == normal ]]; then

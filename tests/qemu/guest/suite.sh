@@ -81,7 +81,8 @@ param_range() {
 }
 
 t param-range param_range
-insmod /lib/snvme.ko kernel_queues=2 user_queues=20 || echo "insmod failed"
+# max_retries=1 keeps the timeout ladder's last test at 2 tries (4 deadlines).
+insmod /lib/snvme.ko kernel_queues=2 user_queues=20 max_retries=1 || echo "insmod failed"
 t no-grab-on-load no_grab
 t bind $T bind "$ADDR"
 
@@ -162,4 +163,27 @@ remount() {
 t remount-after-rebind remount
 t controller-failure $T fail "$ADDR"
 t leaks-final $T leaks
+
+# The timeout ladder (docs/driver.md): a mounted file system, 1 s deadlines,
+# the fault injection knobs of the test build. noatime: reads dirty nothing.
+ladder_setup() {
+	mount -t ext4 -o noatime /dev/snvme0n1 /mnt || return 1
+	echo 1000 >/sys/block/snvme0n1/queue/io_timeout || return 1
+	[ "$(cat /sys/block/snvme0n1/queue/io_timeout)" = 1000 ]
+}
+t ladder-setup ladder_setup
+t timeout-poll $T timeout-poll /mnt/ladder /mnt
+t timeout-abort-reset $T timeout-abort-reset /mnt/ladder /mnt
+t timeout-fail $T timeout-fail /mnt/ladder /mnt
+t reset-revoke $T reset-revoke
+t libnvm-reset /bin/libnvm-snvme-test reset
+t leaks-after-reset $T leaks
+ladder_fsck() {
+	grep -q ' /mnt ext4 rw' /proc/mounts || { echo "/mnt is not mounted read-write"; return 1; }
+	md5sum /mnt/small /mnt/three-mib | cmp - /tmp/sums2 || return 1
+	umount /mnt || return 1
+	e2fsck -fn /dev/snvme0n1
+}
+t ladder-fsck ladder_fsck
+
 finish
