@@ -6,10 +6,12 @@
 # For each Debian kernel line (bookworm 6.1, bookworm-backports 6.12) this
 # fetches the kernel image and headers as packages, builds driver/snvme
 # against the headers (with its fault injection: SNVME_FAULT_INJECTION=1),
-# builds the static guest programs (snvme-test,
-# libnvm-snvme-test, local-nvme-snvme-test) and an initramfs,
-# then boots qemu-system-x86_64 (q35, emulated NVMe, emulated Intel IOMMU)
-# once per LBA format (512 and 4096 bytes) and runs tests/qemu/guest/suite.sh.
+# builds the static guest programs (snvme-test, libnvm-snvme-test,
+# local-nvme-snvme-test) and an initramfs, then boots qemu-system-x86_64
+# (q35, emulated Intel IOMMU, emulated NVMe behind a pcie-root-port, a QMP
+# socket) once per LBA format (512 and 4096 bytes) and runs
+# tests/qemu/guest/suite.sh. When the guest prints TUTTI-HOTPLUG-REQUEST,
+# the rig removes the NVMe with QMP device_del (the hot-removal test).
 #
 # Exit status: 0 when every guest test passed and no guest log holds
 # "DMAR: [DMA", "BUG:", "WARNING:" or "Oops"; 1 otherwise; 77 only when the
@@ -53,7 +55,7 @@ readonly EXPECTED_TESTS=(param-range no-grab-on-load bind perms queue-flush-fua 
 	libnvm-snvme-controller local-nvme-snvme kill-9-mid-io leaks-after-kill close-with-queues-live
 	leaks-after-close umount-fsck rebind-50 remount-after-rebind controller-failure
 	leaks-final ladder-setup timeout-poll timeout-abort-reset timeout-fail reset-revoke
-	libnvm-reset leaks-after-reset ladder-fsck)
+	libnvm-reset leaks-after-reset ladder-fsck hot-removal)
 
 MODE=normal
 case "${1:-}" in
@@ -77,7 +79,7 @@ fi
 # --- host packages -----------------------------------------------------------
 readonly HOST_PKGS=(qemu-system-x86 qemu-utils busybox-static cpio kmod pahole
 	e2fsprogs make gcc gcc-12 g++ libc6-dev libfmt-dev libelf-dev bc flex bison xz-utils
-	zstd dpkg-dev apt)
+	zstd dpkg-dev apt socat)
 
 install_host_packages() {
 	local missing=() p
@@ -287,37 +289,63 @@ build_initramfs() {
 }
 
 # --- guest runs ------------------------------------------------------------
+# qmp_device_del SOCKET ID LOG: removes device ID through QEMU's QMP socket
+# (capabilities negotiation, then device_del); appends QMP's replies to LOG.
+# Succeeds when both commands returned {"return": {}}.
+qmp_device_del() {
+	local sock=$1 id=$2 logf=$3 reply
+	reply=$({
+		printf '%s\n' '{"execute":"qmp_capabilities"}' \
+			"{\"execute\":\"device_del\",\"arguments\":{\"id\":\"$id\"}}"
+		sleep 2
+	} | timeout 10 socat - "UNIX-CONNECT:$sock" 2>&1) || true
+	printf 'TUTTI-QMP %s\n' "$reply" >>"$logf.qmp"
+	[[ $(grep -c '"return": {}' <<<"$reply") -ge 2 ]]
+}
+
 # boot ABI INITRD LBA MODE LOG: runs one guest; returns qemu's status, or
 # HUNG_BEFORE_INIT when the guest's /init (suite.sh, which prints TUTTI-INIT
 # first) had not started after INIT_TIMEOUT seconds: then qemu is killed.
+# The NVMe (id nvme0) sits behind a pcie-root-port so that it can be removed;
+# a guest line TUTTI-HOTPLUG-REQUEST makes the rig remove it, once.
 boot() {
 	local abi=$1 initrd=$2 lba=$3 mode=$4 logf=$5
-	local disk=$WORK/disk-$abi-$lba-$mode.img
+	local disk=$WORK/disk-$abi-$lba-$mode.img qmp=$WORK/qmp-$abi-$lba-$mode.sock
 	local vmlinuz=$CACHE/kernels/$abi/root/boot/vmlinuz-$abi-amd64
-	rm -f "$disk"
+	rm -f "$disk" "$qmp" "$logf.qmp"
 	truncate -s 256M "$disk"
 	local rc=0
 	timeout --kill-after=10 "$GUEST_TIMEOUT" qemu-system-x86_64 \
 		-machine q35 -m 1G -smp 2 -nographic -no-reboot -net none -vga none \
 		-device intel-iommu,intremap=on \
+		-qmp "unix:$qmp,server=on,wait=off" \
 		-kernel "$vmlinuz" -initrd "$initrd" \
 		-append "console=ttyS0 panic=-1 loglevel=5 intel_iommu=on iommu.strict=1 tutti.lba=$lba tutti.mode=$mode" \
 		-drive "file=$disk,if=none,id=nvm,format=raw,cache=unsafe" \
-		-device "nvme,serial=deadbeef,drive=nvm,logical_block_size=$lba,physical_block_size=$lba" \
+		-device pcie-root-port,id=rp0,bus=pcie.0,chassis=1,slot=1 \
+		-device "nvme,id=nvme0,bus=rp0,serial=deadbeef,drive=nvm,logical_block_size=$lba,physical_block_size=$lba" \
 		</dev/null >"$logf" 2>&1 &
-	local qemu=$! waited=0
+	local qemu=$! waited=0 removed=0
 	while kill -0 "$qemu" 2>/dev/null; do
 		if ((waited >= INIT_TIMEOUT)) && ! grep -aq 'TUTTI-INIT' "$logf"; then
 			kill "$qemu" 2>/dev/null  # timeout(1) passes the signal on to qemu
 			wait "$qemu" 2>/dev/null
-			rm -f "$disk"
+			rm -f "$disk" "$qmp"
 			return $HUNG_BEFORE_INIT
+		fi
+		if ((!removed)) && grep -aq 'TUTTI-HOTPLUG-REQUEST nvme0' "$logf"; then
+			removed=1
+			if qmp_device_del "$qmp" nvme0 "$logf"; then
+				log "$abi, LBA $lba: guest asked for hot removal: QMP device_del nvme0 sent"
+			else
+				log "$abi, LBA $lba: QMP device_del failed: $(tr '\n' ' ' <"$logf.qmp")"
+			fi
 		fi
 		sleep 1
 		waited=$((waited + 1))
 	done
 	wait "$qemu" || rc=$?
-	rm -f "$disk"
+	rm -f "$disk" "$qmp"
 	return $rc
 }
 

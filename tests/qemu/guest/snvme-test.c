@@ -10,6 +10,7 @@
 #include <linux/fiemap.h>
 #include <linux/fs.h>
 #include <poll.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1358,6 +1359,168 @@ static int cmd_reset_revoke(void)
 	return failures ? 1 : 0;
 }
 
+static sigjmp_buf removal_jmp;
+static uint64_t removal_completed;
+static int removal_stand_ins;	/* checks of the rings after the teardown that passed */
+
+static void removal_sigbus(int sig)
+{
+	(void)sig;
+	siglongjmp(removal_jmp, 1);
+}
+
+/*
+ * Keeps reads in flight on two queues, touching READY once busy, until the
+ * status page reports the revocation, as a poller that makes no system call
+ * would. Then, once remove() has freed the rings (the module's queue group
+ * count is 0), touches what a poller touches: the CQs, whose last consumed
+ * entry must read as before (the stand-in is a copy) and whose new entries
+ * must be completions of this queue, and both doorbells. Bounded: 250 s.
+ */
+static void removal_poll(struct uq_ctrl *c, struct uq_queue *q, struct uq_buf *buf,
+			 struct uq_buf *list, volatile struct snvme_status *st, const char *ready)
+{
+	uint64_t n = 0, deadline = uq_now_ns() + 240ull * 1000000000;
+	struct uq_cqe last[2], e;
+	int k, i;
+
+	while (st->csts != 0xffffffffu) {
+		for (k = 0; k < 2 && st->csts != 0xffffffffu; k++) {
+			struct uq_cqe e;
+
+			while (q[k].outstanding + 1 < q[k].d.entries) {
+				struct uq_sqe s = { .opc = UQ_OPC_READ, .nsid = 1 };
+
+				uq_set_dptr(&s, buf, (n % 8) * 128 * 1024, 8192, list, false);
+				s.cdw10 = (n * 16) % 4096;
+				s.cdw12 = 8192 / c->lba_size - 1;
+				uq_push(&q[k], &s);
+				n++;
+			}
+			uq_ring(&q[k]);
+			if (uq_reap(&q[k], &e, 100) == 0)
+				removal_completed++;
+		}
+		if (removal_completed > 256 && ready) {
+			close(open(ready, O_CREAT | O_WRONLY, 0600));
+			ready = NULL;
+		}
+		if (uq_now_ns() > deadline)
+			die("no revocation within 240 s (%llu completions)",
+			    (unsigned long long)removal_completed);
+	}
+	for (k = 0; k < 2; k++)
+		memcpy(&last[k], (void *)&q[k].cq[(q[k].head + q[k].d.entries - 1) % q[k].d.entries],
+		       sizeof(last[k]));
+	for (i = 0; i < 100 && read_stat("queue_groups") != 0; i++)
+		usleep(100000);
+	check(read_stat("queue_groups") == 0, "remove() freed the rings");
+	for (k = 0; k < 2; k++) {
+		bool same = !memcmp(&last[k], (void *)&q[k].cq[(q[k].head + q[k].d.entries - 1) %
+							 q[k].d.entries], sizeof(last[k]));
+		bool own = true;
+		int got = 0;
+
+		while (q[k].outstanding && uq_reap(&q[k], &e, 0) == 0) {
+			own = own && e.sq_id == q[k].d.qid;
+			got++;
+		}
+		uq_ring(&q[k]);
+		check(same && own, "QID %u after the teardown: last consumed CQE unchanged, %d more "
+		      "completions of this queue, doorbells written", q[k].d.qid, got);
+		removal_stand_ins += same && own;
+	}
+}
+
+/*
+ * Hot removal, the queue group's side: polls (removal_poll) until the
+ * removal revokes the file, then checks that its ioctls fail with ENODEV,
+ * poll() reports it, and the rings and doorbells were touched after the
+ * removal without SIGBUS.
+ */
+static int cmd_removal_holder(const char *ready)
+{
+	volatile struct snvme_status *st;
+	struct snvme_queue_group g;
+	struct uq_queue q[2];
+	struct uq_buf buf, list;
+	struct uq_ctrl c;
+	struct snvme_info in;
+	volatile bool sigbus = false;
+	int ret;
+
+	must_open(&c);
+	if (uq_group_create(&c, 2, 32, &g, q) || uq_buf_alloc(&c, &buf, 1u << 20) ||
+	    uq_buf_alloc(&c, &list, 4096))
+		die("setup: %s", strerror(errno));
+	st = map_status(c.fd);
+	signal(SIGBUS, removal_sigbus);
+	if (sigsetjmp(removal_jmp, 1))
+		sigbus = true;
+	else
+		removal_poll(&c, q, &buf, &list, st, ready);
+	signal(SIGBUS, SIG_DFL);
+	printf("revoked after %llu completions: status page csts 0x%x, revoked %u\n",
+	       (unsigned long long)removal_completed, st->csts, st->revoked);
+	check(st->revoked == SNVME_REVOKED_REMOVED, "status page says REMOVED (%u)", st->revoked);
+	check(!sigbus && removal_stand_ins == 2,
+	      "rings and doorbells touched after the removal without SIGBUS");
+	ret = uq_get_info(c.fd, &in);
+	check(ret == -ENODEV, "GET_INFO after the removal: %s", strerror(-ret));
+	check(poll_revents(c.fd) == (POLLPRI | POLLERR | POLLHUP),
+	      "poll() reports POLLPRI | POLLERR | POLLHUP");
+	uq_group_unmap(q, 2);
+	uq_buf_free(&c, &buf);
+	uq_buf_free(&c, &list);
+	munmap((void *)st, SNVME_STATUS_BYTES);
+	uq_close(&c);
+	return failures ? 1 : 0;
+}
+
+/*
+ * Hot removal, the block side: O_DIRECT reads (and, on a regular file,
+ * writes) of 64 KiB until one fails, touching READY once busy. Passes when
+ * the loop ended within 240 s with EIO, ENXIO, ENODEV or EROFS, or, on the
+ * disk itself, with a read past its end: a removed disk has capacity 0.
+ */
+static int cmd_io_until_error(const char *path, const char *ready)
+{
+	uint64_t deadline = uq_now_ns() + 240ull * 1000000000, n = 0;
+	uint8_t *buf = aligned_alloc(4096, 65536);
+	struct stat sb;
+	bool file;
+	int fd, err = 0;
+	ssize_t got;
+
+	fd = open(path, O_RDWR | O_DIRECT | O_CREAT, 0600);
+	if (fd < 0 || fstat(fd, &sb) || !buf)
+		die("open %s: %s", path, strerror(errno));
+	file = S_ISREG(sb.st_mode);
+	fill_pattern(buf, 65536, 0x10adu);
+	while (!err && uq_now_ns() < deadline) {
+		off_t off = (off_t)(n % 16) * 65536;
+
+		errno = 0;
+		if (file && pwrite(fd, buf, 65536, off) != 65536) {
+			err = errno ? errno : EIO;
+			break;
+		}
+		got = pread(fd, buf, 65536, off);
+		if (got < 0)
+			err = errno;
+		else if (got != 65536 && !file)
+			err = ESPIPE;	/* short read: past the end of the disk */
+		if (++n == 64 && ready)
+			close(open(ready, O_CREAT | O_WRONLY, 0600));
+	}
+	close(fd);
+	free(buf);
+	printf("%s: %llu rounds, then %s\n", path, (unsigned long long)n,
+	       err == ESPIPE ? "a read past the end (capacity 0)" :
+	       err ? strerror(err) : "no error within 240 s");
+	return err == EIO || err == ENXIO || err == ENODEV || err == EROFS || err == ESPIPE ? 0 : 1;
+}
+
 /* ---- negative control: a DMA the IOMMU must stop -------------------- */
 
 static int cmd_bad_dma(void)
@@ -1425,11 +1588,16 @@ int main(int argc, char **argv)
 		return cmd_timeout_fail(argv[2], argv[3]);
 	if (argc >= 2 && !strcmp(argv[1], "reset-revoke"))
 		return cmd_reset_revoke();
+	if (argc >= 2 && !strcmp(argv[1], "removal-holder"))
+		return cmd_removal_holder(argc >= 3 ? argv[2] : NULL);
+	if (argc >= 3 && !strcmp(argv[1], "io-until-error"))
+		return cmd_io_until_error(argv[2], argc >= 4 ? argv[3] : NULL);
 	if (argc >= 2 && !strcmp(argv[1], "bad-dma"))
 		return cmd_bad_dma();
 	fprintf(stderr, "usage: %s bind ADDR | info LBA SERIAL | perms ADDR | fiemap-read FILE... |\n"
 		"  fiemap-write FILE | wrap | hold-io [READY] | leaks | close-live | bad-ioctl |\n"
 		"  rebind ADDR N | fail ADDR | timeout-poll FILE DIR | timeout-abort-reset FILE DIR |\n"
-		"  timeout-fail FILE DIR | reset-revoke | bad-dma\n", argv[0]);
+		"  timeout-fail FILE DIR | reset-revoke | removal-holder [READY] |\n"
+		"  io-until-error PATH [READY] | bad-dma\n", argv[0]);
 	return 2;
 }

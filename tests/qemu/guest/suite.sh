@@ -186,4 +186,40 @@ ladder_fsck() {
 }
 t ladder-fsck ladder_fsck
 
+# Hot removal, last: the rig's host side answers TUTTI-HOTPLUG-REQUEST with
+# QMP device_del of the NVMe behind its pcie-root-port. Block readers, a file
+# writer and a userspace queue group are busy meanwhile; each must end with
+# an error, none may hang, and then rmmod must succeed.
+wait_for() {	# wait_for SECONDS TEST...: polls TEST every 0.1 s
+	n=$(($1 * 10))
+	shift
+	while ! "$@"; do
+		[ $n -gt 0 ] || return 1
+		n=$((n - 1))
+		sleep 0.1
+	done
+}
+all_ready() { [ -e /tmp/r-raw ] && [ -e /tmp/r-file ] && [ -e /tmp/r-queues ]; }
+pci_gone() { [ ! -e /sys/bus/pci/devices/$ADDR ]; }
+hot_removal() {
+	mount -t ext4 -o noatime /dev/snvme0n1 /mnt || return 1
+	rm -f /tmp/r-*
+	$T io-until-error /dev/snvme0n1 /tmp/r-raw & raw=$!
+	$T io-until-error /mnt/busy /tmp/r-file & file=$!
+	$T removal-holder /tmp/r-queues & holder=$!
+	wait_for 120 all_ready || { echo "the I/O never got busy"; kill -9 $raw $file $holder; return 1; }
+	echo "TUTTI-HOTPLUG-REQUEST nvme0 $ADDR"
+	wait_for 120 pci_gone || { echo "$ADDR still present 120 s after the request"; return 1; }
+	echo "$ADDR removed"
+	ok=0
+	wait $raw || { echo "raw block reader: no error"; ok=1; }
+	wait $file || { echo "file writer: no error"; ok=1; }
+	wait $holder || { echo "queue group holder failed"; ok=1; }
+	umount /mnt || { echo "umount failed"; ok=1; }
+	[ ! -e /dev/snvme0 ] && [ ! -e /dev/snvme0n1 ] || { echo "nodes left behind"; ok=1; }
+	rmmod snvme || { echo "rmmod failed"; ok=1; }
+	grep -q '^snvme ' /proc/modules && { echo "snvme still loaded"; ok=1; }
+	return $ok
+}
+t hot-removal hot_removal
 finish
