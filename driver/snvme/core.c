@@ -401,10 +401,13 @@ static void snvme_sync_irqs(struct snvme_ctrl *ctrl)
 
 /*
  * Takes the controller out of service: disables it (which deletes every
- * queue and stops its DMA), revokes every open file, then fails all block
+ * queue and stops its DMA) and turns its bus mastering off, so that even a
+ * controller that ignores CC.EN (the wait for CSTS.RDY = 0 may time out)
+ * cannot DMA any more, as Linux's nvme_dev_disable does with
+ * pci_disable_device(). Then it revokes every open file and fails all block
  * requests in flight. Userspace queue groups stay allocated until their
  * owners close; their pages stay pinned until then, which is safe because
- * the controller no longer runs.
+ * the controller no longer runs. Bind sets bus mastering again.
  */
 static void snvme_fail_work(struct work_struct *work)
 {
@@ -412,6 +415,7 @@ static void snvme_fail_work(struct work_struct *work)
 
 	mutex_lock(&ctrl->admin_lock);
 	snvme_disable(ctrl);
+	pci_clear_master(ctrl->pdev);
 	mutex_unlock(&ctrl->admin_lock);
 	snvme_sync_irqs(ctrl);
 	snvme_chr_revoke(ctrl, SNVME_REVOKED_FAILED);
