@@ -745,8 +745,7 @@ static void snvme_reset_work(struct work_struct *work)
 		snvme_ctrl_fail(ctrl, "reset failed");
 	} else {
 		atomic_inc(&ctrl->recovery.resets);
-		dev_warn(ctrl->dev, "reset complete; open files of /dev/snvme%d are revoked\n",
-			 ctrl->instance);
+		dev_warn(ctrl->dev, "reset complete\n");
 	}
 	spin_lock(&ctrl->state_lock);
 	ctrl->resetting = false;
