@@ -179,6 +179,7 @@ t timeout-abort-reset $T timeout-abort-reset /mnt/ladder /mnt
 t timeout-fail $T timeout-fail /mnt/ladder /mnt
 t reset-revoke $T reset-revoke
 t libnvm-reset /bin/libnvm-snvme-test reset
+t local-nvme-reset /bin/local-nvme-snvme-test reset "$LBA" $((248 * 1048576 / LBA))
 t leaks-after-reset $T leaks
 ladder_fsck() {
 	grep -q ' /mnt ext4 rw' /proc/mounts || { echo "/mnt is not mounted read-write"; return 1; }
