@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * snvme block devices: one blk-mq disk per namespace on the kernel's I/O
- * queues (QIDs 1..kernel_queues). Read, Write (with FUA) and Flush.
+ * queues (QIDs 1..kernel_queues). Read, Write (with FUA) and Flush, and the
+ * timeout ladder of Linux's nvme_timeout: poll, Abort, reset, fail.
  */
 #include <linux/dmapool.h>
 #include <linux/interrupt.h>
@@ -13,8 +14,10 @@
 /* Per-request driver data (blk_mq_rq_to_pdu). */
 struct snvme_iod {
 	struct snvme_queue *q;
-	u16 status;			/* NVMe status field, SCT << 8 | SC */
+	u16 status;			/* NVMe status field: DNR, More, SCT << 8 | SC */
 	u8 gen;				/* CID generation, 4 bits used */
+	u8 retries;			/* times requeued (set while RQF_DONTPREP) */
+	bool aborted;			/* this attempt's Abort was sent */
 	int nents;			/* mapped sg entries, 0 = none */
 	__le64 *prp_list;
 	dma_addr_t prp_dma;
@@ -184,6 +187,12 @@ static blk_status_t snvme_queue_rq(struct blk_mq_hw_ctx *hctx,
 
 	if (unlikely(READ_ONCE(ctrl->failed)))
 		return BLK_STS_IOERR;
+	/* A requeued request keeps RQF_DONTPREP, and with it its retry count. */
+	if (!(rq->rq_flags & RQF_DONTPREP)) {
+		iod->retries = 0;
+		rq->rq_flags |= RQF_DONTPREP;
+	}
+	iod->aborted = false;
 	iod->q = q;
 	iod->status = 0;
 	iod->nents = 0;
@@ -216,11 +225,46 @@ static blk_status_t snvme_queue_rq(struct blk_mq_hw_ctx *hctx,
 	return BLK_STS_OK;
 }
 
+/*
+ * A request that our own recovery ended, and that may run again: the reset
+ * cancelled it (Host Aborted Command, set by snvme_cancel_rq) or our Abort
+ * did (Command Abort Requested, without DNR), within max_retries, on a
+ * controller that still works, and not marked fail-fast by its submitter.
+ */
+static bool snvme_should_retry(struct snvme_ctrl *ctrl, struct request *rq)
+{
+	struct snvme_iod *iod = blk_mq_rq_to_pdu(rq);
+	u16 sc = iod->status & 0x7ff;
+
+	if (sc != NVME_SC_HOST_ABORTED_CMD && sc != NVME_SC_ABORT_REQ)
+		return false;
+	return !(iod->status & NVME_STATUS_DNR) && !READ_ONCE(ctrl->failed) &&
+	       !blk_noretry_request(rq) && iod->retries < snvme_max_retries;
+}
+
 static void snvme_complete_rq(struct request *rq)
 {
 	struct snvme_iod *iod = blk_mq_rq_to_pdu(rq);
+	struct snvme_ctrl *ctrl = iod->q->ctrl;
+	u16 sc = iod->status & 0x7ff;
 
-	snvme_unmap_data(iod->q->ctrl, rq);
+	/* The command is over (completed, aborted, or the controller disabled). */
+	snvme_unmap_data(ctrl, rq);
+	if (unlikely(sc == NVME_SC_HOST_ABORTED_CMD || sc == NVME_SC_ABORT_REQ)) {
+		if (snvme_should_retry(ctrl, rq)) {
+			iod->retries++;
+			atomic_inc(&ctrl->recovery.retries);
+			/* Dispatched again once the queue runs (after the reset). */
+			blk_mq_requeue_request(rq, true);
+			return;
+		}
+		atomic_inc(&ctrl->recovery.failed_requests);
+		dev_err_ratelimited(ctrl->dev, "QID %u tag %u: %s, %u retries spent: I/O error\n",
+				    iod->q->qid, rq->tag,
+				    READ_ONCE(ctrl->failed) ? "controller failed" :
+				    sc == NVME_SC_ABORT_REQ ? "aborted" : "ended by a reset",
+				    iod->retries);
+	}
 	blk_mq_end_request(rq, snvme_status_to_blk(iod->status));
 }
 
@@ -243,6 +287,13 @@ static void snvme_handle_cqe(struct snvme_queue *q, struct nvme_completion *cqe)
 			 q->qid, cid, cid >> SNVME_CID_TAG_BITS, iod->gen);
 		return;
 	}
+#ifdef SNVME_FAULT_INJECTION
+	if (unlikely(atomic_dec_if_positive(&ctrl->inject_drop_cqes) >= 0)) {
+		dev_warn(ctrl->dev, "QID %u CID 0x%x: completion dropped (fault injection)\n",
+			 q->qid, cid);
+		return;
+	}
+#endif
 	iod->status = le16_to_cpu(cqe->status) >> 1;
 	if (unlikely(iod->status))
 		dev_dbg(ctrl->dev, "QID %u CID 0x%x: status 0x%x\n", q->qid, cid, iod->status);
@@ -250,12 +301,17 @@ static void snvme_handle_cqe(struct snvme_queue *q, struct nvme_completion *cqe)
 		snvme_complete_rq(rq);
 }
 
+static bool snvme_cqe_pending(struct snvme_queue *q)
+{
+	return (le16_to_cpu(READ_ONCE(q->cqes[q->cq_head].status)) & 1) == q->cq_phase;
+}
+
 /* Consumes every CQE whose phase tag is current; returns the count. */
 static int snvme_process_cq(struct snvme_queue *q)
 {
 	int n = 0;
 
-	while ((le16_to_cpu(READ_ONCE(q->cqes[q->cq_head].status)) & 1) == q->cq_phase) {
+	while (snvme_cqe_pending(q)) {
 		/* Read the CQE body only after its phase tag matched. */
 		dma_rmb();
 		snvme_handle_cqe(q, &q->cqes[q->cq_head]);
@@ -277,35 +333,90 @@ irqreturn_t snvme_io_irq(int irq, void *data)
 	int n;
 
 	spin_lock(&q->cq_lock);
+#ifdef SNVME_FAULT_INJECTION
+	if (snvme_cqe_pending(q) && atomic_dec_if_positive(&q->ctrl->inject_skip_irqs) >= 0) {
+		spin_unlock(&q->cq_lock);
+		dev_warn(q->ctrl->dev, "QID %u: interrupt ignored, completion left in the CQ (fault injection)\n",
+			 q->qid);
+		return IRQ_HANDLED;
+	}
+#endif
 	n = snvme_process_cq(q);
 	spin_unlock(&q->cq_lock);
 	return n ? IRQ_HANDLED : IRQ_NONE;
 }
 
 /*
- * Timeout: first poll the CQ (a lost interrupt); if the command is still
- * outstanding, fail the controller, which disables it (stopping all DMA)
- * and completes every request in flight with an error. The block layer
- * keeps the request until then (BLK_EH_RESET_TIMER), so nothing hangs.
+ * The timeout ladder, after Linux's nvme_timeout. Steps 1 and 2 run at the
+ * first expiry of the request's deadline (the queue's io_timeout), steps 1
+ * and 3 at the second:
+ *  0. CSTS all ones: the device is gone, fail the controller. CSTS.CFS:
+ *     go straight to the reset.
+ *  1. Poll the CQ: a lost interrupt completes the request here.
+ *  2. Abort the command (once per attempt). "Aborted": its own completion
+ *     comes with Command Abort Requested and snvme_complete_rq retries it.
+ *     "Not aborted" (the command is done or the controller would not):
+ *     wait one more deadline.
+ *  3. Reset the controller: it is disabled, which ends every command and
+ *     all DMA, and each request it held is retried (up to max_retries) or
+ *     failed with an I/O error. A reset that fails fails the controller.
+ * The block layer keeps the request meanwhile (BLK_EH_RESET_TIMER), so
+ * every step is bounded by a deadline and nothing hangs.
  */
 static enum blk_eh_timer_return snvme_timeout(struct request *rq)
 {
 	struct snvme_iod *iod = blk_mq_rq_to_pdu(rq);
 	struct snvme_queue *q = iod->q;
 	struct snvme_ctrl *ctrl = q->ctrl;
+	u16 cid = (iod->gen << SNVME_CID_TAG_BITS) | rq->tag;
+	unsigned int ms = jiffies_to_msecs(rq->timeout);
 	unsigned long flags;
+	u32 csts, result = 0;
+	int ret;
 
-	spin_lock_irqsave(&q->cq_lock, flags);
-	snvme_process_cq(q);
-	spin_unlock_irqrestore(&q->cq_lock, flags);
-	if (blk_mq_request_completed(rq)) {
-		dev_warn(ctrl->dev, "QID %u tag %u: completion found by polling (lost interrupt?)\n",
-			 q->qid, rq->tag);
-		return BLK_EH_DONE;
+	atomic_inc(&ctrl->recovery.timeouts);
+	if (READ_ONCE(ctrl->failed))
+		return BLK_EH_RESET_TIMER;	/* fail_work ends it */
+	csts = readl(ctrl->bar + NVME_REG_CSTS);
+	if (csts == ~0u) {
+		dev_err(ctrl->dev, "QID %u tag %u: timeout, and CSTS reads all ones\n",
+			q->qid, rq->tag);
+		snvme_ctrl_fail(ctrl, "device gone");
+		return BLK_EH_RESET_TIMER;
 	}
-	dev_err(ctrl->dev, "QID %u tag %u: I/O timeout after %u ms\n", q->qid, rq->tag,
-		snvme_io_timeout_ms);
-	snvme_ctrl_fail(ctrl, "I/O timeout");
+	if (!(csts & NVME_CSTS_CFS)) {
+		spin_lock_irqsave(&q->cq_lock, flags);
+		snvme_process_cq(q);
+		spin_unlock_irqrestore(&q->cq_lock, flags);
+		if (blk_mq_rq_state(rq) != MQ_RQ_IN_FLIGHT) {
+			atomic_inc(&ctrl->recovery.polled);
+			dev_warn(ctrl->dev, "QID %u tag %u: completion found by polling (lost interrupt?)\n",
+				 q->qid, rq->tag);
+			return BLK_EH_DONE;
+		}
+	}
+	if (snvme_ctrl_resetting(ctrl))
+		return BLK_EH_RESET_TIMER;	/* the reset under way ends it */
+	if (!(csts & NVME_CSTS_CFS) && !iod->aborted) {
+		iod->aborted = true;
+		atomic_inc(&ctrl->recovery.aborts);
+		dev_warn(ctrl->dev, "QID %u tag %u CID 0x%x: timeout after %u ms, sending Abort\n",
+			 q->qid, rq->tag, cid, ms);
+		ret = snvme_abort_cmd(ctrl, q->qid, cid, &result);
+		if (ret || (result & 1)) {
+			atomic_inc(&ctrl->recovery.aborts_not_aborted);
+			dev_warn(ctrl->dev, "QID %u CID 0x%x: not aborted (%s %d, dword 0 0x%x)\n",
+				 q->qid, cid, ret < 0 ? "errno" : "status", ret, result);
+		} else {
+			dev_warn(ctrl->dev, "QID %u CID 0x%x: aborted\n", q->qid, cid);
+		}
+		return BLK_EH_RESET_TIMER;
+	}
+	dev_warn(ctrl->dev, "QID %u tag %u CID 0x%x: %s, resetting the controller\n",
+		 q->qid, rq->tag, cid,
+		 csts & NVME_CSTS_CFS ? "CSTS.CFS" : "still outstanding after Abort");
+	if (!snvme_ctrl_schedule_reset(ctrl, "I/O timeout"))
+		snvme_ctrl_fail(ctrl, "I/O timeout, no reset possible (probe or remove)");
 	return BLK_EH_RESET_TIMER;
 }
 
@@ -335,16 +446,41 @@ static bool snvme_cancel_rq(struct request *rq, void *data)
 
 	if (blk_mq_request_completed(rq))
 		return true;
-	iod->status = NVME_SC_ABORT_REQ;
+	iod->status = NVME_SC_HOST_ABORTED_CMD;
 	blk_mq_complete_request(rq);
 	return true;
 }
 
-/* Called once the controller is disabled: no CQE can arrive any more. */
+/*
+ * Called once the controller is disabled: no CQE can arrive any more. Each
+ * request in flight is retried or failed (snvme_complete_rq); returns once
+ * all of them are through their completion.
+ */
 void snvme_blk_cancel_all(struct snvme_ctrl *ctrl)
 {
-	if (ctrl->tagset_alloced)
-		blk_mq_tagset_busy_iter(&ctrl->tagset, snvme_cancel_rq, NULL);
+	if (!ctrl->tagset_alloced)
+		return;
+	blk_mq_tagset_busy_iter(&ctrl->tagset, snvme_cancel_rq, NULL);
+	blk_mq_tagset_wait_completed_request(&ctrl->tagset);
+}
+
+/* Holds every disk's dispatch (queue_rq) for a reset; 6.1 has no tagset-wide call. */
+void snvme_blk_quiesce(struct snvme_ctrl *ctrl)
+{
+	int i;
+
+	for (i = 0; i < ctrl->nr_ns; i++)
+		blk_mq_quiesce_queue(ctrl->ns[i]->disk->queue);
+}
+
+void snvme_blk_unquiesce(struct snvme_ctrl *ctrl)
+{
+	int i;
+
+	for (i = 0; i < ctrl->nr_ns; i++) {
+		blk_mq_unquiesce_queue(ctrl->ns[i]->disk->queue);
+		blk_mq_kick_requeue_list(ctrl->ns[i]->disk->queue);
+	}
 }
 
 static int snvme_identify_ns(struct snvme_ctrl *ctrl, u32 nsid, struct nvme_id_ns *id,

@@ -7,11 +7,17 @@
  * Delete I/O CQ) before its ring memory is freed and before any page mapped
  * through the same file is unpinned. If a delete fails, the controller is
  * disabled first (which deletes every queue) and only then is memory freed.
+ *
+ * Revocation: a reset, a failure or the removal of the controller revokes
+ * every open file (snvme_chr_revoke): its status page and poll() say so,
+ * its ioctls and mmaps fail, and what it holds is released at close.
  */
 #include <linux/fs.h>
 #include <linux/highmem.h>
 #include <linux/mm.h>
 #include <linux/module.h>
+#include <linux/pfn_t.h>
+#include <linux/poll.h>
 #include <linux/sched/mm.h>
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
@@ -70,6 +76,55 @@ static void snvme_zap(struct snvme_file *f, u64 off, u64 len)
 	unmap_mapping_range(f->filp->f_mapping, off, len, 1);
 }
 
+/*
+ * Removal frees the rings and unmaps the doorbells while processes may still
+ * poll them. So that they get an error rather than SIGBUS, the pages of
+ * [off, off + bytes) fault in stand-ins afterwards (snvme_vm_fault): a copy
+ * of the ring as the controller left it (src; its queue was deleted first,
+ * so no completion is lost or invented) or, for the doorbells (src NULL),
+ * one scratch page that swallows writes. A poller then sees no new
+ * completion, reads csts = all ones in its status page and stops. Call
+ * before the zap; a page that cannot be allocated faults with SIGBUS.
+ */
+static void snvme_freeze(struct snvme_file *f, u64 off, const void *src, u64 bytes)
+{
+	unsigned long i;
+	struct page *p;
+
+	if (!src && !f->sink_page) {
+		f->sink_page = alloc_page(GFP_KERNEL | __GFP_ZERO);
+		if (!f->sink_page)
+			return;
+	}
+	for (i = 0; i < bytes >> PAGE_SHIFT; i++) {
+		p = f->sink_page;
+		if (src) {
+			p = alloc_page(GFP_KERNEL);
+			if (!p)
+				return;
+			memcpy(page_address(p), src + i * PAGE_SIZE, PAGE_SIZE);
+		}
+		if (xa_is_err(xa_store(&f->frozen, (off >> PAGE_SHIFT) + i, p, GFP_KERNEL))) {
+			if (src)
+				__free_page(p);
+			return;
+		}
+	}
+}
+
+static void snvme_free_frozen(struct snvme_file *f)
+{
+	unsigned long index;
+	struct page *p;
+
+	xa_for_each(&f->frozen, index, p)
+		if (p != f->sink_page)
+			__free_page(p);
+	xa_destroy(&f->frozen);
+	if (f->sink_page)
+		__free_page(f->sink_page);
+}
+
 static void snvme_release_qid(struct snvme_ctrl *ctrl, u16 qid)
 {
 	spin_lock(&ctrl->uq_lock);
@@ -87,8 +142,11 @@ static void snvme_group_destroy(struct snvme_file *f, struct snvme_qgroup *g)
 	bool bad = false;
 	int i, ret;
 
-	/* A failed controller is disabled (or about to be): its queues are gone. */
-	for (i = 0; i < g->nr && !READ_ONCE(ctrl->failed); i++) {
+	/*
+	 * A failed controller is disabled (or about to be), and a reset deleted
+	 * the queues of every file it revoked: then there is nothing to delete.
+	 */
+	for (i = 0; i < g->nr && !READ_ONCE(ctrl->failed) && !f->queues_gone; i++) {
 		struct snvme_uq *uq = &g->q[i];
 
 		if (uq->sq_created) {
@@ -114,6 +172,12 @@ static void snvme_group_destroy(struct snvme_file *f, struct snvme_qgroup *g)
 	for (i = 0; i < g->nr; i++) {
 		struct snvme_uq *uq = &g->q[i];
 
+		if (f->revoked == SNVME_REVOKED_REMOVED) {
+			if (uq->sq)
+				snvme_freeze(f, snvme_sq_offset(uq->qid), uq->sq, uq->sq_bytes);
+			if (uq->cq)
+				snvme_freeze(f, snvme_cq_offset(uq->qid), uq->cq, uq->cq_bytes);
+		}
 		snvme_zap(f, snvme_sq_offset(uq->qid), uq->sq_bytes);
 		snvme_zap(f, snvme_cq_offset(uq->qid), uq->cq_bytes);
 		if (uq->sq)
@@ -454,7 +518,6 @@ static bool snvme_file_owns_qid(struct snvme_file *f, u16 qid)
 static int snvme_ioc_abort(struct snvme_file *f, struct snvme_abort *a)
 {
 	struct snvme_ctrl *ctrl = f->ctrl;
-	struct nvme_command c = { };
 	u32 result = 0;
 	int ret;
 
@@ -463,10 +526,7 @@ static int snvme_ioc_abort(struct snvme_file *f, struct snvme_abort *a)
 				    a->sqid);
 		return -ENOENT;
 	}
-	c.abort.opcode = nvme_admin_abort_cmd;
-	c.abort.sqid = cpu_to_le16(a->sqid);
-	c.abort.cid = a->cid;
-	ret = snvme_admin_cmd(ctrl, &c, &result);
+	ret = snvme_abort_cmd(ctrl, a->sqid, a->cid, &result);
 	if (ret > 0) {
 		/* Abort Command Limit Exceeded (SCT 1h, SC 03h): try again later. */
 		dev_dbg(ctrl->dev, "ABORT SQ %u CID 0x%x: NVMe status 0x%x\n",
@@ -490,22 +550,74 @@ static void snvme_file_teardown(struct snvme_file *f)
 		snvme_group_destroy(f, g);
 	idr_for_each_entry(&f->maps, m, id)
 		snvme_dmamap_free(f, m);
-	if (f->ctrl->db_bytes)
+	if (f->ctrl->db_bytes) {
+		if (f->revoked == SNVME_REVOKED_REMOVED)
+			snvme_freeze(f, SNVME_MMAP_DOORBELLS, NULL, f->ctrl->db_bytes);
 		snvme_zap(f, SNVME_MMAP_DOORBELLS, f->ctrl->db_bytes);
+	}
 	f->torn_down = true;
+}
+
+/* Publishes a revocation in the status page: revoked first, then CSTS all ones. */
+static void snvme_status_revoke(struct snvme_file *f, u32 why)
+{
+	struct snvme_status *st = page_address(f->status_page);
+
+	WRITE_ONCE(f->revoked, why);
+	WRITE_ONCE(st->revoked, why);
+	/* A poller that reads csts as all ones also reads revoked. */
+	smp_wmb();
+	WRITE_ONCE(st->csts, ~0u);
+}
+
+/*
+ * Revokes every open file of the controller: a reset deleted its queues, a
+ * failure disabled the controller, or it is being removed. A later, graver
+ * reason replaces an earlier one (RESET < FAILED < REMOVED). Takes no
+ * sleeping lock, so fail_work may call it while ioctls and release hold
+ * theirs; a reset calls it with files_lock held, so no teardown runs then.
+ */
+void snvme_chr_revoke(struct snvme_ctrl *ctrl, u32 why)
+{
+	struct snvme_file *f;
+	int n = 0;
+
+	spin_lock(&ctrl->files_spin);
+	list_for_each_entry(f, &ctrl->files, node) {
+		if (why == SNVME_REVOKED_RESET)
+			f->queues_gone = true;
+		if (f->revoked >= why)
+			continue;
+		snvme_status_revoke(f, why);
+		n++;
+	}
+	spin_unlock(&ctrl->files_spin);
+	if (n)
+		dev_info(ctrl->dev, "%d open file(s) of /dev/snvme%d revoked (%s)\n", n,
+			 ctrl->instance, why == SNVME_REVOKED_RESET ? "reset" :
+			 why == SNVME_REVOKED_FAILED ? "controller failed" : "removed");
+	wake_up_all(&ctrl->revoke_wait);
 }
 
 static int snvme_open(struct inode *inode, struct file *filp)
 {
 	struct snvme_ctrl *ctrl = container_of(inode->i_cdev, struct snvme_ctrl, cdev);
+	struct snvme_status *st;
 	struct snvme_file *f;
 	int ret = 0;
 
 	f = kzalloc(sizeof(*f), GFP_KERNEL);
 	if (!f)
 		return -ENOMEM;
+	f->status_page = alloc_page(GFP_KERNEL | __GFP_ZERO);
+	if (!f->status_page) {
+		kfree(f);
+		return -ENOMEM;
+	}
+	st = page_address(f->status_page);
+	st->csts = NVME_CSTS_RDY;
 	down_read(&ctrl->lifecycle);
-	if (ctrl->dead) {
+	if (ctrl->dead || READ_ONCE(ctrl->failed)) {
 		ret = -ENODEV;
 		goto out;
 	}
@@ -515,14 +627,22 @@ static int snvme_open(struct inode *inode, struct file *filp)
 	mutex_init(&f->lock);
 	idr_init(&f->groups);
 	idr_init(&f->maps);
+	xa_init(&f->frozen);
 	mutex_lock(&ctrl->files_lock);
+	spin_lock(&ctrl->files_spin);
 	list_add(&f->node, &ctrl->files);
+	/* A failure after the check above: its revocation may have missed us. */
+	if (READ_ONCE(ctrl->failed))
+		snvme_status_revoke(f, SNVME_REVOKED_FAILED);
+	spin_unlock(&ctrl->files_spin);
 	mutex_unlock(&ctrl->files_lock);
 	filp->private_data = f;
 out:
 	up_read(&ctrl->lifecycle);
-	if (ret)
+	if (ret) {
+		__free_page(f->status_page);
 		kfree(f);
+	}
 	return ret;
 }
 
@@ -532,7 +652,9 @@ static int snvme_release(struct inode *inode, struct file *filp)
 	struct snvme_ctrl *ctrl = f->ctrl;
 
 	mutex_lock(&ctrl->files_lock);
+	spin_lock(&ctrl->files_spin);
 	list_del(&f->node);
+	spin_unlock(&ctrl->files_spin);
 	mutex_lock(&f->lock);
 	if (!f->torn_down)
 		snvme_file_teardown(f);
@@ -540,6 +662,9 @@ static int snvme_release(struct inode *inode, struct file *filp)
 	mutex_unlock(&ctrl->files_lock);
 	idr_destroy(&f->groups);
 	idr_destroy(&f->maps);
+	/* Its mappings are gone: release runs after the last munmap. */
+	snvme_free_frozen(f);
+	__free_page(f->status_page);
 	kfree(f);
 	snvme_ctrl_put(ctrl);
 	return 0;
@@ -553,7 +678,7 @@ static void snvme_fill_info(struct snvme_ctrl *ctrl, struct snvme_info *in)
 	in->hdr.abi_version = SNVME_ABI_VERSION;
 	in->hdr.argsz = sizeof(*in);
 	in->caps = SNVME_CAP_QUEUE_GROUPS | SNVME_CAP_DMA_HOST | SNVME_CAP_IDENTIFY |
-		   SNVME_CAP_ABORT;
+		   SNVME_CAP_ABORT | SNVME_CAP_STATUS;
 	if (IS_ENABLED(SNVME_HAVE_NV_P2P))
 		in->caps |= SNVME_CAP_DMA_GPU;
 	if (device_iommu_mapped(ctrl->dev))
@@ -611,6 +736,20 @@ union snvme_ioc_arg {
 	struct snvme_abort abort;
 };
 
+/*
+ * With lifecycle held: ENODEV once the controller is unbound or failed,
+ * ESTALE once a reset revoked the file (its queue groups are gone; a new
+ * open gets a working file), else 0.
+ */
+static int snvme_file_usable(struct snvme_file *f)
+{
+	if (f->ctrl->dead || READ_ONCE(f->ctrl->failed))
+		return -ENODEV;
+	if (READ_ONCE(f->revoked))
+		return -ESTALE;
+	return 0;
+}
+
 static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 {
 	struct snvme_file *f = filp->private_data;
@@ -653,10 +792,9 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		goto free;
 	}
 	down_read(&ctrl->lifecycle);
-	if (ctrl->dead || ctrl->failed) {
-		ret = -ENODEV;
+	ret = snvme_file_usable(f);
+	if (ret)
 		goto unlock;
-	}
 	mutex_lock(&f->lock);
 	switch (cmd) {
 	case SNVME_IOC_GET_INFO:
@@ -715,9 +853,21 @@ free:
 	return ret;
 }
 
+/*
+ * A zapped mapping: SIGBUS after DESTROY_QUEUE_GROUP (the process asked for
+ * it), a stand-in page after removal (snvme_freeze).
+ */
 static vm_fault_t snvme_vm_fault(struct vm_fault *vmf)
 {
-	return VM_FAULT_SIGBUS;	/* revoked: destroyed group or unbound controller */
+	struct snvme_file *f = vmf->vma->vm_file->private_data;
+	struct page *p = xa_load(&f->frozen, vmf->pgoff);
+
+	if (!p)
+		return VM_FAULT_SIGBUS;
+	/* Rings mapped by dma_mmap_coherent() are VM_MIXEDMAP or VM_PFNMAP. */
+	if (vmf->vma->vm_flags & VM_MIXEDMAP)
+		return vmf_insert_mixed(vmf->vma, vmf->address, page_to_pfn_t(p));
+	return vmf_insert_pfn(vmf->vma, vmf->address, page_to_pfn(p));
 }
 
 static const struct vm_operations_struct snvme_vm_ops = {
@@ -738,12 +888,23 @@ static int snvme_mmap(struct file *filp, struct vm_area_struct *vma)
 		return -EINVAL;
 	}
 	down_read(&ctrl->lifecycle);
-	if (ctrl->dead || ctrl->failed) {
-		ret = -ENODEV;
+	ret = snvme_file_usable(f);
+	if (ret)
 		goto out;
-	}
+	ret = -EINVAL;
 	vma->vm_ops = &snvme_vm_ops;
 	vm_flags_set(vma, VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP);
+	if (off == SNVME_MMAP_STATUS) {
+		/* The file's own page, read-only: it outlives the controller. */
+		if (len != SNVME_STATUS_BYTES || (vma->vm_flags & VM_WRITE)) {
+			dev_err_ratelimited(ctrl->dev, "mmap: the status page is %u bytes and read-only\n",
+					    SNVME_STATUS_BYTES);
+			goto out;
+		}
+		vm_flags_clear(vma, VM_MAYWRITE);
+		ret = vm_insert_page(vma, vma->vm_start, f->status_page);
+		goto out;
+	}
 	if (off == SNVME_MMAP_DOORBELLS) {
 		phys_addr_t db = pci_resource_start(ctrl->pdev, 0) + SNVME_DB_OFFSET;
 
@@ -790,6 +951,26 @@ out:
 	return ret;
 }
 
+/*
+ * EPOLLPRI | EPOLLERR once the file is revoked (the hook of a lease broker:
+ * revoke the clients' leases, close, open again), plus EPOLLHUP when the
+ * controller failed or is gone, which no new open can cure.
+ */
+static __poll_t snvme_poll(struct file *filp, poll_table *wait)
+{
+	struct snvme_file *f = filp->private_data;
+	__poll_t mask = 0;
+	u32 why;
+
+	poll_wait(filp, &f->ctrl->revoke_wait, wait);
+	why = READ_ONCE(f->revoked);
+	if (why)
+		mask |= EPOLLPRI | EPOLLERR;
+	if (why && why != SNVME_REVOKED_RESET)
+		mask |= EPOLLHUP;
+	return mask;
+}
+
 static const struct file_operations snvme_fops = {
 	.owner = THIS_MODULE,
 	.open = snvme_open,
@@ -797,6 +978,7 @@ static const struct file_operations snvme_fops = {
 	.unlocked_ioctl = snvme_ioctl,
 	.compat_ioctl = compat_ptr_ioctl,
 	.mmap = snvme_mmap,
+	.poll = snvme_poll,
 	.llseek = noop_llseek,
 };
 
@@ -845,6 +1027,7 @@ void snvme_chr_remove(struct snvme_ctrl *ctrl)
 	up_write(&ctrl->lifecycle);
 	if (!ctrl->cdev_added)
 		return;
+	snvme_chr_revoke(ctrl, SNVME_REVOKED_REMOVED);
 	cdev_device_del(&ctrl->cdev, &ctrl->cdev_dev);
 	mutex_lock(&ctrl->files_lock);
 	list_for_each_entry(f, &ctrl->files, node) {

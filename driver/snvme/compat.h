@@ -26,11 +26,16 @@
 #define SNVME_DEVNODE_CONST
 #endif
 
-/* 6.3: vma->vm_flags became read-only behind vm_flags_set(). */
+/* 6.3: vma->vm_flags became read-only behind vm_flags_set() and vm_flags_clear(). */
 #if LINUX_VERSION_CODE < KERNEL_VERSION(6, 3, 0)
 static inline void vm_flags_set(struct vm_area_struct *vma, unsigned long flags)
 {
 	vma->vm_flags |= flags;
+}
+
+static inline void vm_flags_clear(struct vm_area_struct *vma, unsigned long flags)
+{
+	vma->vm_flags &= ~flags;
 }
 #endif
 

@@ -28,6 +28,7 @@ unsigned int snvme_user_queues = 32;
 unsigned int snvme_io_queue_depth = 256;
 unsigned int snvme_admin_timeout_ms = 10000;
 unsigned int snvme_io_timeout_ms = 30000;
+unsigned int snvme_max_retries = 5;	/* Linux's nvme_core.max_retries default */
 unsigned int snvme_max_dma_map_mib = 1024;
 
 #define SNVME_UINT_PARAM(name, var, lo, hi, desc)			\
@@ -55,13 +56,17 @@ SNVME_UINT_PARAM(io_queue_depth, snvme_io_queue_depth, 2, 1024,
 SNVME_UINT_PARAM(admin_timeout_ms, snvme_admin_timeout_ms, 100, 600000,
 		 "admin command deadline in ms");
 SNVME_UINT_PARAM(io_timeout_ms, snvme_io_timeout_ms, 1000, 600000,
-		 "block I/O deadline in ms before the controller is failed");
+		 "block I/O deadline in ms before each step of the timeout ladder (poll, Abort, reset)");
+SNVME_UINT_PARAM(max_retries, snvme_max_retries, 0, 16,
+		 "times a block request is retried after a reset or an Abort ended it");
 SNVME_UINT_PARAM(max_dma_map_mib, snvme_max_dma_map_mib, 1, 65536,
 		 "largest DMA_MAP in MiB");
 
 struct snvme_counters snvme_totals;
 static DEFINE_IDA(snvme_instance_ida);
 static struct dentry *snvme_debugfs;
+/* Resets and failures: on the memory-reclaim path, since writeback waits for them. */
+static struct workqueue_struct *snvme_wq;
 
 /* ---- register helpers ------------------------------------------------- */
 
@@ -140,6 +145,26 @@ void snvme_ring_cq_doorbell(struct snvme_queue *q)
 	writel(q->cq_head, q->cq_db);
 }
 
+/*
+ * A queue's host state as the controller expects it after Create I/O SQ/CQ
+ * or enable: both rings empty, Phase Tag 1. The CQ is zeroed so that no
+ * entry of an earlier life carries the Phase Tag the host now waits for.
+ */
+static void snvme_init_queue_state(struct snvme_queue *q)
+{
+	unsigned long flags;
+
+	spin_lock_irqsave(&q->sq_lock, flags);
+	q->sq_tail = 0;
+	q->last_sq_tail = 0;
+	spin_unlock_irqrestore(&q->sq_lock, flags);
+	spin_lock_irqsave(&q->cq_lock, flags);
+	memset(q->cqes, 0, q->depth * sizeof(struct nvme_completion));
+	q->cq_head = 0;
+	q->cq_phase = 1;
+	spin_unlock_irqrestore(&q->cq_lock, flags);
+}
+
 static int snvme_alloc_queue(struct snvme_ctrl *ctrl, struct snvme_queue *q,
 			     u16 qid, u16 depth)
 {
@@ -160,9 +185,7 @@ static int snvme_alloc_queue(struct snvme_ctrl *ctrl, struct snvme_queue *q,
 	}
 	spin_lock_init(&q->sq_lock);
 	spin_lock_init(&q->cq_lock);
-	q->sq_tail = 0;
-	q->cq_head = 0;
-	q->cq_phase = 1;
+	snvme_init_queue_state(q);
 	q->sq_db = ctrl->bar + SNVME_DB_OFFSET + (2 * qid) * ctrl->db_stride;
 	q->cq_db = ctrl->bar + SNVME_DB_OFFSET + (2 * qid + 1) * ctrl->db_stride;
 	return 0;
@@ -215,25 +238,19 @@ static irqreturn_t snvme_admin_irq(int irq, void *data)
 }
 
 /*
- * Runs one admin command and waits for it with the admin_timeout_ms
- * deadline. Returns 0, a negative errno, or a positive NVMe status
- * (SCT << 8 | SC). A timeout fails the controller: the command may still
- * be executing, so nothing it references may be freed unless the
- * controller is disabled first, which snvme_ctrl_fail() does.
+ * Runs one admin command, with admin_lock held, and waits for it with the
+ * admin_timeout_ms deadline. Returns 0, -ETIMEDOUT, or a positive NVMe
+ * status (SCT << 8 | SC).
  */
-int snvme_admin_cmd(struct snvme_ctrl *ctrl, struct nvme_command *cmd,
-		    u32 *result)
+static int snvme_admin_exec(struct snvme_ctrl *ctrl, struct nvme_command *cmd,
+			    u32 *result)
 {
 	struct snvme_queue *q = &ctrl->adminq;
 	unsigned long left;
 	u16 status;
 	int ret;
 
-	mutex_lock(&ctrl->admin_lock);
-	if (ctrl->failed) {
-		ret = -ENODEV;
-		goto out;
-	}
+	lockdep_assert_held(&ctrl->admin_lock);
 	reinit_completion(&ctrl->admin_done);
 	/* CID FFFFh is reserved (it means "no command" in the Error log). */
 	if (++ctrl->admin_cid == 0xffff)
@@ -256,8 +273,6 @@ int snvme_admin_cmd(struct snvme_ctrl *ctrl, struct nvme_command *cmd,
 		if (!completion_done(&ctrl->admin_done)) {
 			dev_err(ctrl->dev, "admin opcode 0x%02x timed out after %u ms\n",
 				cmd->common.opcode, snvme_admin_timeout_ms);
-			mutex_unlock(&ctrl->admin_lock);
-			snvme_ctrl_fail(ctrl, "admin timeout");
 			return -ETIMEDOUT;
 		}
 	}
@@ -268,8 +283,54 @@ int snvme_admin_cmd(struct snvme_ctrl *ctrl, struct nvme_command *cmd,
 	if (ret)
 		dev_dbg(ctrl->dev, "admin opcode 0x%02x: status 0x%x\n",
 			cmd->common.opcode, ret);
-out:
+	return ret;
+}
+
+/*
+ * Runs one admin command. Returns 0, a negative errno, or a positive NVMe
+ * status (SCT << 8 | SC). A timeout fails the controller: the command may
+ * still be executing, so nothing it references may be freed unless the
+ * controller is disabled first, which snvme_ctrl_fail() does.
+ */
+int snvme_admin_cmd(struct snvme_ctrl *ctrl, struct nvme_command *cmd,
+		    u32 *result)
+{
+	int ret = -ENODEV;
+
+	mutex_lock(&ctrl->admin_lock);
+	if (!ctrl->failed)
+		ret = snvme_admin_exec(ctrl, cmd, result);
 	mutex_unlock(&ctrl->admin_lock);
+	if (ret == -ETIMEDOUT)
+		snvme_ctrl_fail(ctrl, "admin timeout");
+	return ret;
+}
+
+/*
+ * Abort (NVMe Base Spec 2.0, 5.1) of command cid in SQ sqid. Returns 0 with
+ * the completion's dword 0 in *result (bit 0 clear: the command was
+ * aborted), a positive NVMe status, -ENODEV on a failed controller, or
+ * -EAGAIN while a reset is in progress: the reset ends every command, and
+ * only its own admin commands may run then.
+ */
+int snvme_abort_cmd(struct snvme_ctrl *ctrl, u16 sqid, u16 cid, u32 *result)
+{
+	struct nvme_command c = { };
+	int ret;
+
+	c.abort.opcode = nvme_admin_abort_cmd;
+	c.abort.sqid = cpu_to_le16(sqid);
+	c.abort.cid = cid;
+	mutex_lock(&ctrl->admin_lock);
+	if (ctrl->failed)
+		ret = -ENODEV;
+	else if (snvme_ctrl_resetting(ctrl))
+		ret = -EAGAIN;
+	else
+		ret = snvme_admin_exec(ctrl, &c, result);
+	mutex_unlock(&ctrl->admin_lock);
+	if (ret == -ETIMEDOUT)
+		snvme_ctrl_fail(ctrl, "admin timeout");
 	return ret;
 }
 
@@ -328,23 +389,36 @@ int snvme_delete_queue(struct snvme_ctrl *ctrl, u8 opcode, u16 qid)
 	return snvme_admin_cmd(ctrl, &c, NULL);
 }
 
+/* ---- failure ------------------------------------------------------------ */
+
+static void snvme_sync_irqs(struct snvme_ctrl *ctrl)
+{
+	int i;
+
+	for (i = 0; i < ctrl->nr_vecs; i++)
+		synchronize_irq(pci_irq_vector(ctrl->pdev, i));
+}
+
 /*
  * Takes the controller out of service: disables it (which deletes every
- * queue and stops its DMA), then fails all block requests in flight.
- * Userspace queue groups stay allocated until their owners close; their
- * pages stay pinned until then, which is safe because the controller no
- * longer runs.
+ * queue and stops its DMA) and turns its bus mastering off, so that even a
+ * controller that ignores CC.EN (the wait for CSTS.RDY = 0 may time out)
+ * cannot DMA any more, as Linux's nvme_dev_disable does with
+ * pci_disable_device(). Then it revokes every open file and fails all block
+ * requests in flight. Userspace queue groups stay allocated until their
+ * owners close; their pages stay pinned until then, which is safe because
+ * the controller no longer runs. Bind sets bus mastering again.
  */
 static void snvme_fail_work(struct work_struct *work)
 {
 	struct snvme_ctrl *ctrl = container_of(work, struct snvme_ctrl, fail_work);
-	int i;
 
 	mutex_lock(&ctrl->admin_lock);
 	snvme_disable(ctrl);
+	pci_clear_master(ctrl->pdev);
 	mutex_unlock(&ctrl->admin_lock);
-	for (i = 0; i < ctrl->nr_vecs; i++)
-		synchronize_irq(pci_irq_vector(ctrl->pdev, i));
+	snvme_sync_irqs(ctrl);
+	snvme_chr_revoke(ctrl, SNVME_REVOKED_FAILED);
 	snvme_blk_cancel_all(ctrl);
 }
 
@@ -354,34 +428,7 @@ void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why)
 		return;
 	dev_err(ctrl->dev, "controller failed (%s): disabled; unbind and bind to recover\n",
 		why);
-	schedule_work(&ctrl->fail_work);
-}
-
-/*
- * <debugfs>/snvme/snvme<C>/fail: writing 1 takes the same path as an I/O or
- * admin timeout (snvme_ctrl_fail), so the escalation can be tested on a
- * controller that never times out (QEMU's).
- */
-static int snvme_debugfs_fail_set(void *data, u64 val)
-{
-	struct snvme_ctrl *ctrl = data;
-
-	if (val != 1)
-		return -EINVAL;
-	snvme_ctrl_fail(ctrl, "injected through debugfs");
-	flush_work(&ctrl->fail_work);
-	return 0;
-}
-DEFINE_DEBUGFS_ATTRIBUTE(snvme_debugfs_fail_fops, NULL, snvme_debugfs_fail_set, "%llu\n");
-
-static void snvme_debugfs_add(struct snvme_ctrl *ctrl)
-{
-	char name[16];
-
-	snprintf(name, sizeof(name), SNVME_NAME "%d", ctrl->instance);
-	ctrl->debugfs = debugfs_create_dir(name, snvme_debugfs);
-	debugfs_create_file_unsafe("fail", 0200, ctrl->debugfs, ctrl,
-				   &snvme_debugfs_fail_fops);
+	queue_work(snvme_wq, &ctrl->fail_work);
 }
 
 /* ---- bring-up ---------------------------------------------------------- */
@@ -465,12 +512,14 @@ out:
 	return ret;
 }
 
-/* Set Features, Number of Queues (FID 07h), NVMe Base Spec 2.0, 5.27.1.5. */
-static int snvme_set_queue_count(struct snvme_ctrl *ctrl)
+/*
+ * Set Features, Number of Queues (FID 07h), NVMe Base Spec 2.0, 5.27.1.5:
+ * asks for want I/O queue pairs, returns how many were granted in *granted.
+ */
+static int snvme_request_queues(struct snvme_ctrl *ctrl, u32 want, u32 *granted)
 {
 	struct nvme_command c = { };
-	u32 want = snvme_kernel_queues + snvme_user_queues, result = 0;
-	u32 granted, k, u;
+	u32 result = 0;
 	int ret;
 
 	want = min_t(u32, want, 65535);
@@ -483,7 +532,18 @@ static int snvme_set_queue_count(struct snvme_ctrl *ctrl)
 		return ret > 0 ? -EIO : ret;
 	}
 	/* NSQA and NCQA are 0's based. */
-	granted = min(result & 0xffff, result >> 16) + 1;
+	*granted = min(result & 0xffff, result >> 16) + 1;
+	return 0;
+}
+
+static int snvme_set_queue_count(struct snvme_ctrl *ctrl)
+{
+	u32 granted, k, u;
+	int ret;
+
+	ret = snvme_request_queues(ctrl, snvme_kernel_queues + snvme_user_queues, &granted);
+	if (ret)
+		return ret;
 	k = min(snvme_kernel_queues, granted);
 	k = min_t(u32, k, ctrl->nr_vecs > 1 ? ctrl->nr_vecs - 1 : 1);
 	u = min(snvme_user_queues, granted - k);
@@ -500,6 +560,26 @@ static int snvme_set_queue_count(struct snvme_ctrl *ctrl)
 	ctrl->db_bytes = u ? snvme_db_window(ctrl, k + u) : 0;
 	dev_info(ctrl->dev, "queues: %u granted, %u kernel (QIDs 1..%u), %u user (QIDs %u..%u)\n",
 		 granted, k, k, u, k + 1, k + u);
+	return 0;
+}
+
+/* Create I/O CQ (interrupts on) then SQ of one kernel queue on the controller. */
+static int snvme_create_io_queue_hw(struct snvme_ctrl *ctrl, struct snvme_queue *q)
+{
+	int ret;
+
+	ret = snvme_create_cq(ctrl, q->qid, q->cq_dma, q->depth, q->vector);
+	if (ret) {
+		dev_err(ctrl->dev, "Create I/O CQ %u failed: %d\n", q->qid, ret);
+		return ret > 0 ? -EIO : ret;
+	}
+	ret = snvme_create_sq(ctrl, q->qid, q->sq_dma, q->depth);
+	if (ret) {
+		dev_err(ctrl->dev, "Create I/O SQ %u failed: %d\n", q->qid, ret);
+		snvme_delete_queue(ctrl, nvme_admin_delete_cq, q->qid);
+		return ret > 0 ? -EIO : ret;
+	}
+	q->created = true;
 	return 0;
 }
 
@@ -524,18 +604,9 @@ static int snvme_create_io_queues(struct snvme_ctrl *ctrl)
 		if (ret)
 			return ret;
 		q->irq_requested = true;
-		ret = snvme_create_cq(ctrl, qid, q->cq_dma, depth, q->vector);
-		if (ret) {
-			dev_err(ctrl->dev, "Create I/O CQ %u failed: %d\n", qid, ret);
-			return ret > 0 ? -EIO : ret;
-		}
-		ret = snvme_create_sq(ctrl, qid, q->sq_dma, depth);
-		if (ret) {
-			dev_err(ctrl->dev, "Create I/O SQ %u failed: %d\n", qid, ret);
-			snvme_delete_queue(ctrl, nvme_admin_delete_cq, qid);
-			return ret > 0 ? -EIO : ret;
-		}
-		q->created = true;
+		ret = snvme_create_io_queue_hw(ctrl, q);
+		if (ret)
+			return ret;
 	}
 	return 0;
 }
@@ -574,6 +645,235 @@ static void snvme_free_io_queues(struct snvme_ctrl *ctrl)
 	ctrl->ioqs = NULL;
 }
 
+/* ---- reset ---------------------------------------------------------------- */
+
+bool snvme_ctrl_resetting(struct snvme_ctrl *ctrl)
+{
+	bool ret;
+
+	spin_lock(&ctrl->state_lock);
+	ret = ctrl->resetting;
+	spin_unlock(&ctrl->state_lock);
+	return ret;
+}
+
+/*
+ * Queues a reset unless one is queued or running, the controller failed, or
+ * it is being probed or removed. Returns whether a reset is (now) pending.
+ */
+bool snvme_ctrl_schedule_reset(struct snvme_ctrl *ctrl, const char *why)
+{
+	bool ok;
+
+	spin_lock(&ctrl->state_lock);
+	ok = ctrl->reset_allowed && !READ_ONCE(ctrl->failed);
+	if (ok && !ctrl->resetting) {
+		ctrl->resetting = true;
+		ctrl->reset_why = why;
+		queue_work(snvme_wq, &ctrl->reset_work);
+	}
+	spin_unlock(&ctrl->state_lock);
+	return ok;
+}
+
+/*
+ * Brings a disabled controller back with the same queues: admin queue,
+ * enable, Number of Queues (the grant must still cover the split made at
+ * probe), then the kernel's I/O queues. User QIDs are not recreated: their
+ * groups belong to revoked files.
+ */
+static int snvme_restart(struct snvme_ctrl *ctrl)
+{
+	u32 granted;
+	int i, ret;
+
+	snvme_init_queue_state(&ctrl->adminq);
+	ret = snvme_enable(ctrl);
+	if (ret)
+		return ret;
+	ret = snvme_request_queues(ctrl, ctrl->kernel_queues + ctrl->user_queues, &granted);
+	if (ret)
+		return ret;
+	if (granted < ctrl->kernel_queues + ctrl->user_queues) {
+		dev_err(ctrl->dev, "after the reset the controller grants %u I/O queues, %u are in use\n",
+			granted, ctrl->kernel_queues + ctrl->user_queues);
+		return -EIO;
+	}
+	for (i = 0; i < ctrl->kernel_queues; i++) {
+		struct snvme_queue *q = &ctrl->ioqs[i];
+
+		q->created = false;
+		snvme_init_queue_state(q);
+		ret = snvme_create_io_queue_hw(ctrl, q);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+/*
+ * The reset (Linux's nvme_reset_work after nvme_dev_disable, in one step):
+ * hold the block queues, revoke every open file, disable the controller
+ * (CC.EN = 0 deletes every queue and stops all DMA), end the block requests
+ * it held (each is retried or failed by snvme_complete_rq), restart, and
+ * release the block queues. Only then may the retried requests be issued.
+ * Lock order: lifecycle, files_lock, admin_lock (as ioctls and release).
+ * A reset that fails fails the controller.
+ */
+static void snvme_reset_work(struct work_struct *work)
+{
+	struct snvme_ctrl *ctrl = container_of(work, struct snvme_ctrl, reset_work);
+	int ret;
+
+	dev_warn(ctrl->dev, "resetting the controller (%s)\n", ctrl->reset_why);
+	snvme_blk_quiesce(ctrl);
+	down_write(&ctrl->lifecycle);
+	mutex_lock(&ctrl->files_lock);
+	snvme_chr_revoke(ctrl, SNVME_REVOKED_RESET);
+	mutex_lock(&ctrl->admin_lock);
+	ret = ctrl->failed ? -ENODEV : snvme_disable(ctrl);
+	mutex_unlock(&ctrl->admin_lock);
+	if (!ret) {
+		snvme_sync_irqs(ctrl);
+		snvme_blk_cancel_all(ctrl);
+		ret = snvme_restart(ctrl);
+	}
+	mutex_unlock(&ctrl->files_lock);
+	up_write(&ctrl->lifecycle);
+	if (ret) {
+		/* Before the queues run again: what they hold must fail, not retry. */
+		snvme_ctrl_fail(ctrl, "reset failed");
+	} else {
+		atomic_inc(&ctrl->recovery.resets);
+		dev_warn(ctrl->dev, "reset complete\n");
+	}
+	spin_lock(&ctrl->state_lock);
+	ctrl->resetting = false;
+	spin_unlock(&ctrl->state_lock);
+	snvme_blk_unquiesce(ctrl);
+}
+
+/* ---- debugfs: reset, recovery counters, fault injection ------------------ */
+
+/*
+ * <debugfs>/snvme/snvme<C>/reset: writing 1 resets the controller as the
+ * timeout ladder does (Linux has /sys/class/nvme/nvme<N>/reset_controller)
+ * and returns once the reset is over: 0, or EIO if it failed the controller.
+ */
+static int snvme_debugfs_reset_set(void *data, u64 val)
+{
+	struct snvme_ctrl *ctrl = data;
+
+	if (val != 1)
+		return -EINVAL;
+	if (!snvme_ctrl_schedule_reset(ctrl, "requested through debugfs"))
+		return -ENODEV;
+	flush_work(&ctrl->reset_work);
+	return READ_ONCE(ctrl->failed) ? -EIO : 0;
+}
+DEFINE_DEBUGFS_ATTRIBUTE(snvme_debugfs_reset_fops, NULL, snvme_debugfs_reset_set, "%llu\n");
+
+static int snvme_recovery_show(struct seq_file *m, void *unused)
+{
+	struct snvme_recovery_counters *r = &((struct snvme_ctrl *)m->private)->recovery;
+
+	seq_printf(m, "timeouts %d\n", atomic_read(&r->timeouts));
+	seq_printf(m, "polled %d\n", atomic_read(&r->polled));
+	seq_printf(m, "aborts %d\n", atomic_read(&r->aborts));
+	seq_printf(m, "aborts_not_aborted %d\n", atomic_read(&r->aborts_not_aborted));
+	seq_printf(m, "resets %d\n", atomic_read(&r->resets));
+	seq_printf(m, "retries %d\n", atomic_read(&r->retries));
+	seq_printf(m, "failed_requests %d\n", atomic_read(&r->failed_requests));
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(snvme_recovery);
+
+#ifdef SNVME_FAULT_INJECTION
+/*
+ * Fault injection, built only with SNVME_FAULT_INJECTION=1 (the QEMU rig
+ * sets it; production builds have none of these files). QEMU's controller
+ * completes every command at once, so these make the failures it never has:
+ *  fail              writing 1 fails the controller (snvme_ctrl_fail)
+ *  drop_completions  the next N completions of block requests are discarded
+ *                    as if lost: the request times out, its Abort answers
+ *                    "not aborted" (the command is done), and the ladder
+ *                    goes on to a reset (Linux's fail_io_timeout, in the
+ *                    driver because the block layer's needs a debug kernel)
+ *  skip_interrupts   the next N I/O interrupts that find a completion leave
+ *                    it in the CQ: a lost interrupt, which the ladder's poll
+ *                    finds
+ */
+static int snvme_debugfs_fail_set(void *data, u64 val)
+{
+	struct snvme_ctrl *ctrl = data;
+
+	if (val != 1)
+		return -EINVAL;
+	snvme_ctrl_fail(ctrl, "injected through debugfs");
+	flush_work(&ctrl->fail_work);
+	return 0;
+}
+DEFINE_DEBUGFS_ATTRIBUTE(snvme_debugfs_fail_fops, NULL, snvme_debugfs_fail_set, "%llu\n");
+
+static int snvme_debugfs_drop_get(void *data, u64 *val)
+{
+	*val = atomic_read(&((struct snvme_ctrl *)data)->inject_drop_cqes);
+	return 0;
+}
+
+static int snvme_debugfs_drop_set(void *data, u64 val)
+{
+	if (val > INT_MAX)
+		return -EINVAL;
+	atomic_set(&((struct snvme_ctrl *)data)->inject_drop_cqes, val);
+	return 0;
+}
+DEFINE_DEBUGFS_ATTRIBUTE(snvme_debugfs_drop_fops, snvme_debugfs_drop_get,
+			 snvme_debugfs_drop_set, "%llu\n");
+
+static int snvme_debugfs_skip_get(void *data, u64 *val)
+{
+	*val = atomic_read(&((struct snvme_ctrl *)data)->inject_skip_irqs);
+	return 0;
+}
+
+static int snvme_debugfs_skip_set(void *data, u64 val)
+{
+	if (val > INT_MAX)
+		return -EINVAL;
+	atomic_set(&((struct snvme_ctrl *)data)->inject_skip_irqs, val);
+	return 0;
+}
+DEFINE_DEBUGFS_ATTRIBUTE(snvme_debugfs_skip_fops, snvme_debugfs_skip_get,
+			 snvme_debugfs_skip_set, "%llu\n");
+
+static void snvme_debugfs_add_injection(struct snvme_ctrl *ctrl)
+{
+	debugfs_create_file_unsafe("fail", 0200, ctrl->debugfs, ctrl,
+				   &snvme_debugfs_fail_fops);
+	debugfs_create_file_unsafe("drop_completions", 0600, ctrl->debugfs, ctrl,
+				   &snvme_debugfs_drop_fops);
+	debugfs_create_file_unsafe("skip_interrupts", 0600, ctrl->debugfs, ctrl,
+				   &snvme_debugfs_skip_fops);
+}
+#else
+static void snvme_debugfs_add_injection(struct snvme_ctrl *ctrl)
+{
+}
+#endif
+
+static void snvme_debugfs_add(struct snvme_ctrl *ctrl)
+{
+	char name[16];
+
+	snprintf(name, sizeof(name), SNVME_NAME "%d", ctrl->instance);
+	ctrl->debugfs = debugfs_create_dir(name, snvme_debugfs);
+	debugfs_create_file_unsafe("reset", 0200, ctrl->debugfs, ctrl,
+				   &snvme_debugfs_reset_fops);
+	debugfs_create_file("recovery", 0400, ctrl->debugfs, ctrl, &snvme_recovery_fops);
+	snvme_debugfs_add_injection(ctrl);
+}
+
 static void snvme_ctrl_release(struct kref *ref)
 {
 	struct snvme_ctrl *ctrl = container_of(ref, struct snvme_ctrl, ref);
@@ -604,9 +904,13 @@ static int snvme_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	mutex_init(&ctrl->admin_lock);
 	init_completion(&ctrl->admin_done);
 	mutex_init(&ctrl->files_lock);
+	spin_lock_init(&ctrl->files_spin);
 	INIT_LIST_HEAD(&ctrl->files);
+	init_waitqueue_head(&ctrl->revoke_wait);
 	spin_lock_init(&ctrl->uq_lock);
+	spin_lock_init(&ctrl->state_lock);
 	INIT_WORK(&ctrl->fail_work, snvme_fail_work);
+	INIT_WORK(&ctrl->reset_work, snvme_reset_work);
 	ret = ida_alloc_max(&snvme_instance_ida, SNVME_MAX_CTRLS - 1, GFP_KERNEL);
 	if (ret < 0) {
 		pci_dev_put(pdev);
@@ -705,6 +1009,9 @@ static int snvme_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	if (ret)
 		goto remove_blk;
 	snvme_debugfs_add(ctrl);
+	spin_lock(&ctrl->state_lock);
+	ctrl->reset_allowed = true;
+	spin_unlock(&ctrl->state_lock);
 	dev_info(ctrl->dev, "snvme%d: %.40s, %d namespace(s), MDTS %u bytes, DSTRD %u bytes\n",
 		 ctrl->instance, ctrl->model, ctrl->nr_ns, ctrl->max_xfer, ctrl->db_stride);
 	return 0;
@@ -750,8 +1057,13 @@ static void snvme_remove(struct pci_dev *pdev)
 {
 	struct snvme_ctrl *ctrl = pci_get_drvdata(pdev);
 
-	/* Waits for a running fail write; none can start afterwards. */
+	/* No reset from now on (a timeout then fails the controller instead). */
+	spin_lock(&ctrl->state_lock);
+	ctrl->reset_allowed = false;
+	spin_unlock(&ctrl->state_lock);
+	/* Waits for running debugfs writes; none can start afterwards. */
 	debugfs_remove_recursive(ctrl->debugfs);
+	flush_work(&ctrl->reset_work);
 	snvme_blk_remove(ctrl);
 	snvme_chr_remove(ctrl);
 	snvme_delete_io_queues(ctrl);
@@ -932,6 +1244,9 @@ static int __init snvme_init(void)
 {
 	int ret;
 
+	snvme_wq = alloc_workqueue(SNVME_NAME, WQ_UNBOUND | WQ_MEM_RECLAIM, 0);
+	if (!snvme_wq)
+		return -ENOMEM;
 	snvme_debugfs = debugfs_create_dir(SNVME_NAME, NULL);
 	debugfs_create_file("stats", 0400, snvme_debugfs, NULL, &snvme_stats_fops);
 	ret = snvme_chr_module_init();
@@ -951,6 +1266,7 @@ chr_exit:
 	snvme_chr_module_exit();
 remove_debugfs:
 	debugfs_remove_recursive(snvme_debugfs);
+	destroy_workqueue(snvme_wq);
 	return ret;
 }
 
@@ -961,6 +1277,7 @@ static void __exit snvme_exit(void)
 	snvme_chr_module_exit();
 	debugfs_remove_recursive(snvme_debugfs);
 	ida_destroy(&snvme_instance_ida);
+	destroy_workqueue(snvme_wq);
 }
 
 module_init(snvme_init);

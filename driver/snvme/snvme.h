@@ -17,7 +17,9 @@
 #include <linux/pci.h>
 #include <linux/rwsem.h>
 #include <linux/spinlock.h>
+#include <linux/wait.h>
 #include <linux/workqueue.h>
+#include <linux/xarray.h>
 
 #include "include/uapi/snvme.h"
 
@@ -41,6 +43,7 @@ extern unsigned int snvme_user_queues;
 extern unsigned int snvme_io_queue_depth;
 extern unsigned int snvme_admin_timeout_ms;
 extern unsigned int snvme_io_timeout_ms;
+extern unsigned int snvme_max_retries;
 extern unsigned int snvme_max_dma_map_mib;
 
 /* One SQ/CQ pair owned by the kernel (admin or block I/O). */
@@ -86,6 +89,17 @@ struct snvme_counters {
 	atomic_t queue_groups;
 };
 
+/* What the timeout ladder did, per controller: <debugfs>/snvme/snvme<C>/recovery. */
+struct snvme_recovery_counters {
+	atomic_t timeouts;		/* block requests that timed out (each expiry) */
+	atomic_t polled;		/* ... found complete by polling the CQ */
+	atomic_t aborts;		/* Abort commands sent */
+	atomic_t aborts_not_aborted;	/* ... answered "not aborted" (CDW0 bit 0 set) or failed */
+	atomic_t resets;		/* controller resets completed */
+	atomic_t retries;		/* requests requeued after a reset or an Abort */
+	atomic_t failed_requests;	/* requests ended with an error after their last retry */
+};
+
 struct snvme_ctrl {
 	struct kref ref;
 	struct pci_dev *pdev;
@@ -100,13 +114,31 @@ struct snvme_ctrl {
 	int nr_vecs;
 
 	/*
-	 * lifecycle: readers are ioctls and mmaps of open files; the writer is
-	 * remove(), which sets dead and then tears down userspace state.
+	 * lifecycle: readers are opens, ioctls and mmaps of files; the writers
+	 * are remove(), which sets dead and then tears down userspace state,
+	 * and the reset, which revokes every open file.
 	 */
 	struct rw_semaphore lifecycle;
 	bool dead;			/* unbound or failed: no more commands */
 	bool failed;			/* controller disabled after an error */
 	struct work_struct fail_work;
+
+	/*
+	 * Reset (the timeout ladder's third step, or debugfs): resetting is
+	 * set when reset_work is queued and cleared when it ends;
+	 * reset_allowed holds from the end of probe until remove() begins (a
+	 * timeout outside that fails the controller). Both under state_lock.
+	 */
+	spinlock_t state_lock;
+	bool resetting;
+	bool reset_allowed;
+	const char *reset_why;
+	struct work_struct reset_work;
+	struct snvme_recovery_counters recovery;
+#ifdef SNVME_FAULT_INJECTION
+	atomic_t inject_drop_cqes;	/* I/O completions still to discard */
+	atomic_t inject_skip_irqs;	/* I/O interrupts still to ignore */
+#endif
 
 	/* Admin queue: one command in flight, serialised by admin_lock. */
 	struct snvme_queue adminq;
@@ -142,8 +174,15 @@ struct snvme_ctrl {
 	struct cdev cdev;
 	struct device cdev_dev;
 	bool cdev_added;
+	/*
+	 * files_lock serialises the teardown of files (release, remove, the
+	 * reset); files_spin guards the list for revocation, which fail_work
+	 * does without sleeping locks. Both are held to add or delete.
+	 */
 	struct mutex files_lock;
+	spinlock_t files_spin;
 	struct list_head files;		/* struct snvme_file */
+	wait_queue_head_t revoke_wait;	/* poll() of every open file */
 
 	struct snvme_counters cnt;
 	struct dentry *debugfs;		/* <debugfs>/snvme/snvme<C>/ */
@@ -158,6 +197,11 @@ struct snvme_file {
 	struct idr groups;
 	struct idr maps;
 	bool torn_down;			/* remove() has released everything */
+	u32 revoked;			/* 0 or SNVME_REVOKED_*, the gravest so far */
+	bool queues_gone;		/* a reset deleted its queues on the controller */
+	struct page *status_page;	/* struct snvme_status, mapped read-only */
+	struct xarray frozen;		/* mmap pgoff -> stand-in page after removal */
+	struct page *sink_page;		/* the doorbells' stand-in */
 };
 
 /* core.c */
@@ -168,7 +212,10 @@ int snvme_create_cq(struct snvme_ctrl *ctrl, u16 qid, dma_addr_t dma,
 int snvme_create_sq(struct snvme_ctrl *ctrl, u16 qid, dma_addr_t dma,
 		    u16 entries);
 int snvme_delete_queue(struct snvme_ctrl *ctrl, u8 opcode, u16 qid);
+int snvme_abort_cmd(struct snvme_ctrl *ctrl, u16 sqid, u16 cid, u32 *result);
 void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why);
+bool snvme_ctrl_schedule_reset(struct snvme_ctrl *ctrl, const char *why);
+bool snvme_ctrl_resetting(struct snvme_ctrl *ctrl);
 void snvme_ctrl_put(struct snvme_ctrl *ctrl);
 void snvme_ring_cq_doorbell(struct snvme_queue *q);
 extern struct snvme_counters snvme_totals;
@@ -178,6 +225,8 @@ int snvme_blk_init(struct snvme_ctrl *ctrl);
 void snvme_blk_remove(struct snvme_ctrl *ctrl);
 void snvme_blk_free(struct snvme_ctrl *ctrl);
 void snvme_blk_cancel_all(struct snvme_ctrl *ctrl);
+void snvme_blk_quiesce(struct snvme_ctrl *ctrl);
+void snvme_blk_unquiesce(struct snvme_ctrl *ctrl);
 irqreturn_t snvme_io_irq(int irq, void *data);
 
 /* chr.c */
@@ -185,6 +234,7 @@ int snvme_chr_module_init(void);
 void snvme_chr_module_exit(void);
 int snvme_chr_add(struct snvme_ctrl *ctrl);
 void snvme_chr_remove(struct snvme_ctrl *ctrl);
+void snvme_chr_revoke(struct snvme_ctrl *ctrl, u32 why);
 
 /* p2p.c (nv-p2p builds) or stubs */
 struct snvme_dmamap;

@@ -93,6 +93,8 @@ SnvmeController::~SnvmeController() {
     (void)release_all_locked();
     if (doorbells_ != nullptr) ::munmap(const_cast<std::uint8_t*>(doorbells_), doorbell_bytes_);
     doorbells_ = nullptr;
+    if (status_page_ != nullptr) ::munmap(const_cast<void*>(status_page_), SNVME_STATUS_BYTES);
+    status_page_ = nullptr;
   }
   // Closing the fd deletes any queue still on the controller before unpinning (driver rule).
   if (fd_ >= 0) ::close(fd_);
@@ -155,6 +157,11 @@ Status SnvmeController::bring_up(const BringUpOptions& options) {
     doorbells_ = static_cast<volatile std::uint8_t*>(db);
     doorbell_bytes_ = info.doorbell_bytes;
   }
+  if (status_page_ == nullptr && (info.caps & SNVME_CAP_STATUS) != 0) {
+    void* page = ::mmap(nullptr, SNVME_STATUS_BYTES, PROT_READ, MAP_SHARED, fd_, SNVME_MMAP_STATUS);
+    if (page == MAP_FAILED) return errno_status("mmap of the status page", errno);
+    status_page_ = page;
+  }
   identity_ = std::move(id);
   return Status::success();
 }
@@ -165,6 +172,8 @@ Status SnvmeController::shutdown(std::uint64_t /*timeout_ns*/) {
 }
 
 nvme::ControllerStatus SnvmeController::controller_status() const noexcept {
+  if (status_page_ != nullptr)
+    return nvme::ControllerStatus{static_cast<const volatile snvme_status*>(status_page_)->csts};
   auto info = with_header<snvme_info>();
   if (::ioctl(fd_, SNVME_IOC_GET_INFO, &info) != 0) return nvme::ControllerStatus{0xffffffffu};
   return nvme::ControllerStatus{nvme::ControllerStatus::RDY::encode(0u, 1u)};
@@ -201,7 +210,8 @@ Result<QueuePairInfo> SnvmeController::create_io_queue_pair(std::uint32_t depth)
   q.completion_queue = static_cast<nvme::CompletionQueueEntry*>(ring.cq);
   q.submission_queue_tail_doorbell = reinterpret_cast<volatile std::uint32_t*>(doorbells_ + d.sq_doorbell);
   q.completion_queue_head_doorbell = reinterpret_cast<volatile std::uint32_t*>(doorbells_ + d.cq_doorbell);
-  q.controller_status = nullptr;
+  q.controller_status =
+      status_page_ != nullptr ? &static_cast<const volatile snvme_status*>(status_page_)->csts : nullptr;
   q.doorbell_stride = identity_.doorbell_stride;
   return q;
 }

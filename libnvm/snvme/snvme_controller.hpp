@@ -15,10 +15,17 @@
 //  - QIDs are the driver's user QIDs (ControllerIdentity::io_submission_queues_allocated counts
 //    them; they start at snvme_info.user_qid_first, not at 1).
 //  - shutdown deletes this object's queue pairs and mappings; the controller stays up.
-//  - controller_status() is synthesised: CSTS.RDY while the driver answers, all ones once the
-//    controller is unbound or failed (the driver does not map the register page to userspace).
-//    QueuePairInfo::controller_status is therefore null, and the bus addresses of the rings are 0
-//    (the driver does not expose them).
+//  - controller_status() is synthesised: the driver does not map the register page to userspace,
+//    but each open file has a status page (SNVME_CAP_STATUS) whose CSTS word reads RDY while this
+//    object's queues are valid and all ones once the driver revoked them (controller reset,
+//    failure or removal). QueuePairInfo::controller_status points at that word, so pollers
+//    (QueuePair::wait_for_completion, the local_nvme kernels) stop with DEVICE_ERROR when their
+//    backoff reaches its sleeping stage, well within their deadline. Without the status page (an
+//    older driver) it is null, and controller_status() asks GET_INFO. The bus addresses of the
+//    rings are 0 (the driver does not expose them).
+//  - After a revocation every call that reaches the driver fails with DEVICE_ERROR (ESTALE after a
+//    reset, ENODEV after a failure or removal); DMA maps stay pinned until this object is
+//    destroyed (closing the file releases them). Open a new SnvmeController to go on.
 //  - submit_admin is UNSUPPORTED: admin commands belong to the kernel; Identify and Abort are
 //    offered through bring_up and abort().
 //  - allocate_dma_buffer maps anonymous memory and returns RESOURCE_EXHAUSTED if its bus
@@ -103,6 +110,7 @@ class SnvmeController final : public Controller {
   ControllerIdentity identity_{};
   volatile std::uint8_t* doorbells_ = nullptr;
   std::size_t doorbell_bytes_ = 0;
+  const void* status_page_ = nullptr;  // snvme_status, read-only; null without SNVME_CAP_STATUS
   std::map<std::uint16_t, Ring> rings_;      // by QID
   std::map<std::uint64_t, Buffer> buffers_;  // allocate_dma_buffer, by map id
 };

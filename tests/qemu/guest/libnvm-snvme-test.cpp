@@ -4,15 +4,23 @@
 // O_DIRECT I/O on /dev/snvme0n1, Abort, error mapping, and no leaks after shutdown.
 // Usage: libnvm-snvme-test <lba_size> <scratch_lba>
 //   scratch_lba: first LBA of a 1 MiB region the test may overwrite (outside any file system).
+//        libnvm-snvme-test reset
+//   a poller waiting for a completion while the controller is reset stops with DEVICE_ERROR
+//   well within its deadline; the object's calls fail, its pins stay until it is destroyed, and
+//   a new SnvmeController works.
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <tutti/nvme/prp.hpp>
@@ -56,9 +64,117 @@ int io(const nvme::QueuePair& q, std::uint8_t opcode, std::uint32_t nsid, std::u
   return w.completion.status().success() ? 0 : (w.completion.status().status_code_type() << 8 | w.completion.status().status_code());
 }
 
+// A value of /sys/kernel/debug/snvme/stats (module-wide leak counters), or -1.
+long long driver_total(const std::string& key) {
+  std::ifstream in("/sys/kernel/debug/snvme/stats");
+  std::string k;
+  long long v = 0;
+  while (in >> k >> v)
+    if (k == key) return v;
+  return -1;
+}
+
+std::uint64_t now_ns() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
+
+// Reads 8 KiB at LBA 64 through a fresh queue pair of c and compares with O_DIRECT.
+bool read_matches(libnvm::SnvmeController& c, int bfd) {
+  const libnvm::ControllerIdentity& id = c.identity();
+  auto qp = c.create_io_queue_pair(8);
+  void* mem = std::aligned_alloc(4096, 8192);
+  void* want = std::aligned_alloc(4096, 8192);
+  auto map = c.dma_map(mem, 8192);
+  auto list = c.allocate_dma_buffer(4096);
+  bool ok = qp && map && list && ::pread(bfd, want, 8192, 64 * id.lba_size) == 8192;
+  if (ok) {
+    nvme::QueuePairStorage storage(qp->submission_queue, qp->completion_queue, qp->submission_queue_tail_doorbell,
+                                   qp->completion_queue_head_doorbell, qp->controller_status, qp->depth, qp->qid);
+    ok = io(storage.queue(), 0x02, id.nsid, 64, id.lba_size, map.value(), 0, 8192, list.value()) == 0 &&
+         std::memcmp(mem, want, 8192) == 0;
+  }
+  if (qp) (void)c.delete_io_queue_pair(qp->qid);
+  if (map) (void)c.dma_unmap(map->id);
+  if (list) (void)c.free_dma_buffer(list->id);
+  std::free(mem);
+  std::free(want);
+  return ok;
+}
+
+// What a controller reset does to an SnvmeController and its pollers (docs/driver.md).
+int reset_test() {
+  constexpr std::uint64_t kBudget = 30 * kSecond;  // the poller's deadline
+  int bfd = ::open("/dev/snvme0n1", O_RDONLY | O_DIRECT);
+  auto opened = libnvm::SnvmeController::open();
+  if (bfd < 0 || !opened) {
+    std::printf("FAIL: open: %s\n", opened ? std::strerror(errno) : opened.status().to_string().c_str());
+    return 1;
+  }
+  std::unique_ptr<libnvm::SnvmeController> c = std::move(opened.value());
+  libnvm::BringUpOptions opts;
+  opts.io_queue_pairs_requested = 1;
+  Status st = c->bring_up(opts);
+  check(st.is_ok(), "bring_up: " + st.to_string());
+  if (!st.is_ok()) return 1;
+  auto qp = c->create_io_queue_pair(16);
+  void* mem = std::aligned_alloc(4096, 1u << 20);
+  auto map = c->dma_map(mem, 1u << 20);
+  check(qp && map, "queue pair and a 1 MiB DMA map");
+  if (!qp || !map) return 1;
+  check(qp->controller_status != nullptr && c->controller_status().ready(),
+        "the queue pair's CSTS word is the status page's, and reads RDY");
+  check(read_matches(*c, bfd), "a read through the driver matches O_DIRECT before the reset");
+
+  // The poller waits for a command the controller does not hold (as after a reset, when the
+  // command it waited for is gone): only the status page can stop it before its deadline.
+  nvme::QueuePairStorage storage(qp->submission_queue, qp->completion_queue, qp->submission_queue_tail_doorbell,
+                                 qp->completion_queue_head_doorbell, qp->controller_status, qp->depth, qp->qid);
+  const nvme::QueuePair& q = storage.queue();
+  std::uint16_t cid = 0;
+  check(q.allocate_command_identifier(cid), "a CID to wait for");
+  nvme::WaitResult waited;
+  std::uint64_t waited_ns = 0;
+  std::thread poller([&] {
+    const std::uint64_t t0 = now_ns();
+    waited = q.wait_for_completion(cid, kBudget);
+    waited_ns = now_ns() - t0;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::ofstream("/sys/kernel/debug/snvme/snvme0/reset") << "1\n" << std::flush;
+  poller.join();
+  check(waited.status == StatusCode::DEVICE_ERROR && waited_ns < kBudget / 3,
+        "the poller stopped with " + std::string(to_string(waited.status)) + " after " +
+            std::to_string(waited_ns / 1000000) + " ms (deadline " + std::to_string(kBudget / 1000000) + " ms)");
+  check(c->controller_status().fatal(), "controller_status() reads all ones");
+  auto again = c->create_io_queue_pair(16);
+  check(!again && again.code() == StatusCode::DEVICE_ERROR, "create_io_queue_pair: " + again.status().to_string());
+  auto counters = c->driver_counters();
+  check(!counters && counters.code() == StatusCode::DEVICE_ERROR, "driver_counters: " + counters.status().to_string());
+  auto ab = c->abort(qp->qid, cid, kSecond);
+  check(!ab && ab.code() == StatusCode::DEVICE_ERROR, "abort: " + ab.status().to_string());
+  check(driver_total("pinned_pages") >= 256 && driver_total("queue_groups") == 1,
+        "pins and the queue group stay while the object lives");
+  c.reset();
+  check(driver_total("pinned_pages") == 0 && driver_total("dma_maps") == 0 && driver_total("queue_groups") == 0,
+        "destroying the object (closing the file) released them");
+
+  auto fresh = libnvm::SnvmeController::open();
+  check(fresh.is_ok(), "a new SnvmeController opens: " + fresh.status().to_string());
+  if (fresh) {
+    st = fresh.value()->bring_up(opts);
+    check(st.is_ok() && read_matches(*fresh.value(), bfd), "and reads match O_DIRECT after the reset");
+  }
+  ::close(bfd);
+  std::free(mem);
+  return failures ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "reset") == 0) return reset_test();
   if (argc < 3) {
     std::fprintf(stderr, "usage: %s <lba_size> <scratch_lba>\n", argv[0]);
     return 2;

@@ -27,6 +27,10 @@
 //     counters must show no queue group, DMA map or pinned page left.
 // Usage: local-nvme-snvme-test <lba_size> <scratch_lba>
 //   scratch_lba: first LBA of an 8 MiB region the test may overwrite (outside any file system).
+//        local-nvme-snvme-test reset <lba_size> <scratch_lba>
+//   a READ through the DataPath works; after a controller reset (debugfs) the next READ, whose
+//   command the controller never sees, ends with DEVICE_ERROR and no byte moved, well within its
+//   command_timeout_ns, and tearing everything down leaves no pin, map or queue in the driver.
 // Prints "ok: ..." / "FAIL: ..." per check; exit status 0 only when every check passed.
 #include <fcntl.h>
 #include <linux/fs.h>
@@ -37,6 +41,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -271,9 +277,100 @@ struct Harness {
   }
 };
 
+/// A value of /sys/kernel/debug/snvme/stats (module-wide leak counters), or -1.
+long long driver_total(const char* key) {
+  char line[128], k[64];
+  long long v = -1, got;
+  std::FILE* f = std::fopen("/sys/kernel/debug/snvme/stats", "r");
+  if (f == nullptr) return -1;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "%63s %lld", k, &got) == 2 && std::strcmp(k, key) == 0) v = got;
+  std::fclose(f);
+  return v;
+}
+
+/// What a controller reset does to the DataPath over SnvmeController (docs/driver.md).
+int reset_test(std::uint32_t want_lba, std::uint64_t scratch_lba) {
+  constexpr std::uint64_t kBytes = 64 * kKiB;
+  int fd = ::open("/dev/snvme0n1", O_RDWR | O_DIRECT);
+  auto opened = libnvm::SnvmeController::open();
+  if (!check(fd >= 0 && opened.is_ok(), "open /dev/snvme0n1 and the controller: " + opened.status().to_string())) return 1;
+  {
+    std::unique_ptr<libnvm::SnvmeController> controller = std::move(opened.value());
+    libnvm::BringUpOptions bring_up;
+    bring_up.io_queue_pairs_requested = 1;
+    if (!check(controller->bring_up(bring_up).is_ok(), "bring_up")) return 1;
+    const std::uint32_t lba = controller->identity().lba_size;
+    check(lba == want_lba, "LBA size " + std::to_string(lba));
+    const std::uint64_t at = scratch_lba * lba;
+    {
+      Memory fill(kBytes);
+      for (std::uint64_t i = 0; i < kBytes; ++i) fill.data[i] = pattern(i);
+      check(::pwrite(fd, fill.data, kBytes, static_cast<off_t>(at)) == static_cast<ssize_t>(kBytes),
+            "64 KiB of pattern written at the scratch LBA through O_DIRECT");
+    }
+    Memory buffer(kBytes);  // outlives the DataPath: its registration may be held by zombies
+    Path::Options options;
+    options.queue_pairs = 1;
+    options.queue_depth = 16;
+    options.command_timeout_ns = 30 * kSecond;
+    auto created = Path::create(*controller, options);
+    if (!check(created.is_ok(), "DataPath::create: " + created.status().to_string())) return 1;
+    Path& path = created.value();
+    local_file::Target t;
+    t.path = "synthetic (one extent on /dev/snvme0n1)";
+    t.extents = {{0, at, kBytes}};
+    t.file_size = kBytes;
+    t.lba_size = lba;
+    t.nsid = controller->identity().nsid;
+    auto target = path.open(std::move(t), OpenOptions{});
+    auto reg = path.register_memory(buffer.view());
+    if (!check(target.is_ok() && reg.is_ok(), "open the target, register 64 KiB")) return 1;
+    std::vector<PathRequest<Path>> read = {
+        {Direction::READ, &*reg, buffer.view(), 0, &*target, 4 * kKiB, 8 * kKiB}};
+    std::vector<Status> states(1);
+    std::vector<RequestCompletion> completions(1);
+    auto run = [&] {
+      states.assign(1, Status());
+      completions.assign(1, RequestCompletion{});
+      auto b = path.submit(read, states);
+      return path.progress(b, completions, 60 * kSecond);
+    };
+    std::memset(buffer.data, kCanary, kBytes);
+    Status s = run();
+    bool same = true;
+    for (std::uint64_t i = 0; i < 8 * kKiB; ++i) same = same && buffer.data[i] == pattern(4 * kKiB + i);
+    check(s.is_ok() && completions[0].status.is_ok() && same, "READ of 8 KiB before the reset: " +
+                                                                   completions[0].status.to_string());
+
+    std::ofstream("/sys/kernel/debug/snvme/snvme0/reset") << "1\n" << std::flush;
+    std::memset(buffer.data, kCanary, kBytes);
+    const auto t0 = std::chrono::steady_clock::now();
+    s = run();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    bool untouched = true;
+    for (std::uint64_t i = 0; i < kBytes; ++i) untouched = untouched && buffer.data[i] == kCanary;
+    check(states[0].is_ok() && completions[0].done && completions[0].status.code() == StatusCode::DEVICE_ERROR &&
+              completions[0].confirmed_bytes == 0 && ms < 10000,
+          "READ after the reset: submit " + states[0].to_string() + ", completion " + completions[0].status.to_string() +
+              ", " + std::to_string(completions[0].confirmed_bytes) + " bytes confirmed, after " + std::to_string(ms) +
+              " ms (command_timeout_ns 30 s; progress " + s.to_string() + ")");
+    check(untouched, "no byte of the buffer moved");
+    check(driver_total("pinned_pages") > 0, "the registration's pages stay pinned while the DataPath lives");
+    (void)path.unregister_memory(*reg);
+    (void)path.close(*target);
+  }  // DataPath, then SnvmeController destroyed: the driver's file is closed
+  ::close(fd);
+  check(driver_total("pinned_pages") == 0 && driver_total("dma_maps") == 0 && driver_total("queue_groups") == 0,
+        "after the DataPath and the controller are destroyed: no pin, map or queue group left");
+  return failures ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 4 && std::strcmp(argv[1], "reset") == 0)
+    return reset_test(static_cast<std::uint32_t>(std::atoi(argv[2])), std::strtoull(argv[3], nullptr, 0));
   if (argc < 3) {
     std::fprintf(stderr, "usage: %s <lba_size> <scratch_lba>\n", argv[0]);
     return 2;

@@ -9,6 +9,8 @@
 #include <fcntl.h>
 #include <linux/fiemap.h>
 #include <linux/fs.h>
+#include <poll.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,6 +30,7 @@
 #define CTRL_PATH "/dev/snvme0"
 #define BDEV_PATH "/dev/snvme0n1"
 #define CONTROL_PATH "/dev/snvme-control"
+#define DEBUGFS_CTRL "/sys/kernel/debug/snvme/snvme0/"
 #define SNVME_MAX_USER_QUEUES_GUESS 128
 
 static int failures;
@@ -878,8 +881,27 @@ static int write_file(const char *path, const char *text)
 	return ok ? 0 : -EIO;
 }
 
+/* The file's status page (SNVME_MMAP_STATUS), read-only. */
+static volatile struct snvme_status *map_status(int fd)
+{
+	void *p = mmap(NULL, SNVME_STATUS_BYTES, PROT_READ, MAP_SHARED, fd, SNVME_MMAP_STATUS);
+
+	if (p == MAP_FAILED)
+		die("mmap of the status page: %s", strerror(errno));
+	return p;
+}
+
+/* poll() of fd without waiting: the revents it reports now. */
+static int poll_revents(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN | POLLPRI };
+
+	return poll(&p, 1, 0) < 0 ? -errno : p.revents;
+}
+
 static int cmd_fail(const char *addr)
 {
+	volatile struct snvme_status *st;
 	struct snvme_queue_group g;
 	struct uq_queue q[2];
 	struct uq_buf buf;
@@ -892,10 +914,19 @@ static int cmd_fail(const char *addr)
 	must_open(&c);
 	if (uq_group_create(&c, 2, 8, &g, q) || uq_buf_alloc(&c, &buf, 64 * 1024))
 		die("setup: %s", strerror(errno));
+	st = map_status(c.fd);
 	t0 = uq_now_ns();
-	ret = write_file("/sys/kernel/debug/snvme/snvme0/fail", "1\n");
+	ret = write_file(DEBUGFS_CTRL "fail", "1\n");
 	check(ret == 0, "failure injected through debugfs (%s), %llu ms", strerror(-ret),
 	      (unsigned long long)((uq_now_ns() - t0) / 1000000));
+	check(st->csts == 0xffffffffu && st->revoked == SNVME_REVOKED_FAILED,
+	      "status page: csts 0x%x, revoked %u (FAILED)", st->csts, st->revoked);
+	check(poll_revents(c.fd) == (POLLPRI | POLLERR | POLLHUP),
+	      "poll() reports POLLPRI | POLLERR | POLLHUP (0x%x)", poll_revents(c.fd));
+	ret = open(CTRL_PATH, O_RDWR);
+	check(ret < 0 && errno == ENODEV, "open of a failed controller is ENODEV");
+	if (ret >= 0)
+		close(ret);
 	check(uq_get_info(c.fd, &in) == -ENODEV, "GET_INFO on a failed controller is ENODEV");
 	p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, c.fd, q[0].d.sq_offset);
 	check(p == MAP_FAILED && errno == ENODEV, "mmap on a failed controller is ENODEV");
@@ -910,6 +941,7 @@ static int cmd_fail(const char *addr)
 	free(blk);
 	uq_group_unmap(q, 2);
 	uq_buf_free(&c, &buf);	/* DMA_UNMAP fails with ENODEV; the pages go at close */
+	munmap((void *)st, SNVME_STATUS_BYTES);
 	uq_close(&c);
 	check(read_stat("pinned_pages") == 0 && read_stat("dma_maps") == 0 &&
 	      read_stat("queue_groups") == 0, "close released pins, maps and groups of the failed controller");
@@ -921,6 +953,572 @@ static int cmd_fail(const char *addr)
 	check(c.info.user_queues_free == c.info.user_queues, "fresh controller has its whole budget");
 	uq_close(&c);
 	return failures ? 1 : 0;
+}
+
+/* ---- the timeout ladder, resets, hot removal ------------------------------ */
+
+/* <debugfs>/snvme/snvme0/recovery (struct snvme_recovery_counters). */
+struct recovery {
+	long timeouts, polled, aborts, aborts_not_aborted, resets, retries, failed_requests;
+};
+
+static void read_recovery(struct recovery *r)
+{
+	char line[128], k[64];
+	long v;
+	FILE *f = fopen(DEBUGFS_CTRL "recovery", "r");
+
+	memset(r, 0, sizeof(*r));
+	if (!f)
+		die("open " DEBUGFS_CTRL "recovery: %s", strerror(errno));
+	while (fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "%63s %ld", k, &v) != 2)
+			continue;
+		if (!strcmp(k, "timeouts"))
+			r->timeouts = v;
+		else if (!strcmp(k, "polled"))
+			r->polled = v;
+		else if (!strcmp(k, "aborts"))
+			r->aborts = v;
+		else if (!strcmp(k, "aborts_not_aborted"))
+			r->aborts_not_aborted = v;
+		else if (!strcmp(k, "resets"))
+			r->resets = v;
+		else if (!strcmp(k, "retries"))
+			r->retries = v;
+		else if (!strcmp(k, "failed_requests"))
+			r->failed_requests = v;
+	}
+	fclose(f);
+}
+
+static void print_recovery(const char *when, const struct recovery *a, const struct recovery *b)
+{
+	printf("recovery %s: timeouts +%ld polled +%ld aborts +%ld (not aborted +%ld) resets +%ld "
+	       "retries +%ld failed_requests +%ld\n", when, b->timeouts - a->timeouts,
+	       b->polled - a->polled, b->aborts - a->aborts,
+	       b->aborts_not_aborted - a->aborts_not_aborted, b->resets - a->resets,
+	       b->retries - a->retries, b->failed_requests - a->failed_requests);
+}
+
+static long read_long(const char *path)
+{
+	char buf[32] = { 0 };
+	int fd = open(path, O_RDONLY);
+	ssize_t n;
+
+	if (fd < 0)
+		die("open %s: %s", path, strerror(errno));
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		die("read %s", path);
+	return strtol(buf, NULL, 0);
+}
+
+static void set_knob(const char *name, long value)
+{
+	char path[128], text[32];
+	int ret;
+
+	snprintf(path, sizeof(path), DEBUGFS_CTRL "%s", name);
+	snprintf(text, sizeof(text), "%ld\n", value);
+	ret = write_file(path, text);
+	if (ret)
+		die("write %s to %s: %s", text, path, strerror(-ret));
+}
+
+#define LADDER_FILE_BYTES (1u << 20)
+#define LADDER_SEED 0x1add3au
+
+/* The pattern file the ladder tests read: created here, written back, cache dropped. */
+static void ladder_file(const char *path)
+{
+	uint8_t *p = malloc(LADDER_FILE_BYTES);
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+	if (!p || fd < 0)
+		die("create %s: %s", path, strerror(errno));
+	fill_pattern(p, LADDER_FILE_BYTES, LADDER_SEED);
+	if (write(fd, p, LADDER_FILE_BYTES) != LADDER_FILE_BYTES || fsync(fd))
+		die("write %s: %s", path, strerror(errno));
+	close(fd);
+	free(p);
+	uq_drop_caches();
+}
+
+/*
+ * One O_DIRECT read of 4 KiB of the pattern file: returns 0 when it read
+ * the pattern's bytes, else the errno (EILSEQ for wrong bytes); *ms is how
+ * long it took.
+ */
+static int ladder_read(const char *path, off_t off, uint64_t *ms)
+{
+	uint8_t *want = malloc(LADDER_FILE_BYTES), *got = aligned_alloc(4096, 4096);
+	int fd = open(path, O_RDONLY | O_DIRECT), ret = 0;
+	uint64_t t0 = uq_now_ns();
+	ssize_t n;
+
+	if (!want || !got || fd < 0)
+		die("open %s: %s", path, strerror(errno));
+	fill_pattern(want, LADDER_FILE_BYTES, LADDER_SEED);
+	memset(got, 0xa5, 4096);
+	n = pread(fd, got, 4096, off);
+	if (n < 0)
+		ret = errno;
+	else if (n != 4096 || memcmp(got, want + off, 4096))
+		ret = EILSEQ;
+	*ms = (uq_now_ns() - t0) / 1000000;
+	close(fd);
+	free(want);
+	free(got);
+	return ret;
+}
+
+/* The whole pattern file through the page cache (dropped first) still verifies. */
+static bool ladder_file_verifies(const char *path)
+{
+	uint8_t *want = malloc(LADDER_FILE_BYTES), *got;
+	size_t len;
+	bool ok;
+
+	uq_drop_caches();
+	got = read_file(path, &len);
+	fill_pattern(want, LADDER_FILE_BYTES, LADDER_SEED);
+	ok = len == LADDER_FILE_BYTES && !memcmp(got, want, len);
+	free(want);
+	free(got);
+	return ok;
+}
+
+/* The file system is still mounted read-write: a new file goes through it and back. */
+static bool fs_still_works(const char *dir, const char *name)
+{
+	char path[256];
+	uint8_t buf[8192], *got;
+	size_t len;
+	int fd;
+	bool ok;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	fill_pattern(buf, sizeof(buf), 0xf5f5u);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	if (fd < 0 || write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf) || fsync(fd)) {
+		printf("  write %s: %s\n", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return false;
+	}
+	close(fd);
+	uq_drop_caches();
+	got = read_file(path, &len);
+	ok = len == sizeof(buf) && !memcmp(got, buf, len);
+	free(got);
+	return ok;
+}
+
+/*
+ * Step 1 of the ladder: a lost interrupt. The next I/O interrupt leaves its
+ * completion in the CQ; the request times out and the handler's poll of the
+ * CQ completes it, with no Abort and no reset.
+ */
+static int cmd_timeout_poll(const char *path, const char *dir)
+{
+	long timeout_ms = read_long("/sys/block/snvme0n1/queue/io_timeout");
+	struct recovery r0, r1;
+	uint64_t ms;
+	int ret;
+
+	ladder_file(path);
+	read_recovery(&r0);
+	set_knob("skip_interrupts", 1);
+	ret = ladder_read(path, 64 * 1024, &ms);
+	read_recovery(&r1);
+	print_recovery("after a lost interrupt", &r0, &r1);
+	check(ret == 0, "O_DIRECT read of 4 KiB returns the file's bytes (%s) after %llu ms (io_timeout %ld ms)",
+	      ret ? strerror(ret) : "ok", (unsigned long long)ms, timeout_ms);
+	check(read_long(DEBUGFS_CTRL "skip_interrupts") == 0, "the interrupt was skipped");
+	check(r1.polled == r0.polled + 1 && r1.timeouts == r0.timeouts + 1,
+	      "one timeout, completed by the handler's poll of the CQ");
+	check(r1.aborts == r0.aborts && r1.resets == r0.resets && r1.failed_requests == r0.failed_requests,
+	      "no Abort, no reset, no failed request");
+	check(ms + 50 >= (uint64_t)timeout_ms, "the read waited for its deadline (%llu ms)",
+	      (unsigned long long)ms);
+	check(ladder_file_verifies(path), "the whole file verifies");
+	check(fs_still_works(dir, "after-poll"), "the file system is mounted and writable");
+	return failures ? 1 : 0;
+}
+
+/*
+ * Steps 2 and 3: a lost completion. The command is done in the device, so
+ * its Abort answers "not aborted"; one deadline later the controller is
+ * reset and the request retried, and the read returns the right bytes. A
+ * queue group open across the reset is revoked (ESTALE).
+ */
+static int cmd_timeout_abort_reset(const char *path, const char *dir)
+{
+	long timeout_ms = read_long("/sys/block/snvme0n1/queue/io_timeout");
+	struct snvme_queue_group g;
+	struct recovery r0, r1;
+	struct snvme_info in;
+	struct uq_queue q[1];
+	struct uq_buf buf;
+	struct uq_ctrl c;
+	uint64_t ms;
+	int ret;
+
+	ladder_file(path);
+	must_open(&c);
+	if (uq_group_create(&c, 1, 8, &g, q) || uq_buf_alloc(&c, &buf, 64 * 1024))
+		die("setup: %s", strerror(errno));
+	read_recovery(&r0);
+	set_knob("drop_completions", 1);
+	ret = ladder_read(path, 128 * 1024, &ms);
+	read_recovery(&r1);
+	print_recovery("after a lost completion", &r0, &r1);
+	check(ret == 0, "O_DIRECT read of 4 KiB returns the file's bytes (%s) after %llu ms (io_timeout %ld ms)",
+	      ret ? strerror(ret) : "ok", (unsigned long long)ms, timeout_ms);
+	check(read_long(DEBUGFS_CTRL "drop_completions") == 0, "the completion was dropped");
+	check(r1.polled == r0.polled, "polling found nothing");
+	check(r1.aborts == r0.aborts + 1 && r1.aborts_not_aborted == r0.aborts_not_aborted + 1,
+	      "one Abort, answered \"not aborted\"");
+	check(r1.resets == r0.resets + 1 && r1.retries >= r0.retries + 1 &&
+	      r1.failed_requests == r0.failed_requests, "one reset, the request retried, none failed");
+	check(ms + 50 >= 2 * (uint64_t)timeout_ms, "two deadlines passed (%llu ms)", (unsigned long long)ms);
+	ret = uq_get_info(c.fd, &in);
+	check(ret == -ESTALE, "GET_INFO on a file open across the reset: %s", strerror(-ret));
+	check(ladder_file_verifies(path), "the whole file verifies");
+	check(fs_still_works(dir, "after-reset"), "the file system is mounted and writable");
+	uq_group_unmap(q, 1);
+	uq_buf_free(&c, &buf);
+	uq_close(&c);
+	check(read_stat("pinned_pages") == 0 && read_stat("queue_groups") == 0,
+	      "close of the revoked file released its pins and group");
+	return failures ? 1 : 0;
+}
+
+/*
+ * Step 4: a completion lost on every try. Each try ends in a reset; after
+ * max_retries retries the read fails with EIO, and only that read: the file
+ * system stays mounted and every byte of the file still verifies.
+ */
+static int cmd_timeout_fail(const char *path, const char *dir)
+{
+	long retries = read_long("/sys/module/snvme/parameters/max_retries");
+	long timeout_ms = read_long("/sys/block/snvme0n1/queue/io_timeout");
+	struct recovery r0, r1;
+	struct uq_ctrl c;
+	uint64_t ms;
+	int ret, k;
+
+	ladder_file(path);
+	read_recovery(&r0);
+	set_knob("drop_completions", retries + 1);
+	ret = ladder_read(path, 192 * 1024, &ms);
+	/* The read fails inside the last reset, which is counted when it ends. */
+	for (k = 0; k < 100; k++) {
+		read_recovery(&r1);
+		if (r1.resets >= r0.resets + retries + 1)
+			break;
+		usleep(100000);
+	}
+	print_recovery("after a completion lost on every try", &r0, &r1);
+	check(ret == EIO, "O_DIRECT read fails with EIO (%s) after %llu ms: %ld tries, io_timeout %ld ms",
+	      ret ? strerror(ret) : "success", (unsigned long long)ms, retries + 1, timeout_ms);
+	check(read_long(DEBUGFS_CTRL "drop_completions") == 0, "every try's completion was dropped");
+	check(r1.resets == r0.resets + retries + 1 && r1.retries == r0.retries + retries &&
+	      r1.failed_requests == r0.failed_requests + 1,
+	      "%ld resets, %ld retries, one failed request", retries + 1, retries);
+	check(ms < (uint64_t)(retries + 1) * 2 * timeout_ms + 30000, "bounded: no hang");
+	check(ladder_file_verifies(path), "the whole file verifies");
+	check(fs_still_works(dir, "after-fail"), "the file system is mounted and writable");
+	must_open(&c);
+	check(c.info.user_queues_free == c.info.user_queues, "the controller works: GET_INFO, budget free");
+	uq_close(&c);
+	return failures ? 1 : 0;
+}
+
+/*
+ * What a reset does to a file open across it: its status page and poll()
+ * say so, every ioctl and mmap is ESTALE, its rings stay readable (no
+ * SIGBUS) and its doorbells are ignored, its pins and QIDs stay until
+ * close, and a new open works.
+ */
+static int cmd_reset_revoke(void)
+{
+	volatile struct snvme_status *st;
+	struct snvme_queue_group g, g2;
+	struct snvme_dma_map m = { .hdr = { SNVME_ABI_VERSION, sizeof(m) } };
+	struct snvme_dma_unmap u = { .hdr = { SNVME_ABI_VERSION, sizeof(u) } };
+	struct snvme_group_id gi = { .hdr = { SNVME_ABI_VERSION, sizeof(gi) } };
+	struct snvme_identify id = { .hdr = { SNVME_ABI_VERSION, sizeof(id) } };
+	struct snvme_abort ab = { .hdr = { SNVME_ABI_VERSION, sizeof(ab) } };
+	struct uq_queue q[2], q2[1];
+	struct uq_buf buf, list, buf2;
+	struct uq_ctrl c, w;
+	struct snvme_info in;
+	struct uq_sqe sqe = { .opc = UQ_OPC_READ, .nsid = 1 };
+	struct uq_cqe cqe;
+	uint8_t *want, *idbuf;
+	uint32_t lbas;
+	int ret, fd;
+	void *p;
+
+	must_open(&c);
+	if (uq_group_create(&c, 2, 8, &g, q) || uq_buf_alloc(&c, &buf, 64 * 1024) ||
+	    uq_buf_alloc(&c, &list, 4096))
+		die("setup: %s", strerror(errno));
+	st = map_status(c.fd);
+	lbas = 8192 / c.lba_size;
+	check(st->csts == 1 && st->revoked == 0, "status page before: csts 0x%x (RDY), revoked %u",
+	      st->csts, st->revoked);
+	check(poll_revents(c.fd) == 0, "poll() reports nothing before");
+	check(uq_rw_sync(&q[0], UQ_OPC_READ, 0, lbas, &buf, 0, &list, false) == 0,
+	      "a read through QID %u works before", q[0].d.qid);
+
+	ret = write_file(DEBUGFS_CTRL "reset", "1\n");
+	check(ret == 0, "reset through debugfs: %s", ret ? strerror(-ret) : "done");
+	check(st->csts == 0xffffffffu && st->revoked == SNVME_REVOKED_RESET,
+	      "status page after: csts 0x%x, revoked %u (RESET)", st->csts, st->revoked);
+	check(poll_revents(c.fd) == (POLLPRI | POLLERR), "poll() reports POLLPRI | POLLERR, no POLLHUP (0x%x)",
+	      poll_revents(c.fd));
+
+	memset(&in, 0, sizeof(in));
+	in.hdr.abi_version = SNVME_ABI_VERSION;
+	in.hdr.argsz = sizeof(in);
+	EXPECT(ioctl(c.fd, SNVME_IOC_GET_INFO, &in), ESTALE, "GET_INFO");
+	memset(&g2, 0, sizeof(g2));
+	g2.hdr.abi_version = SNVME_ABI_VERSION;
+	g2.hdr.argsz = sizeof(g2);
+	g2.nr_queues = 1;
+	g2.entries = 8;
+	EXPECT(ioctl(c.fd, SNVME_IOC_CREATE_QUEUE_GROUP, &g2), ESTALE, "CREATE_QUEUE_GROUP");
+	gi.group_id = g.group_id;
+	EXPECT(ioctl(c.fd, SNVME_IOC_DESTROY_QUEUE_GROUP, &gi), ESTALE, "DESTROY_QUEUE_GROUP");
+	m.kind = SNVME_DMA_HOST;
+	m.vaddr = (uintptr_t)buf.va;
+	m.length = 4096;
+	m.bus_addrs = (uintptr_t)buf.bus;
+	m.max_addrs = 1;
+	EXPECT(ioctl(c.fd, SNVME_IOC_DMA_MAP, &m), ESTALE, "DMA_MAP");
+	u.map_id = buf.map_id;
+	EXPECT(ioctl(c.fd, SNVME_IOC_DMA_UNMAP, &u), ESTALE, "DMA_UNMAP");
+	idbuf = malloc(SNVME_IDENTIFY_BYTES);
+	id.cns = SNVME_IDENTIFY_CNS_CTRL;
+	id.data = (uintptr_t)idbuf;
+	EXPECT(ioctl(c.fd, SNVME_IOC_IDENTIFY, &id), ESTALE, "IDENTIFY");
+	ab.sqid = q[0].d.qid;
+	EXPECT(ioctl(c.fd, SNVME_IOC_ABORT, &ab), ESTALE, "ABORT");
+	p = mmap(NULL, q[0].d.sq_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c.fd, q[0].d.sq_offset);
+	check(p == MAP_FAILED && errno == ESTALE, "mmap of a ring is ESTALE");
+	free(idbuf);
+
+	/* The rings stay mapped and readable; the queue no longer exists on the controller. */
+	check(q[0].cq[0].cid == (((q[0].next_cid - 1) & 0x0fff) | ((q[0].d.qid & 0xf) << 12)),
+	      "the CQ ring is still mapped and holds the read's completion (no SIGBUS)");
+	uq_set_dptr(&sqe, &buf, 0, 4096, &list, false);
+	sqe.cdw12 = 4096 / c.lba_size - 1;
+	memset(buf.va, 0x5a, 4096);
+	uq_push(&q[1], &sqe);
+	uq_ring(&q[1]);
+	ret = uq_reap(&q[1], &cqe, 300);
+	check(ret == -ETIMEDOUT && buf.va[0] == 0x5a && buf.va[4095] == 0x5a,
+	      "a command rung on the revoked QID %u is ignored: no completion, no DMA", q[1].d.qid);
+	check(read_stat("pinned_pages") >= 17 && read_stat("dma_maps") == 2 &&
+	      read_stat("queue_groups") == 1, "the revoked file still holds its pins, maps and group");
+
+	/* A new open gets a working file; the revoked file's QIDs stay reserved. */
+	must_open(&w);
+	check(w.info.user_queues_free == w.info.user_queues - 2,
+	      "new file: %u of %u user queues free (2 held by the revoked file)",
+	      w.info.user_queues_free, w.info.user_queues);
+	if (uq_group_create(&w, 1, 8, &g2, q2) || uq_buf_alloc(&w, &buf2, 64 * 1024))
+		die("setup after the reset: %s", strerror(errno));
+	want = aligned_alloc(4096, 8192);
+	fd = open(BDEV_PATH, O_RDONLY | O_DIRECT);
+	if (fd < 0 || pread(fd, want, 8192, 0) != 8192)
+		die("pread %s: %s", BDEV_PATH, strerror(errno));
+	close(fd);
+	check(uq_rw_sync(&q2[0], UQ_OPC_READ, 0, lbas, &buf2, 0, NULL, false) == 0 &&
+	      memcmp(buf2.va, want, 8192) == 0, "a read through a new queue group matches O_DIRECT");
+	free(want);
+
+	uq_group_unmap(q, 2);
+	uq_buf_free(&c, &buf);
+	uq_buf_free(&c, &list);
+	munmap((void *)st, SNVME_STATUS_BYTES);
+	uq_close(&c);
+	uq_get_info(w.fd, &in);
+	check(in.user_queues_free == in.user_queues - 1, "close of the revoked file returned its QIDs");
+	uq_group_unmap(q2, 1);
+	check(uq_group_destroy(&w, g2.group_id) == 0, "DESTROY_QUEUE_GROUP on the new file");
+	uq_buf_free(&w, &buf2);
+	uq_close(&w);
+	check(read_stat("pinned_pages") == 0 && read_stat("dma_maps") == 0 &&
+	      read_stat("queue_groups") == 0, "debugfs module totals zero");
+	return failures ? 1 : 0;
+}
+
+static sigjmp_buf removal_jmp;
+static uint64_t removal_completed;
+static int removal_stand_ins;	/* checks of the rings after the teardown that passed */
+
+static void removal_sigbus(int sig)
+{
+	(void)sig;
+	siglongjmp(removal_jmp, 1);
+}
+
+/*
+ * Keeps reads in flight on two queues, touching READY once busy, until the
+ * status page reports the revocation, as a poller that makes no system call
+ * would. Then, once remove() has freed the rings (the module's queue group
+ * count is 0), touches what a poller touches: the CQs, whose last consumed
+ * entry must read as before (the stand-in is a copy) and whose new entries
+ * must be completions of this queue, and both doorbells. Bounded: 250 s.
+ */
+static void removal_poll(struct uq_ctrl *c, struct uq_queue *q, struct uq_buf *buf,
+			 struct uq_buf *list, volatile struct snvme_status *st, const char *ready)
+{
+	uint64_t n = 0, deadline = uq_now_ns() + 240ull * 1000000000;
+	struct uq_cqe last[2], e;
+	int k, i;
+
+	while (st->csts != 0xffffffffu) {
+		for (k = 0; k < 2 && st->csts != 0xffffffffu; k++) {
+			struct uq_cqe e;
+
+			while (q[k].outstanding + 1 < q[k].d.entries) {
+				struct uq_sqe s = { .opc = UQ_OPC_READ, .nsid = 1 };
+
+				uq_set_dptr(&s, buf, (n % 8) * 128 * 1024, 8192, list, false);
+				s.cdw10 = (n * 16) % 4096;
+				s.cdw12 = 8192 / c->lba_size - 1;
+				uq_push(&q[k], &s);
+				n++;
+			}
+			uq_ring(&q[k]);
+			if (uq_reap(&q[k], &e, 100) == 0)
+				removal_completed++;
+		}
+		if (removal_completed > 256 && ready) {
+			close(open(ready, O_CREAT | O_WRONLY, 0600));
+			ready = NULL;
+		}
+		if (uq_now_ns() > deadline)
+			die("no revocation within 240 s (%llu completions)",
+			    (unsigned long long)removal_completed);
+	}
+	for (k = 0; k < 2; k++)
+		memcpy(&last[k], (void *)&q[k].cq[(q[k].head + q[k].d.entries - 1) % q[k].d.entries],
+		       sizeof(last[k]));
+	for (i = 0; i < 100 && read_stat("queue_groups") != 0; i++)
+		usleep(100000);
+	check(read_stat("queue_groups") == 0, "remove() freed the rings");
+	for (k = 0; k < 2; k++) {
+		bool same = !memcmp(&last[k], (void *)&q[k].cq[(q[k].head + q[k].d.entries - 1) %
+							 q[k].d.entries], sizeof(last[k]));
+		bool own = true;
+		int got = 0;
+
+		while (q[k].outstanding && uq_reap(&q[k], &e, 0) == 0) {
+			own = own && e.sq_id == q[k].d.qid;
+			got++;
+		}
+		uq_ring(&q[k]);
+		check(same && own, "QID %u after the teardown: last consumed CQE unchanged, %d more "
+		      "completions of this queue, doorbells written", q[k].d.qid, got);
+		removal_stand_ins += same && own;
+	}
+}
+
+/*
+ * Hot removal, the queue group's side: polls (removal_poll) until the
+ * removal revokes the file, then checks that its ioctls fail with ENODEV,
+ * poll() reports it, and the rings and doorbells were touched after the
+ * removal without SIGBUS.
+ */
+static int cmd_removal_holder(const char *ready)
+{
+	volatile struct snvme_status *st;
+	struct snvme_queue_group g;
+	struct uq_queue q[2];
+	struct uq_buf buf, list;
+	struct uq_ctrl c;
+	struct snvme_info in;
+	volatile bool sigbus = false;
+	int ret;
+
+	must_open(&c);
+	if (uq_group_create(&c, 2, 32, &g, q) || uq_buf_alloc(&c, &buf, 1u << 20) ||
+	    uq_buf_alloc(&c, &list, 4096))
+		die("setup: %s", strerror(errno));
+	st = map_status(c.fd);
+	signal(SIGBUS, removal_sigbus);
+	if (sigsetjmp(removal_jmp, 1))
+		sigbus = true;
+	else
+		removal_poll(&c, q, &buf, &list, st, ready);
+	signal(SIGBUS, SIG_DFL);
+	printf("revoked after %llu completions: status page csts 0x%x, revoked %u\n",
+	       (unsigned long long)removal_completed, st->csts, st->revoked);
+	check(st->revoked == SNVME_REVOKED_REMOVED, "status page says REMOVED (%u)", st->revoked);
+	check(!sigbus && removal_stand_ins == 2,
+	      "rings and doorbells touched after the removal without SIGBUS");
+	ret = uq_get_info(c.fd, &in);
+	check(ret == -ENODEV, "GET_INFO after the removal: %s", strerror(-ret));
+	check(poll_revents(c.fd) == (POLLPRI | POLLERR | POLLHUP),
+	      "poll() reports POLLPRI | POLLERR | POLLHUP");
+	uq_group_unmap(q, 2);
+	uq_buf_free(&c, &buf);
+	uq_buf_free(&c, &list);
+	munmap((void *)st, SNVME_STATUS_BYTES);
+	uq_close(&c);
+	return failures ? 1 : 0;
+}
+
+/*
+ * Hot removal, the block side: O_DIRECT reads (and, on a regular file,
+ * writes) of 64 KiB until one fails, touching READY once busy. Passes when
+ * the loop ended within 240 s with EIO, ENXIO, ENODEV or EROFS, or, on the
+ * disk itself, with a read past its end: a removed disk has capacity 0.
+ */
+static int cmd_io_until_error(const char *path, const char *ready)
+{
+	uint64_t deadline = uq_now_ns() + 240ull * 1000000000, n = 0;
+	uint8_t *buf = aligned_alloc(4096, 65536);
+	struct stat sb;
+	bool file;
+	int fd, err = 0;
+	ssize_t got;
+
+	fd = open(path, O_RDWR | O_DIRECT | O_CREAT, 0600);
+	if (fd < 0 || fstat(fd, &sb) || !buf)
+		die("open %s: %s", path, strerror(errno));
+	file = S_ISREG(sb.st_mode);
+	fill_pattern(buf, 65536, 0x10adu);
+	while (!err && uq_now_ns() < deadline) {
+		off_t off = (off_t)(n % 16) * 65536;
+
+		errno = 0;
+		if (file && pwrite(fd, buf, 65536, off) != 65536) {
+			err = errno ? errno : EIO;
+			break;
+		}
+		got = pread(fd, buf, 65536, off);
+		if (got < 0)
+			err = errno;
+		else if (got != 65536 && !file)
+			err = ESPIPE;	/* short read: past the end of the disk */
+		if (++n == 64 && ready)
+			close(open(ready, O_CREAT | O_WRONLY, 0600));
+	}
+	close(fd);
+	free(buf);
+	printf("%s: %llu rounds, then %s\n", path, (unsigned long long)n,
+	       err == ESPIPE ? "a read past the end (capacity 0)" :
+	       err ? strerror(err) : "no error within 240 s");
+	return err == EIO || err == ENXIO || err == ENODEV || err == EROFS || err == ESPIPE ? 0 : 1;
 }
 
 /* ---- negative control: a DMA the IOMMU must stop -------------------- */
@@ -982,10 +1580,24 @@ int main(int argc, char **argv)
 		return cmd_rebind(argv[2], atoi(argv[3]));
 	if (argc >= 3 && !strcmp(argv[1], "fail"))
 		return cmd_fail(argv[2]);
+	if (argc >= 4 && !strcmp(argv[1], "timeout-poll"))
+		return cmd_timeout_poll(argv[2], argv[3]);
+	if (argc >= 4 && !strcmp(argv[1], "timeout-abort-reset"))
+		return cmd_timeout_abort_reset(argv[2], argv[3]);
+	if (argc >= 4 && !strcmp(argv[1], "timeout-fail"))
+		return cmd_timeout_fail(argv[2], argv[3]);
+	if (argc >= 2 && !strcmp(argv[1], "reset-revoke"))
+		return cmd_reset_revoke();
+	if (argc >= 2 && !strcmp(argv[1], "removal-holder"))
+		return cmd_removal_holder(argc >= 3 ? argv[2] : NULL);
+	if (argc >= 3 && !strcmp(argv[1], "io-until-error"))
+		return cmd_io_until_error(argv[2], argc >= 4 ? argv[3] : NULL);
 	if (argc >= 2 && !strcmp(argv[1], "bad-dma"))
 		return cmd_bad_dma();
 	fprintf(stderr, "usage: %s bind ADDR | info LBA SERIAL | perms ADDR | fiemap-read FILE... |\n"
 		"  fiemap-write FILE | wrap | hold-io [READY] | leaks | close-live | bad-ioctl |\n"
-		"  rebind ADDR N | fail ADDR | bad-dma\n", argv[0]);
+		"  rebind ADDR N | fail ADDR | timeout-poll FILE DIR | timeout-abort-reset FILE DIR |\n"
+		"  timeout-fail FILE DIR | reset-revoke | removal-holder [READY] |\n"
+		"  io-until-error PATH [READY] | bad-dma\n", argv[0]);
 	return 2;
 }

@@ -81,7 +81,8 @@ param_range() {
 }
 
 t param-range param_range
-insmod /lib/snvme.ko kernel_queues=2 user_queues=20 || echo "insmod failed"
+# max_retries=1 keeps the timeout ladder's last test at 2 tries (4 deadlines).
+insmod /lib/snvme.ko kernel_queues=2 user_queues=20 max_retries=1 || echo "insmod failed"
 t no-grab-on-load no_grab
 t bind $T bind "$ADDR"
 
@@ -162,4 +163,66 @@ remount() {
 t remount-after-rebind remount
 t controller-failure $T fail "$ADDR"
 t leaks-final $T leaks
+
+# The timeout ladder (docs/driver.md): a mounted file system, 1 s deadlines,
+# the fault injection knobs of the test build. The injections hit the next
+# completions or interrupts, whoever's they are, so nothing else may do I/O:
+# noatime (reads dirty nothing), noinit_itable (no lazy inode table zeroing).
+ladder_setup() {
+	mount -t ext4 -o noatime,noinit_itable /dev/snvme0n1 /mnt || return 1
+	echo 1000 >/sys/block/snvme0n1/queue/io_timeout || return 1
+	[ "$(cat /sys/block/snvme0n1/queue/io_timeout)" = 1000 ]
+}
+t ladder-setup ladder_setup
+t timeout-poll $T timeout-poll /mnt/ladder /mnt
+t timeout-abort-reset $T timeout-abort-reset /mnt/ladder /mnt
+t timeout-fail $T timeout-fail /mnt/ladder /mnt
+t reset-revoke $T reset-revoke
+t libnvm-reset /bin/libnvm-snvme-test reset
+t local-nvme-reset /bin/local-nvme-snvme-test reset "$LBA" $((248 * 1048576 / LBA))
+t leaks-after-reset $T leaks
+ladder_fsck() {
+	grep -q ' /mnt ext4 rw' /proc/mounts || { echo "/mnt is not mounted read-write"; return 1; }
+	md5sum /mnt/small /mnt/three-mib | cmp - /tmp/sums2 || return 1
+	umount /mnt || return 1
+	e2fsck -fn /dev/snvme0n1
+}
+t ladder-fsck ladder_fsck
+
+# Hot removal, last: the rig's host side answers TUTTI-HOTPLUG-REQUEST with
+# QMP device_del of the NVMe behind its pcie-root-port. Block readers, a file
+# writer and a userspace queue group are busy meanwhile; each must end with
+# an error, none may hang, and then rmmod must succeed.
+wait_for() {	# wait_for SECONDS TEST...: polls TEST every 0.1 s
+	n=$(($1 * 10))
+	shift
+	while ! "$@"; do
+		[ $n -gt 0 ] || return 1
+		n=$((n - 1))
+		sleep 0.1
+	done
+}
+all_ready() { [ -e /tmp/r-raw ] && [ -e /tmp/r-file ] && [ -e /tmp/r-queues ]; }
+pci_gone() { [ ! -e /sys/bus/pci/devices/$ADDR ]; }
+hot_removal() {
+	mount -t ext4 -o noatime /dev/snvme0n1 /mnt || return 1
+	rm -f /tmp/r-*
+	$T io-until-error /dev/snvme0n1 /tmp/r-raw & raw=$!
+	$T io-until-error /mnt/busy /tmp/r-file & file=$!
+	$T removal-holder /tmp/r-queues & holder=$!
+	wait_for 120 all_ready || { echo "the I/O never got busy"; kill -9 $raw $file $holder; return 1; }
+	echo "TUTTI-HOTPLUG-REQUEST nvme0 $ADDR"
+	wait_for 120 pci_gone || { echo "$ADDR still present 120 s after the request"; return 1; }
+	echo "$ADDR removed"
+	ok=0
+	wait $raw || { echo "raw block reader: no error"; ok=1; }
+	wait $file || { echo "file writer: no error"; ok=1; }
+	wait $holder || { echo "queue group holder failed"; ok=1; }
+	umount /mnt || { echo "umount failed"; ok=1; }
+	[ ! -e /dev/snvme0 ] && [ ! -e /dev/snvme0n1 ] || { echo "nodes left behind"; ok=1; }
+	rmmod snvme || { echo "rmmod failed"; ok=1; }
+	grep -q '^snvme ' /proc/modules && { echo "snvme still loaded"; ok=1; }
+	return $ok
+}
+t hot-removal hot_removal
 finish

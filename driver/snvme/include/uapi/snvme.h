@@ -17,8 +17,19 @@
  *  SNVME_MMAP_DOORBELLS        the controller's doorbell registers only
  *                              (SQ0TDBL at BAR0 + 1000h, NVMe Base Spec 2.0, 3.1.3),
  *                              info.doorbell_bytes long, never the rest of BAR0
+ *  SNVME_MMAP_STATUS           this file's status page, read-only,
+ *                              SNVME_STATUS_BYTES long (struct snvme_status)
  *  snvme_queue_desc.sq_offset  one SQ ring, DMA-coherent, sq_bytes long
  *  snvme_queue_desc.cq_offset  one CQ ring, DMA-coherent, cq_bytes long
+ *
+ * Revocation: a controller reset, a controller failure or the removal of
+ * the controller revokes every file open at that moment (docs/driver.md,
+ * "What a reset does to userspace"). Its queue groups no longer exist on
+ * the controller; its later ioctls and mmaps fail with ESTALE (reset) or
+ * ENODEV (failure, removal); its status page reads csts = all ones; poll()
+ * reports EPOLLPRI | EPOLLERR, plus EPOLLHUP once the controller is failed
+ * or gone. Its DMA maps stay pinned, and its QIDs reserved, until the file
+ * is closed. A new open() after a reset gets a working file.
  */
 #ifndef _UAPI_LINUX_SNVME_H
 #define _UAPI_LINUX_SNVME_H
@@ -37,6 +48,7 @@
 #define SNVME_CAP_VWC (1ull << 5)	   /* volatile write cache present */
 #define SNVME_CAP_IDENTIFY (1ull << 6)	   /* SNVME_IOC_IDENTIFY */
 #define SNVME_CAP_ABORT (1ull << 7)	   /* SNVME_IOC_ABORT */
+#define SNVME_CAP_STATUS (1ull << 8)	   /* status page, poll() and ESTALE on revocation */
 
 /* Header of every ioctl argument. */
 struct snvme_hdr {
@@ -222,6 +234,31 @@ struct snvme_bind {
 /* mmap offset of the doorbell window; queue rings sit above it. */
 #define SNVME_MMAP_DOORBELLS 0ull
 
+/*
+ * The status page of an open file (mmap offset SNVME_MMAP_STATUS, PROT_READ
+ * and MAP_SHARED only, SNVME_STATUS_BYTES long). It lets pollers that make
+ * no system calls (GPU threads, busy host loops) learn that their queues
+ * were revoked: read csts like the CSTS register. The driver writes revoked
+ * before csts.
+ */
+#define SNVME_MMAP_STATUS (4ull << 20)	/* never a ring: that would be QID 0's CQ */
+#define SNVME_STATUS_BYTES 4096u
+
+#define SNVME_REVOKED_RESET 1u	 /* the controller was reset: queues deleted, it works again */
+#define SNVME_REVOKED_FAILED 2u	 /* the controller failed and is disabled */
+#define SNVME_REVOKED_REMOVED 3u /* the controller was unbound or removed */
+
+struct snvme_status {
+	/*
+	 * CSTS as this file's queues see the controller: 1 (RDY) while they
+	 * are valid, 0xffffffff once revoked, the value a controller that is
+	 * gone reads (NVMe Base Spec 2.0, 3.1.3.6).
+	 */
+	__u32 csts;
+	__u32 revoked;	/* 0, or SNVME_REVOKED_* */
+	__u32 pad0[2];
+};
+
 /* LP64 == ILP32 layout checks. */
 #ifdef __cplusplus
 #define SNVME_STATIC_ASSERT static_assert
@@ -240,6 +277,7 @@ SNVME_STATIC_ASSERT(sizeof(struct snvme_dma_unmap) == 16, "snvme_dma_unmap");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_identify) == 24, "snvme_identify");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_abort) == 16, "snvme_abort");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_bind) == 48, "snvme_bind");
+SNVME_STATIC_ASSERT(sizeof(struct snvme_status) == 16, "snvme_status");
 #undef SNVME_STATIC_ASSERT
 
 #endif /* _UAPI_LINUX_SNVME_H */
