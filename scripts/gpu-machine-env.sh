@@ -9,7 +9,7 @@
 #    never into /) and points pkg-config, CMake and the loader at it. Fetch the packages on a Debian 12
 #    machine with network: `apt-get download liburing-dev liburing2 liburiparser-dev liburiparser1
 #    libfmt-dev libfmt9 nlohmann-json3-dev doctest-dev libbenchmark-dev libbenchmark1debian
-#    libcli11-dev libxxhash-dev libxxhash0 pkgconf-bin libpkgconf3` (docs/gpu.md).
+#    libcli11-dev libxxhash-dev libxxhash0 liblmdb-dev liblmdb0 pkgconf-bin libpkgconf3` (docs/gpu.md).
 # 3. Defines tutti_provide_udev_record DIR: cuFile (libcufile 1.15), even in compat mode, looks up the
 #    block device of every file in the udev database and refuses the file when the record is missing
 #    (cufile.log: "udev property not found: ID_FS_USAGE"), as on VMs and containers without udevd.
@@ -18,7 +18,7 @@
 #    benchmark machine, never on a host whose udev database you care about.
 export PATH=/usr/local/cuda/bin:$PATH
 tutti_debs=${1:-.deb}
-if ! pkg-config --exists liburing liburiparser fmt nlohmann_json libxxhash CLI11 2>/dev/null && [ -d "$tutti_debs" ]; then
+if ! pkg-config --exists liburing liburiparser fmt nlohmann_json libxxhash lmdb CLI11 2>/dev/null && [ -d "$tutti_debs" ]; then
   tutti_prefix=/tmp/tutti-deps
   mkdir -p "$tutti_prefix"
   for f in "$tutti_debs"/*.deb; do dpkg -x "$f" "$tutti_prefix"; done
