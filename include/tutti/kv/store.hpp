@@ -428,7 +428,7 @@ class KvStore {
       }
       batch.meta.emplace_back("next_generation", u64_bytes(generation));
     }
-    Status committed = flushed.is_ok() ? index_->apply(batch).with_context("commit: index")
+    Status committed = flushed.is_ok() ? index_->apply(batch).with_context("commit")
                                        : flushed.with_context("commit: flush of the layer files");
     for (std::size_t i = 0; i < ready.size(); ++i) {
       auto it = pending_.find(ready[i]);
