@@ -116,7 +116,7 @@ class DeviceHasher {
       if (inputs[i].address == nullptr && inputs[i].length != 0)
         return error(StatusCode::INVALID_ARGUMENT, "checksum: inputs[{}].address is null for length = {}", i,
                      inputs[i].length);
-    if (inputs.empty()) return Status::ok();
+    if (inputs.empty()) return Status::success();
     std::scoped_lock lock(mutex_);
     if (!usable_.is_ok()) return usable_;
     TUTTI_RETURN_IF_ERROR(reserve(inputs.size()));
@@ -139,7 +139,7 @@ class DeviceHasher {
 
  private:
   Status reserve(std::size_t count) {
-    if (count <= capacity_) return Status::ok();
+    if (count <= capacity_) return Status::success();
     const std::size_t want = std::max<std::size_t>(count, 256);
     const std::size_t bytes = 256 + want * (sizeof(HashInput) + (xxh3::kLanes + 1) * sizeof(std::uint64_t));
     auto allocated = accel::allocate_device(bytes);
@@ -156,7 +156,7 @@ class DeviceHasher {
     accumulators_ = reinterpret_cast<std::uint64_t*>(base + 256 + want * sizeof(HashInput));
     results_ = accumulators_ + want * xxh3::kLanes;
     capacity_ = want;
-    return Status::ok();
+    return Status::success();
   }
 
   void* stream_ = nullptr;

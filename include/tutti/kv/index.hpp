@@ -255,7 +255,7 @@ class Index {
       if ((rc = mdb_put(txn, meta_, &k, &v, 0)) != 0) return fail(rc, "index: put meta");
     }
     if ((rc = mdb_txn_commit(txn)) != 0) return lmdb_status(rc, "index: commit");  // aborted by LMDB
-    return Status::ok();
+    return Status::success();
   }
 
  private:

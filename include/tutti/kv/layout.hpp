@@ -127,7 +127,7 @@ inline Status fsync_directory(const std::string& dir) {
   const int rc = ::fsync(fd);
   const int e = errno;
   ::close(fd);
-  return rc == 0 ? Status::ok() : errno_status(e, fmt::format("fsync directory '{}'", dir));
+  return rc == 0 ? Status::success() : errno_status(e, fmt::format("fsync directory '{}'", dir));
 }
 
 }  // namespace detail
@@ -180,7 +180,7 @@ inline Status create_layer_files(const std::string& dir, const Layout& layout, s
     remove_created();
     return s;
   }
-  return Status::ok();
+  return Status::success();
 }
 
 }  // namespace tutti::kv

@@ -53,7 +53,7 @@ struct Namespace {
       if (v.size() > kMaxNameBytes)
         return error(StatusCode::INVALID_ARGUMENT, "namespace.{} has {} bytes; the limit is {}", field, v.size(),
                      kMaxNameBytes);
-      return Status::ok();
+      return Status::success();
     };
     TUTTI_RETURN_IF_ERROR(text("model", model, true));
     TUTTI_RETURN_IF_ERROR(text("dtype", dtype, true));
@@ -77,7 +77,7 @@ struct Namespace {
       if (piece_bytes[j] == 0 || piece_bytes[j] > kMaxPieceBytes)
         return error(StatusCode::INVALID_ARGUMENT, "namespace.piece_bytes[{}] = {} is outside 1..{}", j, piece_bytes[j],
                      kMaxPieceBytes);
-    return Status::ok();
+    return Status::success();
   }
 
   nlohmann::json to_json() const {

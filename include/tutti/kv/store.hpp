@@ -53,6 +53,7 @@
 
 #include <fmt/format.h>
 
+#include <tutti/core/clock.hpp>
 #include <tutti/core/io.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/kv/checksum.hpp>
@@ -174,8 +175,8 @@ class KvStore {
       std::scoped_lock lock(mutex_);
       for (auto& [id, op] : ops_) ids.push_back(id);
     }
-    const auto deadline = now_ns() + options_.io_timeout_ns;
-    for (auto id : ids) (void)wait(KvIo{id}, remaining(deadline));
+    const auto deadline = deadline_after_ns(options_.io_timeout_ns);
+    for (auto id : ids) (void)wait(KvIo{id}, remaining_ns(deadline));
     for (auto t : targets_) (void)runtime_.close(t);
     for (auto& [handle, view] : memory_) (void)runtime_.unregister_memory(handle);
   }
@@ -210,7 +211,7 @@ class KvStore {
       return error(StatusCode::INVALID_ARGUMENT, "memory = {} was not registered with this store", handle.to_string());
     TUTTI_RETURN_IF_ERROR(runtime_.unregister_memory(handle));
     memory_.erase(it);
-    return Status::ok();
+    return Status::success();
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -290,7 +291,7 @@ class KvStore {
       }
       op->waiting = true;
     }
-    Status s = drive(*op, now_ns() + std::min(timeout_ns, kMaxBudgetNs));
+    Status s = drive(*op, deadline_after_ns(timeout_ns));
     if (!s.is_ok()) {
       std::scoped_lock lock(mutex_);
       op->waiting = false;
@@ -315,7 +316,7 @@ class KvStore {
       for (auto& [id, op] : ops_)
         if (op->layer == layer) ids.push_back(id);
     }
-    const std::uint64_t deadline = now_ns() + std::min(timeout_ns, kMaxBudgetNs);
+    const std::uint64_t deadline = deadline_after_ns(timeout_ns);
     std::vector<LayerResult> out;
     for (auto id : ids) {
       std::shared_ptr<Op> op;
@@ -325,7 +326,7 @@ class KvStore {
         if (it == ops_.end()) continue;  // another thread waited for it
         op = it->second;
       }
-      auto r = wait(KvIo{id}, remaining(deadline));
+      auto r = wait(KvIo{id}, remaining_ns(deadline));
       if (!r) {
         // Keep what already completed for a later call.
         std::scoped_lock lock(mutex_);
@@ -407,7 +408,7 @@ class KvStore {
         flushes.push_back(IoRequest{Direction::FLUSH, MemoryHandle{}, 0, targets_[l], 0, 0});
         flushed_layers.push_back(l);
       }
-    Status flushed = run_requests(flushes, now_ns() + std::min(timeout_ns, kMaxBudgetNs));
+    Status flushed = run_requests(flushes, deadline_after_ns(timeout_ns));
 
     std::scoped_lock lock(mutex_);
     if (flushed.code() == StatusCode::TIMEOUT) {
@@ -475,7 +476,7 @@ class KvStore {
       slots_.release(it->second.slot);
       pending_.erase(it);
     }
-    return Status::ok();
+    return Status::success();
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -493,7 +494,7 @@ class KvStore {
         return error(StatusCode::NOT_FOUND, "keys[{}] ({}) is not a visible block; nothing was pinned", k,
                      key_text(keys[k]));
     for (auto key : keys) ++slots_[visible_.at(std::string(key)).slot].pins;
-    return Status::ok();
+    return Status::success();
   }
 
   /// Undoes pin(). Errors: as pin(), and INVALID_ARGUMENT for a key not pinned (nothing unpinned).
@@ -512,7 +513,7 @@ class KvStore {
                      key_text(keys[k]), slots_[it->second.slot].pins);
     }
     for (auto [slot, n] : wanted) slots_[slot].pins -= n;
-    return Status::ok();
+    return Status::success();
   }
 
   /// Removes visible, unpinned blocks (their records first, in one LMDB transaction). Keys not
@@ -563,7 +564,6 @@ class KvStore {
   }
 
  private:
-  static constexpr std::uint64_t kMaxBudgetNs = std::uint64_t{1} << 62;
   enum class LayerState : std::uint8_t { NONE, IN_FLIGHT, WRITTEN };
 
   struct Pending {
@@ -616,14 +616,6 @@ class KvStore {
       : runtime_(runtime), dir_(std::move(dir)), ns_(ns), options_(options), slots_(0),
         hasher_(options.checksum_stream) {}
 
-  static std::uint64_t now_ns() noexcept {
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
-  }
-  static std::uint64_t remaining(std::uint64_t deadline) noexcept {
-    const auto now = now_ns();
-    return deadline > now ? deadline - now : 0;
-  }
   static std::string u64_bytes(std::uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
 
   // --- open ------------------------------------------------------------------------------------
@@ -733,7 +725,7 @@ class KvStore {
     next_generation_ = 1;
     written_.assign(layout_.layers, 0);
     flushed_.assign(layout_.layers, 0);
-    return Status::ok();
+    return Status::success();
   }
 
   Status read_format() {
@@ -775,7 +767,7 @@ class KvStore {
     slots_ = SlotTable(layout_.slots);
     written_.assign(layout_.layers, 0);
     flushed_.assign(layout_.layers, 0);
-    return Status::ok();
+    return Status::success();
   }
 
   /// Rebuilds the slot table and the in-memory index from the records; damaged records (bad
@@ -790,10 +782,10 @@ class KvStore {
         if (!record || key.empty() || key.size() > kMaxKeyBytes ||
             !slots_.claim_visible(record->slot, std::string(key), record->generation)) {
           damaged.emplace_back(key);
-          return Status::ok();
+          return Status::success();
         }
         visible_.emplace(std::string(key), std::move(record.value()));
-        return Status::ok();
+        return Status::success();
       }));
     }
     slots_.rebuild_free_list();
@@ -803,7 +795,7 @@ class KvStore {
       TUTTI_RETURN_IF_ERROR(index_->apply(batch).with_context("delete damaged index records"));
       counters_.dropped_records.fetch_add(damaged.size(), std::memory_order_relaxed);
     }
-    return Status::ok();
+    return Status::success();
   }
 
   Status open_targets() {
@@ -822,7 +814,7 @@ class KvStore {
       targets_.clear();
       return failure;
     }
-    return Status::ok();
+    return Status::success();
   }
 
   // --- validation ------------------------------------------------------------------------------
@@ -830,14 +822,14 @@ class KvStore {
   Status check_writer(std::string_view what) const {
     if (options_.read_only)
       return error(StatusCode::UNSUPPORTED, "{}: this store was opened read-only (options.read_only = true)", what);
-    return Status::ok();
+    return Status::success();
   }
 
   Status check_layer(std::uint32_t layer) const {
     if (layer >= layout_.layers)
       return error(StatusCode::INVALID_ARGUMENT, "layer = {} is out of range: the store has layers 0..{}", layer,
                    layout_.layers - 1);
-    return Status::ok();
+    return Status::success();
   }
 
   static Status check_keys(std::span<const std::string_view> keys, bool unique) {
@@ -852,7 +844,7 @@ class KvStore {
           return error(StatusCode::INVALID_ARGUMENT, "keys[{}] ({}) repeats keys[{}]; a store names each block once", k,
                        key_text(keys[k]), it->second);
     }
-    return Status::ok();
+    return Status::success();
   }
 
   /// Checks every piece (mutex_ held) and returns the region of each.
@@ -887,7 +879,7 @@ class KvStore {
                      i, address, kAlignment);
       views[i] = &view;
     }
-    return Status::ok();
+    return Status::success();
   }
 
   // --- submit ----------------------------------------------------------------------------------
@@ -1112,19 +1104,19 @@ class KvStore {
         op.request_block.push_back(k);
       }
     }
-    return Status::ok();
+    return Status::success();
   }
 
   /// Deletes the records of `victims` (visible slots) in one transaction and forgets them (mutex_
   /// held). The slots are not released here.
   Status evict_locked(const std::vector<std::uint32_t>& victims) {
-    if (victims.empty()) return Status::ok();
+    if (victims.empty()) return Status::success();
     Index::Batch batch;
     for (auto s : victims) batch.deletes.push_back(slots_[s].key);
     TUTTI_RETURN_IF_ERROR(index_->apply(batch).with_context("evict"));
     for (auto s : victims) visible_.erase(slots_[s].key);
     counters_.evictions.fetch_add(victims.size(), std::memory_order_relaxed);
-    return Status::ok();
+    return Status::success();
   }
 
   /// XXH3-64 of each check's bytes into check.expected (stores) — host memory here, device memory
@@ -1157,7 +1149,7 @@ class KvStore {
       for (std::size_t i = 0; i < checks.size(); ++i)
         (*matches)[i] = checks[i].address == nullptr || values[i] == checks[i].expected;
     }
-    return Status::ok();
+    return Status::success();
   }
 
   /// Submits the op's unsubmitted requests in one runtime submit; rejected with RESOURCE_EXHAUSTED
@@ -1191,7 +1183,7 @@ class KvStore {
   Status drive(Op& op, std::uint64_t deadline) {
     for (;;) {
       if (!op.io.is_null()) {
-        auto result = runtime_.wait(op.io, remaining(deadline));
+        auto result = runtime_.wait(op.io, remaining_ns(deadline));
         if (!result) {
           if (result.code() == StatusCode::TIMEOUT) return result.status();
           // A progress error: the runtime keeps the IO in flight. Report it as the requests' failure
@@ -1207,11 +1199,11 @@ class KvStore {
         op.io = IoHandle{};
         op.in_flight.clear();
       }
-      if (op.unsubmitted.empty()) return Status::ok();
+      if (op.unsubmitted.empty()) return Status::success();
       counters_.resubmits.fetch_add(1, std::memory_order_relaxed);
       submit_some(op);
       if (op.io.is_null()) {
-        if (remaining(deadline) == 0)
+        if (remaining_ns(deadline) == 0)
           return error(StatusCode::TIMEOUT, "KV IO: {} request(s) still refused by the runtime (queue full)",
                        op.unsubmitted.size());
         std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -1311,7 +1303,7 @@ class KvStore {
     if (!found) return found.status();
     if (*found) {
       auto record = decode_record(op.keys[k], **found, layout_.layers, layout_.pieces());
-      if (record && record->generation == op.generation[k] && record->slot == op.slot[k]) return Status::ok();
+      if (record && record->generation == op.generation[k] && record->slot == op.slot[k]) return Status::success();
     }
     return error(StatusCode::DATA_LOSS,
                  "keys[{}] ({}) was evicted or replaced by the writer while it was read; the block is not served", k,
@@ -1320,7 +1312,7 @@ class KvStore {
 
   /// Runs `requests` (FLUSHes) to completion within the deadline; the first failure.
   Status run_requests(const std::vector<IoRequest>& requests, std::uint64_t deadline) {
-    if (requests.empty()) return Status::ok();
+    if (requests.empty()) return Status::success();
     Op op;
     op.requests = requests;
     op.request_status.resize(requests.size());
@@ -1330,7 +1322,7 @@ class KvStore {
     TUTTI_RETURN_IF_ERROR(drive(op, deadline));
     for (const auto& s : op.request_status)
       if (!s.is_ok()) return s;
-    return Status::ok();
+    return Status::success();
   }
 
   Runtime& runtime_;
