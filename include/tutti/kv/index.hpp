@@ -119,7 +119,7 @@ inline Result<BlockRecord> decode_record(std::string_view key, std::string_view 
   r.checksums.resize(std::size_t{layers} * pieces);
   std::memcpy(r.piece_lengths.data(), p + 24, 8 * pieces);
   std::memcpy(r.checksums.data(), p + 24 + 8 * pieces, 8 * r.checksums.size());
-  return r;
+  return Result<BlockRecord>(std::move(r));
 }
 
 /// An LMDB error as a Status: MDB_MAP_FULL, ENOSPC, EDQUOT, MDB_READERS_FULL -> RESOURCE_EXHAUSTED;
@@ -176,7 +176,7 @@ class Index {
       return lmdb_status(rc, fmt::format("index: open the databases of '{}'", path));
     }
     if ((rc = mdb_txn_commit(txn)) != 0) return lmdb_status(rc, "index: commit the databases");
-    return index;
+    return Result<std::unique_ptr<Index>>(std::move(index));  // explicit: nvcc does not move implicitly here
   }
 
   ~Index() {

@@ -71,7 +71,7 @@ struct Layout {
                    "options.capacity_bytes = {} is below one block of {} bytes ({} layers x {}-byte slots)",
                    capacity_bytes, block_bytes, l.layers, l.slot_bytes);
     l.slots = std::min(capacity_bytes / block_bytes, kMaxSlots);
-    return l;
+    return Result<Layout>(std::move(l));
   }
 
   nlohmann::json to_json() const {
@@ -88,7 +88,7 @@ struct Layout {
       j.at("slots").get_to(l.slots);
       if (l.piece_bytes.size() != l.piece_offsets.size() || l.slots == 0 || l.slot_bytes % kAlignment != 0)
         return error(StatusCode::DATA_LOSS, "the stored layout is inconsistent: {}", j.dump());
-      return l;
+      return Result<Layout>(std::move(l));
     } catch (const nlohmann::json::exception& e) {
       return error(StatusCode::DATA_LOSS, "the stored layout is unreadable: {}", e.what());
     }

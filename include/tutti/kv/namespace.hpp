@@ -106,7 +106,7 @@ struct Namespace {
       j.at("piece_bytes").get_to(n.piece_bytes);
       j.at("hash_algorithm").get_to(n.hash_algorithm);
       j.at("hash_seed").get_to(n.hash_seed);
-      return n;
+      return Result<Namespace>(std::move(n));
     } catch (const nlohmann::json::exception& e) {
       return error(StatusCode::DATA_LOSS, "the stored namespace is unreadable: {}", e.what());
     }

@@ -84,6 +84,12 @@ struct StoreOptions {
   std::uint64_t io_timeout_ns = kDefaultIoTimeoutNs;
   /// CUDA profile: the stream the checksum kernels run on (nullptr: the default stream).
   void* checksum_stream = nullptr;
+  /// Threads that checksum host memory in one call (the calling thread is one of them); 0: the
+  /// hardware threads, at most kMaxChecksumThreads. A thread is only used per
+  /// kChecksumBytesPerThread bytes to hash.
+  std::uint32_t host_checksum_threads = 0;
+  static constexpr std::uint32_t kMaxChecksumThreads = 8;
+  static constexpr std::uint64_t kChecksumBytesPerThread = std::uint64_t{4} << 20;  // 4 MiB
 };
 
 /// One memory piece of one block of one layer: `length` bytes at `offset` of a region registered
@@ -163,7 +169,7 @@ class KvStore {
       return error(StatusCode::INVALID_ARGUMENT, "options.io_timeout_ns = 0 must be >= 1");
     auto store = std::unique_ptr<KvStore>(new KvStore(runtime, directory, ns, options));
     TUTTI_RETURN_IF_ERROR(store->open_files().with_context(fmt::format("KV store '{}'", directory)));
-    return store;
+    return Result<std::unique_ptr<KvStore>>(std::move(store));  // explicit: nvcc does not move implicitly here
   }
 
   /// Waits up to options.io_timeout_ns for IO in flight, then closes the layer files and
@@ -235,7 +241,7 @@ class KvStore {
     } else {
       std::scoped_lock lock(mutex_);
       for (; hit < keys.size(); ++hit) {
-        auto it = visible_.find(std::string(keys[hit]));
+        auto it = visible_.find(keys[hit]);
         if (it == visible_.end()) break;
         slots_[it->second.slot].referenced = true;
       }
@@ -287,7 +293,7 @@ class KvStore {
       if (op->finished) {  // completed during a wait_layer that then timed out
         LayerResult kept = std::move(*op->finished);
         ops_.erase(it);
-        return kept;
+        return Result<LayerResult>(std::move(kept));
       }
       op->waiting = true;
     }
@@ -301,7 +307,7 @@ class KvStore {
     result.io = io;
     std::scoped_lock lock(mutex_);
     ops_.erase(io.id);
-    return result;
+    return Result<LayerResult>(std::move(result));
   }
 
   /// Waits up to timeout_ns for every load and store of `layer` submitted so far and returns
@@ -341,7 +347,7 @@ class KvStore {
       }
       out.push_back(std::move(*r));
     }
-    return out;
+    return Result<std::vector<LayerResult>>(std::move(out));
   }
 
   /// Makes the keys' pending blocks visible: every layer must have been stored (and waited for)
@@ -398,7 +404,7 @@ class KvStore {
       }
       for (std::uint32_t l = 0; l < layout_.layers; ++l) flush_upto[l] = written_[l];
     }
-    if (ready.empty()) return out;
+    if (ready.empty()) return Result<std::vector<Status>>(std::move(out));
 
     // 1. Flush every layer file written since the last commit (data durable before the record).
     std::vector<IoRequest> flushes;
@@ -453,7 +459,7 @@ class KvStore {
       if (!committed.is_ok() && std::find(ready.begin(), ready.end(), std::string(keys[k])) != ready.end())
         out[k] = committed.with_context(fmt::format("keys[{}] ({}) not made visible", k, key_text(keys[k])));
     }
-    return out;
+    return Result<std::vector<Status>>(std::move(out));
   }
 
   /// Drops the keys' pending blocks (stored layers are forgotten, slots freed). Keys without a
@@ -614,6 +620,10 @@ class KvStore {
 
   KvStore(Runtime& runtime, std::string dir, const Namespace& ns, const Options& options)
       : runtime_(runtime), dir_(std::move(dir)), ns_(ns), options_(options), slots_(0),
+        host_checksum_threads_(options.host_checksum_threads != 0
+                                   ? options.host_checksum_threads
+                                   : std::clamp<std::uint32_t>(std::thread::hardware_concurrency(), 1,
+                                                               StoreOptions::kMaxChecksumThreads)),
         hasher_(options.checksum_stream) {}
 
   static std::string u64_bytes(std::uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
@@ -1126,16 +1136,31 @@ class KvStore {
   /// Computes the checksums of `checks`; into .expected (assign) or compared (returns per check).
   Status hash_into(std::vector<PieceCheck>& checks, bool assign, std::vector<bool>* matches = nullptr) {
     std::vector<HashInput> device_inputs;
-    std::vector<std::size_t> device_index;
+    std::vector<std::size_t> device_index, host_index;
     std::vector<std::uint64_t> values(checks.size());
+    std::uint64_t host_bytes = 0;
     for (std::size_t i = 0; i < checks.size(); ++i) {
       if (checks[i].address == nullptr) continue;  // block not submitted
       if (checks[i].device) {
         device_inputs.push_back({checks[i].address, checks[i].length});
         device_index.push_back(i);
       } else {
-        values[i] = host_checksum(checks[i].address, checks[i].length);
+        host_index.push_back(i);
+        host_bytes += checks[i].length;
       }
+    }
+    // Host pieces on up to host_checksum_threads threads (the caller is one), one piece at a time.
+    std::atomic<std::size_t> next{0};
+    auto work = [&] {
+      for (std::size_t n = next.fetch_add(1); n < host_index.size(); n = next.fetch_add(1))
+        values[host_index[n]] = host_checksum(checks[host_index[n]].address, checks[host_index[n]].length);
+    };
+    const std::uint64_t threads = std::min<std::uint64_t>(
+        {host_checksum_threads_, host_index.size(), host_bytes / StoreOptions::kChecksumBytesPerThread + 1});
+    {
+      std::vector<std::jthread> helpers;
+      for (std::uint64_t t = 1; t < threads; ++t) helpers.emplace_back(work);
+      work();
     }
     if (!device_inputs.empty()) {
       std::vector<std::uint64_t> out(device_inputs.size());
@@ -1337,14 +1362,22 @@ class KvStore {
 
   mutable std::mutex mutex_;
   SlotTable slots_;
-  std::unordered_map<std::string, BlockRecord> visible_;
-  std::unordered_map<std::string, Pending> pending_;
+  /// Hash of keys that finds a std::string entry from a std::string_view without a copy.
+  struct KeyHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view key) const noexcept { return std::hash<std::string_view>{}(key); }
+  };
+  template <class V>
+  using KeyMap = std::unordered_map<std::string, V, KeyHash, std::equal_to<>>;
+  KeyMap<BlockRecord> visible_;
+  KeyMap<Pending> pending_;
   std::vector<std::pair<MemoryHandle, MemoryView>> memory_;
   std::map<std::uint64_t, std::shared_ptr<Op>> ops_;
   std::uint64_t next_io_ = 1;
   std::uint64_t next_generation_ = 1;
   std::vector<std::uint64_t> written_;  // per layer: block-layers written so far
   std::vector<std::uint64_t> flushed_;  // per layer: written_ value covered by the last flush
+  std::uint64_t host_checksum_threads_;
   DeviceHasher hasher_;
   Counters counters_;
 };

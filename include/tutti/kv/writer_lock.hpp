@@ -54,7 +54,7 @@ class WriterLock {
     const std::string pid = std::to_string(::getpid());
     if (::ftruncate(lock.fd_, 0) != 0 || ::pwrite(lock.fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
       return errno_status(errno, fmt::format("write the pid into '{}'", lock.path_));
-    return lock;
+    return Result<WriterLock>(std::move(lock));  // explicit: nvcc does not move implicitly here
   }
 
   /// Removes the lock file (after a failed creation, so that nothing is left behind).
