@@ -85,7 +85,8 @@ TEST_CASE("the XXH3 checksum kernels on DEVICE memory equal libxxhash's XXH3_64b
     REQUIRE_MESSAGE(out[i] == XXH3_64bits(host.data() + offsets[i], inputs[i].length), "length ", inputs[i].length);
 }
 
-TEST_CASE("KvStore over uring stores blocks from DEVICE memory and loads them into DEVICE memory, verified by the kernels") {
+TEST_CASE(
+    "KvStore over uring stores blocks from DEVICE memory and loads them into DEVICE memory, verified by the kernels") {
   testing::TempDirectory dir;
   UringRuntime rt;
   const auto ns = gpu_namespace();
@@ -108,7 +109,8 @@ TEST_CASE("KvStore over uring stores blocks from DEVICE memory and loads them in
     REQUIRE_MESSAGE(dst.is_ok(), dst.status().to_string());
     for (std::uint32_t layer = 0; layer < ns.layers; ++layer) {
       expected.push_back(random_bytes(blocks * block, 100 + layer));
-      REQUIRE(accel::copy_to_device(source.data + layer * blocks * block, expected.back().data(), blocks * block).is_ok());
+      REQUIRE(
+          accel::copy_to_device(source.data + layer * blocks * block, expected.back().data(), blocks * block).is_ok());
       std::vector<kv::Piece> pieces;
       for (std::size_t i = 0; i < blocks * P; ++i) pieces.push_back({*src, layer * blocks * block + i * piece, piece});
       auto io = store.store(keyviews, layer, pieces);

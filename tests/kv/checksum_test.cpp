@@ -40,8 +40,8 @@ TEST_CASE("the one-thread XXH3 of kv/xxh3.hpp equals libxxhash's XXH3_64bits on 
   for (std::uint64_t n : lengths()) {
     for (std::size_t offset : {std::size_t{0}, std::size_t{3}}) {  // unaligned inputs too
       const std::uint8_t* p = data.data() + offset;
-      REQUIRE_MESSAGE(kv::xxh3::hash(p, n, kv::xxh3::kDefaultSecret.bytes) == XXH3_64bits(p, n),
-                      "length ", n, " offset ", offset);
+      REQUIRE_MESSAGE(kv::xxh3::hash(p, n, kv::xxh3::kDefaultSecret.bytes) == XXH3_64bits(p, n), "length ", n,
+                      " offset ", offset);
     }
   }
 }

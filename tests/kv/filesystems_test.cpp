@@ -86,7 +86,9 @@ kv::Namespace one_piece(std::uint32_t layers, std::uint64_t piece) {
 
 }  // namespace
 
-TEST_CASE("creating a store larger than the free space of an ext4 image fails with RESOURCE_EXHAUSTED and leaves nothing behind") {
+TEST_CASE(
+    "creating a store larger than the free space of an ext4 image fails with RESOURCE_EXHAUSTED and leaves nothing "
+    "behind") {
   auto fs = make_ext4(64ull << 20);
   UringRuntime rt;
   kv::StoreOptions o;
@@ -98,7 +100,10 @@ TEST_CASE("creating a store larger than the free space of an ext4 image fails wi
   CHECK(!std::filesystem::exists(fs->path("kv")));
   // A directory that existed: exactly what it held before.
   std::filesystem::create_directory(fs->path("mine"));
-  { std::FILE* f = std::fopen(fs->path("mine/keep").c_str(), "w"); std::fclose(f); }
+  {
+    std::FILE* f = std::fopen(fs->path("mine/keep").c_str(), "w");
+    std::fclose(f);
+  }
   s = kv::KvStore<UringRuntime>::open(rt, fs->path("mine"), small_namespace(4), o).status();
   CHECK(s.code() == StatusCode::RESOURCE_EXHAUSTED);
   CHECK(names_in(fs->path("mine")) == std::set<std::string>{"keep"});
@@ -109,7 +114,8 @@ TEST_CASE("creating a store larger than the free space of an ext4 image fails wi
   CHECK(names_in(fs->path("mine")).count("layer-00003.kv") == 1);
 }
 
-TEST_CASE("index growth on a full file system fails that commit cleanly; earlier blocks stay intact, also after a remount") {
+TEST_CASE(
+    "index growth on a full file system fails that commit cleanly; earlier blocks stay intact, also after a remount") {
   auto fs = make_ext4(64ull << 20);
   const auto ns = one_piece(2, 4096);
   const std::string dir = fs->path("kv");
@@ -144,8 +150,10 @@ TEST_CASE("index growth on a full file system fails that commit cleanly; earlier
       auto statuses = store_and_commit(store, buffer, *memory, first, 64);
       for (const auto& s : statuses)
         if (!s.is_ok()) failure = s;
-      if (failure.is_ok()) stored = first + 64;
-      else failed_batch_first = first;
+      if (failure.is_ok())
+        stored = first + 64;
+      else
+        failed_batch_first = first;
     }
     REQUIRE_MESSAGE(!failure.is_ok(), "the index never ran out of space");
     MESSAGE("commit of blocks ", failed_batch_first, "..", failed_batch_first + 63, " failed: ", failure.to_string());
@@ -173,7 +181,9 @@ TEST_CASE("index growth on a full file system fails that commit cleanly; earlier
   CHECK(store.lookup(views(failed)).value() == 0);
 }
 
-TEST_CASE("the store over local_nvme: blocks written through the soft controller's NVMe queues load back and verify, also after a remount") {
+TEST_CASE(
+    "the store over local_nvme: blocks written through the soft controller's NVMe queues load back and verify, also "
+    "after a remount") {
   auto fs = make_ext4(256ull << 20);
   const auto ns = small_namespace(4, 8192);
   const std::string dir = fs->path("kv");

@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
   if (args.size() == 2 && args[0] == "crash-writer") return writer(args[1], 0, true);
   if (args.size() == 3 && args[0] == "reader") return reader(args[1], std::stod(args[2]));
   if (args.size() == 2 && args[0] == "second-writer") return second_writer(args[1]);
-  std::fprintf(stderr, "usage: kv_helper writer DIR BLOCKS | crash-writer DIR | reader DIR SECONDS | second-writer DIR\n");
+  std::fprintf(stderr,
+               "usage: kv_helper writer DIR BLOCKS | crash-writer DIR | reader DIR SECONDS | second-writer DIR\n");
   return 2;
 }

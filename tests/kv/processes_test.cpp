@@ -96,7 +96,9 @@ class Child {
 
 }  // namespace
 
-TEST_CASE("kill -9 of a writer in the middle of its stores: after reopening only complete blocks are visible, and all verify") {
+TEST_CASE(
+    "kill -9 of a writer in the middle of its stores: after reopening only complete blocks are visible, and all "
+    "verify") {
   testing::TempDirectory dir;
   const std::string store_dir = dir.file("kv");
   std::uint64_t reported = 0;
@@ -149,11 +151,13 @@ TEST_CASE("kill -9 of a writer in the middle of its stores: after reopening only
   CHECK(store.lookup(views(last)).value() + store.lookup(views(next)).value() >= 1);
 }
 
-TEST_CASE("a writer and two reader processes share one directory; a second writer process is refused naming the writer's pid") {
+TEST_CASE(
+    "a writer and two reader processes share one directory; a second writer process is refused naming the writer's "
+    "pid") {
   testing::TempDirectory dir;
   const std::string store_dir = dir.file("kv");
   Child writer({"writer", store_dir, "4000"});  // 4000 blocks into 64 slots: readers race evictions
-  REQUIRE(writer.line() == "committed 4");     // the store exists: readers may open it
+  REQUIRE(writer.line() == "committed 4");      // the store exists: readers may open it
   Child reader1({"reader", store_dir, "3"});
   Child reader2({"reader", store_dir, "3"});
   Child second({"second-writer", store_dir});

@@ -133,7 +133,9 @@ TEST_CASE("blocks stored layer by layer and committed load back byte for byte ac
   }
 }
 
-TEST_CASE("lookup returns the stored prefix length; a partial prefix load reads the stored blocks and reports the rest NOT_FOUND") {
+TEST_CASE(
+    "lookup returns the stored prefix length; a partial prefix load reads the stored blocks and reports the rest "
+    "NOT_FOUND") {
   testing::TempDirectory dir;
   UringRuntime rt;
   auto store = open_store(rt, dir.file("kv"), small_namespace(2), 32 * 2 * 16384);
@@ -157,7 +159,9 @@ TEST_CASE("lookup returns the stored prefix length; a partial prefix load reads 
     CHECK(holds(region.buffer.data + i * stride, 8192, i / 2, 1, static_cast<std::uint32_t>(i % 2)));
 }
 
-TEST_CASE("a block whose bytes were damaged on disk is refused at load with DATA_LOSS and counted; only the unsafe option serves it") {
+TEST_CASE(
+    "a block whose bytes were damaged on disk is refused at load with DATA_LOSS and counted; only the unsafe option "
+    "serves it") {
   testing::TempDirectory dir;
   UringRuntime rt;
   const auto ns = small_namespace(2);
@@ -207,7 +211,9 @@ TEST_CASE("a block whose bytes were damaged on disk is refused at load with DATA
   CHECK_FALSE(holds(region.buffer.data + (2 * 2 + 1) * 8192, 8192, 2, 1, 1));
 }
 
-TEST_CASE("eviction under the byte bound takes unpinned blocks by CLOCK; pinned blocks are never evicted; all pinned is RESOURCE_EXHAUSTED") {
+TEST_CASE(
+    "eviction under the byte bound takes unpinned blocks by CLOCK; pinned blocks are never evicted; all pinned is "
+    "RESOURCE_EXHAUSTED") {
   testing::TempDirectory dir;
   UringRuntime rt;
   const auto ns = small_namespace(2);
@@ -248,7 +254,8 @@ TEST_CASE("eviction under the byte bound takes unpinned blocks by CLOCK; pinned 
   CHECK(store->lookup(views(pinned)).value() == 2);
 }
 
-TEST_CASE("a block is invisible until commit; commit before every layer is stored is NOT_READY; discard frees its slot") {
+TEST_CASE(
+    "a block is invisible until commit; commit before every layer is stored is NOT_READY; discard frees its slot") {
   testing::TempDirectory dir;
   UringRuntime rt;
   auto store = open_store(rt, dir.file("kv"), small_namespace(3), 4 * 3 * 16384);
@@ -304,13 +311,16 @@ TEST_CASE("every bad input is refused with a message naming the field, the value
   {  // namespace fields and options, before anything is created
     auto bad = ns;
     bad.layers = 0;
-    expect(Store::open(rt, dir.file("kv"), bad, o).status(), StatusCode::INVALID_ARGUMENT, {"namespace.layers = 0", "1..4096"});
+    expect(Store::open(rt, dir.file("kv"), bad, o).status(), StatusCode::INVALID_ARGUMENT,
+           {"namespace.layers = 0", "1..4096"});
     bad = ns;
     bad.piece_bytes = {};
-    expect(Store::open(rt, dir.file("kv"), bad, o).status(), StatusCode::INVALID_ARGUMENT, {"namespace.piece_bytes", "1..16"});
+    expect(Store::open(rt, dir.file("kv"), bad, o).status(), StatusCode::INVALID_ARGUMENT,
+           {"namespace.piece_bytes", "1..16"});
     bad = ns;
     bad.tp_rank = 2;
-    expect(Store::open(rt, dir.file("kv"), bad, o).status(), StatusCode::INVALID_ARGUMENT, {"namespace.tp_rank = 2", "tp_size = 1"});
+    expect(Store::open(rt, dir.file("kv"), bad, o).status(), StatusCode::INVALID_ARGUMENT,
+           {"namespace.tp_rank = 2", "tp_size = 1"});
     bad = ns;
     bad.tensor_layout = "XYZ";
     expect(Store::open(rt, dir.file("kv"), bad, o).status(), StatusCode::INVALID_ARGUMENT, {"tensor_layout = 'XYZ'"});
@@ -330,11 +340,13 @@ TEST_CASE("every bad input is refused with a message naming the field, the value
     other.block_tokens = 32;
     auto s = Store::open(rt, dir.file("kv"), other, o).status();
     expect(s, StatusCode::INVALID_ARGUMENT,
-           {"namespace differs", "model: stored \"test-model@1\", requested \"other-model\"", "block_tokens: stored 16, requested 32"});
+           {"namespace differs", "model: stored \"test-model@1\", requested \"other-model\"",
+            "block_tokens: stored 16, requested 32"});
     other = ns;
     other.tp_rank = 0;
     other.tp_size = 2;
-    expect(Store::open(rt, dir.file("kv"), other, o).status(), StatusCode::INVALID_ARGUMENT, {"tp_size: stored 1, requested 2"});
+    expect(Store::open(rt, dir.file("kv"), other, o).status(), StatusCode::INVALID_ARGUMENT,
+           {"tp_size: stored 1, requested 2"});
     kv::StoreOptions bigger = o;
     bigger.capacity_bytes *= 2;
     expect(Store::open(rt, dir.file("kv"), ns, bigger).status(), StatusCode::INVALID_ARGUMENT,
@@ -349,11 +361,11 @@ TEST_CASE("every bad input is refused with a message naming the field, the value
   std::vector<std::string> bad_keys{key_of(0), std::string()};
   expect(store->lookup(views(bad_keys)).status(), StatusCode::INVALID_ARGUMENT, {"keys[1] has 0 bytes", "1..64"});
   bad_keys[1] = std::string(65, 'k');
-  expect(store->load(views(bad_keys), 0, pieces(region.memory, 2, 2, 8192, 8192)).status(), StatusCode::INVALID_ARGUMENT,
-         {"keys[1] has 65 bytes", "1..64"});
+  expect(store->load(views(bad_keys), 0, pieces(region.memory, 2, 2, 8192, 8192)).status(),
+         StatusCode::INVALID_ARGUMENT, {"keys[1] has 65 bytes", "1..64"});
   std::vector<std::string> repeated{key_of(5), key_of(5)};
-  expect(store->store(views(repeated), 0, pieces(region.memory, 2, 2, 8192, 8192)).status(), StatusCode::INVALID_ARGUMENT,
-         {"keys[1]", "repeats keys[0]"});
+  expect(store->store(views(repeated), 0, pieces(region.memory, 2, 2, 8192, 8192)).status(),
+         StatusCode::INVALID_ARGUMENT, {"keys[1]", "repeats keys[0]"});
   // layer
   expect(store->load(views(one), 2, good).status(), StatusCode::INVALID_ARGUMENT, {"layer = 2", "0..1"});
   expect(store->wait_layer(9, kSecond).status(), StatusCode::INVALID_ARGUMENT, {"layer = 9"});
@@ -383,7 +395,8 @@ TEST_CASE("every bad input is refused with a message naming the field, the value
   REQUIRE(io.is_ok());
   auto r = store->wait(*io, kSecond * 30);
   REQUIRE(r.is_ok());
-  expect(r->blocks[0], StatusCode::OUT_OF_RANGE, {"destinations[1].length = 4096", "below the stored piece's 8192 bytes"});
+  expect(r->blocks[0], StatusCode::OUT_OF_RANGE,
+         {"destinations[1].length = 4096", "below the stored piece's 8192 bytes"});
   // handles
   expect(store->wait(kv::KvIo{999}, kSecond).status(), StatusCode::NOT_FOUND, {"io = 999"});
   expect(store->unregister_memory(MemoryHandle{}), StatusCode::INVALID_ARGUMENT, {"not registered with this store"});

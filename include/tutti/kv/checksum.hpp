@@ -128,8 +128,9 @@ class DeviceHasher {
     TUTTI_RETURN_IF_ERROR(accel::launch(lanes, detail::Xxh3LaneKernel{inputs_, accumulators_, secret_, count})
                               .with_context("checksum kernel"));
     accel::LaunchConfig finish{(count + kThreadsPerBlock - 1) / kThreadsPerBlock, kThreadsPerBlock, stream_};
-    TUTTI_RETURN_IF_ERROR(accel::launch(finish, detail::Xxh3FinishKernel{inputs_, accumulators_, results_, secret_, count})
-                              .with_context("checksum kernel"));
+    TUTTI_RETURN_IF_ERROR(
+        accel::launch(finish, detail::Xxh3FinishKernel{inputs_, accumulators_, results_, secret_, count})
+            .with_context("checksum kernel"));
     if (Status s = accel::synchronize(stream_, timeout_ns); !s.is_ok()) {
       if (s.code() == StatusCode::TIMEOUT) usable_ = s.with_context("checksum (the hasher is unusable from now on)");
       return s.with_context("checksum");

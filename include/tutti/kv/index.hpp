@@ -11,7 +11,7 @@
 // BlockRecord encoding, little-endian, format version 1:
 //     u32 magic "KVB1" | u16 version | u16 pieces P | u32 layers L | u32 slot | u64 generation |
 //     u64 piece_length[P] | u64 checksum[L * P] (XXH3-64 of piece p of layer l at l * P + p) |
-//     u64 XXH3-64 of (key bytes, every record byte before this field)
+//     u64 XXH3-64 (seeded with XXH3-64 of the key) of every record byte before this field
 // The last field catches a damaged record (LMDB does not checksum its pages): it is DATA_LOSS.
 //
 // LMDB rules this wrapper keeps (lmdb.h): one environment per file per process (the store opens
@@ -72,11 +72,10 @@ T get(const char* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
+/// XXH3-64 of the record body, seeded with XXH3-64 of the key: binds the record to its key
+/// without copying either.
 inline std::uint64_t record_checksum(std::string_view key, std::string_view body) {
-  std::string both;
-  both.reserve(key.size() + body.size());
-  both.append(key).append(body);
-  return XXH3_64bits(both.data(), both.size());
+  return XXH3_64bits_withSeed(body.data(), body.size(), XXH3_64bits(key.data(), key.size()));
 }
 static_assert(std::endian::native == std::endian::little, "the index format is little-endian; port put_/get");
 }  // namespace detail
@@ -133,10 +132,8 @@ inline Status lmdb_status(int rc, std::string_view context) {
       return error(StatusCode::RESOURCE_EXHAUSTED, "{}: too many reader processes: {}", context, mdb_strerror(rc));
     case MDB_CORRUPTED:
     case MDB_INVALID:
-    case MDB_VERSION_MISMATCH:
-      return error(StatusCode::DATA_LOSS, "{}: {}", context, mdb_strerror(rc));
-    case MDB_PANIC:
-      return error(StatusCode::DEVICE_ERROR, "{}: {}", context, mdb_strerror(rc));
+    case MDB_VERSION_MISMATCH: return error(StatusCode::DATA_LOSS, "{}: {}", context, mdb_strerror(rc));
+    case MDB_PANIC: return error(StatusCode::DEVICE_ERROR, "{}: {}", context, mdb_strerror(rc));
     default:
       if (rc > 0) return errno_status(rc, context);  // LMDB passes errno values through
       return error(StatusCode::INTERNAL, "{}: {}", context, mdb_strerror(rc));
@@ -200,6 +197,13 @@ class Index {
       if (rc == MDB_NOTFOUND) return std::optional<std::string_view>();
       if (rc != 0) return lmdb_status(rc, "index: get");
       return std::optional<std::string_view>(std::string_view(static_cast<const char*>(v.mv_data), v.mv_size));
+    }
+    /// The number of block records.
+    Result<std::uint64_t> count() const {
+      MDB_stat st{};
+      const int rc = mdb_stat(txn_, index_->blocks_, &st);
+      if (rc != 0) return lmdb_status(rc, "index: stat");
+      return static_cast<std::uint64_t>(st.ms_entries);
     }
     /// Calls f(key, value) for every block record, in key order; stops at the first non-OK Status.
     Status scan(const std::function<Status(std::string_view, std::string_view)>& f) const {

@@ -75,8 +75,11 @@ struct Layout {
   }
 
   nlohmann::json to_json() const {
-    return {{"layers", layers}, {"piece_bytes", piece_bytes}, {"piece_offsets", piece_offsets},
-            {"slot_bytes", slot_bytes}, {"slots", slots}};
+    return {{"layers", layers},
+            {"piece_bytes", piece_bytes},
+            {"piece_offsets", piece_offsets},
+            {"slot_bytes", slot_bytes},
+            {"slots", slots}};
   }
   static Result<Layout> from_json(const nlohmann::json& j) {
     try {

@@ -15,24 +15,24 @@
 namespace tutti::kv {
 
 /// Limits of a namespace's fields.
-inline constexpr std::size_t kMaxPieces = 16;             ///< memory pieces per block per layer
-inline constexpr std::uint32_t kMaxLayers = 4096;          ///< layers (one data file each)
+inline constexpr std::size_t kMaxPieces = 16;                ///< memory pieces per block per layer
+inline constexpr std::uint32_t kMaxLayers = 4096;            ///< layers (one data file each)
 inline constexpr std::uint64_t kMaxPieceBytes = 1ull << 30;  ///< bytes of one piece (the runtime's request limit)
-inline constexpr std::size_t kMaxNameBytes = 1024;         ///< bytes of each text field
+inline constexpr std::size_t kMaxNameBytes = 1024;           ///< bytes of each text field
 
 /// What a block's bytes depend on. Every field takes part in the comparison at open.
 struct Namespace {
-  std::string model;           ///< model identity, e.g. "meta-llama/Llama-3.1-8B@<revision>"
-  std::string dtype;           ///< KV dtype, e.g. "bfloat16"
+  std::string model;                  ///< model identity, e.g. "meta-llama/Llama-3.1-8B@<revision>"
+  std::string dtype;                  ///< KV dtype, e.g. "bfloat16"
   std::string tensor_layout = "NHD";  ///< "NHD" or "HND" (token, head, dim order of a piece)
-  bool kv_split = true;        ///< K and V are separate pieces (vLLM's FlashAttention layout)
-  bool cross_layer = false;    ///< one piece spans several layers (a cross-layer layout)
-  std::uint32_t tp_rank = 0;   ///< tensor-parallel rank ...
-  std::uint32_t tp_size = 1;   ///< ... of this many
-  std::uint32_t pp_stage = 0;  ///< pipeline-parallel stage ...
-  std::uint32_t pp_size = 1;   ///< ... of this many
-  std::uint32_t block_tokens = 0;  ///< tokens per block (a shorter last block is allowed)
-  std::uint32_t layers = 0;        ///< layers stored (one data file each)
+  bool kv_split = true;               ///< K and V are separate pieces (vLLM's FlashAttention layout)
+  bool cross_layer = false;           ///< one piece spans several layers (a cross-layer layout)
+  std::uint32_t tp_rank = 0;          ///< tensor-parallel rank ...
+  std::uint32_t tp_size = 1;          ///< ... of this many
+  std::uint32_t pp_stage = 0;         ///< pipeline-parallel stage ...
+  std::uint32_t pp_size = 1;          ///< ... of this many
+  std::uint32_t block_tokens = 0;     ///< tokens per block (a shorter last block is allowed)
+  std::uint32_t layers = 0;           ///< layers stored (one data file each)
   /// Bytes of each memory piece of one full block of one layer, e.g. {K bytes, V bytes}. The
   /// per-layer block bytes are their sum.
   std::vector<std::uint64_t> piece_bytes;
@@ -49,7 +49,8 @@ struct Namespace {
   /// Checks every field against its limit; the message names the field, its value and the limit.
   Status validate() const {
     auto text = [](const char* field, const std::string& v, bool required) -> Status {
-      if (required && v.empty()) return error(StatusCode::INVALID_ARGUMENT, "namespace.{} is empty; it is required", field);
+      if (required && v.empty())
+        return error(StatusCode::INVALID_ARGUMENT, "namespace.{} is empty; it is required", field);
       if (v.size() > kMaxNameBytes)
         return error(StatusCode::INVALID_ARGUMENT, "namespace.{} has {} bytes; the limit is {}", field, v.size(),
                      kMaxNameBytes);
@@ -81,11 +82,20 @@ struct Namespace {
   }
 
   nlohmann::json to_json() const {
-    return nlohmann::json{{"model", model},           {"dtype", dtype},         {"tensor_layout", tensor_layout},
-                          {"kv_split", kv_split},     {"cross_layer", cross_layer}, {"tp_rank", tp_rank},
-                          {"tp_size", tp_size},       {"pp_stage", pp_stage},   {"pp_size", pp_size},
-                          {"block_tokens", block_tokens}, {"layers", layers},   {"piece_bytes", piece_bytes},
-                          {"hash_algorithm", hash_algorithm}, {"hash_seed", hash_seed}};
+    return nlohmann::json{{"model", model},
+                          {"dtype", dtype},
+                          {"tensor_layout", tensor_layout},
+                          {"kv_split", kv_split},
+                          {"cross_layer", cross_layer},
+                          {"tp_rank", tp_rank},
+                          {"tp_size", tp_size},
+                          {"pp_stage", pp_stage},
+                          {"pp_size", pp_size},
+                          {"block_tokens", block_tokens},
+                          {"layers", layers},
+                          {"piece_bytes", piece_bytes},
+                          {"hash_algorithm", hash_algorithm},
+                          {"hash_seed", hash_seed}};
   }
 
   /// The namespace recorded in `j`. Errors: DATA_LOSS when a field is missing or of another type.

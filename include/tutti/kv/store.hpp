@@ -115,8 +115,8 @@ struct LayerResult {
   KvIo io;
   KvOperation operation = KvOperation::LOAD;
   std::uint32_t layer = 0;
-  Status status;                ///< OK when every block is OK, else the first block's failure
-  std::vector<Status> blocks;   ///< one per key, in input order
+  Status status;               ///< OK when every block is OK, else the first block's failure
+  std::vector<Status> blocks;  ///< one per key, in input order
   std::size_t ok_blocks = 0;
   std::uint64_t bytes = 0;           ///< bytes moved for the OK blocks (piece lengths)
   std::uint64_t verified_bytes = 0;  ///< bytes whose checksum was computed and matched (loads)
@@ -132,13 +132,13 @@ struct Statistics {
   std::uint64_t load_failures = 0;          ///< blocks whose read failed (IO error, bad destination)
   std::uint64_t verification_failures = 0;  ///< blocks refused: checksum mismatch or replaced while read
   std::uint64_t loaded_bytes = 0, verified_bytes = 0;
-  std::uint64_t stored_layer_blocks = 0;    ///< block-layers written
+  std::uint64_t stored_layer_blocks = 0;  ///< block-layers written
   std::uint64_t stored_bytes = 0;
-  std::uint64_t store_failures = 0;         ///< block-layers whose write failed or had no slot
+  std::uint64_t store_failures = 0;  ///< block-layers whose write failed or had no slot
   std::uint64_t committed_blocks = 0, commit_failures = 0;
   std::uint64_t evictions = 0;
-  std::uint64_t resubmits = 0;              ///< runtime submits beyond one per operation (backpressure)
-  std::uint64_t dropped_records = 0;        ///< damaged index records removed at open
+  std::uint64_t resubmits = 0;        ///< runtime submits beyond one per operation (backpressure)
+  std::uint64_t dropped_records = 0;  ///< damaged index records removed at open
   std::uint64_t visible_blocks = 0, pending_blocks = 0, slots = 0, capacity_bytes = 0;
 };
 
@@ -472,9 +472,10 @@ class KvStore {
     for (std::size_t k = 0; k < keys.size(); ++k) {
       auto it = pending_.find(std::string(keys[k]));
       if (it == pending_.end()) continue;
-      const bool busy = it->second.committing || std::count(it->second.layer_state.begin(), it->second.layer_state.end(),
-                                                            LayerState::IN_FLIGHT) > 0;
-      if (busy) return error(StatusCode::BUSY, "keys[{}] ({}) has a store in flight or a commit running", k, key_text(keys[k]));
+      const bool busy = it->second.committing || std::count(it->second.layer_state.begin(),
+                                                            it->second.layer_state.end(), LayerState::IN_FLIGHT) > 0;
+      if (busy)
+        return error(StatusCode::BUSY, "keys[{}] ({}) has a store in flight or a commit running", k, key_text(keys[k]));
     }
     for (auto key : keys) {
       auto it = pending_.find(std::string(key));
@@ -533,7 +534,8 @@ class KvStore {
     for (auto key : keys) {
       auto it = visible_.find(std::string(key));
       if (it == visible_.end() || slots_[it->second.slot].pins > 0) continue;
-      if (std::find(victims.begin(), victims.end(), it->second.slot) == victims.end()) victims.push_back(it->second.slot);
+      if (std::find(victims.begin(), victims.end(), it->second.slot) == victims.end())
+        victims.push_back(it->second.slot);
     }
     TUTTI_RETURN_IF_ERROR(evict_locked(victims));
     for (auto s : victims) slots_.release(s);
@@ -604,8 +606,8 @@ class KvStore {
     std::vector<std::size_t> request_block;
     std::vector<Status> request_status;
     std::vector<bool> request_done;
-    std::vector<std::size_t> unsubmitted;   // request indices not accepted yet (backpressure)
-    std::vector<std::size_t> in_flight;     // request indices covered by `io`
+    std::vector<std::size_t> unsubmitted;  // request indices not accepted yet (backpressure)
+    std::vector<std::size_t> in_flight;    // request indices covered by `io`
     IoHandle io;
     bool waiting = false;
     std::optional<LayerResult> finished;  // kept by wait_layer after a TIMEOUT
@@ -619,11 +621,15 @@ class KvStore {
   };
 
   KvStore(Runtime& runtime, std::string dir, const Namespace& ns, const Options& options)
-      : runtime_(runtime), dir_(std::move(dir)), ns_(ns), options_(options), slots_(0),
-        host_checksum_threads_(options.host_checksum_threads != 0
-                                   ? options.host_checksum_threads
-                                   : std::clamp<std::uint32_t>(std::thread::hardware_concurrency(), 1,
-                                                               StoreOptions::kMaxChecksumThreads)),
+      : runtime_(runtime),
+        dir_(std::move(dir)),
+        ns_(ns),
+        options_(options),
+        slots_(0),
+        host_checksum_threads_(
+            options.host_checksum_threads != 0
+                ? options.host_checksum_threads
+                : std::clamp<std::uint32_t>(std::thread::hardware_concurrency(), 1, StoreOptions::kMaxChecksumThreads)),
         hasher_(options.checksum_stream) {}
 
   static std::string u64_bytes(std::uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
@@ -654,7 +660,8 @@ class KvStore {
     if (!exists) {
       if (!options_.create_if_missing)
         return error(StatusCode::NOT_FOUND, "'{}' does not exist and options.create_if_missing = false", dir_);
-      if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) return errno_status(errno, fmt::format("mkdir '{}'", dir_));
+      if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST)
+        return errno_status(errno, fmt::format("mkdir '{}'", dir_));
       created_dir = true;
     }
     auto lock = WriterLock::acquire(dir_);
@@ -665,7 +672,8 @@ class KvStore {
     lock_ = std::move(lock.value());
     bool have_format = false;
     if (::access((dir_ + "/index.mdb").c_str(), F_OK) == 0) {
-      auto index = Index::open(dir_, false, options_.index_map_bytes ? options_.index_map_bytes : (std::uint64_t{16} << 20));
+      auto index =
+          Index::open(dir_, false, options_.index_map_bytes ? options_.index_map_bytes : (std::uint64_t{16} << 20));
       if (!index) return index.status();
       index_ = std::move(index.value());
       auto reader = index_->reader();
@@ -748,8 +756,8 @@ class KvStore {
     if (j.is_discarded() || !j.contains("format_version") || !j.contains("namespace") || !j.contains("layout"))
       return error(StatusCode::DATA_LOSS, "the format record of '{}' is unreadable", dir_);
     if (j["format_version"] != kFormatVersion)
-      return error(StatusCode::UNSUPPORTED, "the store in '{}' has format version {}; this build reads version {}", dir_,
-                   j["format_version"].dump(), kFormatVersion);
+      return error(StatusCode::UNSUPPORTED, "the store in '{}' has format version {}; this build reads version {}",
+                   dir_, j["format_version"].dump(), kFormatVersion);
     auto stored = Namespace::from_json(j["namespace"]);
     if (!stored) return stored.status();
     if (auto diff = Namespace::differences(*stored, ns_); !diff.empty())
@@ -765,7 +773,8 @@ class KvStore {
                    options_.capacity_bytes, capacity_bytes_);
     auto generation = reader->get("next_generation", true);
     if (!generation) return generation.status();
-    next_generation_ = (*generation && (*generation)->size() == 8) ? detail::get<std::uint64_t>((*generation)->data()) : 1;
+    next_generation_ =
+        (*generation && (*generation)->size() == 8) ? detail::get<std::uint64_t>((*generation)->data()) : 1;
     for (std::uint32_t l = 0; l < layout_.layers; ++l) {
       const std::string path = dir_ + "/" + Layout::file_name(l);
       struct stat st {};
@@ -787,6 +796,9 @@ class KvStore {
     {
       auto reader = index_->reader();
       if (!reader) return reader.status();
+      auto records = reader->count();
+      if (!records) return records.status();
+      visible_.reserve(std::min<std::uint64_t>(*records, layout_.slots));
       TUTTI_RETURN_IF_ERROR(reader->scan([&](std::string_view key, std::string_view value) {
         auto record = decode_record(key, value, layout_.layers, layout_.pieces());
         if (!record || key.empty() || key.size() > kMaxKeyBytes ||
@@ -816,8 +828,10 @@ class KvStore {
     auto opened = runtime_.open_batch(uris, o);
     Status failure;
     for (auto& t : opened) {
-      if (t) targets_.push_back(*t);
-      else if (failure.is_ok()) failure = t.status();
+      if (t)
+        targets_.push_back(*t);
+      else if (failure.is_ok())
+        failure = t.status();
     }
     if (!failure.is_ok()) {
       for (auto t : targets_) (void)runtime_.close(t);
@@ -885,8 +899,8 @@ class KvStore {
                      field, i, piece.offset, span, piece.length, kAlignment, view.size);
       const auto address = reinterpret_cast<std::uintptr_t>(view.address) + piece.offset;
       if (address % kAlignment != 0)
-        return error(StatusCode::INVALID_ARGUMENT, "{}[{}]: address + offset = {:#x} is not a multiple of {} bytes", field,
-                     i, address, kAlignment);
+        return error(StatusCode::INVALID_ARGUMENT, "{}[{}]: address + offset = {:#x} is not a multiple of {} bytes",
+                     field, i, address, kAlignment);
       views[i] = &view;
     }
     return Status::success();
@@ -1046,10 +1060,11 @@ class KvStore {
           continue;
         }
         if (pending.piece_lengths != lengths) {
-          op.blocks[k] = error(StatusCode::INVALID_ARGUMENT,
-                               "{}[{}..{}]: piece lengths differ from those of the block's earlier layers (keys[{}] ({}), "
-                               "piece 0: {} vs {} bytes)",
-                               "sources", k * P, k * P + P - 1, k, key_text(key), lengths[0], pending.piece_lengths[0]);
+          op.blocks[k] =
+              error(StatusCode::INVALID_ARGUMENT,
+                    "{}[{}..{}]: piece lengths differ from those of the block's earlier layers (keys[{}] ({}), "
+                    "piece 0: {} vs {} bytes)",
+                    "sources", k * P, k * P + P - 1, k, key_text(key), lengths[0], pending.piece_lengths[0]);
           continue;
         }
         op.slot[k] = pending.slot;
@@ -1062,10 +1077,11 @@ class KvStore {
       }
       auto victim = slots_.next_victim(chosen);
       if (!victim) {
-        op.blocks[k] = error(StatusCode::RESOURCE_EXHAUSTED,
-                             "keys[{}] ({}): no slot: all {} slots hold pinned or pending blocks (capacity_bytes = {}); "
-                             "unpin or commit blocks, or open a larger store",
-                             k, key_text(key), layout_.slots, layout_.total_bytes());
+        op.blocks[k] =
+            error(StatusCode::RESOURCE_EXHAUSTED,
+                  "keys[{}] ({}): no slot: all {} slots hold pinned or pending blocks (capacity_bytes = {}); "
+                  "unpin or commit blocks, or open a larger store",
+                  k, key_text(key), layout_.slots, layout_.total_bytes());
         counters_.store_failures.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
@@ -1260,8 +1276,10 @@ class KvStore {
     std::optional<Index::Reader> reader;
     if (load && options_.read_only) {
       auto rd = index_->reader();
-      if (rd) reader.emplace(std::move(rd.value()));
-      else hashed = rd.status();
+      if (rd)
+        reader.emplace(std::move(rd.value()));
+      else
+        hashed = rd.status();
     }
     std::scoped_lock lock(mutex_);
     for (std::size_t k = 0; k < op.keys.size(); ++k) {
@@ -1315,8 +1333,10 @@ class KvStore {
       if (s.is_ok()) r.bytes += op.block_bytes[k];
     }
     for (const auto& s : r.blocks) {
-      if (s.is_ok()) ++r.ok_blocks;
-      else if (r.status.is_ok()) r.status = s;
+      if (s.is_ok())
+        ++r.ok_blocks;
+      else if (r.status.is_ok())
+        r.status = s;
     }
     return r;
   }

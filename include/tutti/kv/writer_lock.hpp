@@ -52,7 +52,8 @@ class WriterLock {
                    dir, holder, lock.path_);
     }
     const std::string pid = std::to_string(::getpid());
-    if (::ftruncate(lock.fd_, 0) != 0 || ::pwrite(lock.fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+    if (::ftruncate(lock.fd_, 0) != 0 ||
+        ::pwrite(lock.fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
       return errno_status(errno, fmt::format("write the pid into '{}'", lock.path_));
     return Result<WriterLock>(std::move(lock));  // explicit: nvcc does not move implicitly here
   }
