@@ -96,12 +96,14 @@ TEST_CASE("blocks stored layer by layer and committed load back byte for byte ac
     for (std::size_t i = 0; i < blocks; ++i) keys.push_back(key_of(i));
     CHECK(store->lookup(views(keys)).value() == blocks);
     // Layer-wise: every layer's load submitted first, then waited layer by layer.
-    Region out(*store, blocks);
+    Region out(*store, blocks * ns.layers);  // one region per layer: all loads are in flight together
     std::memset(out.buffer.data, 0xA5, out.buffer.size);
-    const std::uint64_t stride = store->layout().slot_bytes / 2;
+    const std::uint64_t stride = store->layout().slot_bytes / 2, layer_bytes = blocks * store->layout().slot_bytes;
     for (std::uint32_t layer = 0; layer < ns.layers; ++layer) {
-      auto io = store->load(views(keys), layer, pieces(out.memory, blocks, 2, stride, 8192));
+      auto io = store->load(views(keys), layer, pieces(out.memory, blocks, 2, stride, 8192, layer * layer_bytes));
       REQUIRE_MESSAGE(io.is_ok(), io.status().to_string());
+    }
+    for (std::uint32_t layer = 0; layer < ns.layers; ++layer) {
       auto results = store->wait_layer(layer, 30 * kSecond);
       REQUIRE_MESSAGE(results.is_ok(), results.status().to_string());
       REQUIRE(results->size() == 1);
@@ -112,7 +114,8 @@ TEST_CASE("blocks stored layer by layer and committed load back byte for byte ac
       CHECK(r.verified_bytes == r.bytes);
       for (std::size_t i = 0; i < blocks * 2; ++i) {
         const std::uint64_t length = i / 2 == blocks - 1 ? last : 8192;
-        REQUIRE_MESSAGE(holds(out.buffer.data + i * stride, length, i / 2, layer, static_cast<std::uint32_t>(i % 2)),
+        REQUIRE_MESSAGE(holds(out.buffer.data + layer * layer_bytes + i * stride, length, i / 2, layer,
+                              static_cast<std::uint32_t>(i % 2)),
                         "block ", i / 2, " piece ", i % 2, " layer ", layer);
       }
     }
