@@ -19,6 +19,7 @@
 //    (LMDB open, the scan of every record, the slot table) as a writer, and as a reader.
 // Files go to a fresh DIR/tutti-kv-bench-XXXXXX (default DIR /var/tmp), removed at the end.
 // Prints one line per figure; --json writes them too. Exit status 0, 1 when a load failed, 2 on a bad flag.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,6 +64,14 @@ struct Settings {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+/// CPU time of the whole process (user + system, every thread), seconds: what a figure cost in
+/// CPU, which the shared machine's load does not inflate the way it inflates wall time.
+double cpu_seconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
 }
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -114,38 +123,42 @@ struct Memory {
 };
 
 /// One timed raw load: N READs of block_bytes at slot i's offset of layer file 0, one submit.
-double raw_load(UringRuntime& rt, TargetHandle target, MemoryHandle memory, const Settings& s,
-                std::uint64_t slot_bytes) {
+double raw_load(UringRuntime& rt, TargetHandle target, MemoryHandle memory, const Settings& s, std::uint64_t slot_bytes,
+                double* cpu) {
   std::vector<IoRequest> requests;
   for (std::uint64_t i = 0; i < s.blocks; ++i)
     requests.push_back({Direction::READ, memory, i * s.block_bytes, target, i * slot_bytes, s.block_bytes});
+  const double c0 = cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   auto outcome = rt.submit(requests);
   if (outcome.accepted != requests.size()) die("raw submit", outcome.initial_states[0]);
   auto r = rt.wait(outcome.io, 60 * kSecond);
   if (!r || !r->status.is_ok()) die("raw wait", r ? r->status : r.status());
   const double t = seconds_since(t0);
+  *cpu = cpu_seconds() - c0;
   (void)rt.release(outcome.io);
   return t;
 }
 
 /// One timed store load of layer 0 of every block (submit, wait, verification).
 double store_load(Store& store, MemoryHandle memory, const Settings& s, const std::vector<std::string_view>& keys,
-                  std::uint64_t* verified) {
+                  std::uint64_t* verified, double* cpu) {
   std::vector<kv::Piece> pieces;
   for (std::uint64_t i = 0; i < s.blocks; ++i) pieces.push_back({memory, i * s.block_bytes, s.block_bytes});
+  const double c0 = cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   auto io = store.load(keys, 0, pieces);
   if (!io) die("store load", io.status());
   auto r = store.wait(*io, 60 * kSecond);
   if (!r || !r->status.is_ok()) die("store wait", r ? r->status : r.status());
   const double t = seconds_since(t0);
+  *cpu = cpu_seconds() - c0;
   *verified += r->verified_bytes;
   return t;
 }
 
 struct LoadFigures {
-  double raw_s = 0, store_s = 0;
+  double raw_s = 0, store_s = 0, raw_cpu_s = 0, store_cpu_s = 0;
   std::uint64_t verified_bytes = 0;
 };
 
@@ -161,18 +174,23 @@ LoadFigures measure_loads(UringRuntime& rt, const Settings& s, const std::string
   if (!memory) die("register", memory.status());
   auto target = rt.open("file://" + dir + "/" + kv::Layout::file_name(0));
   if (!target) die("raw open", target.status());
-  std::vector<double> raw, kv;
+  std::vector<double> raw, kv, raw_cpu, kv_cpu;
   LoadFigures f;
-  (void)store_load(store, *memory, s, keys, &f.verified_bytes);  // warm-up, both sides
-  (void)raw_load(rt, *target, *memory, s, store.layout().slot_bytes);
+  double cpu = 0;
+  (void)store_load(store, *memory, s, keys, &f.verified_bytes, &cpu);  // warm-up, both sides
+  (void)raw_load(rt, *target, *memory, s, store.layout().slot_bytes, &cpu);
   f.verified_bytes = 0;
   for (std::uint32_t r = 0; r < s.repeat; ++r) {
-    raw.push_back(raw_load(rt, *target, *memory, s, store.layout().slot_bytes));
-    kv.push_back(store_load(store, *memory, s, keys, &f.verified_bytes));
+    raw.push_back(raw_load(rt, *target, *memory, s, store.layout().slot_bytes, &cpu));
+    raw_cpu.push_back(cpu);
+    kv.push_back(store_load(store, *memory, s, keys, &f.verified_bytes, &cpu));
+    kv_cpu.push_back(cpu);
   }
   (void)rt.close(*target);
   f.raw_s = median(raw);
   f.store_s = median(kv);
+  f.raw_cpu_s = median(raw_cpu);
+  f.store_cpu_s = median(kv_cpu);
   return f;
 }
 
@@ -276,15 +294,18 @@ int main(int argc, char** argv) {
     const LoadFigures f = measure_loads(rt, s, dir, ns, verify, keyviews);
     const double ratio = f.raw_s / f.store_s;
     fmt::print(
-        "layer load {:<4} : {} blocks x {} bytes: raw {:.2f} ms ({:.2f} GB/s), store {:.2f} ms ({:.2f} GB/s) "
-        "-> store/raw throughput = {:.3f}; {} bytes verified\n",
-        verify ? "on" : "off", s.blocks, s.block_bytes, f.raw_s * 1e3, gb / f.raw_s, f.store_s * 1e3, gb / f.store_s,
-        ratio, f.verified_bytes);
+        "layer load {:<4} : {} blocks x {} bytes into {} memory: raw {:.2f} ms ({:.2f} GB/s, cpu {:.2f} ms), store "
+        "{:.2f} ms ({:.2f} GB/s, cpu {:.2f} ms) -> store/raw throughput = {:.3f}; {} bytes verified\n",
+        verify ? "on" : "off", s.blocks, s.block_bytes, s.memory, f.raw_s * 1e3, gb / f.raw_s, f.raw_cpu_s * 1e3,
+        f.store_s * 1e3, gb / f.store_s, f.store_cpu_s * 1e3, ratio, f.verified_bytes);
     auto& j = out[verify ? "load_verify_on" : "load_verify_off"];
     j = {{"raw_ms", f.raw_s * 1e3},
          {"store_ms", f.store_s * 1e3},
          {"raw_gb_per_s", gb / f.raw_s},
          {"store_gb_per_s", gb / f.store_s},
+         {"raw_cpu_ms", f.raw_cpu_s * 1e3},
+         {"store_cpu_ms", f.store_cpu_s * 1e3},
+         {"memory", s.memory},
          {"ratio", ratio},
          {"verified_bytes", f.verified_bytes},
          {"blocks", s.blocks},
@@ -344,9 +365,10 @@ int main(int argc, char** argv) {
     for (bool reader : {false, true}) {
       kv::StoreOptions ro;
       ro.read_only = reader;
+      const double c0 = cpu_seconds();
       const auto t0 = std::chrono::steady_clock::now();
       auto opened = Store::open(rt, rdir, rns, ro);
-      const double open_s = seconds_since(t0);
+      const double open_s = seconds_since(t0), open_cpu_s = cpu_seconds() - c0;
       if (!opened) die("reopen", opened.status());
       const auto stats = (*opened)->statistics();
       if (!reader && stats.visible_blocks != s.recovery_blocks)
@@ -361,9 +383,11 @@ int main(int argc, char** argv) {
       auto r = io ? (*opened)->wait(*io, 60 * kSecond) : Result<kv::LayerResult>(io.status());
       if (!r || !r->status.is_ok()) die("load a recovered block", r ? r->status : r.status());
       fmt::print(
-          "recovery ({})  : open of a store of {} blocks in {:.3f} s ({:.0f} ns per block); its creation "
+          "recovery ({}) : open of a store of {} blocks in {:.3f} s, cpu {:.3f} s ({:.0f} ns per block); its creation "
           "(files fully written) took {:.1f} s\n",
-          reader ? "reader" : "writer", s.recovery_blocks, open_s, open_s * 1e9 / double(s.recovery_blocks), create_s);
+          reader ? "reader" : "writer", s.recovery_blocks, open_s, open_cpu_s, open_s * 1e9 / double(s.recovery_blocks),
+          create_s);
+      out[reader ? "recovery_reader_open_cpu_s" : "recovery_writer_open_cpu_s"] = open_cpu_s;
       out[reader ? "recovery_reader_open_s" : "recovery_writer_open_s"] = open_s;
     }
     out["recovery_blocks"] = s.recovery_blocks;

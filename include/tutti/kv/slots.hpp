@@ -13,7 +13,7 @@
 
 #include <cstdint>
 #include <optional>
-#include <string>
+#include <string_view>
 #include <vector>
 
 namespace tutti::kv {
@@ -25,7 +25,10 @@ struct Slot {
   bool referenced = false;
   std::uint32_t pins = 0;
   std::uint64_t generation = 0;
-  std::string key;  ///< the block's key while PENDING or VISIBLE
+  /// The block's key while PENDING or VISIBLE: a view of the key of its entry in the store's map of
+  /// pending or visible blocks (node-based, so the view stays valid while the entry exists; the
+  /// store sets it when it inserts the entry).
+  std::string_view key;
 };
 
 class SlotTable {
@@ -40,10 +43,10 @@ class SlotTable {
   const Slot& operator[](std::uint32_t s) const { return slots_[s]; }
   std::uint64_t free_count() const noexcept { return free_.size(); }
 
-  /// Marks slot `s` VISIBLE for `key` during recovery (it must be FREE); false when it is not.
-  bool claim_visible(std::uint32_t s, std::string key, std::uint64_t generation) {
+  /// Marks slot `s` VISIBLE during recovery (it must be FREE); false when it is not.
+  bool claim_visible(std::uint32_t s, std::uint64_t generation) {
     if (s >= slots_.size() || slots_[s].state != SlotState::FREE) return false;
-    slots_[s] = Slot{SlotState::VISIBLE, false, 0, generation, std::move(key)};
+    slots_[s] = Slot{SlotState::VISIBLE, false, 0, generation, {}};
     return true;
   }
   /// Rebuilds the free list after claim_visible calls.
@@ -53,12 +56,12 @@ class SlotTable {
       if (slots_[s].state == SlotState::FREE) free_.push_back(static_cast<std::uint32_t>(s));
   }
 
-  /// A free slot, now PENDING for `key`; nullopt when none is free.
-  std::optional<std::uint32_t> take_free(const std::string& key) {
+  /// A free slot, now PENDING; nullopt when none is free.
+  std::optional<std::uint32_t> take_free() {
     if (free_.empty()) return std::nullopt;
     const std::uint32_t s = free_.back();
     free_.pop_back();
-    slots_[s] = Slot{SlotState::PENDING, false, 0, 0, key};
+    slots_[s] = Slot{SlotState::PENDING, false, 0, 0, {}};
     return s;
   }
 

@@ -445,7 +445,7 @@ class KvStore {
         slot.state = SlotState::VISIBLE;
         slot.generation = records[i].generation;
         slot.referenced = true;
-        visible_.emplace(ready[i], std::move(records[i]));
+        slot.key = visible_.emplace(ready[i], std::move(records[i])).first->first;
         counters_.committed_blocks.fetch_add(1, std::memory_order_relaxed);
       } else {
         slots_.release(p.slot);
@@ -802,11 +802,12 @@ class KvStore {
       TUTTI_RETURN_IF_ERROR(reader->scan([&](std::string_view key, std::string_view value) {
         auto record = decode_record(key, value, layout_.layers, layout_.pieces());
         if (!record || key.empty() || key.size() > kMaxKeyBytes ||
-            !slots_.claim_visible(record->slot, std::string(key), record->generation)) {
+            !slots_.claim_visible(record->slot, record->generation)) {
           damaged.emplace_back(key);
           return Status::success();
         }
-        visible_.emplace(std::string(key), std::move(record.value()));
+        const std::uint32_t slot = record->slot;
+        slots_[slot].key = visible_.emplace(std::string(key), std::move(record.value())).first->first;
         return Status::success();
       }));
     }
@@ -1101,7 +1102,7 @@ class KvStore {
       for (auto v : victims) slots_.release(v);
     }
     for (auto k : need_slot) {
-      auto slot = slots_.take_free(op.keys[k]);
+      auto slot = slots_.take_free();
       if (!slot) {  // cannot happen: free slots and victims were counted
         op.blocks[k] = error(StatusCode::INTERNAL, "keys[{}]: no free slot after eviction", k);
         continue;
@@ -1112,7 +1113,7 @@ class KvStore {
       for (std::size_t p = 0; p < P; ++p) pending.piece_lengths[p] = pieces[k * P + p].length;
       pending.checksums.assign(std::size_t{layout_.layers} * P, 0);
       pending.layer_state.assign(layout_.layers, LayerState::NONE);
-      pending_.emplace(op.keys[k], std::move(pending));
+      slots_[*slot].key = pending_.emplace(op.keys[k], std::move(pending)).first->first;
       op.slot[k] = *slot;
       op.submitted[k] = true;
     }
@@ -1138,9 +1139,9 @@ class KvStore {
   Status evict_locked(const std::vector<std::uint32_t>& victims) {
     if (victims.empty()) return Status::success();
     Index::Batch batch;
-    for (auto s : victims) batch.deletes.push_back(slots_[s].key);
+    for (auto s : victims) batch.deletes.emplace_back(slots_[s].key);
     TUTTI_RETURN_IF_ERROR(index_->apply(batch).with_context("evict"));
-    for (auto s : victims) visible_.erase(slots_[s].key);
+    for (const auto& key : batch.deletes) visible_.erase(key);  // the slots' key views die here
     counters_.evictions.fetch_add(victims.size(), std::memory_order_relaxed);
     return Status::success();
   }
