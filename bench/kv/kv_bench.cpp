@@ -247,7 +247,9 @@ int main(int argc, char** argv) {
   s.dir = scratch;  // only this directory is written, and removed at the end
   std::error_code ignored;
   nlohmann::json out;
-  UringRuntime rt;
+  auto made = make_uring_runtime();
+  if (!made) die("uring runtime", made.status());
+  UringRuntime rt = std::move(made).value();
 
   // --- 1. the layer load --------------------------------------------------------------------------
   const std::string dir = s.dir + "/layers";

@@ -15,6 +15,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../support/require_ok.hpp"
+
 #include <tutti/accel/memory.hpp>
 #include <tutti/kv/kv.hpp>
 #include <tutti/presets.hpp>
@@ -22,6 +24,7 @@
 #include "../support/real_files.hpp"
 
 using namespace tutti;
+using tutti::testing::require_ok;
 
 namespace {
 
@@ -88,7 +91,7 @@ TEST_CASE("the XXH3 checksum kernels on DEVICE memory equal libxxhash's XXH3_64b
 TEST_CASE(
     "KvStore over uring stores blocks from DEVICE memory and loads them into DEVICE memory, verified by the kernels") {
   testing::TempDirectory dir;
-  UringRuntime rt;
+  UringRuntime rt = require_ok(make_uring_runtime());
   const auto ns = gpu_namespace();
   const std::size_t blocks = 32, P = 2;
   const std::uint64_t piece = 65536, block = P * piece;

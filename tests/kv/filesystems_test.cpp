@@ -12,12 +12,15 @@
 
 #include <doctest/doctest.h>
 
+#include <require_ok.hpp>
+
 #include <scratch_filesystem.hpp>
 #include <tutti/presets/local_nvme.hpp>
 
 #include "kv_test_support.hpp"
 
 using namespace tutti;
+using tutti::testing::require_ok;
 using namespace tutti::kvtest;
 using tutti::testing::ScratchFilesystem;
 
@@ -90,7 +93,7 @@ TEST_CASE(
     "creating a store larger than the free space of an ext4 image fails with RESOURCE_EXHAUSTED and leaves nothing "
     "behind") {
   auto fs = make_ext4(64ull << 20);
-  UringRuntime rt;
+  UringRuntime rt = require_ok(make_uring_runtime());
   kv::StoreOptions o;
   o.capacity_bytes = 200ull << 20;
   // A directory the store creates: gone again.
@@ -122,7 +125,7 @@ TEST_CASE(
   std::uint64_t stored = 0;
   std::size_t failed_batch_first = 0;
   {
-    UringRuntime rt;
+    UringRuntime rt = require_ok(make_uring_runtime());
     kv::StoreOptions o;
     o.capacity_bytes = 32ull << 20;  // 4096 slots of 2 layers x 4 KiB
     auto opened = kv::KvStore<UringRuntime>::open(rt, dir, ns, o);
@@ -167,7 +170,7 @@ TEST_CASE(
     require_blocks(store, buffer, *memory, stored - 64, 64);
   }
   REQUIRE(fs->remount().is_ok());
-  UringRuntime rt;
+  UringRuntime rt = require_ok(make_uring_runtime());
   auto opened = kv::KvStore<UringRuntime>::open(rt, dir, ns, {});
   REQUIRE_MESSAGE(opened.is_ok(), opened.status().to_string());
   auto& store = **opened;

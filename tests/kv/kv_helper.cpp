@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,13 @@ constexpr std::uint64_t kCapacity = 64 * 4 * 16384;  // 64 slots of 4 layers
 int fail(const char* what, const Status& s) {
   std::fprintf(stderr, "kv_helper: %s: %s\n", what, s.to_string().c_str());
   return 2;
+}
+
+/// The uring runtime, or exit 2 naming why it could not be made.
+UringRuntime make_runtime() {
+  auto runtime = make_uring_runtime();
+  if (!runtime) std::exit(fail("uring runtime", runtime.status()));
+  return std::move(runtime).value();
 }
 
 /// Stores blocks [first, first + count) in every layer and commits them. Returns the commit's status.
@@ -59,7 +67,7 @@ Status store_batch(Store& store, Buffer& buffer, MemoryHandle memory, std::uint6
 }
 
 int writer(const std::string& dir, std::uint64_t blocks, bool forever) {
-  UringRuntime rt;
+  UringRuntime rt = make_runtime();
   kv::StoreOptions o;
   o.capacity_bytes = kCapacity;
   auto store = Store::open(rt, dir, small_namespace(4, 8192), o);
@@ -81,7 +89,7 @@ int writer(const std::string& dir, std::uint64_t blocks, bool forever) {
 }
 
 int reader(const std::string& dir, double seconds) {
-  UringRuntime rt;
+  UringRuntime rt = make_runtime();
   kv::StoreOptions o;
   o.read_only = true;
   auto opened = Store::open(rt, dir, small_namespace(4, 8192), o);
@@ -133,7 +141,7 @@ int reader(const std::string& dir, double seconds) {
 }
 
 int second_writer(const std::string& dir) {
-  UringRuntime rt;
+  UringRuntime rt = make_runtime();
   kv::StoreOptions o;
   o.capacity_bytes = kCapacity;
   auto store = Store::open(rt, dir, small_namespace(4, 8192), o);

@@ -15,11 +15,14 @@
 
 #include <doctest/doctest.h>
 
+#include <require_ok.hpp>
+
 #include <real_files.hpp>
 
 #include "kv_test_support.hpp"
 
 using namespace tutti;
+using tutti::testing::require_ok;
 using namespace tutti::kvtest;
 using Store = kv::KvStore<UringRuntime>;
 
@@ -115,7 +118,7 @@ TEST_CASE(
     child.kill9();
     CHECK(child.wait() == 128 + SIGKILL);
   }
-  UringRuntime rt;
+  UringRuntime rt = require_ok(make_uring_runtime());
   kv::StoreOptions o;
   auto opened = Store::open(rt, store_dir, small_namespace(4, 8192), o);  // the lock died with the child
   REQUIRE_MESSAGE(opened.is_ok(), opened.status().to_string());

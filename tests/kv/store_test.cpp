@@ -9,11 +9,14 @@
 
 #include <doctest/doctest.h>
 
+#include <require_ok.hpp>
+
 #include <real_files.hpp>
 
 #include "kv_test_support.hpp"
 
 using namespace tutti;
+using tutti::testing::require_ok;
 using namespace tutti::kvtest;
 using Store = kv::KvStore<UringRuntime>;
 
@@ -83,7 +86,7 @@ kv::LayerResult load_layer(Store& store, Region& region, std::uint64_t first, st
 
 TEST_CASE("blocks stored layer by layer and committed load back byte for byte across many layers and keys") {
   testing::TempDirectory dir;
-  UringRuntime rt;
+  UringRuntime rt = require_ok(make_uring_runtime());
   const auto ns = small_namespace(6, 8192);
   const std::size_t blocks = 24;
   const std::uint64_t last = 4096 + 100;  // a shorter last block, not a multiple of 4096
@@ -140,7 +143,7 @@ TEST_CASE(
     "lookup returns the stored prefix length; a partial prefix load reads the stored blocks and reports the rest "
     "NOT_FOUND") {
   testing::TempDirectory dir;
-  UringRuntime rt;
+  UringRuntime rt = require_ok(make_uring_runtime());
   auto store = open_store(rt, dir.file("kv"), small_namespace(2), 32 * 2 * 16384);
   Region region(*store, 16);
   store_blocks(*store, region, 0, 10);
@@ -166,7 +169,7 @@ TEST_CASE(
     "a block whose bytes were damaged on disk is refused at load with DATA_LOSS and counted; only the unsafe option "
     "serves it") {
   testing::TempDirectory dir;
-  UringRuntime rt;
+  UringRuntime rt = require_ok(make_uring_runtime());
   const auto ns = small_namespace(2);
   std::uint32_t slot = 0;
   {
@@ -218,7 +221,7 @@ TEST_CASE(
     "eviction under the byte bound takes unpinned blocks by CLOCK; pinned blocks are never evicted; all pinned is "
     "RESOURCE_EXHAUSTED") {
   testing::TempDirectory dir;
-  UringRuntime rt;
+  UringRuntime rt = require_ok(make_uring_runtime());
   const auto ns = small_namespace(2);
   auto store = open_store(rt, dir.file("kv"), ns, 8 * 2 * 16384);  // 8 slots
   REQUIRE(store->layout().slots == 8);
@@ -260,7 +263,7 @@ TEST_CASE(
 TEST_CASE(
     "a block is invisible until commit; commit before every layer is stored is NOT_READY; discard frees its slot") {
   testing::TempDirectory dir;
-  UringRuntime rt;
+  UringRuntime rt = require_ok(make_uring_runtime());
   auto store = open_store(rt, dir.file("kv"), small_namespace(3), 4 * 3 * 16384);
   Region region(*store, 4);
   std::vector<std::string> keys{key_of(7)};
@@ -290,7 +293,7 @@ TEST_CASE(
 
 TEST_CASE("a second writer on the same directory is refused with BUSY naming the holder's pid") {
   testing::TempDirectory dir;
-  UringRuntime rt;
+  UringRuntime rt = require_ok(make_uring_runtime());
   auto ns = small_namespace(2);
   auto first = open_store(rt, dir.file("kv"), ns, 4 * 2 * 16384);
   kv::StoreOptions o;
@@ -303,7 +306,7 @@ TEST_CASE("a second writer on the same directory is refused with BUSY naming the
 
 TEST_CASE("every bad input is refused with a message naming the field, the value and the limit") {
   testing::TempDirectory dir;
-  UringRuntime rt;
+  UringRuntime rt = require_ok(make_uring_runtime());
   const auto ns = small_namespace(2);
   kv::StoreOptions o;
   o.capacity_bytes = 8 * 2 * 16384;
