@@ -408,3 +408,24 @@ TEST_CASE("every bad input is refused with a message naming the field, the value
   expect(store->unregister_memory(MemoryHandle{}), StatusCode::INVALID_ARGUMENT, {"not registered with this store"});
   expect(store->pin(views(repeated)), StatusCode::NOT_FOUND, {"keys[0]", "is not a visible block"});
 }
+
+TEST_CASE("a layer the runtime cannot take at once (a queue of 2) is resubmitted as requests complete; every block arrives") {
+  testing::TempDirectory dir;
+  uring::Options small;
+  small.queue_depth = 2;
+  UringRuntime rt = require_ok(make_uring_runtime(small));
+  auto store = open_store(rt, dir.file("kv"), small_namespace(2), 32 * 2 * 16384);
+  Region region(*store, 24);
+  store_blocks(*store, region, 0, 24);  // stores of 48 requests each, through a queue of 2
+  const auto after_store = store->statistics().resubmits;
+  CHECK(after_store > 0);
+  for (std::uint32_t layer = 0; layer < 2; ++layer) {
+    auto r = load_layer(*store, region, 0, 24, layer);
+    CHECK_MESSAGE(r.status.is_ok(), r.status.to_string());
+    CHECK(r.ok_blocks == 24);
+    for (std::size_t i = 0; i < 48; ++i)
+      CHECK(holds(region.buffer.data + i * 8192, 8192, i / 2, layer, static_cast<std::uint32_t>(i % 2)));
+  }
+  CHECK(store->statistics().resubmits > after_store);
+  CHECK(store->statistics().verification_failures == 0);
+}

@@ -230,7 +230,11 @@ class Index {
 
   Result<Reader> reader() const {
     MDB_txn* txn = nullptr;
-    const int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
+    int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
+    if (rc == MDB_MAP_RESIZED) {  // the writer reopened with a larger map: adopt it (lmdb.h) and retry once
+      rc = mdb_env_set_mapsize(env_, 0);
+      if (rc == 0) rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
+    }
     if (rc != 0) return lmdb_status(rc, "index: read transaction");
     return Reader(txn, this);
   }
