@@ -84,8 +84,13 @@ std::string key_of(std::uint64_t i) {
   return k;
 }
 
+/// The scratch directory this run made ("" before it exists): removed on every exit.
+std::string g_scratch;
+
 [[noreturn]] void die(const std::string& what, const Status& s) {
   std::fprintf(stderr, "kv_bench: %s: %s\n", what.c_str(), s.to_string().c_str());
+  std::error_code ignored;
+  if (!g_scratch.empty()) std::filesystem::remove_all(g_scratch, ignored);
   std::exit(1);
 }
 
@@ -244,7 +249,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot make a scratch directory in --dir %s: %s\n", s.dir.c_str(), std::strerror(errno));
     return 2;
   }
-  s.dir = scratch;  // only this directory is written, and removed at the end
+  s.dir = scratch;  // only this directory is written, and removed at the end (also by die())
+  g_scratch = scratch;
   std::error_code ignored;
   nlohmann::json out;
   auto made = make_uring_runtime();
