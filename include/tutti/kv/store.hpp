@@ -1302,11 +1302,14 @@ class KvStore {
                           "keys[{}] ({}) layer {} piece {}: the bytes read do not match the stored XXH3-64 checksum "
                           "{:#018x}; the block is not served",
                           k, key_text(op.keys[k]), op.layer, p, op.checks[k * P + p].expected);
-            if (s.is_ok() && reader) s = recheck_generation(*reader, op, k);
             if (!s.is_ok()) counters_.verification_failures.fetch_add(1, std::memory_order_relaxed);
           }
         } else if (!s.is_ok()) {
           counters_.load_failures.fetch_add(1, std::memory_order_relaxed);
+        }
+        if (s.is_ok() && reader) {  // also without verification: the slot may hold another block by now
+          s = recheck_generation(*reader, op, k);
+          if (!s.is_ok()) counters_.verification_failures.fetch_add(1, std::memory_order_relaxed);
         }
         if (s.is_ok()) {
           counters_.hits.fetch_add(1, std::memory_order_relaxed);
