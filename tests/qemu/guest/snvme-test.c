@@ -1133,7 +1133,17 @@ static int cmd_timeout_poll(const char *path, const char *dir)
 	read_recovery(&r0);
 	set_knob("skip_interrupts", 1);
 	ret = ladder_read(path, 64 * 1024, &ms);
-	read_recovery(&r1);
+	/*
+	 * The handler counts "polled" after its poll of the CQ has completed
+	 * the request, so the reader can wake before the counter moves: give
+	 * the handler up to a second to finish before reading the counters.
+	 */
+	for (int i = 0; i < 100; i++) {
+		read_recovery(&r1);
+		if (r1.polled - r0.polled >= r1.timeouts - r0.timeouts)
+			break;
+		usleep(10 * 1000);
+	}
 	print_recovery("after a lost interrupt", &r0, &r1);
 	check(ret == 0, "O_DIRECT read of 4 KiB returns the file's bytes (%s) after %llu ms (io_timeout %ld ms)",
 	      ret ? strerror(ret) : "ok", (unsigned long long)ms, timeout_ms);
