@@ -28,6 +28,7 @@
 #include <tutti/path/local_nvme/kernels.hpp>
 #include <tutti/path/local_nvme/registration.hpp>
 #include <tutti/path/local_nvme/target_cache.hpp>
+#include <tutti/path/local_nvme/targets.hpp>
 
 namespace tutti::local_nvme {
 
@@ -45,6 +46,9 @@ struct BatchSlot {
   std::vector<CommandRecord> records_copy;         ///< one request's records, copied back on demand
   std::vector<std::shared_ptr<Mapping>> mappings;  ///< per request (zombie hand-off)
   std::vector<std::uint8_t> reported;              ///< completion already reported
+  /// Per request, its target's change signal (targets.hpp; valid while the request is in flight:
+  /// a target is closed only with no IO in flight).
+  std::vector<ChangeSignal*> signals;
   /// The target handle cache's L1 entries this batch pins (until it is destroyed) and the
   /// handle each distinct target of the batch resolved to (by cache id).
   std::shared_ptr<TargetCache> cache;
@@ -66,6 +70,7 @@ struct BatchSlot {
       records_copy.assign(window, CommandRecord{});
       mappings.assign(n, nullptr);
       reported.assign(n, 0);
+      signals.assign(n, nullptr);
       pins.clear();
       pins.reserve(pin_capacity);
       resolved.clear();

@@ -119,7 +119,10 @@ class LocalNvmeDataPath {
   /// Ends the lease (closes the fd). Only called with no IO in flight on the target. When the
   /// target was opened with flush_on_close, first issues one NVMe Flush of its namespace and waits
   /// for it (at most command_timeout_ns + abort_timeout_ns); its failure is returned (the lease is
-  /// released either way): RESOURCE_EXHAUSTED (queue full), DEVICE_ERROR, TIMEOUT.
+  /// released either way): RESOURCE_EXHAUSTED (queue full), DEVICE_ERROR, TIMEOUT, DATA_LOSS
+  /// (the file changed under local_nvme: the Flush is refused). Releases the payload's change
+  /// guard: the last guard of the file in the process clears the FS_IMMUTABLE_FL it set, and
+  /// DEVICE_ERROR (naming `chattr -i`) is returned if it cannot.
   Status close(open_target& t) {
     Status flushed;
     if (t.flush_on_close && t.payload) {
@@ -142,6 +145,11 @@ class LocalNvmeDataPath {
           detail::assign(flushed, completion.status.with_context("flush on close"));
         }
       }
+    }
+    if (t.payload) {
+      // The last guard of the file in this process removes its watch and clears FS_IMMUTABLE_FL.
+      const Status released = t.payload->guard.release();
+      if (flushed.is_ok() && !released.is_ok()) detail::assign(flushed, released.with_context("close"));
     }
     t.payload.reset();
     t.cache_lease.reset();  // L2 room returns; the L1 entry goes now or with the last batch pinning it
@@ -193,6 +201,7 @@ class LocalNvmeDataPath {
       return batch{};
     }
     batch b = std::move(acquired.value());
+    local_file::poll_changes();  // a target whose file changed is refused below, by its kernel thread
     BatchSlot& slot = *b.slot;
     if (Status prepared = slot.prepare(n, window, std::min<std::size_t>(n, e.options.device_target_cache_entries));
         !prepared.is_ok()) {
@@ -217,6 +226,8 @@ class LocalNvmeDataPath {
                                       : target_handle(slot, *p.target, stream, cache_copied);
       stage_request(slot.staged[i], p, e, static_cast<std::uint32_t>((base + i / lanes) % e.queues.size()), target,
                     device_records + i * window, slot.mappings[i]);
+      slot.signals[i] = p.target->signal.get();
+      (void)slot.signals[i]->raise_if_changed();
     }
     std::shared_lock gate(e.kernel_gate);  // no zombie reaping while this batch's kernel may run
     // ONE copy of the staged batch, ONE launch, ONE copy of the reports back, all on the stream,
@@ -260,8 +271,8 @@ class LocalNvmeDataPath {
     bool any_accepted = false;
     for (std::size_t i = 0; i < n; ++i) {
       const RequestReport& report = slot.reports[i];
-      detail::assign(states[i],
-                     report.accepted ? Status::success() : rejection(e, slot.staged[i], report, requests[i]));
+      detail::assign(states[i], report.accepted ? Status::success()
+                                                : rejection(e, slot.staged[i], report, requests[i], *slot.signals[i]));
       if (!report.accepted) slot.reported[i] = 1;
       any_accepted = any_accepted || report.accepted;
     }
@@ -292,6 +303,7 @@ class LocalNvmeDataPath {
     auto* device_reports = static_cast<RequestReport*>(slot.device_reports.data());
     auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
     accel::Backoff backoff;
+    raise_changed_targets(slot);  // changed files first: their kernel threads issue nothing more
     for (;;) {
       // ONE launch (polling on the accelerator for up to its budget) and ONE copy of the reports
       // back per step, then ONE bounded wait.
@@ -321,6 +333,9 @@ class LocalNvmeDataPath {
       }
       bool all_done = true;
       bool any_new = false;
+      // A change seen now fails what completed in this step (completion_of), and stops the next
+      // launch from issuing commands of its target.
+      raise_changed_targets(slot);
       for (std::size_t i = 0; i < n; ++i) {
         const RequestReport& report = slot.reports[i];
         if (!report.accepted || slot.reported[i]) continue;
@@ -339,7 +354,7 @@ class LocalNvmeDataPath {
           all_done = false;
           continue;
         }
-        completions[i] = completion_of(e, slot.staged[i], report, i);
+        completions[i] = completion_of(e, slot.staged[i], report, i, *slot.signals[i]);
         slot.reported[i] = 1;
         any_new = true;
       }
@@ -356,6 +371,14 @@ class LocalNvmeDataPath {
 
  private:
   explicit LocalNvmeDataPath(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+
+  /// Reads the change events (local_file::poll_changes) and raises the signal of every target of
+  /// the batch whose file changed, for the requests still in flight.
+  static void raise_changed_targets(BatchSlot& slot) {
+    local_file::poll_changes();
+    for (std::size_t i = 0; i < slot.size; ++i)
+      if (slot.reported[i] == 0 && slot.signals[i] != nullptr) (void)slot.signals[i]->raise_if_changed();
+  }
 
   /// The handle the kernels of the batch in `slot` use for `t`: its L1 entry (pinned by the batch)
   /// or its L2 copy (TargetCache::acquire), looked up once per distinct target per submit.

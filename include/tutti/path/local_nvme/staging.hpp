@@ -11,6 +11,8 @@
 #include <memory>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include <tutti/core/concepts.hpp>
 #include <tutti/core/io.hpp>
 #include <tutti/core/status.hpp>
@@ -64,11 +66,16 @@ void stage_request(RequestState& r, const Request& p, const Engine& engine, std:
 }
 
 /// The Status of a request the submit kernel did not accept: `r` as staged, `report` from the
-/// kernel, `p` the request.
+/// kernel, `p` the request, `signal` its target's change signal.
 template <class Request>
-Status rejection(const Engine& engine, const RequestState& r, const RequestReport& report, const Request& p) {
+Status rejection(const Engine& engine, const RequestState& r, const RequestReport& report, const Request& p,
+                 const ChangeSignal& signal) {
   const Queue& q = *engine.queues[r.queue_index];
   switch (report.outcome) {
+    case RequestOutcome::rejected_target_changed:
+      return signal.change_error(
+          "its extents no longer describe it, so no command was issued; close it and open it "
+          "again");
     case RequestOutcome::rejected_backpressure:
       return error(StatusCode::RESOURCE_EXHAUSTED,
                    "local_nvme: I/O queue {} has no free command slots (depth {}); resubmit later", q.info.qid,
@@ -89,9 +96,12 @@ Status rejection(const Engine& engine, const RequestState& r, const RequestRepor
   }
 }
 
-/// The completion of request i: `r` as staged, `report` from the last kernel (done).
+/// The completion of request i: `r` as staged, `report` from the last kernel (done), `signal` its
+/// target's change signal, raised (after local_file::poll_changes) when the file changed: then
+/// the request fails with DATA_LOSS whatever its commands said, because the blocks they read or
+/// wrote may no longer be the file's (docs/local-nvme.md, "A file changed under local_nvme").
 inline RequestCompletion completion_of(const Engine& engine, const RequestState& r, const RequestReport& report,
-                                       std::size_t i) {
+                                       std::size_t i, ChangeSignal& signal) {
   RequestCompletion c;
   c.request_index = i;
   c.done = true;
@@ -101,6 +111,12 @@ inline RequestCompletion completion_of(const Engine& engine, const RequestState&
   const Queue& q = *engine.queues[r.queue_index];
   const nvme::StatusField field = nvme::StatusField::make(static_cast<std::uint8_t>(report.nvme_status >> 8),
                                                           static_cast<std::uint8_t>(report.nvme_status & 0xff), false);
+  if (report.outcome == RequestOutcome::target_changed || signal.raise_if_changed()) {
+    detail::assign(c.status, signal.change_error(fmt::format("{} of {} bytes moved but may belong to another file, "
+                                                             "and no command was issued after the change was seen",
+                                                             c.confirmed_bytes, r.length)));
+    return c;
+  }
   switch (report.outcome) {
     case RequestOutcome::ok:
       detail::assign(c.status, Status::success());

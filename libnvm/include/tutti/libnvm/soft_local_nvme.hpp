@@ -35,6 +35,8 @@ struct SoftLocalNvmeOptions {
   /// Bytes from the start of backing_path to the file system (0 for an image or loop device);
   /// unset: read from sysfs.
   std::optional<std::uint64_t> partition_start_bytes = 0;
+  /// How opened files are kept from changing under local_nvme (the resolver's change_protection).
+  local_file::ChangeProtection change_protection = local_file::kDefaultChangeProtection;
   libnvm::SoftControllerConfig soft{};  ///< soft controller settings (defaults: libnvm's kSoftDefault*)
   nvme::BringUpOptions bring_up{};      ///< controller bring-up settings
   local_nvme::Options datapath{};
@@ -69,6 +71,7 @@ inline Result<std::unique_ptr<SoftLocalNvme>> make_soft_local_nvme(SoftLocalNvme
   local_file::LocalFileResolver::Options resolver;
   resolver.block_device_path = options.block_device_path;
   resolver.partition_start_bytes = options.partition_start_bytes;
+  resolver.change_protection = options.change_protection;
   auto runtime = make_local_nvme_runtime(*stack->controller, std::move(resolver), options.datapath, options.runtime);
   if (!runtime) return runtime.status();
   stack->runtime = std::make_unique<LocalNvmeRuntime>(std::move(runtime.value()));
