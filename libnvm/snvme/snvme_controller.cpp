@@ -311,7 +311,7 @@ Result<bool> SnvmeController::abort(std::uint16_t sqid, std::uint16_t cid, std::
   arg.cid = cid;
   if (::ioctl(fd_, SNVME_IOC_ABORT, &arg) != 0)
     return errno_status(fmt::format("ABORT of CID {:#x} on SQ {}", cid, sqid), errno);
-  return (arg.result & 1u) == 0;  // Abort dword 0 bit 0 clear: the command was aborted
+  return nvme::AbortFields::NotAborted::decode(arg.result) == 0;  // Abort DW0 bit 0 clear: the command was aborted
 }
 
 Result<SnvmeController::DriverCounters> SnvmeController::driver_counters() const {

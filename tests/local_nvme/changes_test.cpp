@@ -192,6 +192,12 @@ struct Scene {
     if (stack) (void)stack->runtime->unregister_memory(memory);
   }
   LocalNvmeRuntime& rt() { return *stack->runtime; }
+  /// A new file `name` of kFileBytes pattern(seed) bytes, written through the file system; its path.
+  std::string pattern_file(const std::string& name, std::uint64_t seed) const {
+    const std::string path = fs->path(name);
+    tutti::testing::write_pattern_file(path, seed, kFileBytes);
+    return path;
+  }
 
   /// One request on `target`; the submit's state when refused, else the IO's result status.
   Status io(Direction direction, TargetHandle target, std::uint64_t length, IoResult* out = nullptr) {
@@ -221,6 +227,16 @@ void check_changed(const Status& s) {
   CHECK_MESSAGE(s.to_string().find("target changed under local_nvme") != std::string::npos, s.to_string());
 }
 
+/// A scene under the default protection with the flag in force, or null (the case is skipped, and
+/// says so) when this process has no CAP_LINUX_IMMUTABLE.
+std::unique_ptr<Scene> immutable_scene() {
+  if (!immutable_expected(local_file::ChangeProtection::immutable_and_watch)) {
+    MESSAGE("skipped: this process has no CAP_LINUX_IMMUTABLE");
+    return nullptr;
+  }
+  return std::make_unique<Scene>(local_file::ChangeProtection::immutable_and_watch);
+}
+
 constexpr local_file::ChangeProtection kProtections[] = {local_file::ChangeProtection::immutable_and_watch,
                                                          local_file::ChangeProtection::watch_only};
 
@@ -237,8 +253,7 @@ TEST_CASE(
     const std::string protection_name = name_of(protection);
     CAPTURE(protection_name);
     Scene scene(protection);
-    const std::string a = scene.fs->path("a"), b = scene.fs->path("b");
-    tutti::testing::write_pattern_file(a, 1, kFileBytes);
+    const std::string a = scene.pattern_file("a", 1), b = scene.fs->path("b");
     auto target = scene.rt().open("file://" + a, {.writable = true});
     REQUIRE_MESSAGE(target.is_ok(), target.status().to_string());
     CHECK(is_immutable(a) == immutable_expected(protection));
@@ -304,8 +319,7 @@ TEST_CASE(
       CAPTURE(protection_name);
       CAPTURE(rename);
       Scene scene(protection);
-      const std::string a = scene.fs->path("a"), moved = scene.fs->path("moved");
-      tutti::testing::write_pattern_file(a, 4, kFileBytes);
+      const std::string a = scene.pattern_file("a", 4), moved = scene.fs->path("moved");
       auto target = scene.rt().open("file://" + a, {.writable = true});
       REQUIRE_MESSAGE(target.is_ok(), target.status().to_string());
       const int rc = rename ? ::rename(a.c_str(), moved.c_str()) : ::unlink(a.c_str());
@@ -337,8 +351,7 @@ TEST_CASE(
   o.request_window = 1;
   o.max_command_bytes = 4096;
   Scene scene(local_file::ChangeProtection::watch_only, o);
-  const std::string a = scene.fs->path("a");
-  tutti::testing::write_pattern_file(a, 5, kFileBytes);
+  const std::string a = scene.pattern_file("a", 5);
   auto target = scene.rt().open("file://" + a, {});
   REQUIRE_MESSAGE(target.is_ok(), target.status().to_string());
   IoRequest r;
@@ -360,8 +373,7 @@ TEST_CASE(
 
 TEST_CASE("a file changed between resolve and open is refused at open with DATA_LOSS") {
   Scene scene(local_file::ChangeProtection::watch_only);
-  const std::string a = scene.fs->path("a");
-  tutti::testing::write_pattern_file(a, 6, kFileBytes);
+  const std::string a = scene.pattern_file("a", 6);
   local_file::LocalFileResolver::Options ro;
   ro.block_device_path = scene.fs->loop_device();
   ro.partition_start_bytes = 0;
@@ -381,13 +393,10 @@ TEST_CASE("a file changed between resolve and open is refused at open with DATA_
 TEST_CASE(
     "two targets of one file, read-only then writable: the second opens, and the file stays immutable until the "
     "last is closed") {
-  if (!immutable_expected(local_file::ChangeProtection::immutable_and_watch)) {
-    MESSAGE("skipped: this process has no CAP_LINUX_IMMUTABLE");
-    return;
-  }
-  Scene scene(local_file::ChangeProtection::immutable_and_watch);
-  const std::string a = scene.fs->path("a");
-  tutti::testing::write_pattern_file(a, 7, kFileBytes);
+  const auto owned = immutable_scene();
+  if (!owned) return;
+  Scene& scene = *owned;
+  const std::string a = scene.pattern_file("a", 7);
   auto first = scene.rt().open("file://" + a, {});
   REQUIRE_MESSAGE(first.is_ok(), first.status().to_string());
   CHECK(is_immutable(a));
@@ -406,13 +415,10 @@ TEST_CASE(
 TEST_CASE(
     "a file left immutable by a process that ended while serving it: a writable open is BUSY naming chattr -i, "
     "and chattr -i recovers it") {
-  if (!immutable_expected(local_file::ChangeProtection::immutable_and_watch)) {
-    MESSAGE("skipped: this process has no CAP_LINUX_IMMUTABLE");
-    return;
-  }
-  Scene scene(local_file::ChangeProtection::immutable_and_watch);
-  const std::string a = scene.fs->path("a");
-  tutti::testing::write_pattern_file(a, 8, kFileBytes);
+  const auto owned = immutable_scene();
+  if (!owned) return;
+  Scene& scene = *owned;
+  const std::string a = scene.pattern_file("a", 8);
   {
     // What a crash leaves: the flag set, no process serving the file.
     const int fd = ::open(a.c_str(), O_RDONLY | O_CLOEXEC);
