@@ -25,7 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include <scratch_filesystem.hpp>
-#include <tutti/presets/local_nvme.hpp>
+#include <tutti/libnvm/soft_local_nvme.hpp>
 
 using namespace tutti;
 using tutti::testing::ScratchFilesystem;
@@ -142,7 +142,7 @@ struct NullRig {
         path->register_memory({buffer, 64 << 20, MemoryKind::HOST, -1}).value());
   }
   std::shared_ptr<libnvm::SoftController> device;
-  std::unique_ptr<libnvm::Controller> controller;
+  std::unique_ptr<nvme::Controller> controller;
   std::unique_ptr<local_nvme::LocalNvmeDataPath> path;
   std::unique_ptr<local_nvme::LocalNvmeDataPath::open_target> target;
   void* buffer = nullptr;

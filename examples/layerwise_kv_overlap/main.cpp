@@ -25,7 +25,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <tutti/presets/local_nvme.hpp>
+#include <tutti/libnvm/soft_local_nvme.hpp>
 #include <tutti/tutti.hpp>
 
 #include "dataset.hpp"

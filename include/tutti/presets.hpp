@@ -4,8 +4,9 @@
 //   MemfsRuntime      memfs:// targets in host memory (sample backend, tests, examples)
 //   UringRuntime      file:// on any file system through io_uring and O_DIRECT
 //
-// LocalNvmeRuntime (file:// resolved with FIEMAP to LBAs, IO through NVMe queues) needs the compiled
-// libnvm: include <tutti/presets/local_nvme.hpp> and link libnvm (meson: libnvm_dep) for it.
+// LocalNvmeRuntime (file:// resolved with FIEMAP to LBAs, IO through NVMe queues of an nvme::Controller):
+// include <tutti/presets/local_nvme.hpp>; the soft controller's ready-made stack is libnvm's
+// (<tutti/libnvm/soft_local_nvme.hpp>, link libnvm: meson libnvm_dep).
 #pragma once
 
 #include <tutti/core/runtime.hpp>

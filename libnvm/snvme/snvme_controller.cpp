@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "../../driver/snvme/include/uapi/snvme.h"
+#include <uapi/snvme.h>  // the driver's ABI, through libnvm's include directories (driver/snvme/include)
 
 namespace tutti::libnvm {
 namespace {
@@ -47,12 +47,6 @@ StatusCode code_of(int err) {
 
 Status errno_status(std::string_view what, int err) {
   return error(code_of(err), "{}: {} (errno {})", what, std::strerror(err), err);
-}
-
-std::string trimmed(const char* field, std::size_t size) {
-  std::string s(field, ::strnlen(field, size));
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\0')) s.pop_back();
-  return s;
 }
 
 }  // namespace
@@ -116,40 +110,29 @@ Status SnvmeController::bring_up(const BringUpOptions& options) {
     return error(StatusCode::INVALID_ARGUMENT, "nsid = {} is not a namespace snvme serves ({} served)", options.nsid,
                  info.nr_namespaces);
 
-  ControllerIdentity id{};
+  nvme::IdentifyController controller{};
+  nvme::IdentifyNamespace namespace_data{};
   auto ident = with_header<snvme_identify>();
   ident.cns = SNVME_IDENTIFY_CNS_CTRL;
-  ident.data = reinterpret_cast<std::uintptr_t>(&id.controller);
-  static_assert(sizeof(id.controller) == SNVME_IDENTIFY_BYTES);
+  ident.data = reinterpret_cast<std::uintptr_t>(&controller);
+  static_assert(sizeof(controller) == SNVME_IDENTIFY_BYTES);
   if (::ioctl(fd_, SNVME_IOC_IDENTIFY, &ident) != 0) return errno_status("Identify Controller", errno);
   ident.cns = SNVME_IDENTIFY_CNS_NS;
   ident.nsid = options.nsid;
-  ident.data = reinterpret_cast<std::uintptr_t>(&id.namespace_data);
-  static_assert(sizeof(id.namespace_data) == SNVME_IDENTIFY_BYTES);
+  ident.data = reinterpret_cast<std::uintptr_t>(&namespace_data);
+  static_assert(sizeof(namespace_data) == SNVME_IDENTIFY_BYTES);
   if (::ioctl(fd_, SNVME_IOC_IDENTIFY, &ident) != 0) return errno_status("Identify Namespace", errno);
 
-  const nvme::IdentifyController& c = id.controller;
-  const nvme::IdentifyNamespace& n = id.namespace_data;
-  id.nsid = options.nsid;
-  id.lba_size = static_cast<std::uint32_t>(n.lba_size_bytes());
-  if (id.lba_size != (1u << ns->lba_shift) || n.nsze != ns->nsze)
+  ControllerIdentity id = ControllerIdentity::from_identify(controller, namespace_data, options.nsid);
+  if (id.lba_size != (1u << ns->lba_shift) || id.namespace_size_lbas != ns->nsze)
     return error(StatusCode::DEVICE_ERROR, "Identify Namespace {} (LBA {} bytes, NSZE {}) disagrees with the driver's (LBA {}, NSZE {})",
-                 options.nsid, id.lba_size, n.nsze, 1u << ns->lba_shift, ns->nsze);
-  id.namespace_size_lbas = n.nsze;
+                 options.nsid, id.lba_size, id.namespace_size_lbas, 1u << ns->lba_shift, ns->nsze);
   id.max_data_transfer_bytes = info.max_transfer;
   id.memory_page_size = info.page_size;
   id.max_queue_entries = info.max_queue_entries;
-  id.doorbell_stride = static_cast<std::uint32_t>((info.cap >> 32) & 0xf);  // CAP.DSTRD, raw
+  id.doorbell_stride = static_cast<std::uint32_t>(nvme::ControllerCapabilities::DSTRD::decode(info.cap));  // raw
   id.io_submission_queues_allocated = info.user_queues;
   id.io_completion_queues_allocated = info.user_queues;
-  id.number_of_namespaces = c.nn;
-  id.sgl_supported = c.sgl_supported();
-  id.write_zeroes_supported = nvme::IdentifyController::OncsBits::WriteZeroes::decode(c.oncs) != 0;
-  id.dataset_management_supported = nvme::IdentifyController::OncsBits::DatasetManagement::decode(c.oncs) != 0;
-  id.volatile_write_cache = (c.vwc & 1u) != 0;
-  id.serial_number = trimmed(c.sn, sizeof c.sn);
-  id.model_number = trimmed(c.mn, sizeof c.mn);
-  id.firmware_revision = trimmed(c.fr, sizeof c.fr);
 
   if (doorbells_ == nullptr) {
     void* db = ::mmap(nullptr, info.doorbell_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, SNVME_MMAP_DOORBELLS);
@@ -328,7 +311,7 @@ Result<bool> SnvmeController::abort(std::uint16_t sqid, std::uint16_t cid, std::
   arg.cid = cid;
   if (::ioctl(fd_, SNVME_IOC_ABORT, &arg) != 0)
     return errno_status(fmt::format("ABORT of CID {:#x} on SQ {}", cid, sqid), errno);
-  return (arg.result & 1u) == 0;  // Abort dword 0 bit 0 clear: the command was aborted
+  return nvme::AbortFields::NotAborted::decode(arg.result) == 0;  // Abort DW0 bit 0 clear: the command was aborted
 }
 
 Result<SnvmeController::DriverCounters> SnvmeController::driver_counters() const {

@@ -8,6 +8,7 @@
 #include <tutti/libnvm/register_controller.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -27,15 +28,15 @@ using nvme::ControllerCapabilities;
 using nvme::ControllerConfiguration;
 using nvme::ControllerStatus;
 
-constexpr std::size_t kRegisterCc = 0x14 / 4, kRegisterCsts = 0x1c / 4, kRegisterAqa = 0x24 / 4, kRegisterAsq = 0x28 / 4,
-                      kRegisterAcq = 0x30 / 4, kRegisterCap = 0x00 / 4;
+/// Dword index in BAR0 of a register of nvme::ControllerRegisters (Base 2.0, Figure 33).
+constexpr std::size_t register_index(std::size_t byte_offset) noexcept { return byte_offset / sizeof(std::uint32_t); }
+constexpr std::size_t kRegisterCap = register_index(offsetof(nvme::ControllerRegisters, cap)),
+                      kRegisterCc = register_index(offsetof(nvme::ControllerRegisters, cc)),
+                      kRegisterCsts = register_index(offsetof(nvme::ControllerRegisters, csts)),
+                      kRegisterAqa = register_index(offsetof(nvme::ControllerRegisters, aqa)),
+                      kRegisterAsq = register_index(offsetof(nvme::ControllerRegisters, asq)),
+                      kRegisterAcq = register_index(offsetof(nvme::ControllerRegisters, acq));
 constexpr std::uint64_t kDisableOnDestroyTimeoutNs = 1'000'000'000;
-
-std::string trimmed(const char* field, std::size_t size) {
-  std::string s(field, strnlen(field, size));
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\0')) s.pop_back();
-  return s;
-}
 
 struct IoQueuePair {
   QueuePairInfo info;
@@ -316,8 +317,8 @@ class RegisterController final : public Controller {
     auto done = submit_admin_locked(identify, options.admin_timeout_ns);
     if (!done) return done.status().with_context("Identify Controller");
     TUTTI_RETURN_IF_ERROR(check_completion(*done, "Identify Controller"));
-    ControllerIdentity identity;
-    std::memcpy(&identity.controller, buffer.host_address, sizeof identity.controller);
+    nvme::IdentifyController controller{};
+    std::memcpy(&controller, buffer.host_address, sizeof controller);
 
     std::memset(buffer.host_address, 0, 4096);
     identify.nsid = options.nsid;
@@ -328,7 +329,8 @@ class RegisterController final : public Controller {
       return error(StatusCode::INVALID_ARGUMENT, "nsid = {} is not an active namespace ({})", options.nsid,
                    nvme::describe_status(done->status()));
     TUTTI_RETURN_IF_ERROR(check_completion(*done, "Identify Namespace"));
-    std::memcpy(&identity.namespace_data, buffer.host_address, sizeof identity.namespace_data);
+    nvme::IdentifyNamespace namespace_data{};
+    std::memcpy(&namespace_data, buffer.host_address, sizeof namespace_data);
 
     nvme::SubmissionQueueEntry features{};
     features.opcode = static_cast<std::uint8_t>(AdminOpcode::set_features);
@@ -339,27 +341,15 @@ class RegisterController final : public Controller {
     if (!done) return done.status().with_context("Set Features - Number of Queues");
     TUTTI_RETURN_IF_ERROR(check_completion(*done, "Set Features - Number of Queues"));
 
-    const nvme::IdentifyController& c = identity.controller;
-    const nvme::IdentifyNamespace& n = identity.namespace_data;
-    identity.nsid = options.nsid;
-    identity.lba_size = static_cast<std::uint32_t>(n.lba_size_bytes());
-    if (identity.lba_size == 0 || n.nsze == 0)
+    ControllerIdentity identity = ControllerIdentity::from_identify(controller, namespace_data, options.nsid);
+    if (identity.lba_size == 0 || identity.namespace_size_lbas == 0)
       return error(StatusCode::DEVICE_ERROR, "Identify Namespace {}: no usable LBA format (FLBAS {:#x}, NLBAF {}) or NSZE 0",
-                   options.nsid, n.flbas, n.nlbaf);
-    identity.namespace_size_lbas = n.nsze;
-    identity.max_data_transfer_bytes = c.max_data_transfer_bytes(read_capabilities().memory_page_size_minimum());
+                   options.nsid, namespace_data.flbas, namespace_data.nlbaf);
+    identity.max_data_transfer_bytes = controller.max_data_transfer_bytes(read_capabilities().memory_page_size_minimum());
     identity.io_submission_queues_allocated =
         static_cast<std::uint16_t>(std::min<std::uint32_t>(nvme::NumberOfQueuesFields::NSQR::decode(done->dw0) + 1u, options.io_queue_pairs_requested));
     identity.io_completion_queues_allocated =
         static_cast<std::uint16_t>(std::min<std::uint32_t>(nvme::NumberOfQueuesFields::NCQR::decode(done->dw0) + 1u, options.io_queue_pairs_requested));
-    identity.number_of_namespaces = c.nn;
-    identity.sgl_supported = c.sgl_supported();
-    identity.write_zeroes_supported = nvme::IdentifyController::OncsBits::WriteZeroes::decode(c.oncs) != 0;
-    identity.dataset_management_supported = nvme::IdentifyController::OncsBits::DatasetManagement::decode(c.oncs) != 0;
-    identity.volatile_write_cache = (c.vwc & 1u) != 0;
-    identity.serial_number = trimmed(c.sn, sizeof c.sn);
-    identity.model_number = trimmed(c.mn, sizeof c.mn);
-    identity.firmware_revision = trimmed(c.fr, sizeof c.fr);
     identity_ = std::move(identity);
     return Status::success();
   }

@@ -392,6 +392,14 @@ struct SoftController::Impl {
 
   // ----- registers -----------------------------------------------------------------------------
   volatile std::uint32_t* reg(std::size_t byte_offset) { return bar.get() + byte_offset / 4; }
+  /// A 64-bit register (CAP, ASQ, ACQ) as two dwords, low dword first (the host writes it so).
+  std::uint64_t load_register64(std::size_t byte_offset) {
+    return load32(reg(byte_offset)) | (std::uint64_t{load32(reg(byte_offset + 4))} << 32);
+  }
+  void store_register64(std::size_t byte_offset, std::uint64_t value) {
+    store32(reg(byte_offset), static_cast<std::uint32_t>(value));
+    store32(reg(byte_offset + 4), static_cast<std::uint32_t>(value >> 32));
+  }
   std::uint32_t dstrd() const { return config.doorbell_stride; }
   std::uint32_t lba_size() const { return config.lba_size; }
 
@@ -832,8 +840,8 @@ struct SoftController::Impl {
     using CC = nvme::ControllerConfiguration;
     enabled = true;
     const nvme::AdminQueueAttributes aqa{load32(reg(offsetof(nvme::ControllerRegisters, aqa)))};
-    const std::uint64_t asq = load32(reg(0x28)) | (std::uint64_t{load32(reg(0x2c))} << 32);
-    const std::uint64_t acq = load32(reg(0x30)) | (std::uint64_t{load32(reg(0x34))} << 32);
+    const std::uint64_t asq = load_register64(offsetof(nvme::ControllerRegisters, asq));
+    const std::uint64_t acq = load_register64(offsetof(nvme::ControllerRegisters, acq));
     const std::uint32_t sq_size = nvme::AdminQueueAttributes::ASQS::decode(aqa.raw) + 1;
     const std::uint32_t cq_size = nvme::AdminQueueAttributes::ACQS::decode(aqa.raw) + 1;
     // A torn or unsupported configuration is a Controller Fatal Status, never a crash.
@@ -965,7 +973,7 @@ struct SoftController::Impl {
     c.cqes = 0x44;
     c.nn = 1;
     c.oncs = nvme::IdentifyController::OncsBits::WriteZeroes::encode(nvme::IdentifyController::OncsBits::DatasetManagement::encode(0, 1), 1);
-    c.vwc = 1;  // the backing file's page cache is a volatile write cache: Flush makes data durable
+    c.vwc = nvme::IdentifyController::VwcBits::Present::encode(0, 1);  // the backing file's page cache is a volatile write cache: Flush makes data durable
     c.sgls = nvme::IdentifyController::SglsBits::SglSupport::encode(0, 1);  // SGLs, any byte alignment
     return c;
   }
@@ -1279,9 +1287,8 @@ Result<std::shared_ptr<SoftController>> SoftController::create(const SoftControl
   cap = CAP::CSS::encode(cap, 1);  // NVM command set
   cap = CAP::MPSMIN::encode(cap, 0);
   cap = CAP::MPSMAX::encode(cap, 0);
-  store32(impl->reg(0x00), static_cast<std::uint32_t>(cap));
-  store32(impl->reg(0x04), static_cast<std::uint32_t>(cap >> 32));
-  store32(impl->reg(0x08), nvme::kVersion2_0.raw);
+  impl->store_register64(offsetof(nvme::ControllerRegisters, cap), cap);
+  store32(impl->reg(offsetof(nvme::ControllerRegisters, vs)), nvme::kVersion2_0.raw);
 
   Impl& ref = *impl;
   try {

@@ -15,7 +15,7 @@
 #include <require_ok.hpp>
 
 #include <scratch_filesystem.hpp>
-#include <tutti/presets/local_nvme.hpp>
+#include <tutti/libnvm/soft_local_nvme.hpp>
 
 #include "kv_test_support.hpp"
 

@@ -2,6 +2,8 @@
 // Each resolved extent is checked against the image: the bytes at the extent's device offset in
 // the image (the namespace) equal the bytes the file system returns for the file.
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -253,8 +255,61 @@ TEST_CASE("writable opens use O_RDWR; read-only opens O_RDONLY") {
   auto ro = resolver_for(*fs).resolve("file://" + path, {});
   auto rw = resolver_for(*fs).resolve("file://" + path, OpenOptions{true, false, false});
   REQUIRE(ro.is_ok());
-  REQUIRE(rw.is_ok());
+  REQUIRE_MESSAGE(rw.is_ok(), rw.status().to_string());
   CHECK((fcntl(ro->lease.get(), F_GETFL) & O_ACCMODE) == O_RDONLY);
   CHECK((fcntl(rw->lease.get(), F_GETFL) & O_ACCMODE) == O_RDWR);
   CHECK(rw->writable);
+}
+
+namespace {
+bool immutable_flag(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  int flags = 0;
+  const int rc = ::ioctl(fd, FS_IOC_GETFLAGS, &flags);
+  ::close(fd);
+  REQUIRE(rc == 0);
+  return (flags & FS_IMMUTABLE_FL) != 0;
+}
+}  // namespace
+
+TEST_CASE("the change guard: a resolved file is immutable while its target lives (with CAP_LINUX_IMMUTABLE), "
+          "watch_only leaves it mutable, and a target assigned over another releases the other's flag") {
+  auto fs = make_ext4(64 << 20);
+  const std::string a = fs->path("a"), b = fs->path("b"), c = fs->path("c");
+  for (const std::string& path : {a, b, c}) tutti::testing::write_pattern_file(path, 13, 8192);
+  auto resolver = resolver_for(*fs);
+  auto ta = resolver.resolve("file://" + a, {});
+  REQUIRE_MESSAGE(ta.is_ok(), ta.status().to_string());
+  // Root in this suite has CAP_LINUX_IMMUTABLE; tests/local_nvme/changes_test.cpp covers a process without it.
+  CHECK(ta->guard.immutable_owned());
+  CHECK(ta->guard.watched());
+  CHECK(immutable_flag(a));
+  {
+    auto tb = resolver.resolve("file://" + b, {});
+    REQUIRE(tb.is_ok());
+    CHECK(immutable_flag(b));
+    // Member-wise move assignment closes a's lease before its guard is released: the flag must
+    // still be cleared (the guard keeps its own descriptor for it), and b's must stay.
+    *ta = std::move(*tb);
+    CHECK_FALSE(immutable_flag(a));
+    CHECK(immutable_flag(b));
+  }
+  CHECK(immutable_flag(b));  // held by ta now
+  ta = error(StatusCode::INTERNAL, "drop");
+  CHECK_FALSE(immutable_flag(b));
+
+  local_file::LocalFileResolver::Options o = resolver.options();
+  o.change_protection = local_file::ChangeProtection::watch_only;
+  auto watching = local_file::LocalFileResolver::create(o);
+  REQUIRE(watching.is_ok());
+  auto tc = watching->resolve("file://" + c, {});
+  REQUIRE(tc.is_ok());
+  CHECK_FALSE(immutable_flag(c));
+  CHECK(tc->guard.watched());
+  CHECK_FALSE(tc->guard.changed());
+  REQUIRE(::truncate(c.c_str(), 4096) == 0);
+  local_file::poll_changes();
+  CHECK(tc->guard.changed());
+  CHECK(tc->guard.watch().what().find("IN_MODIFY") != std::string::npos);
 }

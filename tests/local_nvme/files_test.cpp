@@ -10,7 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <scratch_filesystem.hpp>
-#include <tutti/presets/local_nvme.hpp>
+#include <tutti/libnvm/soft_local_nvme.hpp>
 
 #include "host_buffer.hpp"
 #include "test_files.hpp"

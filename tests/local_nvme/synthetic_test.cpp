@@ -97,7 +97,7 @@ struct Rig {
 
   std::string backing;
   std::shared_ptr<libnvm::SoftController> device;
-  std::unique_ptr<libnvm::Controller> controller;
+  std::unique_ptr<nvme::Controller> controller;
   std::optional<Path> path;
 };
 

@@ -238,7 +238,7 @@ build_module() {
 
 build_guest_programs() {
 	mkdir -p "$WORK/bin"
-	gcc -std=gnu11 -O2 -Wall -Wextra -Werror -static -o "$WORK/bin/snvme-test" \
+	gcc -std=gnu11 -O2 -Wall -Wextra -Werror -static -I "$ROOT/driver/snvme/include" -o "$WORK/bin/snvme-test" \
 		"$ROOT/tests/qemu/guest/snvme-test.c" "$ROOT/tests/qemu/guest/uq.c"
 	bash "$ROOT/tests/qemu/guest/build-libnvm.sh" "$ROOT" "$WORK/bin"
 }

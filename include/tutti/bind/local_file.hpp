@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <tutti/accel/config.hpp>
+#include <tutti/bind/local_file/change_guard.hpp>
 #include <tutti/core/file_descriptor.hpp>
 #include <tutti/core/status.hpp>
 
@@ -64,7 +65,9 @@ TUTTI_HOST_DEVICE constexpr std::size_t find_extent(const Extent* extents, std::
 }
 
 /// The lease: an owned file descriptor (opened O_DIRECT by the resolver). Closing it ends the
-/// lease. What the lease protects and what it does not: docs/local-nvme.md, "The lease".
+/// lease. What the lease protects and what it does not: docs/local-nvme.md, "The lease"; what
+/// keeps the block map fixed while the file is open is the target's ChangeGuard
+/// (local_file/change_guard.hpp).
 /// Move-only; closes the descriptor in its destructor; get() is the descriptor.
 using FileLease = tutti::FileDescriptor;
 
@@ -79,6 +82,10 @@ struct Target {
   std::uint64_t partition_start = 0; ///< bytes; already added to every device_offset
   bool writable = false;             ///< the lease was opened read-write (OpenOptions::writable)
   FileLease lease;                   ///< the open O_DIRECT file descriptor
+  /// FS_IMMUTABLE_FL and the inotify watch of the file, made by the resolver before FIEMAP
+  /// (local_file/change_guard.hpp); ends with the target. Default constructed (guards nothing)
+  /// in hand-built targets.
+  ChangeGuard guard;
 
   /// The target size in bytes (the file size; the runtime checks bounds against it).
   std::uint64_t size_bytes() const noexcept { return file_size; }

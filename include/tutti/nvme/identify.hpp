@@ -42,7 +42,7 @@ struct IdentifyController {
   std::uint16_t oncs;              ///< 521:520 Optional NVM Command Support (see OncsBits)
   std::uint16_t fuses;             ///< 523:522 Fused Operation Support
   std::uint8_t fna;                ///< 524 Format NVM Attributes
-  std::uint8_t vwc;                ///< 525 Volatile Write Cache: bit 0 present
+  std::uint8_t vwc;                ///< 525 Volatile Write Cache (see VwcBits)
   std::uint16_t awun;              ///< 527:526 Atomic Write Unit Normal, 0's based LBAs
   std::uint16_t awupf;             ///< 529:528 Atomic Write Unit Power Fail, 0's based LBAs
   std::uint8_t icsvscc;            ///< 530
@@ -59,6 +59,11 @@ struct IdentifyController {
     using DatasetManagement = BitField<std::uint16_t, 2, 1>;
     using WriteZeroes = BitField<std::uint16_t, 3, 1>;
   };
+  /// VWC bits (Base 2.0, Figure 275, byte 525).
+  struct VwcBits {
+    using Present = BitField<std::uint8_t, 0, 1>;        ///< a volatile write cache is present
+    using FlushBehavior = BitField<std::uint8_t, 1, 2>;  ///< Flush with NSID FFFFFFFFh: 10b unsupported, 11b supported
+  };
   /// SGLS bits (Base 2.0, Figure 275, bytes 539:536).
   struct SglsBits {
     using SglSupport = BitField<std::uint32_t, 0, 2>;  ///< 00b none, 01b any alignment, 10b dword aligned
@@ -72,6 +77,14 @@ struct IdentifyController {
   TUTTI_HOST_DEVICE constexpr std::uint64_t max_data_transfer_bytes(std::uint64_t page_size_minimum) const noexcept {
     return mdts == 0 ? 0 : page_size_minimum << mdts;
   }
+  /// ONCS bit 3: the Write Zeroes command is supported.
+  TUTTI_HOST_DEVICE constexpr bool write_zeroes_supported() const noexcept { return OncsBits::WriteZeroes::decode(oncs) != 0; }
+  /// ONCS bit 2: the Dataset Management command is supported.
+  TUTTI_HOST_DEVICE constexpr bool dataset_management_supported() const noexcept {
+    return OncsBits::DatasetManagement::decode(oncs) != 0;
+  }
+  /// VWC bit 0: a volatile write cache is present (writes are durable only after a Flush).
+  TUTTI_HOST_DEVICE constexpr bool volatile_write_cache_present() const noexcept { return VwcBits::Present::decode(vwc) != 0; }
   /// True when the controller accepts SGLs for NVM commands.
   TUTTI_HOST_DEVICE constexpr bool sgl_supported() const noexcept { return SglsBits::SglSupport::decode(sgls) != 0; }
 };

@@ -1,31 +1,19 @@
 // Ready-made local-file runtime over one NVMe controller: file:// URIs resolved with FIEMAP
-// (local_file::LocalFileResolver) and executed as NVMe commands (local_nvme::LocalNvmeDataPath).
+// (local_file::LocalFileResolver) and executed as NVMe commands (local_nvme::LocalNvmeDataPath)
+// on queue pairs of any nvme::Controller (tutti/nvme/controller.hpp).
 //
 //   LocalNvmeBackend  = Backend<local_file::LocalFileResolver, local_nvme::LocalNvmeDataPath>
 //   LocalNvmeRuntime  = StorageRuntime<LocalNvmeBackend>
 //
-// make_soft_local_nvme() builds the whole stack over a soft controller (libnvm) backed by a file
-// or block device, typically the ext4 image that backs a loop-mounted file system:
-//
-//   tutti::SoftLocalNvmeOptions o;
-//   o.backing_path = "/tmp/disk.img";        // what the soft controller reads and writes
-//   o.block_device_path = "/dev/loop3";      // the block device the file system is mounted from
-//   auto stack = tutti::make_soft_local_nvme(o);
-//   auto target = stack.value()->runtime->open("file:///mnt/kv/layer17");
-//
-// CUDA profile: the soft controller is created in accelerator_mode (BAR0 and queues in mapped
-// pinned memory, DEVICE memory through map_device), whatever options.soft says.
-//
-// Included by presets.hpp. Needs libnvm (meson: libnvm_dep).
+// make_local_nvme_runtime() builds the runtime over a controller that is already brought up;
+// the controller must outlive the runtime. The soft controller's ready-made stack (device,
+// driver and runtime in one object, make_soft_local_nvme) is libnvm's: include
+// <tutti/libnvm/soft_local_nvme.hpp> and link libnvm (meson: libnvm_dep) for it. This header
+// needs nothing compiled.
 #pragma once
 
-#include <memory>
-#include <optional>
-#include <string>
-
 #include <tutti/core/runtime.hpp>
-#include <tutti/libnvm/controller.hpp>
-#include <tutti/libnvm/soft_controller.hpp>
+#include <tutti/nvme/controller.hpp>
 #include <tutti/path/local_nvme.hpp>
 #include <tutti/resolve/local_file.hpp>
 
@@ -35,59 +23,21 @@ namespace tutti {
 using LocalNvmeBackend = Backend<local_file::LocalFileResolver, local_nvme::LocalNvmeDataPath>;
 using LocalNvmeRuntime = StorageRuntime<LocalNvmeBackend>;
 
-/// Settings of make_soft_local_nvme. The LBA size is the soft controller's (soft.lba_size).
-struct SoftLocalNvmeOptions {
-  /// The soft controller's backing file or block device (soft.backing_path is overwritten by it).
-  std::string backing_path;
-  /// The block device holding the file system whose files are opened (e.g. the loop device of
-  /// backing_path); its st_rdev must be the files' st_dev.
-  std::string block_device_path;
-  /// Bytes from the start of backing_path to the file system (0 for an image or loop device);
-  /// unset: read from sysfs.
-  std::optional<std::uint64_t> partition_start_bytes = 0;
-  libnvm::SoftControllerConfig soft{};   ///< soft controller settings (defaults: libnvm's kSoftDefault*)
-  libnvm::BringUpOptions bring_up{};     ///< controller bring-up settings
-  local_nvme::LocalNvmeDataPath::Options datapath{};
-  RuntimeOptions runtime{};
-};
-
-/// A soft controller, its libnvm driver and the runtime over them. Members are destroyed in
-/// reverse order: the runtime first (it drains IO), then the driver, then the device.
-struct SoftLocalNvme {
-  std::shared_ptr<libnvm::SoftController> device;  ///< fault injection and counters for tests
-  std::unique_ptr<libnvm::Controller> controller;
-  std::unique_ptr<LocalNvmeRuntime> runtime;
-  ~SoftLocalNvme() { runtime.reset(); }
-};
-
-/// Creates the soft controller, brings it up, creates the DataPath's queues and the runtime.
-/// Errors: those of SoftController::create, bring_up, local_file::LocalFileResolver::create and
-/// local_nvme::LocalNvmeDataPath::create (each with context).
-inline Result<std::unique_ptr<SoftLocalNvme>> make_soft_local_nvme(SoftLocalNvmeOptions options) {
-  auto stack = std::make_unique<SoftLocalNvme>();
-  options.soft.backing_path = options.backing_path;
-  // CUDA profile: the DataPath's kernels write SQEs and ring doorbells from the GPU, so BAR0 and
-  // the queues must be in mapped pinned memory, and DEVICE registrations need map_device.
-  if constexpr (accel::kProfile == accel::Profile::cuda) options.soft.accelerator_mode = true;
-  auto device = libnvm::SoftController::create(options.soft);
-  if (!device) return device.status().with_context("soft controller");
-  stack->device = *device;
-  auto controller = libnvm::open_soft_controller(stack->device);
-  if (!controller) return controller.status().with_context("soft controller driver");
-  stack->controller = std::move(controller.value());
-  TUTTI_RETURN_IF_ERROR(stack->controller->bring_up(options.bring_up).with_context("bring_up"));
-  local_file::LocalFileResolver::Options resolver_options;
-  resolver_options.block_device_path = options.block_device_path;
-  resolver_options.partition_start_bytes = options.partition_start_bytes;
-  resolver_options.lba_size = stack->controller->identity().lba_size;
-  resolver_options.nsid = stack->controller->identity().nsid;
-  auto resolver = local_file::LocalFileResolver::create(resolver_options);
-  if (!resolver) return resolver.status();
-  auto datapath = local_nvme::LocalNvmeDataPath::create(*stack->controller, options.datapath);
-  if (!datapath) return datapath.status();
-  stack->runtime = std::make_unique<LocalNvmeRuntime>(
-      LocalNvmeBackend{std::move(resolver.value()), std::move(datapath.value())}, options.runtime);
-  return stack;
+/// The runtime over `controller` (brought up: its identity gives the resolver's LBA size and
+/// NSID, which override resolver.lba_size and resolver.nsid). Errors: those of
+/// local_file::LocalFileResolver::create and local_nvme::LocalNvmeDataPath::create. The
+/// controller must outlive the runtime. Thread-safety: any thread.
+inline Result<LocalNvmeRuntime> make_local_nvme_runtime(nvme::Controller& controller,
+                                                        local_file::LocalFileResolver::Options resolver,
+                                                        local_nvme::Options datapath = {},
+                                                        RuntimeOptions runtime = {}) {
+  resolver.lba_size = controller.identity().lba_size;
+  resolver.nsid = controller.identity().nsid;
+  auto resolved = local_file::LocalFileResolver::create(std::move(resolver));
+  if (!resolved) return resolved.status();
+  auto path = local_nvme::LocalNvmeDataPath::create(controller, datapath);
+  if (!path) return path.status();
+  return LocalNvmeRuntime(LocalNvmeBackend{std::move(resolved.value()), std::move(path.value())}, runtime);
 }
 
 }  // namespace tutti

@@ -13,10 +13,15 @@
 //  2. open(O_DIRECT | O_RDONLY, or O_RDWR when options.writable; O_CLOEXEC): NOT_FOUND (ENOENT),
 //     UNSUPPORTED (EINVAL: no O_DIRECT on that file system), DEVICE_ERROR (other errno);
 //     INVALID_ARGUMENT when it is not a regular file;
-//  3. fsync per Options::fsync_policy (default: writable opens only, see FsyncPolicy), then
+//  3. the change guard (Options::change_protection, bind/local_file/change_guard.hpp): sets
+//     FS_IMMUTABLE_FL when the process may and watches the file with inotify, before the extents
+//     are read, so they cannot change unnoticed from here on; BUSY when a writable open finds the
+//     file immutable (another process serves it, or one that did ended without clearing it:
+//     `chattr -i`), the guard's errors when the file can be neither made immutable nor watched;
+//  4. fsync per Options::fsync_policy (default: writable opens only, see FsyncPolicy), then
 //     FIEMAP with FIEMAP_FLAG_SYNC (writes dirty data back, resolves delayed allocation) over
 //     [0, st_size), kFiemapExtentsPerCall extents per ioctl, as many calls as needed (no cap);
-//  4. fail closed, with the file offset in the message:
+//  5. fail closed, with the file offset in the message:
 //       UNSUPPORTED  no FIEMAP (tmpfs, overlayfs: EOPNOTSUPP/ENOTTY), the file is not on the
 //                    configured block device (st_dev != the device's st_rdev), inline or
 //                    tail-packed data, encoded or encrypted extents, FIEMAP_EXTENT_NOT_ALIGNED,
@@ -24,7 +29,8 @@
 //                    not multiples of the LBA size, unknown location;
 //       DATA_LOSS    holes (no extent maps an offset below EOF), unwritten (preallocated)
 //                    extents, delayed allocation that FIEMAP_FLAG_SYNC did not resolve;
-//  5. adjacent extents contiguous on the device are merged; the open fd becomes the lease.
+//  6. adjacent extents contiguous on the device are merged; the open fd becomes the lease, and the
+//     guard goes with it (released when the target is destroyed or closed).
 // The whole algorithm and the lease's limits: docs/local-nvme.md.
 //
 // Thread-safety: resolve() is const and may be called from many threads at once (open_batch).
@@ -132,6 +138,10 @@ class LocalFileResolver {
     std::string sysfs_root = "/sys";
     /// When to fsync the file before the FIEMAP walk (kDefaultFsyncPolicy: writable opens).
     FsyncPolicy fsync_policy = kDefaultFsyncPolicy;
+    /// How an open file is kept from changing under its extents (kDefaultChangeProtection:
+    /// FS_IMMUTABLE_FL where permitted, and an inotify watch; docs/local-nvme.md, "A file changed
+    /// under local_nvme").
+    ChangeProtection change_protection = kDefaultChangeProtection;
   };
 
   /// Validates the options and finds the device. Errors: INVALID_ARGUMENT (lba_size not 512 or
@@ -199,6 +209,10 @@ class LocalFileResolver {
       return error(StatusCode::INVALID_ARGUMENT, "'{}' is not a regular file", path);
     const int flags = (open_options.writable ? O_RDWR : O_RDONLY) | O_DIRECT | O_CLOEXEC;
     FileLease lease(::open(path.c_str(), flags));
+    // A read-write open of a file this process serves, and so made immutable, opens it while the
+    // flag is briefly cleared (change_guard.hpp); a file made immutable by anyone else stays refused.
+    if (!lease.valid() && errno == EPERM && open_options.writable)
+      lease = FileLease(detail::ChangeMonitor::instance()->open_owned_immutable(path, flags));
     if (!lease.valid()) {
       const int e = errno;
       if (e == ENOENT) return error(StatusCode::NOT_FOUND, "'{}' does not exist", path);
@@ -206,6 +220,12 @@ class LocalFileResolver {
         return error(StatusCode::UNSUPPORTED, "'{}': the file system does not support O_DIRECT (open: {})", path,
                      std::strerror(e));
       if (e == EISDIR) return error(StatusCode::INVALID_ARGUMENT, "'{}' is a directory, not a regular file", path);
+      if (e == EPERM && is_immutable(path))
+        return error(StatusCode::BUSY,
+                     "'{}' is immutable (FS_IMMUTABLE_FL), so it cannot be opened read-write: a local_nvme target of "
+                     "another process holds it, or a process that held one ended without clearing the flag; when no "
+                     "process serves the file, `chattr -i {}` clears it",
+                     path, path);
       return error(StatusCode::DEVICE_ERROR, "'{}': open{} failed: {}", path,
                    open_options.writable ? " read-write" : "", std::strerror(e));
     }
@@ -213,6 +233,11 @@ class LocalFileResolver {
     if (::fstat(lease.get(), &st) != 0)
       return error(StatusCode::DEVICE_ERROR, "'{}': fstat failed: {}", path, std::strerror(errno));
     if (!S_ISREG(st.st_mode)) return error(StatusCode::INVALID_ARGUMENT, "'{}' is not a regular file", path);
+    auto guard = ChangeGuard::create(lease.get(), path, options_.change_protection);  // ends before the lease
+    if (!guard) return guard.status();
+    // The size as the guard holds it (the file may have changed between the first fstat and the guard).
+    if (::fstat(lease.get(), &st) != 0)
+      return error(StatusCode::DEVICE_ERROR, "'{}': fstat failed: {}", path, std::strerror(errno));
     const bool fsync_now = options_.fsync_policy == FsyncPolicy::always ||
                            (options_.fsync_policy == FsyncPolicy::writable_opens && open_options.writable);
     if (fsync_now && ::fsync(lease.get()) != 0 && errno != EINVAL)
@@ -232,12 +257,24 @@ class LocalFileResolver {
                    "'{}' (file offset 0) lives on block device {}:{}, not on the namespace's block device {}:{}", path,
                    major(st.st_dev), minor(st.st_dev), major(options_.device), minor(options_.device));
     TUTTI_RETURN_IF_ERROR(target.validate());
+    poll_changes();
+    if (guard->changed())
+      return error(StatusCode::DATA_LOSS, "'{}' changed while its extents were read: {}; open it again", path,
+                   guard->watch().what());
     target.lease = std::move(lease);
+    target.guard = std::move(guard.value());
     return target;
   }
 
  private:
   explicit LocalFileResolver(Options options) : options_(std::move(options)) {}
+
+  /// FS_IMMUTABLE_FL is set on the file at `path` (false when it cannot be read).
+  static bool is_immutable(const std::string& path) {
+    FileLease probe(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+    int flags = 0;
+    return probe.valid() && ::ioctl(probe.get(), FS_IOC_GETFLAGS, &flags) == 0 && (flags & FS_IMMUTABLE_FL) != 0;
+  }
 
   /// FIEMAP over [0, file_size) in as many calls as needed; fills target.extents (merged).
   Status walk_fiemap(int fd, const std::string& path, Target& target, bool writable) const {

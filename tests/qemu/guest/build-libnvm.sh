@@ -7,14 +7,14 @@ set -euo pipefail
 root=$1
 out=$2
 g++ -std=c++20 -O2 -Wall -Wextra -Werror -static -DFMT_HEADER_ONLY -DTUTTI_ACCELERATOR_HOST \
-	-I "$root/include" -I "$root/libnvm/include" \
+	-I "$root/include" -I "$root/libnvm/include" -I "$root/driver/snvme/include" \
 	-o "$out/libnvm-snvme-test" \
 	"$root/tests/qemu/guest/libnvm-snvme-test.cpp" \
 	"$root/libnvm/snvme/snvme_controller.cpp" \
 	"$root/libnvm/src/controller.cpp" \
 	-pthread
 g++ -std=c++20 -O2 -Wall -Wextra -Werror -static -DFMT_HEADER_ONLY -DTUTTI_ACCELERATOR_HOST \
-	-I "$root/include" -I "$root/libnvm/include" \
+	-I "$root/include" -I "$root/libnvm/include" -I "$root/driver/snvme/include" \
 	-o "$out/local-nvme-snvme-test" \
 	"$root/tests/qemu/guest/local-nvme-snvme-test.cpp" \
 	"$root/libnvm/snvme/snvme_controller.cpp" \

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../../driver/snvme/include/uapi/snvme.h"
+#include <uapi/snvme.h> /* -I driver/snvme/include (tests/qemu/run.sh) */
 
 /* Submission Queue Entry, NVMe Base Spec 2.0, Figure 88 (64 bytes). */
 struct uq_sqe {

@@ -50,6 +50,9 @@ struct DeviceTarget {
   std::uint64_t file_size = 0;  ///< bytes
   std::uint32_t lba_size = 0;   ///< bytes: 512 or 4096
   std::uint32_t nsid = 0;       ///< NVMe namespace of the extents' device offsets
+  /// The open target's "changed under local_nvme" word (kernel-reachable; the host sets it to 1
+  /// when the file changed, targets.hpp): once set, no command of the target is issued. Null: none.
+  std::uint32_t* changed = nullptr;
 };
 
 /// One queue pair as the kernels see it: the ring view and its credit counter.
@@ -90,6 +93,8 @@ enum class RequestOutcome : std::uint32_t {
   controller_fatal = 7,       ///< CSTS.CFS or device gone while commands were in flight
   no_extent = 8,              ///< an offset maps to no extent (cannot happen for a valid target)
   prp_error = 9,              ///< the memory range is outside the registration
+  rejected_target_changed = 10,  ///< not accepted: the file changed under local_nvme (DeviceTarget::changed)
+  target_changed = 11,           ///< the file changed under local_nvme while the request was in flight
 };
 
 /// One request's state, shared by the submit and progress kernels and the host.
@@ -163,6 +168,12 @@ TUTTI_HOST_DEVICE inline void return_credits(std::uint32_t* credits, std::uint32
   accel::SystemAtomicRef<std::uint32_t>(*credits).fetch_add(n, accel::MemoryOrder::acq_rel);
 }
 
+/// The target's file changed under local_nvme (the host set DeviceTarget::changed): issue nothing more.
+TUTTI_HOST_DEVICE inline bool target_changed(const DeviceTarget& t) noexcept {
+  return t.changed != nullptr &&
+         accel::SystemAtomicRef<std::uint32_t>(*t.changed).load(accel::MemoryOrder::relaxed) != 0;
+}
+
 /// One command's extent-bounded piece starting at file byte `offset` with `remaining` bytes
 /// left: its length, SLBA and extent. Returns false when no extent maps `offset`.
 TUTTI_HOST_DEVICE inline bool split_at(const RequestState& r, std::uint64_t offset, std::uint64_t remaining,
@@ -181,7 +192,8 @@ TUTTI_HOST_DEVICE inline bool split_at(const RequestState& r, std::uint64_t offs
 /// The commands a request can issue now: as many as free records and remaining bytes allow. Fills
 /// `sqes` (CID not yet set) and `record_of` (the record of each) and returns their count; nothing
 /// of the request changes except r.outcome on a planning error (no_extent, prp_error: the
-/// commands planned before it are still returned). The records' fields are filled, their phase
+/// commands planned before it are still returned) or when its target changed (target_changed:
+/// nothing is planned). The records' fields are filled, their phase
 /// stays free until commit_commands. Nothing to issue for a request that is done, not accepted or
 /// failed.
 /// SQEs: Read (NVM Command Set 1.0, 3.2.4) / Write (3.2.6) with SLBA in CDW10-11, NLB 0's based in
@@ -196,6 +208,11 @@ TUTTI_HOST_DEVICE inline std::uint32_t plan_commands(RequestState& r, nvme::Subm
   for (std::uint32_t k = 0; k < r.window && n < kMaxWindow; ++k) {
     if (r.records[k].phase != CommandPhase::free) continue;
     if (is_flush ? r.flush_issued || n > 0 : planned >= r.transfer_length) break;
+    // Read only when there is a command to plan (a mapped host word: a PCIe read on a GPU).
+    if (n == 0 && target_changed(r.target)) {
+      r.outcome = RequestOutcome::target_changed;  // what is in flight drains; finish_if_idle ends the request
+      return 0;
+    }
     nvme::SubmissionQueueEntry sqe{};
     sqe.opcode = static_cast<std::uint8_t>(r.opcode);
     sqe.nsid = r.target.nsid;
@@ -317,6 +334,11 @@ TUTTI_HOST_DEVICE inline void finish_if_idle(RequestState& r, const DeviceQueue&
 TUTTI_HOST_DEVICE inline void admit_request(RequestState& r, const DeviceQueue& q) noexcept {
   // The batch's records come from a reused pool slot: every record starts free here.
   for (std::uint32_t k = 0; k < r.max_window; ++k) r.records[k] = CommandRecord{};
+  if (detail::target_changed(r.target)) {
+    r.outcome = RequestOutcome::rejected_target_changed;
+    r.done = true;
+    return;
+  }
   const std::uint64_t lba = r.target.lba_size;
   if (r.opcode != nvme::NvmOpcode::flush) {
     const bool tail = r.target_offset + r.length == r.target.file_size;

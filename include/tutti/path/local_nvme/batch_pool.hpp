@@ -1,0 +1,164 @@
+// The bounded pool of batch state of the local_nvme DataPath (Options::max_batches_in_flight):
+// each submit takes a slot (RESOURCE_EXHAUSTED beyond the limit: backpressure, never blocking)
+// and its batch returns it when destroyed. A slot holds one batch's kernel-reachable state (the
+// staged RequestStates, their CommandRecords and RequestReports in device memory, the pinned
+// staging and report arrays) and keeps the capacity of the largest batch it served, so a warm
+// pool allocates nothing per submit.
+// A slot over which a kernel may still run (a wait for it failed) is never reused or freed: it
+// is kept forever and stays counted in use (core/leak.hpp).
+// Thread-safety: the pool has one mutex; a slot belongs to one batch, used by one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <tutti/accel/memory.hpp>
+#include <tutti/accel/placement.hpp>
+#include <tutti/core/leak.hpp>
+#include <tutti/core/status.hpp>
+#include <tutti/path/local_nvme/kernel_array.hpp>
+#include <tutti/path/local_nvme/kernels.hpp>
+#include <tutti/path/local_nvme/registration.hpp>
+#include <tutti/path/local_nvme/target_cache.hpp>
+#include <tutti/path/local_nvme/targets.hpp>
+
+namespace tutti::local_nvme {
+
+/// One pooled batch's state. The kernel-reachable arrays keep their capacity across submits;
+/// `size` requests of them belong to the batch that holds the slot.
+struct BatchSlot {
+  /// The requests as staged by the host (pinned: the source of the ONE host-to-device copy).
+  KernelArray<RequestState> staged{accel::PlacementAllocator<RequestState>(accel::kKernelReachable)};
+  /// The kernels' reports as copied back after each kernel (pinned: the ONE device-to-host copy).
+  KernelArray<RequestReport> reports{accel::PlacementAllocator<RequestReport>(accel::kKernelReachable)};
+  accel::DeviceBuffer device_requests;             ///< size x RequestState: what the kernels update
+  accel::DeviceBuffer device_records;              ///< size x request_window x CommandRecord
+  accel::DeviceBuffer device_reports;              ///< size x RequestReport
+  accel::DeviceBuffer device_poll_stop;            ///< PollKernel's stop word (8 bytes, zeroed before each launch)
+  std::vector<CommandRecord> records_copy;         ///< one request's records, copied back on demand
+  std::vector<std::shared_ptr<Mapping>> mappings;  ///< per request (zombie hand-off)
+  std::vector<std::uint8_t> reported;              ///< completion already reported
+  /// Per request, its target's change signal (targets.hpp; valid while the request is in flight:
+  /// a target is closed only with no IO in flight).
+  std::vector<ChangeSignal*> signals;
+  /// The target handle cache's L1 entries this batch pins (until it is destroyed) and the
+  /// handle each distinct target of the batch resolved to (by cache id).
+  std::shared_ptr<TargetCache> cache;
+  std::vector<std::uint32_t> pins;
+  std::unordered_map<std::uint64_t, DeviceTarget> resolved;
+  std::size_t size = 0;  ///< requests of the current batch
+  /// A wait for a kernel over this slot failed: the kernel may still run, so the slot is never
+  /// reused or freed (kept alive forever, and it stays counted as in use).
+  bool kernel_may_run = false;
+
+  /// Sizes the slot for `n` requests with `window` records each, reusing its capacity (allocates
+  /// only when n exceeds the largest batch it served); `pin_capacity`: L1 entries the batch may
+  /// pin. Only while no kernel runs over the slot. Errors: RESOURCE_EXHAUSTED (host memory),
+  /// accel::DeviceBuffer::allocate's (device memory), each naming the batch size.
+  Status prepare(std::size_t n, std::uint32_t window, std::size_t pin_capacity) {
+    try {
+      staged.assign(n, RequestState{});
+      reports.assign(n, RequestReport{});
+      records_copy.assign(window, CommandRecord{});
+      mappings.assign(n, nullptr);
+      reported.assign(n, 0);
+      signals.assign(n, nullptr);
+      pins.clear();
+      pins.reserve(pin_capacity);
+      resolved.clear();
+    } catch (const std::bad_alloc&) {
+      return error(StatusCode::RESOURCE_EXHAUSTED,
+                   "local_nvme: no memory for the state of a batch of {} requests (request_window = {})", n, window);
+    }
+    for (auto [buffer, bytes, what] :
+         {std::tuple{&device_requests, n * sizeof(RequestState), "request states"},
+          std::tuple{&device_records, n * window * sizeof(CommandRecord), "command records"},
+          std::tuple{&device_reports, n * sizeof(RequestReport), "request reports"},
+          std::tuple{&device_poll_stop, sizeof(std::uint64_t), "poll kernel's stop word"}}) {
+      if (buffer->size() >= bytes) continue;
+      *buffer = accel::DeviceBuffer();  // no kernel runs over an idle slot
+      auto grown = accel::DeviceBuffer::allocate(bytes);
+      if (!grown)
+        return grown.status().with_context(
+            fmt::format("local_nvme: device memory for the {} of a batch of {} requests", what, n));
+      *buffer = std::move(grown.value());
+    }
+    size = n;
+    return Status::success();
+  }
+};
+
+/// The bounded pool of batch slots. Shared by the DataPath and every live batch, so a batch may
+/// outlive its DataPath. Thread-safe (one mutex).
+struct BatchPool {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<BatchSlot>> idle;  ///< slots ready for reuse (LIFO: warm memory first)
+  std::uint32_t in_use = 0;                      ///< slots held by batches (or abandoned to a kernel)
+  std::uint32_t limit = 0;
+};
+
+/// Returns a batch's slot to its pool when the batch is destroyed.
+struct SlotReturn {
+  std::shared_ptr<BatchPool> pool;
+  void operator()(BatchSlot* slot) const noexcept {
+    if (slot == nullptr) return;
+    if (slot->kernel_may_run) {
+      // Never free or reuse memory a kernel may still write: keep it forever, counted in use.
+      leak_on_purpose(slot);
+      return;
+    }
+    slot->mappings.clear();  // registrations may be unmapped now (zombies hold their own reference)
+    if (slot->cache) slot->cache->unpin(slot->pins);  // no kernel reads its L1 entries any more
+    slot->pins.clear();
+    slot->cache.reset();
+    std::scoped_lock lock(pool->mutex);
+    --pool->in_use;
+    try {
+      pool->idle.emplace_back(slot);
+    } catch (const std::bad_alloc&) {
+      delete slot;  // no kernel runs over it (kernel_may_run is false)
+    }
+  }
+};
+
+/// One submit's in-flight state (LocalNvmeDataPath::batch): a slot of the DataPath's batch pool,
+/// returned to the pool when the batch is destroyed (never while a kernel may still run over it).
+/// No slot: no request of the submit was accepted, progress has nothing to do. Movable, not
+/// copyable.
+struct Batch {
+  std::unique_ptr<BatchSlot, SlotReturn> slot;
+};
+
+/// A batch holding a slot of `pool` (an idle one, or a new one below the limit). Errors:
+/// RESOURCE_EXHAUSTED when `limit` batches are alive (backpressure: destroy a finished batch and
+/// resubmit) or no memory for a new slot.
+inline Result<Batch> acquire_batch(const std::shared_ptr<BatchPool>& pool) {
+  std::scoped_lock lock(pool->mutex);
+  if (pool->in_use >= pool->limit)
+    return error(StatusCode::RESOURCE_EXHAUSTED,
+                 "local_nvme: {} batches are alive, the limit set by Options::max_batches_in_flight = {}; destroy a "
+                 "finished batch (release its IO) and resubmit",
+                 pool->in_use, pool->limit);
+  BatchSlot* slot = nullptr;
+  if (!pool->idle.empty()) {
+    slot = pool->idle.back().release();
+    pool->idle.pop_back();
+  } else {
+    slot = new (std::nothrow) BatchSlot();
+    if (slot == nullptr) return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for a batch slot");
+  }
+  ++pool->in_use;
+  Batch b;
+  b.slot = std::unique_ptr<BatchSlot, SlotReturn>(slot, SlotReturn{pool});
+  return Result<Batch>(std::move(b));  // explicit: nvcc's front end does not move implicitly here
+}
+
+}  // namespace tutti::local_nvme

@@ -1,0 +1,417 @@
+// The local_nvme DataPath class: LocalNvmeDataPath, the tutti::DataPath over one nvme::Controller.
+// What it does, step by step, is in path/local_nvme.hpp (the front header) and
+// docs/local-nvme.md; this file wires the pieces of path/local_nvme/ together: open and close
+// (targets.hpp), register and unregister (registration.hpp), submit (batch_pool.hpp,
+// staging.hpp, launch.hpp) and progress (launch.hpp, staging.hpp, zombies.hpp) over the Engine
+// (engine.hpp).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <tutti/accel/async_copy.hpp>
+#include <tutti/accel/primitives.hpp>
+#include <tutti/accel/warp.hpp>
+#include <tutti/bind/local_file.hpp>
+#include <tutti/core/concepts.hpp>
+#include <tutti/core/io.hpp>
+#include <tutti/core/leak.hpp>
+#include <tutti/core/status.hpp>
+#include <tutti/nvme/controller.hpp>
+#include <tutti/nvme/queue.hpp>
+#include <tutti/path/local_nvme/batch_pool.hpp>
+#include <tutti/path/local_nvme/engine.hpp>
+#include <tutti/path/local_nvme/kernels.hpp>
+#include <tutti/path/local_nvme/launch.hpp>
+#include <tutti/path/local_nvme/options.hpp>
+#include <tutti/path/local_nvme/registration.hpp>
+#include <tutti/path/local_nvme/staging.hpp>
+#include <tutti/path/local_nvme/target_cache.hpp>
+#include <tutti/path/local_nvme/targets.hpp>
+
+namespace tutti::local_nvme {
+
+class LocalNvmeDataPath {
+ public:
+  using Options = local_nvme::Options;
+  using target_type = local_file::Target;
+  using open_target = OpenTarget;
+  using registered_memory = RegisteredMemory;
+  using batch = Batch;
+
+  static constexpr std::string_view name = "local_nvme";
+  static constexpr Capabilities capabilities{
+      .offset_alignment = 4096,
+      .memory_alignment = 4,
+      .max_request_bytes = std::uint64_t{1} << 30,
+      .max_batch_requests = 65536,
+      .memory_kinds = accel::kProfile == accel::Profile::cuda
+                          ? MemoryKindSet{MemoryKind::HOST, MemoryKind::PINNED_HOST, MemoryKind::DEVICE}
+                          : MemoryKindSet{MemoryKind::HOST, MemoryKind::PINNED_HOST},
+      .unaligned_tail_at_end_of_target = true,
+  };
+
+  /// Creates the queue pairs on a brought-up controller. Errors: INVALID_ARGUMENT (options out of
+  /// range, controller not brought up, LBA size not 512/4096, memory page size not 4096..65536),
+  /// and the controller's create_io_queue_pair errors (queues already created are deleted).
+  static Result<LocalNvmeDataPath> create(nvme::Controller& controller) { return create(controller, Options()); }
+  static Result<LocalNvmeDataPath> create(nvme::Controller& controller, Options options) {
+    auto engine = Engine::create(controller, options);
+    if (!engine) return engine.status();
+    return LocalNvmeDataPath(std::move(engine.value()));
+  }
+
+  LocalNvmeDataPath(LocalNvmeDataPath&&) noexcept = default;
+  LocalNvmeDataPath& operator=(LocalNvmeDataPath&&) noexcept = default;
+
+  /// The settings in force and the LBA size / command size limit derived from the controller.
+  const Options& options() const noexcept { return engine_->options; }
+  std::uint32_t lba_size() const noexcept { return engine_->lba_size; }
+  std::uint64_t max_command_bytes() const noexcept { return engine_->max_command_bytes; }
+  /// NVMe Abort commands sent so far.
+  std::uint64_t aborts_sent() const noexcept { return engine_->aborts_sent.load(); }
+  /// Progress kernels launched so far by progress() over all batches (one per step; see
+  /// Options::poll_kernel_budget_ns). Thread-safe (an atomic counter).
+  std::uint64_t poll_kernel_launches() const noexcept { return engine_->poll_kernel_launches.load(); }
+  /// Commands that timed out and were never answered, still holding their memory mapping.
+  std::size_t zombie_commands() {
+    engine_->reap_zombies();
+    return engine_->zombies.size();
+  }
+  /// Batch slots held by live batches (at most Options::max_batches_in_flight), and slots allocated
+  /// (held plus idle ones kept for reuse).
+  std::uint32_t batches_in_flight() const {
+    std::scoped_lock lock(engine_->pool->mutex);
+    return engine_->pool->in_use;
+  }
+  std::size_t batch_slots_allocated() const {
+    std::scoped_lock lock(engine_->pool->mutex);
+    return engine_->pool->in_use + engine_->pool->idle.size();
+  }
+  /// The target handle cache's counters (hits, misses, evictions, fallbacks: one lookup per
+  /// distinct target per submit; FLUSH requests read no extents and do no lookup) and occupancy.
+  /// Thread-safe.
+  TargetCacheStatistics target_cache_statistics() const { return engine_->target_cache->statistics(); }
+  /// Shared statistics of queue pair `i` (doorbell writes, completions reaped, stale CQEs).
+  nvme::QueuePairState queue_statistics(std::size_t i) const { return engine_->queues.at(i)->storage->statistics(); }
+
+  /// Builds the device-resident handle (targets.hpp, make_open_target): the L2 copy of the extents
+  /// (resolved once, by the caller's FIEMAP, never again) that submits copy into L1 and the
+  /// submitting threads binary-search. Errors: INVALID_ARGUMENT when the payload's LBA size is
+  /// not the controller's, or its invariants (Target::validate) do not hold; RESOURCE_EXHAUSTED
+  /// when the open targets' extents would exceed Options::host_target_cache_bytes, or the copy
+  /// cannot be allocated.
+  Result<open_target> open(local_file::Target&& target, const OpenOptions& options) {
+    return make_open_target(std::move(target), options, engine_->lba_size, engine_->target_cache);
+  }
+  /// The file size in bytes.
+  std::uint64_t size_bytes(const open_target& t) const noexcept { return t.payload->file_size; }
+  /// Ends the lease (closes the fd). Only called with no IO in flight on the target. When the
+  /// target was opened with flush_on_close, first issues one NVMe Flush of its namespace and waits
+  /// for it (at most command_timeout_ns + abort_timeout_ns); its failure is returned (the lease is
+  /// released either way): RESOURCE_EXHAUSTED (queue full), DEVICE_ERROR, TIMEOUT, DATA_LOSS
+  /// (the file changed under local_nvme: the Flush is refused). Releases the payload's change
+  /// guard: the last guard of the file in the process clears the FS_IMMUTABLE_FL it set, and
+  /// DEVICE_ERROR (naming `chattr -i`) is returned if it cannot.
+  Status close(open_target& t) {
+    Status flushed;
+    if (t.flush_on_close && t.payload) {
+      const PathRequest<LocalNvmeDataPath> flush{Direction::FLUSH, nullptr, MemoryView{}, 0, &t, 0, 0};
+      Status state;
+      batch b = submit(std::span<const PathRequest<LocalNvmeDataPath>>(&flush, 1), std::span<Status>(&state, 1));
+      if (!state.is_ok()) {
+        detail::assign(flushed, state.with_context("flush on close"));
+      } else {
+        RequestCompletion completion;
+        const Options& o = engine_->options;
+        Status s = progress(b, std::span<RequestCompletion>(&completion, 1),
+                            o.command_timeout_ns + o.abort_timeout_ns + o.admin_timeout_ns);
+        if (!s.is_ok()) {
+          // Still in flight: keep the batch (and what it references) alive rather than free it.
+          leak_on_purpose(new batch(std::move(b)));
+          detail::assign(flushed,
+                         error(StatusCode::TIMEOUT, "flush on close: the NVMe Flush did not complete in time"));
+        } else {
+          detail::assign(flushed, completion.status.with_context("flush on close"));
+        }
+      }
+    }
+    if (t.payload) {
+      // The last guard of the file in this process removes its watch and clears FS_IMMUTABLE_FL.
+      const Status released = t.payload->guard.release();
+      if (flushed.is_ok() && !released.is_ok()) detail::assign(flushed, released.with_context("close"));
+    }
+    t.payload.reset();
+    t.cache_lease.reset();  // L2 room returns; the L1 entry goes now or with the last batch pinning it
+    return flushed;
+  }
+
+  /// DMA-maps the pages that hold the region and prebuilds its PRP lists (two variants, see
+  /// prp_table.hpp) at registration, so no submit builds a list (registration.hpp,
+  /// register_region, has the memory it takes). Errors: register_region's; nothing stays
+  /// mapped on error. Thread-safety: safe concurrently with other calls on the DataPath.
+  Result<registered_memory> register_memory(const MemoryView& view) {
+    return register_region(*engine_->controller, view);
+  }
+
+  /// Unmaps the region. BUSY (and the mapping is kept alive until the controller is done) while a
+  /// timed-out command that the controller never answered may still transfer into it.
+  Status unregister_memory(registered_memory& memory) {
+    if (!memory.mapping) return Status::success();
+    engine_->reap_zombies();
+    if (const auto z = memory.mapping->zombies.load(); z > 0)
+      return error(StatusCode::BUSY,
+                   "local_nvme: {} timed-out command(s) on this region were never answered by the controller; the "
+                   "mapping stays until they complete or the queues are deleted",
+                   z);
+    memory.mapping.reset();
+    return Status::success();
+  }
+
+  /// One launch over the batch (see path/local_nvme.hpp). Never blocks beyond the launch (CUDA:
+  /// the wait for the submit kernel, bounded by command_timeout_ns). The batch's state comes from
+  /// the DataPath's bounded pool (Options::max_batches_in_flight; no allocation once the pool's
+  /// slots have grown to the batch sizes in use). States: OK (accepted), the rejections of
+  /// staging.hpp's `rejection`, RESOURCE_EXHAUSTED when max_batches_in_flight batches are alive
+  /// (backpressure: every request of the submit is rejected, nothing runs) or a slot cannot grow
+  /// to n requests, the launch's error (UNSUPPORTED from a host-compiled translation unit of the
+  /// CUDA profile), or the wait's error (TIMEOUT / DEVICE_ERROR: the slot is then abandoned to the
+  /// kernel, never reused or freed, and stays counted in max_batches_in_flight).
+  batch submit(std::span<const PathRequest<LocalNvmeDataPath>> requests, std::span<Status> states) {
+    const std::size_t n = requests.size();
+    if (n == 0) return batch{};
+    Engine& e = *engine_;
+    const std::uint32_t window = e.options.request_window;
+    const auto reject_all = [&](const Status& why) {
+      for (std::size_t i = 0; i < n; ++i) detail::assign(states[i], why);
+    };
+    auto acquired = acquire_batch(e.pool);
+    if (!acquired) {
+      reject_all(acquired.status());
+      return batch{};
+    }
+    batch b = std::move(acquired.value());
+    local_file::poll_changes();  // a target whose file changed is refused below, by its kernel thread
+    BatchSlot& slot = *b.slot;
+    if (Status prepared = slot.prepare(n, window, std::min<std::size_t>(n, e.options.device_target_cache_entries));
+        !prepared.is_ok()) {
+      reject_all(prepared);
+      b.slot.reset();  // nothing ran over it: back to the pool
+      return b;
+    }
+    auto* device_requests = static_cast<RequestState*>(slot.device_requests.data());
+    auto* device_records = static_cast<CommandRecord*>(slot.device_records.data());
+    auto* device_reports = static_cast<RequestReport*>(slot.device_reports.data());
+    // One queue pair per warp of requests (round robin over warps; host profile: per request), so
+    // a warp's commands share one SQ reservation and one doorbell write.
+    const std::uint64_t lanes = accel::kKernelWarpLanes;
+    const std::uint64_t base = e.next_queue.fetch_add((n + lanes - 1) / lanes, std::memory_order_relaxed);
+    void* stream = e.options.stream.native_handle();
+    slot.cache = e.target_cache;  // the slot keeps L1 alive while it pins entries
+    bool cache_copied = false;    // a miss enqueued a copy into L1 on the stream
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& p = requests[i];
+      const DeviceTarget target = p.direction == Direction::FLUSH
+                                      ? p.target->device_target  // reads no extents
+                                      : target_handle(slot, *p.target, stream, cache_copied);
+      stage_request(slot.staged[i], p, e, static_cast<std::uint32_t>((base + i / lanes) % e.queues.size()), target,
+                    device_records + i * window, slot.mappings[i]);
+      slot.signals[i] = p.target->signal.get();
+      (void)slot.signals[i]->raise_if_changed();
+    }
+    std::shared_lock gate(e.kernel_gate);  // no zombie reaping while this batch's kernel may run
+    // ONE copy of the staged batch, ONE launch, ONE copy of the reports back, all on the stream,
+    // then ONE bounded wait.
+    Status launched =
+        accel::copy_to_device_async(device_requests, slot.staged.data(), n * sizeof(RequestState), stream);
+    const bool copy_enqueued = launched.is_ok();
+    if (launched.is_ok())
+      detail::assign(
+          launched, launch_over(e.options, n, AdmitKernel{device_requests, e.device_queues.data(), n, device_reports}));
+    const bool kernel_enqueued = launched.is_ok();
+    if (launched.is_ok())
+      detail::assign(launched, accel::copy_from_device_async(slot.reports.data(), device_reports,
+                                                             n * sizeof(RequestReport), stream));
+    if (copy_enqueued || cache_copied) {
+      const Status waited =
+          accel::synchronize(stream, kernel_wait_bound_ns(e.options, e.poll_launches_in_flight.load()));
+      if (!waited.is_ok()) {
+        // The stream may still run the copy or the kernel, which may have commands in flight:
+        // abandon the slot to it (never reused or freed; the mappings stay referenced).
+        reject_all(waited.with_context("local_nvme: submit kernel"));
+        slot.kernel_may_run = true;
+        e.kernel_abandoned.store(true);
+        b.slot.reset();
+        return b;
+      }
+      e.target_cache->mark_ready(slot.pins);  // the L1 copies have landed
+    }
+    if (!launched.is_ok()) {
+      // A kernel that ran but whose reports cannot come back: its accepted requests are in flight
+      // with no way to follow them, so the slot is abandoned (never reused) and all report the error.
+      reject_all(launched.with_context("local_nvme: submit"));
+      if (kernel_enqueued) {
+        slot.kernel_may_run = true;
+        e.kernel_abandoned.store(true);
+      }
+      b.slot.reset();
+      return b;
+    }
+    gate.unlock();
+    bool any_accepted = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      const RequestReport& report = slot.reports[i];
+      detail::assign(states[i], report.accepted ? Status::success()
+                                                : rejection(e, slot.staged[i], report, requests[i], *slot.signals[i]));
+      if (!report.accepted) slot.reported[i] = 1;
+      any_accepted = any_accepted || report.accepted;
+    }
+    if (!any_accepted) b.slot.reset();  // nothing in flight: the slot goes back at once
+    return b;
+  }
+
+  /// Polls the batch for up to timeout_ns (see the concept): launches poll kernels (each polling on
+  /// the accelerator for up to min(Options::poll_kernel_budget_ns, what is left of timeout_ns)),
+  /// sends Aborts and hands off zombies between them. OK when every accepted request has
+  /// completed, NOT_READY when the budget ran out first; a failed kernel wait or copy (TIMEOUT /
+  /// DEVICE_ERROR) abandons the batch to its kernel, and every later progress on it returns
+  /// DEVICE_ERROR without launching. Each wait is bounded by command_timeout_ns plus the budget of
+  /// this DataPath's poll kernels queued ahead on the shared stream.
+  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
+    if (!b.slot) return Status::success();  // nothing was accepted
+    if (b.slot->kernel_may_run)
+      // A wait failed earlier: a kernel may still run over this batch's state; launching another
+      // over it (or zeroing its stop word) would race with it. The batch stays abandoned.
+      return error(StatusCode::DEVICE_ERROR,
+                   "local_nvme: this batch was abandoned after a failed kernel wait; its requests' outcome is unknown");
+    Engine& e = *engine_;
+    const std::uint64_t deadline = accel::deadline_after(timeout_ns);
+    BatchSlot& slot = *b.slot;
+    const std::size_t n = slot.size;
+    void* stream = e.options.stream.native_handle();
+    auto* device_requests = static_cast<RequestState*>(slot.device_requests.data());
+    auto* device_reports = static_cast<RequestReport*>(slot.device_reports.data());
+    auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
+    accel::Backoff backoff;
+    raise_changed_targets(slot);  // changed files first: their kernel threads issue nothing more
+    for (;;) {
+      // ONE launch (polling on the accelerator for up to its budget) and ONE copy of the reports
+      // back per step, then ONE bounded wait.
+      const std::uint64_t now = accel::timer_ns();
+      const std::uint64_t budget = std::min(e.options.poll_kernel_budget_ns, deadline > now ? deadline - now : 0);
+      {
+        std::shared_lock gate(e.kernel_gate);  // no zombie reaping while this kernel may run
+        if (budget != 0)
+          TUTTI_RETURN_IF_ERROR(
+              accel::copy_to_device_async(stop_word, e.zero_word.data(), sizeof(std::uint64_t), stream)
+                  .with_context("local_nvme: zeroing the poll kernel's stop word"));
+        TUTTI_RETURN_IF_ERROR(launch_over(
+            e.options, n, PollKernel{device_requests, e.device_queues.data(), n, device_reports, stop_word, budget}));
+        e.poll_kernel_launches.fetch_add(1, std::memory_order_relaxed);
+        const std::uint64_t in_flight = e.poll_launches_in_flight.fetch_add(1) + 1;  // this one and those ahead
+        const PollLaunchCount counted{e.poll_launches_in_flight};
+        Status copied =
+            accel::copy_from_device_async(slot.reports.data(), device_reports, n * sizeof(RequestReport), stream);
+        Status waited = accel::synchronize(stream, kernel_wait_bound_ns(e.options, in_flight));
+        if (!copied.is_ok() || !waited.is_ok()) {
+          // The kernel may still run (or its reports never came back): the slot is abandoned to it
+          // (never reused or freed, even after the caller destroys the batch).
+          slot.kernel_may_run = true;
+          e.kernel_abandoned.store(true);
+          return (copied.is_ok() ? waited : copied).with_context("local_nvme: poll kernel");
+        }
+      }
+      bool all_done = true;
+      bool any_new = false;
+      // A change seen now fails what completed in this step (completion_of), and stops the next
+      // launch from issuing commands of its target.
+      raise_changed_targets(slot);
+      for (std::size_t i = 0; i < n; ++i) {
+        const RequestReport& report = slot.reports[i];
+        if (!report.accepted || slot.reported[i]) continue;
+        if (report.needs_host != 0) {
+          // Rare (timeouts): this request's records come back so the host can act on them.
+          const Status records = copy_records_back(slot, i);
+          if (!records.is_ok()) {
+            slot.kernel_may_run = true;  // the copy may still be running into records_copy
+            return records;
+          }
+          const std::uint32_t queue_index = slot.staged[i].queue_index;
+          e.send_aborts(queue_index, slot.records_copy);
+          e.zombies.hand_off(queue_index, slot.records_copy, slot.mappings[i]);
+        }
+        if (!report.done) {
+          all_done = false;
+          continue;
+        }
+        completions[i] = completion_of(e, slot.staged[i], report, i, *slot.signals[i]);
+        slot.reported[i] = 1;
+        any_new = true;
+      }
+      e.reap_zombies();
+      if (all_done) return Status::success();
+      if (accel::timer_ns() >= deadline) return Status(StatusCode::NOT_READY, "local_nvme: batch still in flight");
+      if (any_new || budget != 0) {
+        backoff.reset();  // the kernel itself polled (or something completed): relaunch at once
+      } else {
+        backoff.pause();
+      }
+    }
+  }
+
+ private:
+  explicit LocalNvmeDataPath(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+
+  /// Reads the change events (local_file::poll_changes) and raises the signal of every target of
+  /// the batch whose file changed, for the requests still in flight.
+  static void raise_changed_targets(BatchSlot& slot) {
+    local_file::poll_changes();
+    for (std::size_t i = 0; i < slot.size; ++i)
+      if (slot.reported[i] == 0 && slot.signals[i] != nullptr) (void)slot.signals[i]->raise_if_changed();
+  }
+
+  /// The handle the kernels of the batch in `slot` use for `t`: its L1 entry (pinned by the batch)
+  /// or its L2 copy (TargetCache::acquire), looked up once per distinct target per submit.
+  DeviceTarget target_handle(BatchSlot& slot, const open_target& t, void* stream, bool& copied) {
+    if (!t.cache_lease) return t.device_target;
+    const std::uint64_t id = t.cache_lease->id;
+    if (const auto found = slot.resolved.find(id); found != slot.resolved.end()) return found->second;
+    const DeviceTarget handle = engine_->target_cache->acquire(id, t.device_target, stream, slot.pins, copied);
+    try {
+      slot.resolved.emplace(id, handle);
+    } catch (const std::bad_alloc&) {
+      // Not remembered: a later request of this target looks it up again (pins it once more).
+    }
+    return handle;
+  }
+
+  /// Request i's records copied back into slot.records_copy (one copy on the stream and a bounded
+  /// wait; no kernel of the batch runs then).
+  Status copy_records_back(BatchSlot& slot, std::size_t i) {
+    Engine& e = *engine_;
+    const std::uint32_t window = e.options.request_window;
+    const auto* device_records = static_cast<const CommandRecord*>(slot.device_records.data());
+    void* stream = e.options.stream.native_handle();
+    TUTTI_RETURN_IF_ERROR(accel::copy_from_device_async(slot.records_copy.data(), device_records + i * window,
+                                                        window * sizeof(CommandRecord), stream)
+                              .with_context("local_nvme: command records"));
+    return accel::synchronize(stream, kernel_wait_bound_ns(e.options, e.poll_launches_in_flight.load()))
+        .with_context("local_nvme: command records");
+  }
+
+  std::unique_ptr<Engine> engine_;
+};
+
+static_assert(tutti::DataPath<LocalNvmeDataPath>);
+
+}  // namespace tutti::local_nvme

@@ -1,0 +1,129 @@
+// The local_nvme DataPath's shared state: the controller, the I/O queue pairs with their credits
+// and the kernels' view of them, the bounded batch pool, the target handle cache, the zombie
+// commands, the counters, and the gate that keeps the host off the queue words while a kernel
+// runs. One Engine per DataPath (held by unique_ptr, so the DataPath moves cheaply); the pool
+// and the cache are shared with live batches and open targets, which may outlive it.
+// Lifetime: the controller must outlive the Engine; the Engine deletes its queue pairs in its
+// destructor, then frees zombie mappings (or leaks them on purpose when the controller did not
+// confirm the deletion).
+// Thread-safety: the counters are atomics; see each member.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+#include <vector>
+
+#include <tutti/core/status.hpp>
+#include <tutti/nvme/controller.hpp>
+#include <tutti/path/local_nvme/batch_pool.hpp>
+#include <tutti/path/local_nvme/kernel_array.hpp>
+#include <tutti/path/local_nvme/kernels.hpp>
+#include <tutti/path/local_nvme/options.hpp>
+#include <tutti/path/local_nvme/queues.hpp>
+#include <tutti/path/local_nvme/target_cache.hpp>
+#include <tutti/path/local_nvme/zombies.hpp>
+
+namespace tutti::local_nvme {
+
+struct Engine {
+  nvme::Controller* controller = nullptr;
+  Options options;
+  std::uint32_t lba_size = 0;
+  std::uint64_t max_command_bytes = 0;
+  std::vector<std::unique_ptr<Queue>> queues;
+  KernelArray<Credits> credits;            ///< one per queue pair, sized once (stable addresses)
+  KernelArray<DeviceQueue> device_queues;  ///< the kernels' view of `queues`
+  /// The source of the copy that zeroes a batch's poll stop word before each poll launch (one
+  /// word, pinned; allocated by create).
+  KernelArray<std::uint64_t> zero_word;
+  /// Poll kernels launched and not yet waited for, over all batches (they share the stream, so
+  /// a wait may sit behind all of them: kernel_wait_bound_ns).
+  std::atomic<std::uint64_t> poll_launches_in_flight{0};
+  std::atomic<std::uint64_t> next_queue{0};
+  ZombieList zombies;
+  std::atomic<std::uint64_t> aborts_sent{0};
+  std::atomic<std::uint64_t> poll_kernel_launches{0};
+  std::shared_ptr<BatchPool> pool = std::make_shared<BatchPool>();
+  std::shared_ptr<TargetCache> target_cache;  ///< shared with open targets and live batches
+  /// Held shared by every submit and progress step from its launch to the end of its wait, taken
+  /// exclusively (try only, never waiting) by the host's zombie reaping: the host touches the
+  /// queue words the kernels update (CQ head, CID slots, credits) only while no kernel of any
+  /// batch of this DataPath runs, because host and GPU atomics on one word are not atomic with
+  /// respect to each other over PCIe on x86 (cudaDevAttrHostNativeAtomicSupported = 0).
+  std::shared_mutex kernel_gate;
+  /// A kernel wait failed (the kernel may run forever): the host never reaps zombies again; the
+  /// queues' deletion in the destructor ends them.
+  std::atomic<bool> kernel_abandoned{false};
+
+  /// Validates `options` (validate_options), creates the target handle cache and the queue
+  /// pairs. Errors: validate_options', TargetCache::create's, RESOURCE_EXHAUSTED (host memory),
+  /// create_queue_pairs' (the queues already created are deleted).
+  static Result<std::unique_ptr<Engine>> create(nvme::Controller& controller, const Options& options) {
+    auto max_bytes = validate_options(options, controller.identity());
+    if (!max_bytes) return max_bytes.status();
+    auto engine = std::make_unique<Engine>();
+    engine->controller = &controller;
+    engine->options = options;
+    engine->lba_size = controller.identity().lba_size;
+    engine->max_command_bytes = *max_bytes;
+    engine->pool->limit = options.max_batches_in_flight;
+    auto cache = TargetCache::create(TargetCacheLimits{options.device_target_cache_entries,
+                                                       options.device_target_cache_entry_extents,
+                                                       options.host_target_cache_bytes});
+    if (!cache) return cache.status().with_context("local_nvme: device_target_cache_entries");
+    engine->target_cache = std::move(cache.value());
+    try {
+      engine->credits = kernel_array<Credits>(options.queue_pairs);
+      engine->zero_word = kernel_array<std::uint64_t>(1, 0);
+    } catch (const std::bad_alloc&) {
+      return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the credits of {} queue pairs",
+                   options.queue_pairs);
+    }
+    TUTTI_RETURN_IF_ERROR(
+        create_queue_pairs(controller, options.queue_pairs, options.queue_depth, engine->credits, engine->queues));
+    try {
+      engine->device_queues = kernel_array<DeviceQueue>(engine->queues.size());
+    } catch (const std::bad_alloc&) {
+      return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the kernels' queue views");
+    }
+    for (std::size_t i = 0; i < engine->queues.size(); ++i) engine->device_queues[i] = engine->queues[i]->device();
+    return Result<std::unique_ptr<Engine>>(std::move(engine));
+  }
+
+  /// Frees zombies whose completion finally arrived (ZombieList::reap). Never waits: skipped
+  /// while a kernel of any batch may run (kernel_gate), and for good once a kernel was
+  /// abandoned; the next progress, zombie_commands or unregister_memory retries.
+  void reap_zombies() {
+    if (kernel_abandoned.load()) return;
+    std::unique_lock gate(kernel_gate, std::try_to_lock);
+    if (!gate.owns_lock()) return;  // a kernel's threads own the queue words now
+    zombies.reap(queues);
+  }
+
+  /// Host step between poll kernels: NVMe Abort for every command the kernel marked timed out
+  /// (`records`: one request's records as copied back; the next poll kernel starts their abort
+  /// timer).
+  void send_aborts(std::uint32_t queue_index, const std::vector<CommandRecord>& records) {
+    const Queue& q = *queues[queue_index];
+    for (const CommandRecord& rec : records) {
+      if (rec.phase != CommandPhase::timed_out) continue;
+      // The answer (aborted or not found) does not change what follows: the command's own CQE,
+      // or its absence until abort_timeout_ns, decides.
+      (void)controller->abort(q.info.qid, rec.cid, options.admin_timeout_ns);
+      aborts_sent.fetch_add(1);
+    }
+  }
+
+  ~Engine() {
+    bool all_deleted = true;
+    for (auto& q : queues)
+      if (q && !controller->delete_io_queue_pair(q->info.qid).is_ok()) all_deleted = false;  // ends its commands
+    zombies.release(all_deleted);
+  }
+};
+
+}  // namespace tutti::local_nvme
