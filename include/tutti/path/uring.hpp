@@ -54,6 +54,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -1011,14 +1012,16 @@ class UringDataPath {
         orphan_failures.clear();
         has_orphans.store(false);
       }
-      unsigned head = 0, seen = 0;
-      io_uring_cqe* cqe = nullptr;
-      io_uring_for_each_cqe(&ring, head, cqe) {
-        ++seen;
-        auto* c = static_cast<Command*>(io_uring_cqe_get_data(cqe));
-        if (c != nullptr) complete(*c, cqe->res, resubmit, retired);
+      // Batches of CQEs through io_uring_peek_batch_cqe rather than the io_uring_for_each_cqe macro, whose
+      // assignment in its loop condition GCC 13 flags under -Werror=parentheses.
+      std::array<io_uring_cqe*, 64> cqes{};
+      while (unsigned seen = io_uring_peek_batch_cqe(&ring, cqes.data(), cqes.size())) {
+        for (unsigned i = 0; i < seen; ++i) {
+          auto* c = static_cast<Command*>(io_uring_cqe_get_data(cqes[i]));
+          if (c != nullptr) complete(*c, cqes[i]->res, resubmit, retired);
+        }
+        io_uring_cq_advance(&ring, seen);
       }
-      if (seen > 0) io_uring_cq_advance(&ring, seen);
       if (!resubmit.empty()) {
         std::scoped_lock lock(submission_mutex);
         for (Command* c : resubmit) prepare_sqe(*c);
