@@ -1,6 +1,7 @@
 // What the example says while it works, on stderr: the progress of a long step and byte counts in
-// binary units. On a terminal a bar is redrawn in place ("\r"); anywhere else (a log, a pipe, CI) one
-// line every few seconds and one when the step ends, so a log never gets a line of carriage returns.
+// binary units. On a terminal a bar is redrawn in place ("\r"), at most ten times a second; anywhere
+// else (a log, a pipe, CI) one line every few seconds and one when the step ends, so a log never gets a
+// line of carriage returns.
 #pragma once
 
 #include <unistd.h>
@@ -40,6 +41,8 @@ class Progress {
   enum class Unit { items, bytes };
   /// Log mode: at most one line per this interval, plus the end line.
   static constexpr std::uint64_t kLogIntervalNs = 5'000'000'000;
+  /// Terminal mode: at most one redraw per this interval, plus the first and the last.
+  static constexpr std::uint64_t kRedrawIntervalNs = 100'000'000;
   static constexpr int kBarWidth = 40;
 
   /// `terminal`: draw a bar (true) or print lines (false); by default whether `out` is a terminal.
@@ -62,6 +65,9 @@ class Progress {
     const std::uint64_t now = now_ns_();
     const bool end = done == total_;
     if (terminal_) {
+      if (!end && drawn_ && now - last_line_ns_ < kRedrawIntervalNs) return;
+      drawn_ = true;
+      last_line_ns_ = now;
       const int filled = total_ ? static_cast<int>(done * kBarWidth / total_) : kBarWidth;
       fmt::print(out_, "\r{} [{}{}] {}", what_, std::string(static_cast<std::size_t>(filled), '#'),
                  std::string(static_cast<std::size_t>(kBarWidth - filled), '.'), amount(done));
@@ -92,6 +98,7 @@ class Progress {
   std::uint64_t start_ns_;
   std::uint64_t last_line_ns_;
   bool finished_ = false;
+  bool drawn_ = false;
 };
 
 }  // namespace layerwise

@@ -165,20 +165,24 @@ TEST_CASE("progress in a log is a line every few seconds and one at the end, nev
   CHECK(text == "writing: 50% (50/100) after 5 s\nwriting: done, 100/100 in 9.9 s\n");
 }
 
-TEST_CASE("progress on a terminal is one bar redrawn in place, ended by a newline") {
+TEST_CASE("progress on a terminal is one bar redrawn in place at most ten times a second, ended by a newline") {
   std::FILE* out = std::tmpfile();
   REQUIRE(out != nullptr);
+  std::uint64_t now = 0;
   {
-    Progress progress("writing", 2, Progress::Unit::items, out, /*terminal=*/1);
-    progress.update(1);
-    progress.update(2);
+    Progress progress("writing", 4, Progress::Unit::items, out, /*terminal=*/1, [&] { return now; });
+    progress.update(2);  // the first update draws
+    now += 50'000'000;
+    progress.update(3);  // 50 ms later: not redrawn
+    now += 10'000'000;
+    progress.update(4);  // the end always draws
   }
   std::rewind(out);
   std::string text;
   for (int c; (c = std::fgetc(out)) != EOF;) text += static_cast<char>(c);
   std::fclose(out);
-  CHECK(text == "\rwriting [####################....................] 1/2"
-                "\rwriting [########################################] 2/2\n");
+  CHECK(text == "\rwriting [####################....................] 2/4"
+                "\rwriting [########################################] 4/4\n");
 }
 
 TEST_CASE("byte counts print in binary units") {
