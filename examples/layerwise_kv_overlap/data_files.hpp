@@ -1,10 +1,11 @@
-// The example's data folder: the layer files of a data set in the layout of dataset.hpp, their manifest,
-// the lock that keeps two runs apart, and what the folder's file system is. One piece of code for the
-// example's runs and for --prepare-only, so a folder prepared ahead is exactly what a run expects.
+// The example's data folder: the layer files of a data set in the KV block store's layout (dataset.hpp's
+// Shape::layout(), tutti::kv::Layout), their manifest, the lock that keeps two runs apart, and what the
+// folder's file system is. One piece of code for the example's runs and for --prepare-only, so a folder
+// prepared ahead is exactly what a run expects.
 //
-//   <data dir>/layer-000.kv ... layer-<layers-1>.kv   layer_file_bytes() each, every byte written
-//   <data dir>/manifest.json                          the shape the files hold (shape_json), written last
-//   <data dir>/layerwise.lock                         flock(2) of the run using the folder (DataDirLock)
+//   <data dir>/layer-00000.kv ... (kv::Layout::file_name)   layer_file_bytes() each, every byte written
+//   <data dir>/manifest.json     the shape and its layout (shape_json), written last
+//   <data dir>/layerwise.lock    flock(2) of the run using the folder (DataDirLock)
 #pragma once
 
 #include <fcntl.h>
@@ -37,11 +38,17 @@ namespace layerwise {
 
 namespace fs = std::filesystem;
 
-/// The manifest of a data set: what its files hold. hit_percent belongs to it because the missed
-/// chunks hold the last run's recomputed tensors, not the prepared content.
+/// The manifest of a data set: what its files hold and where (the store's layout). hit_percent belongs
+/// to it because the missed chunks hold the last run's recomputed tensors, not the prepared content.
+/// Format 3: the KV store's layout (format 2 named the files layer-NNN.kv).
 inline nlohmann::json shape_json(const Shape& s) {
-  return {{"layers", s.layers},           {"context_tokens", s.context_tokens}, {"chunk_tokens", s.chunk_tokens},
-          {"tensor_bytes", s.tensor_bytes}, {"hit_percent", s.hit_percent},     {"format", 2}};
+  return {{"layers", s.layers},
+          {"context_tokens", s.context_tokens},
+          {"chunk_tokens", s.chunk_tokens},
+          {"tensor_bytes", s.tensor_bytes},
+          {"hit_percent", s.hit_percent},
+          {"layout", s.layout().to_json()},
+          {"format", 3}};
 }
 
 /// Bytes of the whole data set (every layer file); saturates at UINT64_MAX.
@@ -62,6 +69,24 @@ inline bool data_set_complete(const Shape& shape, const fs::path& dir) {
   return true;
 }
 
+/// Removes the layer files in `dir` that the data set of `shape` has no use for: those of more layers,
+/// or named as an earlier format named them ("layer-000.kv"), so a folder reused with another shape does
+/// not keep gigabytes of old tensors. Only regular files named "layer-<digits>.kv" are touched.
+inline void remove_stale_layer_files(const Shape& shape, const fs::path& dir) {
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool layer_file = name.starts_with("layer-") && name.ends_with(".kv") && name.size() > 9 &&
+                            std::all_of(name.begin() + 6, name.end() - 3, [](char c) { return c >= '0' && c <= '9'; });
+    if (!layer_file || !entry.is_regular_file(ec)) continue;
+    bool current = false;
+    for (std::uint32_t l = 0; l < shape.layers && !current; ++l) current = name == shape.layer_file_name(l);
+    if (!current) stale.push_back(entry.path());
+  }
+  for (const auto& path : stale) fs::remove(path, ec);
+}
+
 /// Creates the layer files of `shape` in `dir` (an existing folder) unless they are complete already:
 /// each file is preallocated to its full size (fallocate(2), so a disk without room fails at once and
 /// not gigabytes later; skipped where the file system has no fallocate), then every tensor is written
@@ -73,6 +98,7 @@ inline tutti::Status prepare_files(const Shape& shape, const fs::path& dir) {
   if (data_set_complete(shape, dir)) return tutti::Status::success();
   std::error_code ec;
   fs::remove(dir / "manifest.json", ec);
+  remove_stale_layer_files(shape, dir);
   fmt::print(stderr, "writing the data set: {} layer files of {} ({}) in '{}'\n", shape.layers,
              format_bytes(shape.layer_file_bytes()), format_bytes(data_set_bytes(shape)), dir.string());
   Progress progress("writing the data set", data_set_bytes(shape), Progress::Unit::bytes);

@@ -872,7 +872,7 @@ int main(int argc, char** argv) {
     print_header(o, place);
     std::vector<std::string> uris;
     for (std::uint32_t l = 0; l < shape.layers; ++l)
-      uris.push_back(fmt::format("memfs://layer-{:03}?size={}", l, shape.layer_file_bytes()));
+      uris.push_back(fmt::format("memfs://{}?size={}", shape.layer_file_name(l), shape.layer_file_bytes()));
     auto runtime = tutti::make_memfs_runtime();
     if (!runtime) return fail_with(runtime.status(), kExitFailed);
     return run<tutti::MemfsRuntime>(*runtime, o, place, {}, uris, false, [&](tutti::MemfsRuntime& rt) {

@@ -108,9 +108,9 @@ rc=0
 "$example" "${args[@]}" --no-pread-baseline >"$dir/out.txt" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { cat "$dir/out.txt"; echo "FAIL: rerun exited $rc"; exit 1; }
 
-# Corrupt one byte of layer 2, chunk 1, V tensor: (2*1+1) * 65536 + 100.
-printf '\xff' | dd of="$dir/data/layer-002.kv" bs=1 seek=$((3 * 65536 + 100)) conv=notrunc status=none
-printf '\x00' | dd of="$dir/data/layer-002.kv" bs=1 seek=$((3 * 65536 + 101)) conv=notrunc status=none
+# Corrupt one byte of layer 2, chunk 1, V tensor (the store's layout: slot 1, piece 1): (2*1+1) * 65536 + 100.
+printf '\xff' | dd of="$dir/data/layer-00002.kv" bs=1 seek=$((3 * 65536 + 100)) conv=notrunc status=none
+printf '\x00' | dd of="$dir/data/layer-00002.kv" bs=1 seek=$((3 * 65536 + 101)) conv=notrunc status=none
 sync
 set +e
 "$example" "${args[@]}" --no-pread-baseline >"$dir/out2.txt" 2>&1

@@ -6,6 +6,9 @@
 #include <linux/magic.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <doctest/doctest.h>
@@ -240,4 +243,56 @@ TEST_CASE("a folder on tmpfs is reported as RAM-backed, one on the build's disk 
   CHECK(here.type != "unknown");
   if (::statfs(".", &info) == 0 && info.f_type != TMPFS_MAGIC && info.f_type != RAMFS_MAGIC)
     CHECK(here.ram_backed.empty());
+}
+
+TEST_CASE("the example's data set is laid out as the KV block store lays out a store of its shape") {
+  Shape shape;
+  shape.layers = 3;
+  shape.context_tokens = 1024;
+  shape.chunk_tokens = 256;
+  shape.tensor_bytes = 65536;
+  tutti::kv::Namespace ns;
+  ns.layers = 3;
+  ns.piece_bytes = {65536, 65536};  // K and V of one block of one layer
+  auto store = tutti::kv::Layout::compute(ns, std::uint64_t{4} * 3 * 2 * 65536);  // room for the 4 chunks
+  REQUIRE(store);
+  CHECK(store->slots == shape.chunks());
+  CHECK(shape.layout().to_json() == store->to_json());
+  CHECK(shape.layer_file_bytes() == store->file_bytes());
+  for (std::uint32_t c = 0; c < shape.chunks(); ++c)
+    for (std::uint32_t k = 0; k < 2; ++k) {
+      CHECK(shape.tensor_offset(c, k) == store->offset(c, k));
+      CHECK(shape.tensor_offset(c, k) == (std::uint64_t{c} * 2 + k) * 65536);  // as docs/kv-cache.md says
+    }
+  CHECK(shape.layer_file_name(2) == tutti::kv::Layout::file_name(2));
+  CHECK(shape.layer_file_name(2) == "layer-00002.kv");
+}
+
+TEST_CASE("preparing a folder writes the shape's files and removes layer files it has no use for") {
+  namespace fs = std::filesystem;
+  std::string pattern = (fs::temp_directory_path() / "layerwise-prepare-XXXXXX").string();
+  const char* made = ::mkdtemp(pattern.data());
+  REQUIRE(made != nullptr);
+  const fs::path dir(made);
+  Shape shape;
+  shape.layers = 2;
+  shape.context_tokens = 1024;
+  shape.chunk_tokens = 256;
+  shape.tensor_bytes = 4096;
+  std::ofstream(dir / "layer-000.kv") << "a format-2 file";     // the old naming
+  std::ofstream(dir / "layer-00007.kv") << "a layer of another shape";
+  std::ofstream(dir / "notes.txt") << "not ours";
+  REQUIRE(prepare_files(shape, dir).is_ok());
+  CHECK(data_set_complete(shape, dir));
+  CHECK_FALSE(fs::exists(dir / "layer-000.kv"));
+  CHECK_FALSE(fs::exists(dir / "layer-00007.kv"));
+  CHECK(fs::exists(dir / "notes.txt"));
+  CHECK(fs::file_size(dir / "layer-00001.kv") == shape.layer_file_bytes());
+  // The content is the prepared tensors: chunk 3's V tensor of layer 1 hashes as expected.
+  std::vector<std::byte> tensor(shape.tensor_bytes);
+  std::ifstream in(dir / "layer-00001.kv", std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(shape.tensor_offset(3, 1)));
+  in.read(reinterpret_cast<char*>(tensor.data()), static_cast<std::streamsize>(tensor.size()));
+  CHECK(checksum(tensor) == expected_checksums(shape).at(1, 3, 1));
+  fs::remove_all(dir);
 }
