@@ -3,8 +3,9 @@
 # configure the tree with a private prefix, `meson install` it, then build programs with nothing but
 # `pkg-config --cflags --libs` and run them, with no LD_LIBRARY_PATH and no -Wl,-rpath of their own:
 #   - README.md's "Using it" sample (tests/docs/readme_sample.py) against `tutti`, reading a real file;
-#   - a program that brings up libnvm's software NVMe controller against `tutti-nvm` (the shared
-#     libtutti_nvm is found through the rpath its .pc carries).
+#   - a program against `tutti-nvm` and `tutti-kv` that brings up libnvm's software NVMe controller (the
+#     shared libtutti_nvm is found through the rpath its .pc carries) and names a KV store's layer file
+#     (the store's headers, with LMDB and libxxhash from tutti-kv's Requires).
 # The prefix lives under SCRATCH (a folder of the build tree: on a disk, so O_DIRECT works).
 set -euo pipefail
 src=$1 scratch=$2
@@ -37,7 +38,7 @@ python3 "$src/tests/docs/readme_sample.py" "$src/README.md" "$work/sample.cpp"
 g++ -std=c++20 "$work/sample.cpp" -o "$work/sample" $(pkg-config --cflags --libs tutti)
 "$work/sample" "$work"
 
-step "a libnvm program, built with \$(pkg-config --cflags --libs tutti-nvm)"
+step "a libnvm and KV store program, built with \$(pkg-config --cflags --libs tutti-nvm tutti-kv)"
 cat >"$work/nvm.cpp" <<'CPP'
 // Brings up the software NVMe controller over a 4 MiB backing file and prints what Identify reported.
 #include <fcntl.h>
@@ -46,6 +47,7 @@ cat >"$work/nvm.cpp" <<'CPP'
 #include <cstdio>
 #include <string>
 
+#include <tutti/kv/kv.hpp>
 #include <tutti/libnvm/soft_controller.hpp>
 
 int main(int argc, char** argv) {
@@ -63,12 +65,13 @@ int main(int argc, char** argv) {
   if (!controller) return std::fprintf(stderr, "%s\n", controller.status().to_string().c_str()), 1;
   if (auto s = (*controller)->bring_up({}); !s.is_ok()) return std::fprintf(stderr, "%s\n", s.to_string().c_str()), 1;
   const auto& id = (*controller)->identity();
-  std::printf("soft controller up: namespace %u, %llu LBAs of %u bytes\n", id.nsid,
-              static_cast<unsigned long long>(id.namespace_size_lbas), id.lba_size);
+  std::printf("soft controller up: namespace %u, %llu LBAs of %u bytes; a KV store's first layer file: %s\n",
+              id.nsid, static_cast<unsigned long long>(id.namespace_size_lbas), id.lba_size,
+              tutti::kv::Layout::file_name(0).c_str());
   return id.lba_size == 4096 && id.namespace_size_lbas == 1024 ? 0 : 1;
 }
 CPP
 # shellcheck disable=SC2046
-g++ -std=c++20 "$work/nvm.cpp" -o "$work/nvm" $(pkg-config --cflags --libs tutti-nvm)
+g++ -std=c++20 "$work/nvm.cpp" -o "$work/nvm" $(pkg-config --cflags --libs tutti-nvm tutti-kv)
 "$work/nvm" "$work"
 echo "installed to a private prefix; both programs built from pkg-config alone and ran"
