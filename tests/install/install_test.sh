@@ -3,6 +3,7 @@
 # configure the tree with a private prefix, `meson install` it, then build programs with nothing but
 # `pkg-config --cflags --libs` and run them, with no LD_LIBRARY_PATH and no -Wl,-rpath of their own:
 #   - README.md's "Using it" sample (tests/docs/readme_sample.py) against `tutti`, reading a real file;
+#   - a program with LocalNvmeRuntime's preset (<tutti/presets/local_nvme.hpp>) against `tutti` alone;
 #   - a program against `tutti-nvm` and `tutti-kv` that brings up libnvm's software NVMe controller (the
 #     shared libtutti_nvm is found through the rpath its .pc carries) and names a KV store's layer file
 #     (the store's headers, with LMDB and libxxhash from tutti-kv's Requires).
@@ -37,6 +38,26 @@ python3 "$src/tests/docs/readme_sample.py" "$src/README.md" "$work/sample.cpp"
 # shellcheck disable=SC2046  # pkg-config's output is a list of flags
 g++ -std=c++20 "$work/sample.cpp" -o "$work/sample" $(pkg-config --cflags --libs tutti)
 "$work/sample" "$work"
+
+step "LocalNvmeRuntime's header-only preset, built with \$(pkg-config --cflags --libs tutti) alone"
+cat >"$work/local_nvme.cpp" <<'CPP'
+// <tutti/presets/local_nvme.hpp> is header-only over any nvme::Controller: it builds and links without
+// libnvm.
+#include <cstdio>
+#include <type_traits>
+
+#include <tutti/presets/local_nvme.hpp>
+
+int main() {
+  static_assert(std::is_move_constructible_v<tutti::LocalNvmeRuntime>);
+  auto* factory = &tutti::make_local_nvme_runtime;
+  std::printf("make_local_nvme_runtime linked at %p\n", reinterpret_cast<void*>(factory));
+  return factory == nullptr ? 1 : 0;
+}
+CPP
+# shellcheck disable=SC2046
+g++ -std=c++20 "$work/local_nvme.cpp" -o "$work/local_nvme" $(pkg-config --cflags --libs tutti)
+"$work/local_nvme"
 
 step "a libnvm and KV store program, built with \$(pkg-config --cflags --libs tutti-nvm tutti-kv)"
 cat >"$work/nvm.cpp" <<'CPP'
@@ -74,4 +95,4 @@ CPP
 # shellcheck disable=SC2046
 g++ -std=c++20 "$work/nvm.cpp" -o "$work/nvm" $(pkg-config --cflags --libs tutti-nvm tutti-kv)
 "$work/nvm" "$work"
-echo "installed to a private prefix; both programs built from pkg-config alone and ran"
+echo "installed to a private prefix; the three programs built from pkg-config alone and ran"
