@@ -47,9 +47,9 @@ TEST_CASE("a pipeline whose compute waited mostly for writes is write-bound") {
   // Round figures, so the printed per-layer values do not depend on how a tie is rounded.
   const std::string line = layer_bound_line(host_figures(200, 40, 1560));
   CHECK(line ==
-        "restore alone 6.25 ms, compute 2.50 ms, pipeline 22.50 ms: write-bound: compute waited 20.00 ms for IO, 800% of "
-        "its own time (more than 10%: IO stretched the pipeline); the pipeline's thread waited 0.50 ms for reads, "
-        "19.50 ms for writes");
+        "restore alone 6.25 ms, compute 2.50 ms, pipeline 22.50 ms: write-bound: compute waited 20.00 ms for IO, "
+        "800% of its own time (more than 10%: IO stretched the pipeline); the pipeline's thread waited 0.50 ms for "
+        "reads, 19.50 ms for writes");
 }
 
 TEST_CASE("the verdict prints the share its rule tests: compute's wait over compute's own time") {
@@ -228,6 +228,21 @@ TEST_CASE("a model-shapes file with a missing field or an unknown dtype is refus
   REQUIRE_FALSE(dtype);
   CHECK(dtype.status().code() == tutti::StatusCode::INVALID_ARGUMENT);
   CHECK_FALSE(ModelShapes::parse("not json"));
+}
+
+TEST_CASE("fields of a model entry that the KV shape does not use are accepted and ignored") {
+  // The model benchmark reads the same file and adds config.json's other fields (a float among them).
+  auto parsed = ModelShapes::parse(R"({"description": ["x"], "dtypes": {"bf16": {"bytes": 2, "torch": "bfloat16"}},
+      "models": {"llama-3-8b": {"hf_id": "meta-llama/Meta-Llama-3-8B", "layers": 32, "attention_heads": 32,
+      "kv_heads": 8, "head_dim": 128, "hidden_size": 4096, "dtype": "bf16", "intermediate_size": 14336,
+      "vocab_size": 128256, "rope_theta": 500000.0}}})");
+  REQUIRE(parsed);
+  const ModelShape* shape = parsed->find("llama-3-8b");
+  REQUIRE(shape != nullptr);
+  CHECK(shape->layers == 32);
+  CHECK(shape->kv_heads == 8);
+  CHECK(shape->head_dim == 128);
+  CHECK(shape->tensor_bytes(256) == 256 * 8 * 128 * 2);
 }
 
 TEST_CASE("a folder on tmpfs is reported as RAM-backed, one on the build's disk is not") {
