@@ -58,8 +58,8 @@ inline tutti::Status pread_tensor(int fd, std::byte* slot, std::uint32_t index, 
                             static_cast<off_t>(offset));
   if (n < 0) return tutti::uring::status_from_errno(errno, fmt::format("pread layer {} offset {}", layer, offset));
   if (n != static_cast<ssize_t>(shape.tensor_bytes))
-    return tutti::error(tutti::StatusCode::DATA_LOSS, "pread of layer {} offset {} returned {} of {} bytes", layer, offset,
-                        n, shape.tensor_bytes);
+    return tutti::error(tutti::StatusCode::DATA_LOSS, "pread of layer {} offset {} returned {} of {} bytes", layer,
+                        offset, n, shape.tensor_bytes);
   return tutti::Status::success();
 }
 

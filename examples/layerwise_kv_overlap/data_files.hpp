@@ -158,7 +158,8 @@ class DataDirLock {
   tutti::Status acquire(const fs::path& dir) {
     const fs::path path = dir / kFileName;
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) return tutti::uring::status_from_errno(errno, fmt::format("--data-dir: lock file '{}'", path.string()));
+    if (fd_ < 0)
+      return tutti::uring::status_from_errno(errno, fmt::format("--data-dir: lock file '{}'", path.string()));
     if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return tutti::Status::success();
     const int err = errno;
     ::close(fd_);

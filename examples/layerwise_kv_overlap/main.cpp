@@ -135,21 +135,22 @@ void print_header(const Options& o, const DataPlace& place) {
   else
     fmt::print("  model          : {} layers; tensor size given directly (--tensor-bytes)\n", s.layers);
   auto chunks = [](std::uint32_t n) { return fmt::format("{} chunk{}", n, n == 1 ? "" : "s"); };
-  fmt::print("  shape          : {}-token prefix in {} of {} tokens, {}% cached ({}); one K or V tensor of one chunk "
-             "and layer: {}{}\n",
-             s.context_tokens, chunks(s.chunks()), s.chunk_tokens, s.hit_percent, chunks(s.hit_chunks()),
-             format_bytes(s.tensor_bytes),
-             o.model.kv_heads ? fmt::format(" ({} tokens x {} KV heads x {} x {} bytes)", s.chunk_tokens, o.model.kv_heads,
-                                            o.model.head_dim, o.model.dtype_bytes)
-                              : std::string());
+  fmt::print(
+      "  shape          : {}-token prefix in {} of {} tokens, {}% cached ({}); one K or V tensor of one chunk "
+      "and layer: {}{}\n",
+      s.context_tokens, chunks(s.chunks()), s.chunk_tokens, s.hit_percent, chunks(s.hit_chunks()),
+      format_bytes(s.tensor_bytes),
+      o.model.kv_heads ? fmt::format(" ({} tokens x {} KV heads x {} x {} bytes)", s.chunk_tokens, o.model.kv_heads,
+                                     o.model.head_dim, o.model.dtype_bytes)
+                       : std::string());
   if (o.backend == "memfs") {
     fmt::print("  data           : {} in host memory (memfs), {} per layer\n", format_bytes(data_set_bytes(s)),
                format_bytes(s.layer_file_bytes()));
     std::fflush(stdout);
     return;
   }
-  fmt::print("  data           : {} in {} layer files of {} in '{}' ({}){}\n", format_bytes(data_set_bytes(s)), s.layers,
-             format_bytes(s.layer_file_bytes()), place.dir.string(), place.filesystem.describe(),
+  fmt::print("  data           : {} in {} layer files of {} in '{}' ({}){}\n", format_bytes(data_set_bytes(s)),
+             s.layers, format_bytes(s.layer_file_bytes()), place.dir.string(), place.filesystem.describe(),
              o.backend == "nvme-soft" ? ", inside an ext4 image under nvme-soft/" : "");
   if (!place.filesystem.ram_backed.empty())
     fmt::print("  warning        : '{}' is on {}: {}, so the figures below measure memory, not a disk; pick a folder "
@@ -220,22 +221,26 @@ void print_report(const Options& o, const std::vector<Report>& runs, const Bound
              r.restore_only.requests, r.restore_only.commands,
              r.restore_max_in_flight ? fmt::format("; up to {} requests in flight", r.restore_max_in_flight) : "");
   if (r.pread_baseline.ns && r.restore_only.ns)
-    fmt::print("  {:<15}: {} GB/s  ({})  -> tutti/pread = {}\n", o.pread_label,
-               format_spread(spread_over(runs, [](const Report& x) { return x.pread_baseline.gigabytes_per_second(); }), 2),
-               o.pread_note, format_spread(ratio_over(runs, &Report::pread_baseline), 2, "x"));
+    fmt::print(
+        "  {:<15}: {} GB/s  ({})  -> tutti/pread = {}\n", o.pread_label,
+        format_spread(spread_over(runs, [](const Report& x) { return x.pread_baseline.gigabytes_per_second(); }), 2),
+        o.pread_note, format_spread(ratio_over(runs, &Report::pread_baseline), 2, "x"));
   if (r.pread_parallel.ns && r.restore_only.ns)
-    fmt::print("  {:<15}: {} GB/s  (O_DIRECT, {} threads: the requests Tutti kept in flight)  -> tutti/pread = {}\n",
-               fmt::format("pread {} thr", r.pread_parallel_threads),
-               format_spread(spread_over(runs, [](const Report& x) { return x.pread_parallel.gigabytes_per_second(); }), 2),
-               r.pread_parallel_threads, format_spread(ratio_over(runs, &Report::pread_parallel), 2, "x"));
-  fmt::print("  pipeline       : {} ms for {} layers: read {:.2f} GB/s, write {:.2f} GB/s ({} + {} requests, {} + {} "
-             "commands)\n",
-             format_spread(spread_over(runs, [](const Report& x) { return ms(x.pipeline_ns); }), 2), s.layers,
-             static_cast<double>(r.pipeline_reads.bytes) / static_cast<double>(std::max<std::uint64_t>(1, r.pipeline_ns)),
-             static_cast<double>(r.pipeline_writes.bytes) / static_cast<double>(std::max<std::uint64_t>(1, r.pipeline_ns)),
-             r.pipeline_reads.requests, r.pipeline_writes.requests, r.pipeline_reads.commands, r.pipeline_writes.commands);
+    fmt::print(
+        "  {:<15}: {} GB/s  (O_DIRECT, {} threads: the requests Tutti kept in flight)  -> tutti/pread = {}\n",
+        fmt::format("pread {} thr", r.pread_parallel_threads),
+        format_spread(spread_over(runs, [](const Report& x) { return x.pread_parallel.gigabytes_per_second(); }), 2),
+        r.pread_parallel_threads, format_spread(ratio_over(runs, &Report::pread_parallel), 2, "x"));
+  fmt::print(
+      "  pipeline       : {} ms for {} layers: read {:.2f} GB/s, write {:.2f} GB/s ({} + {} requests, {} + {} "
+      "commands)\n",
+      format_spread(spread_over(runs, [](const Report& x) { return ms(x.pipeline_ns); }), 2), s.layers,
+      static_cast<double>(r.pipeline_reads.bytes) / static_cast<double>(std::max<std::uint64_t>(1, r.pipeline_ns)),
+      static_cast<double>(r.pipeline_writes.bytes) / static_cast<double>(std::max<std::uint64_t>(1, r.pipeline_ns)),
+      r.pipeline_reads.requests, r.pipeline_writes.requests, r.pipeline_reads.commands, r.pipeline_writes.commands);
   if (bound.compute_name == std::string_view("compute")) {  // the host profile's simulated compute
-    const double asked = o.compute_ms, took = ms(r.compute_ns) / s.layers, produce = ms(r.compute_produce_ns) / s.layers;
+    const double asked = o.compute_ms, took = ms(r.compute_ns) / s.layers,
+                 produce = ms(r.compute_produce_ns) / s.layers;
     const double late = took - std::max(asked, produce);
     fmt::print("  compute        : simulated on the host, per layer: produce the missed chunks' K/V ({}, {:.2f} ms), "
                "then sleep until --compute-ms {:.2f} has passed: took {:.2f} ms{}\n",
@@ -258,11 +263,11 @@ void print_report(const Options& o, const std::vector<Report>& runs, const Bound
                ms(r.read_stall_ns), ms(r.restore_only.ns), 100.0 * std::clamp(hidden, 0.0, 1.0));
   fmt::print("  per layer      : {}\n", layer_bound_line(bound));
   if (o.settings.verify)
-    fmt::print("  verify         : {} tensors checked{} ({}; XXH3 per tensor read, byte compare per tensor written), {} "
-               "mismatched -> {}\n",
-               checks.verified_tensors, runs.size() > 1 ? fmt::format(" over {} runs", runs.size()) : std::string(),
-               checks.checks_by_source(), checks.mismatched_tensors,
-               checks.mismatched_tensors == 0 ? "VERIFIED" : "FAILED");
+    fmt::print(
+        "  verify         : {} tensors checked{} ({}; XXH3 per tensor read, byte compare per tensor written), {} "
+        "mismatched -> {}\n",
+        checks.verified_tensors, runs.size() > 1 ? fmt::format(" over {} runs", runs.size()) : std::string(),
+        checks.checks_by_source(), checks.mismatched_tensors, checks.mismatched_tensors == 0 ? "VERIFIED" : "FAILED");
   else
     fmt::print("  verify         : off (--no-verify)\n");
 }
@@ -326,8 +331,10 @@ void write_json(const Options& o, const std::vector<Report>& runs, const std::ve
             {"verified_tensors_by_source", by_source},
             {"mismatched_tensors", checks.mismatched_tensors}});
   j["spread"] = {
-      {"restore_gb_per_s", spread_json(spread_over(runs, [](const Report& x) { return x.restore_only.gigabytes_per_second(); }))},
-      {"pread_gb_per_s", spread_json(spread_over(runs, [](const Report& x) { return x.pread_baseline.gigabytes_per_second(); }))},
+      {"restore_gb_per_s",
+       spread_json(spread_over(runs, [](const Report& x) { return x.restore_only.gigabytes_per_second(); }))},
+      {"pread_gb_per_s",
+       spread_json(spread_over(runs, [](const Report& x) { return x.pread_baseline.gigabytes_per_second(); }))},
       {"tutti_over_pread", spread_json(ratio_over(runs, &Report::pread_baseline))},
       {"pread_parallel_gb_per_s",
        spread_json(spread_over(runs, [](const Report& x) { return x.pread_parallel.gigabytes_per_second(); }))},
@@ -391,14 +398,16 @@ int run(Runtime& runtime, const Options& o, const DataPlace& place, const fs::pa
       if (auto s = pread_baseline(settings, dir, pipeline, sums, report); !s.is_ok())
         return fail_with(s, kExitFailed, "pread baseline");
       drop_page_cache(o);
-      const auto threads = static_cast<std::uint32_t>(std::min<std::uint64_t>(report.restore_max_in_flight, kMaxPreadThreads));
+      const auto threads =
+          static_cast<std::uint32_t>(std::min<std::uint64_t>(report.restore_max_in_flight, kMaxPreadThreads));
       if (auto s = pread_parallel_baseline(settings, dir, pipeline, sums, threads, report); !s.is_ok())
         return fail_with(s, kExitFailed, "parallel pread baseline");
     }
     drop_page_cache(o);
     if (auto s = pipeline.run(report); !s.is_ok()) return fail_with(s, kExitFailed, "pipeline");
     if (o.settings.verify)
-      if (auto s = pipeline.verify_written(report); !s.is_ok()) return fail_with(s, kExitFailed, "verify written tensors");
+      if (auto s = pipeline.verify_written(report); !s.is_ok())
+        return fail_with(s, kExitFailed, "verify written tensors");
     if (o.repeat > 1) say_run_done(o, index, report);
     bounds.push_back(host_bound_figures(o, report));
     runs.push_back(std::move(report));
@@ -669,8 +678,9 @@ std::optional<int> check_data_dir(const Options& o, DataPlace& place, DataDirLoc
     }
   }
   const auto space = fs::space(dir, ec);
-  if (ec) return fail_with(tutti::uring::status_from_errno(ec.value(), fmt::format("--data-dir '{}': statvfs", dir.string())),
-                           kExitRefused);
+  if (ec)
+    return fail_with(tutti::uring::status_from_errno(ec.value(), fmt::format("--data-dir '{}': statvfs", dir.string())),
+                     kExitRefused);
   const std::uint64_t data_bytes = data_set_bytes(shape);
   const std::uint64_t reusable = fs::exists(dir / "manifest.json") ? data_bytes : 0;  // rewritten in place
   if (data_bytes + data_bytes / 4 > space.available + reusable) {
@@ -705,10 +715,12 @@ int main(int argc, char** argv) {
              "refused before the run (a bad option, shape or data folder: the message names it); 3 the run failed (an "
              "IO error, a timeout). docs/kv-cache.md explains the summary.");
   using tutti::bench::kDecimal;
-  app.add_option("--model", model_name,
-                 fmt::format("Model whose KV shape to use (layers, KV heads, head dim, dtype; data/model_shapes.json): {}",
-                             joined(models.model_names())))
-      ->check(CLI::IsMember(models.model_names()))->capture_default_str();
+  app.add_option(
+         "--model", model_name,
+         fmt::format("Model whose KV shape to use (layers, KV heads, head dim, dtype; data/model_shapes.json): {}",
+                     joined(models.model_names())))
+      ->check(CLI::IsMember(models.model_names()))
+      ->capture_default_str();
   CLI::Option* layers_option = app.add_option("--layers", shape.layers, "Model layers (default: the model's)")
                                    ->check(kDecimal)->check(CLI::Range(1u, 1024u));
   CLI::Option* kv_heads_option = app.add_option("--kv-heads", kv_heads, "KV heads per layer (default: the model's)")
@@ -731,10 +743,12 @@ int main(int argc, char** argv) {
                  "heads x head dim x dtype bytes (multiple of 4096)")
       ->check(kDecimal)->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))
       ->excludes(kv_heads_option)->excludes(head_dim_option)->excludes(dtype_option);
-  app.add_option("--compute-ms", o.compute_ms,
-                 "Compute time per layer in milliseconds. Host: produce the missed chunks' K/V, then sleep out the "
-                 "rest (a layer takes longer when producing them alone does); CUDA build: the GEMMs' target or the spin")
-      ->check(CLI::Range(0.0, 10000.0))->capture_default_str();
+  app.add_option(
+         "--compute-ms", o.compute_ms,
+         "Compute time per layer in milliseconds. Host: produce the missed chunks' K/V, then sleep out the "
+         "rest (a layer takes longer when producing them alone does); CUDA build: the GEMMs' target or the spin")
+      ->check(CLI::Range(0.0, 10000.0))
+      ->capture_default_str();
   app.add_option("--repeat", o.repeat,
                  "Runs of the measured phases (restore, baselines, pipeline); figures print as median [min-max]")
       ->check(kDecimal)->check(CLI::Range(1u, 100u))->capture_default_str();
@@ -798,7 +812,8 @@ int main(int argc, char** argv) {
   if (o.memory == "device" && o.backend != "uring")
     return refuse(fmt::format("--memory device needs --backend uring ({} moves host memory only); use --memory host",
                               o.backend));
-  if (o.memory == "device" && o.hidden % 8 != 0) return refuse(fmt::format("--hidden = {} must be a multiple of 8", o.hidden));
+  if (o.memory == "device" && o.hidden % 8 != 0)
+    return refuse(fmt::format("--hidden = {} must be a multiple of 8", o.hidden));
 #endif
 
   // The model's shape, with what the command line changed.
@@ -829,7 +844,8 @@ int main(int argc, char** argv) {
   if (app.count("--tensor-bytes")) {
     o.model.kv_heads = 0;  // the tensor size was given directly: no KV heads, head dim or dtype apply
     if (shape.tensor_bytes % 4096 != 0)
-      return refuse(fmt::format("--tensor-bytes = {} must be a multiple of 4096 (O_DIRECT alignment)", shape.tensor_bytes));
+      return refuse(
+          fmt::format("--tensor-bytes = {} must be a multiple of 4096 (O_DIRECT alignment)", shape.tensor_bytes));
   } else {
     const std::uint64_t per_token = std::uint64_t{o.model.kv_heads} * o.model.head_dim * o.model.dtype_bytes;
     const std::uint64_t bytes = o.model.tensor_bytes(shape.chunk_tokens);
@@ -840,9 +856,10 @@ int main(int argc, char** argv) {
           shape.chunk_tokens, o.model.kv_heads, o.model.head_dim, o.model.dtype_bytes, o.model.dtype, bytes,
           4096 / std::gcd(per_token, std::uint64_t{4096})));
     if (bytes > (std::uint64_t{1} << 30))
-      return refuse(fmt::format("one K or V tensor of --tokens-per-block {} tokens is {} bytes, above the 1 GiB limit of "
-                                "one request: lower --tokens-per-block",
-                                shape.chunk_tokens, bytes));
+      return refuse(
+          fmt::format("one K or V tensor of --tokens-per-block {} tokens is {} bytes, above the 1 GiB limit of "
+                      "one request: lower --tokens-per-block",
+                      shape.chunk_tokens, bytes));
     shape.tensor_bytes = bytes;
   }
   if (std::isnan(o.compute_ms))  // CLI::Range lets NaN through (every comparison with it is false)
@@ -859,9 +876,10 @@ int main(int argc, char** argv) {
   const std::uint64_t data_bytes = data_set_bytes(shape);
   if (o.backend == "memfs" && (shape.layer_file_bytes() > tutti::memfs::Store::Options::kDefaultMaxFileBytes ||
                                data_bytes > tutti::memfs::Store::Options::kDefaultMaxTotalBytes))
-    return refuse(fmt::format("the data set ({} layers x {} bytes) exceeds memfs's limits ({} bytes per file, {} in all)",
-                              shape.layers, shape.layer_file_bytes(), tutti::memfs::Store::Options::kDefaultMaxFileBytes,
-                              tutti::memfs::Store::Options::kDefaultMaxTotalBytes));
+    return refuse(
+        fmt::format("the data set ({} layers x {} bytes) exceeds memfs's limits ({} bytes per file, {} in all)",
+                    shape.layers, shape.layer_file_bytes(), tutti::memfs::Store::Options::kDefaultMaxFileBytes,
+                    tutti::memfs::Store::Options::kDefaultMaxTotalBytes));
   if (o.prepare_only && o.backend != "uring")
     return refuse(fmt::format("--prepare-only writes the layer files of the uring backend; --backend {} {}", o.backend,
                               o.backend == "memfs" ? "keeps its data in host memory"
@@ -901,7 +919,8 @@ int main(int argc, char** argv) {
   }
 
   const char* tmp = std::getenv("TMPDIR");
-  place.dir = o.data_dir.empty() ? fs::path(tmp && *tmp ? tmp : "/var/tmp") / "tutti-layerwise-kv" : fs::path(o.data_dir);
+  place.dir =
+      o.data_dir.empty() ? fs::path(tmp && *tmp ? tmp : "/var/tmp") / "tutti-layerwise-kv" : fs::path(o.data_dir);
   DataDirLock lock;  // held until main returns: every phase below reads or writes the folder's files
   if (auto refused = check_data_dir(o, place, lock)) return *refused;
   print_header(o, place);

@@ -53,8 +53,8 @@ class ModelShapes {
     if (!json.contains("dtypes") || !json["dtypes"].is_object())
       return tutti::error(tutti::StatusCode::INVALID_ARGUMENT, "model shapes: no \"dtypes\" object");
     for (const auto& [name, dtype] : json["dtypes"].items()) {
-      if (!dtype.contains("bytes") || !dtype["bytes"].is_number_unsigned() || dtype["bytes"].get<std::uint64_t>() == 0 ||
-          dtype["bytes"].get<std::uint64_t>() > 16)
+      if (!dtype.contains("bytes") || !dtype["bytes"].is_number_unsigned() ||
+          dtype["bytes"].get<std::uint64_t>() == 0 || dtype["bytes"].get<std::uint64_t>() > 16)
         return tutti::error(tutti::StatusCode::INVALID_ARGUMENT, "model shapes: dtype '{}' needs \"bytes\" in [1, 16]",
                             name);
       out.dtype_bytes_[name] = dtype["bytes"].get<std::uint32_t>();

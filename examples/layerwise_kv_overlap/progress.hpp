@@ -30,7 +30,8 @@ inline std::string format_bytes(std::uint64_t bytes) {
     value /= 1024;
     ++unit;
   }
-  if (value == static_cast<double>(static_cast<std::uint64_t>(value))) return fmt::format("{:.0f} {}", value, kUnits[unit]);
+  if (value == static_cast<double>(static_cast<std::uint64_t>(value)))
+    return fmt::format("{:.0f} {}", value, kUnits[unit]);
   return fmt::format("{:.{}f} {}", value, value >= 100 ? 0 : value >= 10 ? 1 : 2, kUnits[unit]);
 }
 

@@ -37,8 +37,8 @@ inline Spread spread_of(std::vector<double> values) {
 /// `suffix` after each number ("x" for ratios: "1.97x [1.90x-2.05x]").
 inline std::string format_spread(const Spread& s, int decimals, const std::string& suffix = "") {
   if (s.runs <= 1) return fmt::format("{:.{}f}{}", s.median, decimals, suffix);
-  return fmt::format("{:.{}f}{} [{:.{}f}{}-{:.{}f}{}]", s.median, decimals, suffix, s.min, decimals, suffix, s.max, decimals,
-                     suffix);
+  return fmt::format("{:.{}f}{} [{:.{}f}{}-{:.{}f}{}]", s.median, decimals, suffix, s.min, decimals, suffix, s.max,
+                     decimals, suffix);
 }
 
 /// The index of the run whose `keys` value is the median (the lower of the two middle ones for an

@@ -38,7 +38,8 @@ int run_sample(const std::string& kv_file_uri, void* buffer, std::uint64_t bytes
 {body}
   if (!result) return fail(result.status());
   if (!result->status.is_ok()) return fail(result->status);
-  if (result->confirmed_bytes != 512 * 1024) return fail(tutti::error(tutti::StatusCode::DATA_LOSS, "moved {{}} bytes", result->confirmed_bytes));
+  if (result->confirmed_bytes != 512 * 1024)
+    return fail(tutti::error(tutti::StatusCode::DATA_LOSS, "moved {{}} bytes", result->confirmed_bytes));
   return 0;
 }}
 

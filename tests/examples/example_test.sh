@@ -27,7 +27,9 @@ else
 fi
 grep -qE "$checked" "$dir/out.txt" || { cat "$dir/out.txt"; echo "FAIL: no line matching '$checked'"; exit 1; }
 # The verdict: what bounded the pipeline, per layer, the same in the text and in the JSON.
-verdict=$(sed -n 's/^  per layer      : restore alone [0-9.]* ms, \(GPU \)\?compute [0-9.]* ms, pipeline [0-9.]* ms: \(compute\|read\|write\)-bound: compute waited [0-9.]* ms for IO, .*/\2/p' "$dir/out.txt")
+verdict_line='^  per layer      : restore alone [0-9.]* ms, \(GPU \)\?compute [0-9.]* ms, pipeline [0-9.]* ms: '
+verdict_line+='\(compute\|read\|write\)-bound: compute waited [0-9.]* ms for IO, .*'
+verdict=$(sed -n "s/$verdict_line/\\2/p" "$dir/out.txt")
 [ -n "$verdict" ] || { cat "$dir/out.txt"; echo "FAIL: no 'per layer' verdict line"; exit 1; }
 python3 - "$dir/report.json" "$backend" "$verdict" <<'PY'
 import json, sys
@@ -83,7 +85,8 @@ while IFS= read -r label; do
     [ "$label" = "pread 1 thread" ] && label="pread\+memcpy"
     [ "$label" = "pread [0-9]+ thr" ] && continue
   fi
-  grep -qE "^  $label +: " "$dir/out.txt" || { cat "$dir/out.txt"; echo "FAIL: no '$label' line, which $doc lists"; exit 1; }
+  grep -qE "^  $label +: " "$dir/out.txt" ||
+    { cat "$dir/out.txt"; echo "FAIL: no '$label' line, which $doc lists"; exit 1; }
 done <<<"$labels"
 echo "every summary line of $(basename "$doc") printed"
 
@@ -95,7 +98,8 @@ expect_bound() {
   local rc=0
   "$example" "${base[@]}" "$@" --no-pread-baseline >"$dir/out3.txt" 2>&1 || rc=$?
   [ "$rc" -eq 0 ] || { cat "$dir/out3.txt"; echo "FAIL: $* exited $rc"; exit 1; }
-  grep -q "^  per layer      : .*: $want-bound: " "$dir/out3.txt" || { cat "$dir/out3.txt"; echo "FAIL: $* is not $want-bound"; exit 1; }
+  grep -q "^  per layer      : .*: $want-bound: " "$dir/out3.txt" ||
+    { cat "$dir/out3.txt"; echo "FAIL: $* is not $want-bound"; exit 1; }
   echo "$want-bound as expected: $*"
 }
 case "$backend" in
