@@ -241,14 +241,10 @@ void print_report(const Options& o, const std::vector<Report>& runs, const Bound
   if (bound.compute_name == std::string_view("compute")) {  // the host profile's simulated compute
     const double asked = o.compute_ms, took = ms(r.compute_ns) / s.layers,
                  produce = ms(r.compute_produce_ns) / s.layers;
-    const double late = took - std::max(asked, produce);
     fmt::print("  compute        : simulated on the host, per layer: produce the missed chunks' K/V ({}, {:.2f} ms), "
                "then sleep until --compute-ms {:.2f} has passed: took {:.2f} ms{}\n",
                format_bytes(std::uint64_t{s.miss_chunks()} * 2 * s.tensor_bytes), produce, asked, took,
-               produce > asked ? " (producing the K/V alone takes longer than --compute-ms)"
-               : late > 0.1 * asked + 0.05
-                   ? fmt::format(" (the thread woke {:.2f} ms late: the machine is busy)", late)
-                   : std::string());
+               compute_note(asked, produce, took));
   }
   fmt::print("  time split     : compute {:.2f} ms, waiting for reads {:.2f} ms, waiting for writes {:.2f} ms, verify "
              "{:.2f} ms\n",

@@ -168,6 +168,20 @@ inline std::string layer_bound_line(const BoundFigures& f) {
       per_layer_ms(f.read_wait_ns), per_layer_ms(f.write_wait_ns));
 }
 
+/// What the host profile's simulated compute line adds after "took T ms", per layer in ms: why a layer's
+/// compute took longer than --compute-ms (`asked`). Producing the missed chunks' K/V (`produce`) can take
+/// longer than asked; beyond max(asked, produce) the thread woke late (a busy machine). Both causes are
+/// named when both apply; "" when `took` is within 10% (+0.05 ms) of what they explain.
+inline std::string compute_note(double asked, double produce, double took) {
+  std::vector<std::string> causes;
+  if (produce > asked) causes.push_back("producing the K/V alone takes longer than --compute-ms");
+  const double expected = std::max(asked, produce), late = took - expected;
+  if (late > 0.1 * expected + 0.05)
+    causes.push_back(fmt::format("the thread woke {:.2f} ms late: the machine is busy", late));
+  if (causes.empty()) return "";
+  return causes.size() == 1 ? fmt::format(" ({})", causes[0]) : fmt::format(" ({}; {})", causes[0], causes[1]);
+}
+
 struct Settings {
   Shape shape;
   std::uint64_t compute_ns_per_layer = 2'000'000;
