@@ -25,7 +25,7 @@
 // call waits past its budget. Lock order: completion -> staging -> submission -> live batches.
 //
 // Semantics (docs/uring.md, "Errors"):
-//  - A CQE error becomes status_code_of_errno(-res) with the errno text (uring/errors.hpp): EIO ->
+//  - A CQE error becomes status_code_of_errno(-res) with the errno text (tutti/core/errno.hpp): EIO ->
 //    DEVICE_ERROR, EINVAL -> INVALID_ARGUMENT, ENOSPC -> RESOURCE_EXHAUSTED ...; EINTR and EAGAIN are
 //    resubmitted up to kMaxRetries times.
 //  - A READ that reaches the end of the file before its length (the file shrank since open) fails
@@ -52,7 +52,6 @@
 //
 //   uring/options.hpp           Options: defaults, TUTTI_URING_* environment variables, normalisation
 //   uring/stats.hpp             Stats and the counters behind them
-//   uring/errors.hpp            errno -> StatusCode for CQE results and failed io_uring calls
 //   uring/staging.hpp           the pinned staging ring and stream fences: the one profile seam
 //                               (detail::kStagesDeviceMemory; CUDA types exist only in the CUDA profile)
 //   uring/state.hpp             per open target, registered region, request and command
@@ -68,7 +67,6 @@
 
 #include <tutti/path/uring/options.hpp>
 #include <tutti/path/uring/stats.hpp>
-#include <tutti/path/uring/errors.hpp>
 #include <tutti/path/uring/staging.hpp>
 #include <tutti/path/uring/state.hpp>
 #include <tutti/path/uring/ring.hpp>

@@ -26,9 +26,9 @@
 #include <fmt/format.h>
 
 #include <tutti/core/clock.hpp>
+#include <tutti/core/errno.hpp>
 #include <tutti/path/uring/data_path.hpp>
 #include <tutti/path/uring/engine.hpp>
-#include <tutti/path/uring/errors.hpp>
 
 namespace tutti::uring::detail {
 

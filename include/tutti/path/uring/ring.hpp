@@ -21,8 +21,8 @@
 
 #include <fmt/format.h>
 
+#include <tutti/core/errno.hpp>
 #include <tutti/core/status.hpp>
-#include <tutti/path/uring/errors.hpp>
 #include <tutti/path/uring/options.hpp>
 
 namespace tutti::uring::detail {

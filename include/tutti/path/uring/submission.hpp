@@ -28,8 +28,9 @@ inline Result<std::uint32_t> Engine::plan(const Request& r) const {
       !r.target->file.tail_fd.valid())
     return error(StatusCode::INVALID_ARGUMENT,
                  "WRITE of an unaligned tail ({} bytes at offset {}) to '{}' needs the tail descriptor, which "
-                 "could not be opened (/proc not mounted?)",
-                 r.length, r.target_offset, r.target->file.path);
+                 "could not be opened: {}",
+                 r.length, r.target_offset, r.target->file.path,
+                 r.target->file.tail_fd_error.empty() ? "no cause recorded" : r.target->file.tail_fd_error);
   std::uint64_t unit = options.max_command_bytes;
   if constexpr (kStagesDeviceMemory) {
     if (r.memory_view.kind == MemoryKind::DEVICE) {

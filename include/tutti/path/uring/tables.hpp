@@ -23,8 +23,8 @@
 #include <fmt/format.h>
 
 #include <tutti/bind/file.hpp>
+#include <tutti/core/errno.hpp>
 #include <tutti/core/status.hpp>
-#include <tutti/path/uring/errors.hpp>
 #include <tutti/path/uring/options.hpp>
 #include <tutti/path/uring/ring.hpp>
 #include <tutti/path/uring/state.hpp>
