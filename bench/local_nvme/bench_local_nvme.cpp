@@ -141,18 +141,30 @@ void BM_OpenSerial(benchmark::State& state) {
 }
 BENCHMARK(BM_OpenSerial)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-struct NullRig {
-  NullRig() {
+/// A soft controller in null mode (every command validated, no data moved), brought up, and the
+/// local_nvme DataPath over it (one queue pair of depth 1024).
+struct NullController {
+  NullController() {
     libnvm::SoftControllerConfig c;
     c.null_mode = true;
     c.namespace_size_lbas = 1 << 20;
     device = *libnvm::SoftController::create(c);
     controller = libnvm::open_soft_controller(device).value();
     if (!controller->bring_up({}).is_ok()) std::abort();
+  }
+  local_nvme::LocalNvmeDataPath datapath() const {
     local_nvme::LocalNvmeDataPath::Options o;
     o.queue_pairs = 1;
     o.queue_depth = 1024;
-    path = std::make_unique<local_nvme::LocalNvmeDataPath>(local_nvme::LocalNvmeDataPath::create(*controller, o).value());
+    return local_nvme::LocalNvmeDataPath::create(*controller, o).value();
+  }
+  std::shared_ptr<libnvm::SoftController> device;
+  std::unique_ptr<nvme::Controller> controller;
+};
+
+struct NullRig {
+  NullRig() {
+    path = std::make_unique<local_nvme::LocalNvmeDataPath>(null.datapath());
     local_file::Target t;
     t.path = "null";
     t.extents = {{0, 0, 1ull << 32}};
@@ -163,8 +175,7 @@ struct NullRig {
     memory = std::make_unique<local_nvme::LocalNvmeDataPath::registered_memory>(
         path->register_memory({buffer, 64 << 20, MemoryKind::HOST, -1}).value());
   }
-  std::shared_ptr<libnvm::SoftController> device;
-  std::unique_ptr<nvme::Controller> controller;
+  NullController null;
   std::unique_ptr<local_nvme::LocalNvmeDataPath> path;
   std::unique_ptr<local_nvme::LocalNvmeDataPath::open_target> target;
   void* buffer = nullptr;
@@ -214,23 +225,13 @@ using NullRuntime = StorageRuntime<Backend<NullExtentResolver, local_nvme::Local
 /// A runtime over a null-mode soft controller (validation and queues run, no data moves).
 struct NullRuntimeRig {
   NullRuntimeRig() {
-    libnvm::SoftControllerConfig c;
-    c.null_mode = true;
-    c.namespace_size_lbas = 1 << 20;
-    device = *libnvm::SoftController::create(c);
-    controller = libnvm::open_soft_controller(device).value();
-    if (!controller->bring_up({}).is_ok()) std::abort();
-    local_nvme::LocalNvmeDataPath::Options o;
-    o.queue_pairs = 1;
-    o.queue_depth = 1024;
-    runtime = std::make_unique<NullRuntime>(Backend<NullExtentResolver, local_nvme::LocalNvmeDataPath>{
-        NullExtentResolver{}, local_nvme::LocalNvmeDataPath::create(*controller, o).value()});
+    runtime = std::make_unique<NullRuntime>(
+        Backend<NullExtentResolver, local_nvme::LocalNvmeDataPath>{NullExtentResolver{}, null.datapath()});
     target = runtime->open("null://namespace").value();
     buffer = std::aligned_alloc(4096, 64 << 20);
     memory = runtime->register_memory({buffer, 64 << 20, MemoryKind::HOST, -1}).value();
   }
-  std::shared_ptr<libnvm::SoftController> device;
-  std::unique_ptr<libnvm::Controller> controller;
+  NullController null;
   std::unique_ptr<NullRuntime> runtime;
   TargetHandle target;
   void* buffer = nullptr;

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -67,31 +68,14 @@ class RegisteredTables {
 
   /// Puts the target's fd into a free slot, or records why it stays a plain fd.
   void register_file(Ring& ring, OpenTarget& target, Counters& counters) {
-    int slot = -1;
-    {
-      std::scoped_lock lock(mutex_);
-      if (!file_table_) {
-        target.registered_file_fallback = "no registered file table (Options::registered_files = 0 or refused)";
-      } else if (free_file_slots_.empty()) {
-        target.registered_file_fallback = fmt::format("registered file table full ({} slots)", registered_files_);
-      } else {
-        slot = free_file_slots_.back();
-        free_file_slots_.pop_back();
-      }
-    }
-    if (slot >= 0) {
-      int fd = target.file.fd.get();
-      const int rc = io_uring_register_files_update(ring.get(), static_cast<unsigned>(slot), &fd, 1);
-      if (rc == 1) {
-        target.registered_file_index = slot;
-        return;
-      }
-      target.registered_file_fallback =
-          fmt::format("io_uring_register_files_update: {}", file::errno_text(rc < 0 ? -rc : EIO));
-      std::scoped_lock lock(mutex_);
-      free_file_slots_.push_back(slot);
-    }
-    counters.registered_file_fallbacks.fetch_add(1);
+    const char* refusal = file_table_ ? "" : "no registered file table (Options::registered_files = 0 or refused)";
+    target.registered_file_index =
+        place(free_file_slots_, refusal, "registered file table", registered_files_, "io_uring_register_files_update",
+              target.registered_file_fallback, [&](int slot) {
+                int fd = target.file.fd.get();
+                return io_uring_register_files_update(ring.get(), static_cast<unsigned>(slot), &fd, 1);
+              });
+    if (target.registered_file_index < 0) counters.registered_file_fallbacks.fetch_add(1);
   }
 
   /// Empties the target's slot; the slot is reused only when the kernel confirmed it.
@@ -109,36 +93,21 @@ class RegisteredTables {
 
   /// Registers the region as a fixed buffer, or records why it uses plain reads and writes.
   void register_buffer(Ring& ring, RegisteredMemory& memory, Counters& counters) {
-    int slot = -1;
-    {
-      std::scoped_lock lock(mutex_);
-      if (!buffer_table_)
-        memory.fixed_buffer_fallback = fmt::format("no fixed buffer table ({})", buffer_table_error_);
-      else if (memory.view.size > kMaxFixedBufferBytes)
-        memory.fixed_buffer_fallback = fmt::format("region of {} bytes exceeds the {}-byte fixed buffer limit",
-                                                   memory.view.size, kMaxFixedBufferBytes);
-      else if (free_buffer_slots_.empty())
-        memory.fixed_buffer_fallback = fmt::format("fixed buffer table full ({} slots)", fixed_buffers_);
-      else {
-        slot = free_buffer_slots_.back();
-        free_buffer_slots_.pop_back();
-      }
-    }
-    if (slot >= 0) {
-      iovec vector{memory.view.address, static_cast<std::size_t>(memory.view.size)};
-      __u64 tag = 0;
-      const int rc = io_uring_register_buffers_update_tag(ring.get(), static_cast<unsigned>(slot), &vector, &tag, 1);
-      if (rc == 1) {
-        memory.fixed_buffer_index = slot;
-        counters.fixed_buffer_registrations.fetch_add(1);
-        return;
-      }
-      memory.fixed_buffer_fallback =
-          fmt::format("io_uring_register_buffers_update_tag: {}", file::errno_text(rc < 0 ? -rc : EIO));
-      std::scoped_lock lock(mutex_);
-      free_buffer_slots_.push_back(slot);
-    }
-    counters.fixed_buffer_fallbacks.fetch_add(1);
+    std::string refusal;
+    if (!buffer_table_)
+      refusal = fmt::format("no fixed buffer table ({})", buffer_table_error_);
+    else if (memory.view.size > kMaxFixedBufferBytes)
+      refusal = fmt::format("region of {} bytes exceeds the {}-byte fixed buffer limit", memory.view.size,
+                            kMaxFixedBufferBytes);
+    memory.fixed_buffer_index =
+        place(free_buffer_slots_, refusal, "fixed buffer table", fixed_buffers_, "io_uring_register_buffers_update_tag",
+              memory.fixed_buffer_fallback, [&](int slot) {
+                iovec vector{memory.view.address, static_cast<std::size_t>(memory.view.size)};
+                __u64 tag = 0;
+                return io_uring_register_buffers_update_tag(ring.get(), static_cast<unsigned>(slot), &vector, &tag, 1);
+              });
+    (memory.fixed_buffer_index >= 0 ? counters.fixed_buffer_registrations : counters.fixed_buffer_fallbacks)
+        .fetch_add(1);
   }
 
   /// Removes the region's fixed buffer from the kernel's table. Errors: the kernel's refusal (the
@@ -160,6 +129,34 @@ class RegisteredTables {
   }
 
  private:
+  /// Takes a free slot of `free_slots` and has the kernel fill it (`update(slot)`: an
+  /// io_uring_register_*_update call, 1 on success or -errno). Returns the slot, or -1 with `fallback`
+  /// saying why: `refusal` when not empty (no table, a region too large), the table full, or the
+  /// kernel's errno text (the slot then goes back to the free list).
+  template <class Update>
+  int place(std::vector<int>& free_slots, std::string_view refusal, std::string_view table, std::uint32_t slots,
+            std::string_view call, std::string& fallback, Update&& update) {
+    int slot = -1;
+    {
+      std::scoped_lock lock(mutex_);
+      if (!refusal.empty())
+        fallback = std::string(refusal);
+      else if (free_slots.empty())
+        fallback = fmt::format("{} full ({} slots)", table, slots);
+      else {
+        slot = free_slots.back();
+        free_slots.pop_back();
+      }
+    }
+    if (slot < 0) return -1;
+    const int rc = update(slot);
+    if (rc == 1) return slot;
+    fallback = fmt::format("{}: {}", call, file::errno_text(rc < 0 ? -rc : EIO));
+    std::scoped_lock lock(mutex_);
+    free_slots.push_back(slot);
+    return -1;
+  }
+
   std::mutex mutex_;  // the free lists
   std::vector<int> free_file_slots_, free_buffer_slots_;
   bool file_table_ = false, buffer_table_ = false;
