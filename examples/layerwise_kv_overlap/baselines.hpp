@@ -25,7 +25,7 @@
 #include <fmt/format.h>
 
 #include <tutti/core/file_descriptor.hpp>
-#include <tutti/path/uring/errors.hpp>
+#include <tutti/core/errno.hpp>
 
 #include "dataset.hpp"
 #include "pipeline.hpp"
@@ -44,7 +44,7 @@ inline tutti::Result<std::vector<tutti::FileDescriptor>> open_layer_files(const 
   for (std::uint32_t l = 0; l < shape.layers; ++l) {
     const auto path = dir / shape.layer_file_name(l);
     tutti::FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
-    if (!fd.valid()) return tutti::uring::status_from_errno(errno, fmt::format("open '{}'", path.string()));
+    if (!fd.valid()) return tutti::status_from_errno(errno, fmt::format("open '{}'", path.string()));
     fds.push_back(std::move(fd));
   }
   return tutti::Result<std::vector<tutti::FileDescriptor>>(std::move(fds));
@@ -56,7 +56,7 @@ inline tutti::Status pread_tensor(int fd, std::byte* slot, std::uint32_t index, 
   const std::uint64_t offset = shape.tensor_offset(index / 2, index % 2);
   const ssize_t n = ::pread(fd, slot + std::uint64_t{index} * shape.tensor_bytes, shape.tensor_bytes,
                             static_cast<off_t>(offset));
-  if (n < 0) return tutti::uring::status_from_errno(errno, fmt::format("pread layer {} offset {}", layer, offset));
+  if (n < 0) return tutti::status_from_errno(errno, fmt::format("pread layer {} offset {}", layer, offset));
   if (n != static_cast<ssize_t>(shape.tensor_bytes))
     return tutti::error(tutti::StatusCode::DATA_LOSS, "pread of layer {} offset {} returned {} of {} bytes", layer,
                         offset, n, shape.tensor_bytes);

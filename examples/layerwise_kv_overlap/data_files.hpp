@@ -29,7 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include <tutti/core/status.hpp>
-#include <tutti/path/uring/errors.hpp>
+#include <tutti/core/errno.hpp>
 
 #include "dataset.hpp"
 #include "progress.hpp"
@@ -92,7 +92,7 @@ inline void remove_stale_layer_files(const Shape& shape, const fs::path& dir) {
 /// not gigabytes later; skipped where the file system has no fallocate), then every tensor is written
 /// with its content (fill_tensor, salt 0) and the file fsynced; the manifest is written last, so an
 /// interrupted preparation is redone by the next run. Progress goes to stderr.
-/// Errors (naming the file): those of open, fallocate, pwrite and fsync as tutti::uring::status_from_errno
+/// Errors (naming the file): those of open, fallocate, pwrite and fsync as tutti::status_from_errno
 /// classifies them (RESOURCE_EXHAUSTED for ENOSPC and EDQUOT, INVALID_ARGUMENT for EACCES and EROFS, ...).
 inline tutti::Status prepare_files(const Shape& shape, const fs::path& dir) {
   if (data_set_complete(shape, dir)) return tutti::Status::success();
@@ -107,11 +107,11 @@ inline tutti::Status prepare_files(const Shape& shape, const fs::path& dir) {
   for (std::uint32_t l = 0; l < shape.layers; ++l) {
     const fs::path path = dir / shape.layer_file_name(l);
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return tutti::uring::status_from_errno(errno, fmt::format("create '{}'", path.string()));
+    if (fd < 0) return tutti::status_from_errno(errno, fmt::format("create '{}'", path.string()));
     auto fail = [&](const char* what) {
       const int err = errno;
       ::close(fd);
-      return tutti::uring::status_from_errno(err, fmt::format("{} '{}'", what, path.string()));
+      return tutti::status_from_errno(err, fmt::format("{} '{}'", what, path.string()));
     };
     const int allocated = ::fallocate(fd, 0, 0, static_cast<off_t>(shape.layer_file_bytes()));
     if (allocated != 0 && errno != EOPNOTSUPP) return fail("fallocate");
@@ -159,7 +159,7 @@ class DataDirLock {
     const fs::path path = dir / kFileName;
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0)
-      return tutti::uring::status_from_errno(errno, fmt::format("--data-dir: lock file '{}'", path.string()));
+      return tutti::status_from_errno(errno, fmt::format("--data-dir: lock file '{}'", path.string()));
     if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return tutti::Status::success();
     const int err = errno;
     ::close(fd_);
@@ -169,7 +169,7 @@ class DataDirLock {
                           "data directory '{}' is in use by another layerwise_kv_overlap run (it holds the lock "
                           "'{}'); wait for that run to end or pick another folder with --data-dir",
                           dir.string(), path.string());
-    return tutti::uring::status_from_errno(err, fmt::format("flock '{}'", path.string()));
+    return tutti::status_from_errno(err, fmt::format("flock '{}'", path.string()));
   }
 
  private:

@@ -658,7 +658,7 @@ std::optional<int> check_data_dir(const Options& o, DataPlace& place, DataDirLoc
     return kExitRefused;
   }
   fs::create_directories(dir, ec);
-  if (ec) return fail_with(tutti::uring::status_from_errno(ec.value(), fmt::format("--data-dir '{}': cannot create the "
+  if (ec) return fail_with(tutti::status_from_errno(ec.value(), fmt::format("--data-dir '{}': cannot create the "
                                                                                    "folder", dir.string())),
                            kExitRefused);
   if (auto s = lock.acquire(dir); !s.is_ok()) return fail_with(s, kExitRefused);
@@ -675,7 +675,7 @@ std::optional<int> check_data_dir(const Options& o, DataPlace& place, DataDirLoc
   }
   const auto space = fs::space(dir, ec);
   if (ec)
-    return fail_with(tutti::uring::status_from_errno(ec.value(), fmt::format("--data-dir '{}': statvfs", dir.string())),
+    return fail_with(tutti::status_from_errno(ec.value(), fmt::format("--data-dir '{}': statvfs", dir.string())),
                      kExitRefused);
   const std::uint64_t data_bytes = data_set_bytes(shape);
   const std::uint64_t reusable = fs::exists(dir / "manifest.json") ? data_bytes : 0;  // rewritten in place
