@@ -220,10 +220,6 @@ std::unique_ptr<AnyRuntime> make_runtime(const std::string& backend, const nb::k
 // ------------------------------------------------------------------------------------------------
 // Python objects
 
-struct PyRuntime {
-  std::shared_ptr<Core> core;
-};
-
 AnyRuntime& live(const std::shared_ptr<Core>& core) {
   if (!core || !core->runtime) raise_status(error(StatusCode::NOT_FOUND, "the runtime was destroyed"));
   return *core->runtime;

@@ -58,6 +58,10 @@ struct Core {
   ~Core();
 };
 
+struct PyRuntime {
+  std::shared_ptr<Core> core;
+};
+
 struct PyMemory {
   std::shared_ptr<Core> core;
   MemoryHandle handle;
