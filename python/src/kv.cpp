@@ -23,6 +23,8 @@ namespace tutti::python {
 
 namespace {
 
+using Keys = nb::typed<nb::sequence, nb::bytes>;  // the engine's block hashes, 1..64 bytes each
+
 /// One KvStore of any runtime type; each member is one KvStore call.
 class AnyKvStore {
  public:
@@ -351,11 +353,7 @@ std::unique_ptr<AnyKvStore> open_store(R& runtime, const std::string& directory,
   return std::make_unique<KvModel<R>>(check(std::move(opened)));
 }
 
-nb::object make_kv_io(kv::KvIo io, std::uint32_t layer, bool load, std::size_t blocks) {
-  return nb::cast(PyKvIo{io, layer, load, blocks});
-}
-
-nb::object submit(PyKvStore& self, bool load, nb::handle keys, std::uint32_t layer, nb::handle tensors,
+PyKvIo submit(PyKvStore& self, bool load, Keys keys, std::uint32_t layer, nb::handle tensors,
                   nb::handle blocks) {
   AnyKvStore& store = live(self);
   std::vector<nb::object> hold;
@@ -365,7 +363,7 @@ nb::object submit(PyKvStore& self, bool load, nb::handle keys, std::uint32_t lay
     nb::gil_scoped_release release;  // a store checksums its sources here (host memory, CPU time)
     return load ? store.load(views, layer, pieces) : store.store(views, layer, pieces);
   }();
-  return make_kv_io(check(std::move(io)), layer, load, views.size());
+  return PyKvIo{check(std::move(io)), layer, load, views.size()};
 }
 
 PyLayerResult wait(PyKvStore& self, const PyKvIo& io, double timeout_s, bool check_result) {
@@ -549,7 +547,7 @@ void define_kv(nb::module_& m) {
           nb::arg("tensor"), "Unregisters a tensor. Raises tutti.Busy while IO using it is in flight.")
       .def(
           "lookup",
-          [](PyKvStore& self, nb::handle keys) {
+          [](PyKvStore& self, Keys keys) {
             AnyKvStore& store = live(self);
             std::vector<nb::object> hold;
             const auto views = key_views(keys, hold);
@@ -562,7 +560,7 @@ void define_kv(nb::module_& m) {
           nb::arg("keys"), "The number of leading keys whose blocks are visible (the stored prefix, in blocks).")
       .def(
           "load",
-          [](PyKvStore& self, nb::handle keys, std::uint32_t layer, nb::handle destinations, nb::handle blocks) {
+          [](PyKvStore& self, Keys keys, std::uint32_t layer, nb::handle destinations, nb::handle blocks) {
             return submit(self, true, keys, layer, destinations, blocks);
           },
           nb::arg("keys"), nb::arg("layer"), nb::arg("destinations"), nb::arg("blocks") = nb::none(),
@@ -575,7 +573,7 @@ void define_kv(nb::module_& m) {
           "come in the LayerResult.")
       .def(
           "store",
-          [](PyKvStore& self, nb::handle keys, std::uint32_t layer, nb::handle sources, nb::handle blocks) {
+          [](PyKvStore& self, Keys keys, std::uint32_t layer, nb::handle sources, nb::handle blocks) {
             return submit(self, false, keys, layer, sources, blocks);
           },
           nb::arg("keys"), nb::arg("layer"), nb::arg("sources"), nb::arg("blocks") = nb::none(),
@@ -585,13 +583,13 @@ void define_kv(nb::module_& m) {
           "tutti.InvalidArgument for a key repeated in the call.")
       .def(
           "load_layers",
-          [](PyKvStore& self, nb::handle keys, nb::handle per_layer, nb::handle blocks) {
-            nb::list out;
+          [](PyKvStore& self, Keys keys, nb::handle per_layer, nb::handle blocks) {
+            std::vector<PyKvIo> out;
             const Py_ssize_t n = PySequence_Size(per_layer.ptr());
             if (n < 0) throw nb::python_error();
             for (Py_ssize_t l = 0; l < n; ++l)
-              out.append(submit(self, true, keys, static_cast<std::uint32_t>(l),
-                                nb::steal(PySequence_GetItem(per_layer.ptr(), l)), blocks));
+              out.push_back(submit(self, true, keys, static_cast<std::uint32_t>(l),
+                                   nb::steal(PySequence_GetItem(per_layer.ptr(), l)), blocks));
             return out;
           },
           nb::arg("keys"), nb::arg("destinations"), nb::arg("blocks"),
@@ -600,13 +598,13 @@ void define_kv(nb::module_& m) {
           "compute reaches layer l.")
       .def(
           "store_layers",
-          [](PyKvStore& self, nb::handle keys, nb::handle per_layer, nb::handle blocks) {
-            nb::list out;
+          [](PyKvStore& self, Keys keys, nb::handle per_layer, nb::handle blocks) {
+            std::vector<PyKvIo> out;
             const Py_ssize_t n = PySequence_Size(per_layer.ptr());
             if (n < 0) throw nb::python_error();
             for (Py_ssize_t l = 0; l < n; ++l)
-              out.append(submit(self, false, keys, static_cast<std::uint32_t>(l),
-                                nb::steal(PySequence_GetItem(per_layer.ptr(), l)), blocks));
+              out.push_back(submit(self, false, keys, static_cast<std::uint32_t>(l),
+                                   nb::steal(PySequence_GetItem(per_layer.ptr(), l)), blocks));
             return out;
           },
           nb::arg("keys"), nb::arg("sources"), nb::arg("blocks"),
@@ -645,7 +643,7 @@ void define_kv(nb::module_& m) {
           "range); with check=True the first failed block's error, `.results` = the list.")
       .def(
           "commit",
-          [](PyKvStore& self, nb::handle keys, double timeout_s, bool check_result) {
+          [](PyKvStore& self, Keys keys, double timeout_s, bool check_result) {
             AnyKvStore& store = live(self);
             std::vector<nb::object> hold;
             const auto views = key_views(keys, hold);
@@ -672,7 +670,7 @@ void define_kv(nb::module_& m) {
           "`.results` = the list.")
       .def(
           "discard",
-          [](PyKvStore& self, nb::handle keys) {
+          [](PyKvStore& self, Keys keys) {
             std::vector<nb::object> hold;
             const auto views = key_views(keys, hold);
             check(live(self).discard(views));
@@ -680,7 +678,7 @@ void define_kv(nb::module_& m) {
           nb::arg("keys"), "Drops the keys' pending (uncommitted) blocks. Raises tutti.Busy while a layer is in flight.")
       .def(
           "pin",
-          [](PyKvStore& self, nb::handle keys) {
+          [](PyKvStore& self, Keys keys) {
             std::vector<nb::object> hold;
             const auto views = key_views(keys, hold);
             check(live(self).pin(views));
@@ -689,7 +687,7 @@ void define_kv(nb::module_& m) {
                            "first key not visible (nothing pinned).")
       .def(
           "unpin",
-          [](PyKvStore& self, nb::handle keys) {
+          [](PyKvStore& self, Keys keys) {
             std::vector<nb::object> hold;
             const auto views = key_views(keys, hold);
             check(live(self).unpin(views));
@@ -697,7 +695,7 @@ void define_kv(nb::module_& m) {
           nb::arg("keys"), "Undoes pin(). Raises tutti.InvalidArgument for a key not pinned (nothing unpinned).")
       .def(
           "evict",
-          [](PyKvStore& self, nb::handle keys) {
+          [](PyKvStore& self, Keys keys) {
             std::vector<nb::object> hold;
             const auto views = key_views(keys, hold);
             Result<std::size_t> n = [&] {

@@ -287,7 +287,7 @@ void* stream_pointer(nb::handle stream) {
                      nb::cast<std::string>(nb::repr(stream))));
 }
 
-nb::object make_memory(const std::shared_ptr<Core>& core, nb::handle obj, nb::handle stream) {
+PyMemory* make_memory(const std::shared_ptr<Core>& core, nb::handle obj, nb::handle stream) {
   AnyRuntime& rt = live(core);
   nb::ndarray<> array;
   const MemoryView view = view_of(obj, array, rt.capabilities().memory_alignment, rt.backend());
@@ -306,7 +306,7 @@ nb::object make_memory(const std::shared_ptr<Core>& core, nb::handle obj, nb::ha
   }
   auto memory = new PyMemory{core, handle, view, core->next_id++, nb::borrow(obj), true};
   core->owners.emplace(memory->id, nb::borrow(obj));
-  return nb::cast(memory, nb::rv_policy::take_ownership);
+  return memory;
 }
 
 void unregister(PyMemory& memory) {
@@ -332,10 +332,9 @@ OpenOptions open_options(bool writable, bool flush_on_close, bool allow_buffered
   return o;
 }
 
-nb::object make_target(const std::shared_ptr<Core>& core, TargetHandle handle, std::string uri, bool writable) {
+PyTarget* make_target(const std::shared_ptr<Core>& core, TargetHandle handle, std::string uri, bool writable) {
   auto size = core->runtime->target_size(handle);
-  return nb::cast(new PyTarget{core, handle, std::move(uri), size ? *size : 0, writable, true},
-                  nb::rv_policy::take_ownership);
+  return new PyTarget{core, handle, std::move(uri), size ? *size : 0, writable, true};
 }
 
 PyIoResult make_result(const std::vector<Status>& initial, const IoResult* completed) {
@@ -405,7 +404,7 @@ const PyIoResult& wait_io(PyIo& io, double timeout_s, bool raise_on_failure) {
   return *io.result;
 }
 
-nb::object submit(const std::shared_ptr<Core>& core, nb::handle requests) {
+PyIo* submit(const std::shared_ptr<Core>& core, nb::handle requests) {
   AnyRuntime& rt = live(core);
   std::vector<IoRequest> converted = to_requests(core, requests);
   SubmitOutcome outcome;
@@ -413,8 +412,7 @@ nb::object submit(const std::shared_ptr<Core>& core, nb::handle requests) {
     nb::gil_scoped_release release;
     outcome = rt.submit(converted);
   }
-  return nb::cast(new PyIo{core, outcome.io, std::move(outcome.initial_states), outcome.accepted, std::nullopt},
-                  nb::rv_policy::take_ownership);
+  return new PyIo{core, outcome.io, std::move(outcome.initial_states), outcome.accepted, std::nullopt};
 }
 
 /// The benchmark's C++ baseline: `iterations` x (submit + wait + release) of the same requests in a
@@ -534,7 +532,7 @@ std::vector<IoRequest> to_requests(const std::shared_ptr<Core>& core, nb::handle
     if (!item.is_valid()) throw nb::python_error();
     IoRequest& r = out[static_cast<std::size_t>(i)];
     PyRequest* request = nullptr;
-    if (nb::try_cast(item, request) && request != nullptr) {
+    if (!PyTuple_Check(item.ptr()) && nb::try_cast(item, request) && request != nullptr) {
       r.direction = request->direction;
       r.memory = memory_of(request->memory, i, r.direction);
       r.memory_offset = request->memory_offset;
@@ -620,11 +618,19 @@ void define_runtime(nb::module_& m) {
             new (self) PyRequest{direction, std::move(memory), memory_offset, std::move(target), target_offset, length};
           },
           nb::arg("direction"), nb::arg("memory").none(), nb::arg("memory_offset"), nb::arg("target"),
-          nb::arg("target_offset"), nb::arg("length"))
+          nb::arg("target_offset"), nb::arg("length"),
+          nb::sig("def __init__(self, direction: Direction, memory: Memory | None, memory_offset: int, target: Target, "
+                  "target_offset: int, length: int) -> None"))
       .def_rw("direction", &PyRequest::direction)
-      .def_rw("memory", &PyRequest::memory, "tutti.Memory, or None for FLUSH.")
+      .def_prop_rw(
+          "memory", [](const PyRequest& self) { return self.memory; },
+          [](PyRequest& self, nb::object m) { self.memory = std::move(m); }, nb::for_getter(nb::sig("def memory(self, /) -> Memory | None")),
+          nb::for_setter(nb::sig("def memory(self, value: Memory | None, /) -> None")), "tutti.Memory, or None for FLUSH.")
       .def_rw("memory_offset", &PyRequest::memory_offset, "Bytes from the start of the registered region.")
-      .def_rw("target", &PyRequest::target, "tutti.Target.")
+      .def_prop_rw(
+          "target", [](const PyRequest& self) { return self.target; },
+          [](PyRequest& self, nb::object t) { self.target = std::move(t); }, nb::for_getter(nb::sig("def target(self, /) -> Target")),
+          nb::for_setter(nb::sig("def target(self, value: Target, /) -> None")), "tutti.Target.")
       .def_rw("target_offset", &PyRequest::target_offset, "Bytes from the start of the target.")
       .def_rw("length", &PyRequest::length, "Bytes to move (0 for FLUSH).")
       .def("__repr__", [](const PyRequest& self) {
@@ -696,8 +702,10 @@ void define_runtime(nb::module_& m) {
           "Raises the DataPath's progress error.")
       .def(
           "wait",
-          [](PyIo& self, double timeout_s, bool check_result) { return wait_io(self, timeout_s, check_result); },
-          nb::arg("timeout_s"), nb::arg("check") = true,
+          [](PyIo& self, double timeout_s, bool check_result) -> const PyIoResult& {
+            return wait_io(self, timeout_s, check_result);
+          },
+          nb::arg("timeout_s"), nb::arg("check") = true, nb::rv_policy::reference_internal,
           "Waits at most timeout_s seconds for the IO (GIL released; Ctrl-C interrupts within 50 ms and leaves the "
           "IO in flight, wait again) and returns its IoResult; later calls return the same result.\n\n"
           "Raises tutti.TimeoutError when not complete in time (the IO stays in flight: wait again), the DataPath's "
@@ -746,7 +754,7 @@ void define_runtime(nb::module_& m) {
             return make_target(self.core, check(std::move(opened)), uri, writable);
           },
           nb::arg("uri"), nb::arg("writable") = false, nb::arg("flush_on_close") = false,
-          nb::arg("allow_buffered") = false,
+          nb::arg("allow_buffered") = false, nb::rv_policy::take_ownership,
           "Opens file:///path (uring, nvme-soft) or memfs://name?size=BYTES (memfs) and returns a Target.\n\n"
           "Raises tutti.InvalidArgument (malformed URI, unknown scheme), tutti.NotFound (no such file), "
           "tutti.Unsupported (no O_DIRECT, no FIEMAP), tutti.DataLoss (unwritten extents, nvme-soft), tutti.Busy "
@@ -764,7 +772,7 @@ void define_runtime(nb::module_& m) {
             std::optional<std::size_t> first;
             for (std::size_t i = 0; i < opened.size(); ++i) {
               if (opened[i]) {
-                out.append(make_target(self.core, *opened[i], uris[i], writable));
+                out.append(nb::cast(make_target(self.core, *opened[i], uris[i], writable), nb::rv_policy::take_ownership));
               } else {
                 if (!first) first = i;
                 out.append(exception_for(opened[i].status()));
@@ -779,13 +787,15 @@ void define_runtime(nb::module_& m) {
             return out;
           },
           nb::arg("uris"), nb::arg("writable") = false, nb::arg("check") = true,
+          nb::sig("def open_batch(self, uris: collections.abc.Sequence[str], writable: bool = False, check: bool = True) "
+                  "-> list[Target | Error]"),
           "Opens many URIs, resolving them on open_batch_threads threads; returns one Target per URI, in order.\n\n"
           "With check=True (default) raises the first failure's tutti.Error, whose `.results` lists a Target or "
           "an exception per URI (targets that opened stay open there); with check=False returns that list.")
       .def(
           "register",
           [](PyRuntime& self, nb::handle obj, nb::handle stream) { return make_memory(self.core, obj, stream); },
-          nb::arg("obj"), nb::arg("stream") = nb::none(),
+          nb::arg("obj"), nb::arg("stream") = nb::none(), nb::rv_policy::take_ownership,
           "Registers a tensor or array without a copy (DLPack, or the buffer protocol) and returns a Memory.\n\n"
           "torch CPU tensors and numpy arrays are HOST memory, CUDA tensors DEVICE memory (CUDA build). The data "
           "must be C-contiguous, writable and start on a multiple of Runtime.alignment bytes (4096 for uring: "
@@ -798,7 +808,9 @@ void define_runtime(nb::module_& m) {
            "Same as memory.unregister().")
       .def(
           "submit", [](PyRuntime& self, nb::handle requests) { return submit(self.core, requests); },
-          nb::arg("requests"),
+          nb::arg("requests"), nb::rv_policy::take_ownership,
+          nb::sig("def submit(self, requests: collections.abc.Sequence[Request | tuple[Direction, Memory | None, int, "
+                  "Target, int, int]]) -> Io"),
           "Submits a list of requests (tutti.Request or 6-tuples) in one StorageRuntime.submit and returns an Io; "
           "never blocks.\n\nEach request is validated on its own: a rejected one (bad offset, misaligned, "
           "RESOURCE_EXHAUSTED backpressure ...) is in Io.rejected and in the IoResult, the others run. Raises "
@@ -875,6 +887,8 @@ void define_runtime(nb::module_& m) {
             return bench_submit_wait(self.core, requests, iterations, timeout_s);
           },
           nb::arg("requests"), nb::arg("iterations"), nb::arg("timeout_s") = 10.0,
+          nb::sig("def _bench_submit_wait(self, requests: collections.abc.Sequence[Request | tuple[Direction, "
+                  "Memory | None, int, Target, int, int]], iterations: int, timeout_s: float = 10.0) -> float"),
           "Benchmark baseline: iterations x (submit + wait + release) of the same requests in a C++ loop; returns "
           "the mean ns per iteration. Raises the first failure.")
       .def("__repr__", [](const PyRuntime& self) {

@@ -18,6 +18,7 @@ def is_root() -> bool:
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root (loop device and mount)")
 
 
+
 @pytest.fixture
 def data_dir():
     """A fresh folder on a real file system that takes O_DIRECT (/var/tmp, not a tmpfs /tmp)."""
@@ -33,9 +34,15 @@ def make_file(path: str, data: bytes) -> str:
     return path
 
 
+CUDA_BUILD = tutti.build_info()["accelerator"] == "cuda"
+
+
 @pytest.fixture(scope="module")
 def ext4():
-    """A loop-mounted ext4 image (tutti.scratch.ScratchExt4), shared by a module's tests."""
+    """A loop-mounted ext4 image (tutti.scratch.ScratchExt4), shared by a module's tests. Every user
+    of it runs nvme-soft, which the CUDA build refuses (docs/python.md, GPU)."""
+    if CUDA_BUILD:
+        pytest.skip("nvme-soft is refused in the CUDA build (host build only)")
     if not is_root():
         pytest.skip("needs root (loop device and mount)")
     from tutti.scratch import ScratchExt4
