@@ -15,8 +15,12 @@
 
 #include <tutti/kv/kv.hpp>
 #include <tutti/presets.hpp>
-#if TUTTI_PYTHON_NVME_SOFT
+// nvme-soft stores: host build only (the CUDA build refuses nvme-soft, runtime.cpp).
+#if TUTTI_PYTHON_NVME_SOFT && !defined(TUTTI_ACCELERATOR_CUDA)
+#define TUTTI_PYTHON_KV_NVME_SOFT 1
 #include <tutti/presets/local_nvme.hpp>
+#else
+#define TUTTI_PYTHON_KV_NVME_SOFT 0
 #endif
 
 namespace tutti::python {
@@ -452,7 +456,7 @@ void define_kv(nb::module_& m) {
             std::unique_ptr<AnyKvStore> store;
             if (rt.backend() == "uring") {
               store = open_store(*static_cast<UringRuntime*>(rt.native()), directory, name_space, options);
-#if TUTTI_PYTHON_NVME_SOFT
+#if TUTTI_PYTHON_KV_NVME_SOFT
             } else if (rt.backend() == "nvme-soft") {
               store = open_store(*static_cast<LocalNvmeRuntime*>(rt.native()), directory, name_space, options);
 #endif

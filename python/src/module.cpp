@@ -48,7 +48,9 @@ NB_MODULE(_tutti, m) {
         info["accelerator"] = TUTTI_PYTHON_ACCELERATOR;
         nb::list backends;
         backends.append("uring");
-        if (TUTTI_PYTHON_NVME_SOFT) backends.append("nvme-soft");
+        // nvme-soft: libnvm is in the package, but the CUDA build refuses it (its local_nvme kernels
+        // launch only from nvcc-compiled code).
+        if (TUTTI_PYTHON_NVME_SOFT && accel::kProfile != accel::Profile::cuda) backends.append("nvme-soft");
         backends.append("memfs");
         info["backends"] = backends;
         info["kv_store"] = TUTTI_PYTHON_KV != 0;
