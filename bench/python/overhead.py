@@ -7,9 +7,11 @@ released), in the same run. Rounds alternate Python and C++ so drift hits both; 
     python bench/python/overhead.py --device cuda --backends uring --batches 24 --request-bytes 524288
                                                            # the GPU half: 24 x 512 KiB into CUDA tensors
 
-Reported per batch: the mean time of one submit + wait in Python and in C++ (us), their difference
-(the Python overhead per call, us) and per request, and GB/s of both with their ratio (C++ / Python
-time, i.e. Python's share of C++'s throughput). The bytes read are verified against the file (or the
+Reported per batch: the mean wall time of one submit + wait in Python and in C++ (us), GB/s of both
+and their ratio (C++ time / Python time: Python's share of C++'s throughput), and the mean CPU time
+of the calling thread for both (time.thread_time_ns; the C++ loop runs on the same thread): their
+difference is the Python overhead per call and per request. On a loaded machine the CPU-time
+difference is the steady figure; wall times move with the load. The bytes read are verified against the file (or the
 memfs target) after the timed loops; a mismatch exits 1. Needs the installed package (pip install .)
 and, for uring, a folder on a file system with O_DIRECT (--dir, default /var/tmp).
 """
@@ -78,19 +80,23 @@ def main():
                 for _ in range(3):  # warm-up of both paths
                     rt.submit(requests).wait(timeout_s=30)
                 rt._bench_submit_wait(requests, 3)
-                py, cpp = [], []
+                py, cpp, py_cpu, cpp_cpu = [], [], [], []
                 for _ in range(args.rounds):
-                    start = time.perf_counter_ns()
+                    start, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
                     for _ in range(iterations):
                         rt.submit(requests).wait(timeout_s=30)
+                    py_cpu.append((time.thread_time_ns() - start_cpu) / iterations)
                     py.append((time.perf_counter_ns() - start) / iterations)
+                    start_cpu = time.thread_time_ns()  # the C++ loop runs on this same thread
                     cpp.append(rt._bench_submit_wait(requests, iterations))
+                    cpp_cpu.append((time.thread_time_ns() - start_cpu) / iterations)
                 buffer.zero_()
                 rt.submit(requests).wait(timeout_s=30)  # the bytes the loops counted are the file's
                 expected = torch.frombuffer(bytearray(payload[:bytes_per_call]), dtype=torch.uint8)
                 if not torch.equal(buffer[:bytes_per_call].cpu(), expected):
                     sys.exit(f"{backend} batch {batch}: the bytes read differ from the source")
                 py_ns, cpp_ns = statistics.median(py), statistics.median(cpp)
+                py_cpu_ns, cpp_cpu_ns = statistics.median(py_cpu), statistics.median(cpp_cpu)
                 rows.append({
                     "backend": backend, "device": args.device, "batch": batch, "request_bytes": args.request_bytes,
                     "iterations": iterations, "rounds": args.rounds,
@@ -98,12 +104,17 @@ def main():
                     "overhead_us": (py_ns - cpp_ns) / 1e3, "overhead_per_request_us": (py_ns - cpp_ns) / 1e3 / batch,
                     "python_gbps": bytes_per_call / py_ns, "cpp_gbps": bytes_per_call / cpp_ns,
                     "ratio": cpp_ns / py_ns,
+                    "python_cpu_us": py_cpu_ns / 1e3, "cpp_cpu_us": cpp_cpu_ns / 1e3,
+                    "overhead_cpu_us": (py_cpu_ns - cpp_cpu_ns) / 1e3,
+                    "overhead_cpu_per_request_us": (py_cpu_ns - cpp_cpu_ns) / 1e3 / batch,
                 })
                 r = rows[-1]
-                print(f"{backend:6} {args.device:5} batch {batch:4} x {args.request_bytes:7} B: python "
-                      f"{r['python_us']:9.2f} us  C++ {r['cpp_us']:9.2f} us  overhead {r['overhead_us']:7.2f} us "
-                      f"({r['overhead_per_request_us']:6.3f} us/request)  {r['python_gbps']:6.2f} vs "
-                      f"{r['cpp_gbps']:6.2f} GB/s  ratio {r['ratio']:.3f}", flush=True)
+                print(f"{backend:6} {args.device:5} batch {batch:4} x {args.request_bytes:7} B: wall python "
+                      f"{r['python_us']:9.2f} us C++ {r['cpp_us']:9.2f} us (ratio {r['ratio']:.3f}, "
+                      f"{r['python_gbps']:.2f} vs {r['cpp_gbps']:.2f} GB/s); thread CPU python "
+                      f"{r['python_cpu_us']:8.2f} us C++ {r['cpp_cpu_us']:8.2f} us: overhead "
+                      f"{r['overhead_cpu_us']:7.2f} us per call, {r['overhead_cpu_per_request_us']:6.3f} us per request",
+                      flush=True)
             memory.unregister()
     for name in os.listdir(work):
         os.remove(os.path.join(work, name))

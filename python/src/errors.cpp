@@ -14,9 +14,9 @@
 //   INTERNAL            tutti.InternalError          -
 //
 // Every instance has `.code` (tutti.StatusCode) and `.message` (the C++ message: field, value, limit).
-#include <cmath>
-
 #include <nanobind/stl/string.h>
+
+#include <cmath>
 
 #include "ext.hpp"
 
@@ -105,7 +105,8 @@ void define_errors(nb::module_& m) {
 
 nb::object exception_for(const Status& status) {
   const auto index = static_cast<std::size_t>(status.code());
-  PyObject* cls = index > 0 && index < kCodes ? g_classes[index] : g_classes[static_cast<std::size_t>(StatusCode::INTERNAL)];
+  PyObject* cls =
+      index > 0 && index < kCodes ? g_classes[index] : g_classes[static_cast<std::size_t>(StatusCode::INTERNAL)];
   const std::string text = status.to_string();
   nb::str text_object(text.data(), text.size());
   nb::object exc = nb::steal(PyObject_CallOneArg(cls, text_object.ptr()));

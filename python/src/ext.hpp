@@ -4,12 +4,11 @@
 // user's page.
 #pragma once
 
+#include <nanobind/nanobind.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
-
-#include <nanobind/nanobind.h>
-
 #include <tutti/core/io.hpp>
 #include <tutti/core/status.hpp>
 

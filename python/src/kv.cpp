@@ -5,16 +5,15 @@
 // Pieces come from tensors without a copy: either one registered tensor and a block index per key
 // (the block is tensor[block], split into the namespace's pieces in order), or a list of tensors
 // (one per key and piece), each a view that lies inside a region registered with this store.
-#include "runtime.hpp"
-
-#include <map>
-
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <map>
 #include <tutti/kv/kv.hpp>
 #include <tutti/presets.hpp>
+
+#include "runtime.hpp"
 // nvme-soft stores: host build only (the CUDA build refuses nvme-soft, runtime.cpp).
 #if TUTTI_PYTHON_NVME_SOFT && !defined(TUTTI_ACCELERATOR_CUDA)
 #define TUTTI_PYTHON_KV_NVME_SOFT 1
@@ -194,8 +193,9 @@ std::vector<kv::Piece> pieces_of(PyKvStore& self, std::size_t keys, nb::handle t
     std::int64_t expected = 1;  // the view must be C-contiguous: its bytes are one range
     for (std::size_t i = array.ndim(); i-- > 0;) {
       if (array.shape(i) != 1 && array.stride(i) != expected)
-        raise_status(error(StatusCode::INVALID_ARGUMENT, "{} is not contiguous (dimension {} has stride {}, expected "
-                                                         "{})",
+        raise_status(error(StatusCode::INVALID_ARGUMENT,
+                           "{} is not contiguous (dimension {} has stride {}, expected "
+                           "{})",
                            name, i, array.stride(i), expected));
       expected *= static_cast<std::int64_t>(array.shape(i));
     }
@@ -203,9 +203,9 @@ std::vector<kv::Piece> pieces_of(PyKvStore& self, std::size_t keys, nb::handle t
   };
   if (blocks.is_none()) {
     if (!PySequence_Check(tensors.ptr()))
-      raise_status(error(StatusCode::INVALID_ARGUMENT,
-                         "{} must be a list of tensors (one per key and piece) or one registered tensor with blocks=",
-                         field));
+      raise_status(
+          error(StatusCode::INVALID_ARGUMENT,
+                "{} must be a list of tensors (one per key and piece) or one registered tensor with blocks=", field));
     const Py_ssize_t n = PySequence_Size(tensors.ptr());
     if (static_cast<std::size_t>(n) != keys * P)
       raise_status(error(StatusCode::INVALID_ARGUMENT,
@@ -243,12 +243,12 @@ std::vector<kv::Piece> pieces_of(PyKvStore& self, std::size_t keys, nb::handle t
     indices = nb::cast<std::vector<std::int64_t>>(blocks);
   }
   if (indices.size() != keys)
-    raise_status(error(StatusCode::INVALID_ARGUMENT, "blocks has {} entries; one per key ({}) is needed",
-                       indices.size(), keys));
+    raise_status(
+        error(StatusCode::INVALID_ARGUMENT, "blocks has {} entries; one per key ({}) is needed", indices.size(), keys));
   for (std::size_t k = 0; k < keys; ++k) {
     if (indices[k] < 0 || static_cast<std::size_t>(indices[k]) >= array.shape(0))
-      raise_status(error(StatusCode::OUT_OF_RANGE, "blocks[{}] = {} is outside 0..{} ({} has {} blocks)", k,
-                         indices[k], array.shape(0) - 1, field, array.shape(0)));
+      raise_status(error(StatusCode::OUT_OF_RANGE, "blocks[{}] = {} is outside 0..{} ({} has {} blocks)", k, indices[k],
+                         array.shape(0) - 1, field, array.shape(0)));
     std::uint64_t offset = base - start + static_cast<std::uint64_t>(indices[k]) * row_bytes;
     for (std::size_t p = 0; p < P; ++p) {
       out.push_back({region->handle, offset, ns.piece_bytes[p]});
@@ -313,27 +313,39 @@ kv::Namespace namespace_of(nb::handle spec) {
         raise_status(error(StatusCode::INVALID_ARGUMENT, "namespace.{} must be a bool", name));
       field = value.ptr() == Py_True;
     };
-    if (name == "model") text(ns.model);
-    else if (name == "dtype") text(ns.dtype);
-    else if (name == "tensor_layout") text(ns.tensor_layout);
-    else if (name == "kv_split") flag(ns.kv_split);
-    else if (name == "cross_layer") flag(ns.cross_layer);
-    else if (name == "tp_rank") number(ns.tp_rank);
-    else if (name == "tp_size") number(ns.tp_size);
-    else if (name == "pp_stage") number(ns.pp_stage);
-    else if (name == "pp_size") number(ns.pp_size);
-    else if (name == "block_tokens") number(ns.block_tokens);
-    else if (name == "layers") number(ns.layers);
-    else if (name == "hash_algorithm") text(ns.hash_algorithm);
-    else if (name == "hash_seed") text(ns.hash_seed);
+    if (name == "model")
+      text(ns.model);
+    else if (name == "dtype")
+      text(ns.dtype);
+    else if (name == "tensor_layout")
+      text(ns.tensor_layout);
+    else if (name == "kv_split")
+      flag(ns.kv_split);
+    else if (name == "cross_layer")
+      flag(ns.cross_layer);
+    else if (name == "tp_rank")
+      number(ns.tp_rank);
+    else if (name == "tp_size")
+      number(ns.tp_size);
+    else if (name == "pp_stage")
+      number(ns.pp_stage);
+    else if (name == "pp_size")
+      number(ns.pp_size);
+    else if (name == "block_tokens")
+      number(ns.block_tokens);
+    else if (name == "layers")
+      number(ns.layers);
+    else if (name == "hash_algorithm")
+      text(ns.hash_algorithm);
+    else if (name == "hash_seed")
+      text(ns.hash_seed);
     else if (name == "piece_bytes") {
       std::vector<std::int64_t> pieces;
       if (!nb::try_cast(value, pieces))
         raise_status(error(StatusCode::INVALID_ARGUMENT, "namespace.piece_bytes must be a list of ints (bytes)"));
       for (std::size_t j = 0; j < pieces.size(); ++j) {
         if (pieces[j] < 0)
-          raise_status(error(StatusCode::INVALID_ARGUMENT, "namespace.piece_bytes[{}] = {} is negative", j,
-                             pieces[j]));
+          raise_status(error(StatusCode::INVALID_ARGUMENT, "namespace.piece_bytes[{}] = {} is negative", j, pieces[j]));
         ns.piece_bytes.push_back(static_cast<std::uint64_t>(pieces[j]));
       }
     } else {
@@ -357,12 +369,12 @@ std::unique_ptr<AnyKvStore> open_store(R& runtime, const std::string& directory,
   return std::make_unique<KvModel<R>>(check(std::move(opened)));
 }
 
-PyKvIo submit(PyKvStore& self, bool load, Keys keys, std::uint32_t layer, nb::handle tensors,
-                  nb::handle blocks) {
+PyKvIo submit(PyKvStore& self, bool load, Keys keys, std::uint32_t layer, nb::handle tensors, nb::handle blocks) {
   AnyKvStore& store = live(self);
   std::vector<nb::object> hold;
   const std::vector<std::string_view> views = key_views(keys, hold);
-  const std::vector<kv::Piece> pieces = pieces_of(self, views.size(), tensors, blocks, load ? "destinations" : "sources");
+  const std::vector<kv::Piece> pieces =
+      pieces_of(self, views.size(), tensors, blocks, load ? "destinations" : "sources");
   Result<kv::KvIo> io = [&] {
     nb::gil_scoped_release release;  // a store checksums its sources here (host memory, CPU time)
     return load ? store.load(views, layer, pieces) : store.store(views, layer, pieces);
@@ -379,8 +391,9 @@ PyLayerResult wait(PyKvStore& self, const PyKvIo& io, double timeout_s, bool che
     return last.is_ok() || last.code() != StatusCode::TIMEOUT;
   });
   if (!finished)
-    raise_status(error(StatusCode::TIMEOUT, "KvStore.wait: layer {} {} not complete after timeout_s = {} s; it stays "
-                                            "in flight, wait again",
+    raise_status(error(StatusCode::TIMEOUT,
+                       "KvStore.wait: layer {} {} not complete after timeout_s = {} s; it stays "
+                       "in flight, wait again",
                        io.layer, io.load ? "load" : "store", timeout_s));
   PyLayerResult result = to_python(check(std::move(last)), nullptr);
   if (check_result && !result.status.is_ok()) raise_with(result.status, "result", nb::cast(result));
@@ -443,7 +456,8 @@ void define_kv(nb::module_& m) {
             if (!nb::try_cast(runtime, owner) || owner == nullptr)
               raise_status(error(StatusCode::INVALID_ARGUMENT, "KvStore: runtime must be a tutti.Runtime"));
             const std::shared_ptr<Core>* core = &owner->core;
-            if (!*core || !(*core)->runtime) raise_status(error(StatusCode::NOT_FOUND, "KvStore: the runtime was destroyed"));
+            if (!*core || !(*core)->runtime)
+              raise_status(error(StatusCode::NOT_FOUND, "KvStore: the runtime was destroyed"));
             kv::StoreOptions options;
             options.capacity_bytes = capacity;
             options.read_only = read_only;
@@ -513,8 +527,9 @@ void define_kv(nb::module_& m) {
             } else if (array.device_type() == nb::device::cuda_host::value) {
               view.kind = MemoryKind::PINNED_HOST;
             } else if (array.device_type() != nb::device::cpu::value) {
-              raise_status(error(StatusCode::UNSUPPORTED, "KvStore.register: DLPack device type {} is not CPU or "
-                                                          "CUDA memory",
+              raise_status(error(StatusCode::UNSUPPORTED,
+                                 "KvStore.register: DLPack device type {} is not CPU or "
+                                 "CUDA memory",
                                  array.device_type()));
             }
             Result<MemoryHandle> registered = [&] {
@@ -679,7 +694,8 @@ void define_kv(nb::module_& m) {
             const auto views = key_views(keys, hold);
             check(live(self).discard(views));
           },
-          nb::arg("keys"), "Drops the keys' pending (uncommitted) blocks. Raises tutti.Busy while a layer is in flight.")
+          nb::arg("keys"),
+          "Drops the keys' pending (uncommitted) blocks. Raises tutti.Busy while a layer is in flight.")
       .def(
           "pin",
           [](PyKvStore& self, Keys keys) {
@@ -687,8 +703,9 @@ void define_kv(nb::module_& m) {
             const auto views = key_views(keys, hold);
             check(live(self).pin(views));
           },
-          nb::arg("keys"), "Pins visible blocks (counted) so eviction skips them. Raises tutti.NotFound naming the "
-                           "first key not visible (nothing pinned).")
+          nb::arg("keys"),
+          "Pins visible blocks (counted) so eviction skips them. Raises tutti.NotFound naming the "
+          "first key not visible (nothing pinned).")
       .def(
           "unpin",
           [](PyKvStore& self, Keys keys) {
@@ -715,13 +732,28 @@ void define_kv(nb::module_& m) {
             const kv::Statistics s = live(self).statistics();
             nb::dict d;
 #define TUTTI_FIELD(name) d[#name] = s.name
-            TUTTI_FIELD(lookups); TUTTI_FIELD(lookup_keys); TUTTI_FIELD(lookup_hits); TUTTI_FIELD(load_blocks);
-            TUTTI_FIELD(hits); TUTTI_FIELD(misses); TUTTI_FIELD(load_failures); TUTTI_FIELD(verification_failures);
-            TUTTI_FIELD(loaded_bytes); TUTTI_FIELD(verified_bytes); TUTTI_FIELD(stored_layer_blocks);
-            TUTTI_FIELD(stored_bytes); TUTTI_FIELD(store_failures); TUTTI_FIELD(committed_blocks);
-            TUTTI_FIELD(commit_failures); TUTTI_FIELD(evictions); TUTTI_FIELD(resubmits);
-            TUTTI_FIELD(dropped_records); TUTTI_FIELD(visible_blocks); TUTTI_FIELD(pending_blocks);
-            TUTTI_FIELD(slots); TUTTI_FIELD(capacity_bytes);
+            TUTTI_FIELD(lookups);
+            TUTTI_FIELD(lookup_keys);
+            TUTTI_FIELD(lookup_hits);
+            TUTTI_FIELD(load_blocks);
+            TUTTI_FIELD(hits);
+            TUTTI_FIELD(misses);
+            TUTTI_FIELD(load_failures);
+            TUTTI_FIELD(verification_failures);
+            TUTTI_FIELD(loaded_bytes);
+            TUTTI_FIELD(verified_bytes);
+            TUTTI_FIELD(stored_layer_blocks);
+            TUTTI_FIELD(stored_bytes);
+            TUTTI_FIELD(store_failures);
+            TUTTI_FIELD(committed_blocks);
+            TUTTI_FIELD(commit_failures);
+            TUTTI_FIELD(evictions);
+            TUTTI_FIELD(resubmits);
+            TUTTI_FIELD(dropped_records);
+            TUTTI_FIELD(visible_blocks);
+            TUTTI_FIELD(pending_blocks);
+            TUTTI_FIELD(slots);
+            TUTTI_FIELD(capacity_bytes);
 #undef TUTTI_FIELD
             return d;
           },

@@ -15,7 +15,8 @@ NB_MODULE(_tutti, m) {
   // Objects a runtime keeps on purpose (IO that never drained: never freed under DMA) are not leaks.
   nb::set_leak_warnings(false);
 
-  nb::enum_<StatusCode>(m, "StatusCode", "The code of a Status (tutti::StatusCode); each non-OK one has an error class.")
+  nb::enum_<StatusCode>(m, "StatusCode",
+                        "The code of a Status (tutti::StatusCode); each non-OK one has an error class.")
       .value("OK", StatusCode::OK)
       .value("INVALID_ARGUMENT", StatusCode::INVALID_ARGUMENT)
       .value("OUT_OF_RANGE", StatusCode::OUT_OF_RANGE)
@@ -28,8 +29,9 @@ NB_MODULE(_tutti, m) {
       .value("DEVICE_ERROR", StatusCode::DEVICE_ERROR)
       .value("DATA_LOSS", StatusCode::DATA_LOSS)
       .value("INTERNAL", StatusCode::INTERNAL);
-  nb::enum_<Direction>(m, "Direction", "What a request does: READ (target -> memory), WRITE (memory -> target), "
-                                       "FLUSH (make completed writes durable).")
+  nb::enum_<Direction>(m, "Direction",
+                       "What a request does: READ (target -> memory), WRITE (memory -> target), "
+                       "FLUSH (make completed writes durable).")
       .value("READ", Direction::READ)
       .value("WRITE", Direction::WRITE)
       .value("FLUSH", Direction::FLUSH);

@@ -1,17 +1,16 @@
 // tutti.Runtime and its objects: one StorageRuntime call per Python call (runtime.hpp).
 #include "runtime.hpp"
 
-#include <algorithm>
-#include <functional>
-#include <map>
-#include <type_traits>
-
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <functional>
+#include <map>
 #include <tutti/core/leak.hpp>
 #include <tutti/presets.hpp>
+#include <type_traits>
 #if TUTTI_PYTHON_NVME_SOFT
 #include <tutti/presets/local_nvme.hpp>
 #endif
@@ -110,8 +109,8 @@ class OptionReader {
       if (it == setters_.end()) {
         std::string known;
         for (const auto& [k, _] : setters_) known += (known.empty() ? "" : ", ") + k;
-        raise_status(error(StatusCode::INVALID_ARGUMENT, "{}: unknown option '{}'; accepted: {}", context_, name,
-                           known));
+        raise_status(
+            error(StatusCode::INVALID_ARGUMENT, "{}: unknown option '{}'; accepted: {}", context_, name, known));
       }
       it->second(value);
     }
@@ -208,13 +207,13 @@ std::unique_ptr<AnyRuntime> make_runtime(const std::string& backend, const nb::k
     LocalNvmeRuntime* raw = stack->runtime.get();
     void* soft = stack->device.get();
     return std::make_unique<RuntimeModel<LocalNvmeRuntime, local_nvme::LocalNvmeDataPath>>("nvme-soft",
-                                                                                         std::move(stack), raw, soft);
+                                                                                           std::move(stack), raw, soft);
 #else
     raise_status(error(StatusCode::UNSUPPORTED, "Runtime('nvme-soft'): this build has no libnvm"));
 #endif
   }
-  raise_status(error(StatusCode::INVALID_ARGUMENT, "Runtime: backend = '{}' is not 'uring', 'nvme-soft' or 'memfs'",
-                     backend));
+  raise_status(
+      error(StatusCode::INVALID_ARGUMENT, "Runtime: backend = '{}' is not 'uring', 'nvme-soft' or 'memfs'", backend));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -255,8 +254,12 @@ MemoryView view_of(nb::handle obj, nb::ndarray<>& array, std::uint64_t alignment
   view.address = array.data();
   view.size = array.nbytes();
   switch (array.device_type()) {
-    case nb::device::cpu::value: view.kind = MemoryKind::HOST; break;
-    case nb::device::cuda_host::value: view.kind = MemoryKind::PINNED_HOST; break;
+    case nb::device::cpu::value:
+      view.kind = MemoryKind::HOST;
+      break;
+    case nb::device::cuda_host::value:
+      view.kind = MemoryKind::PINNED_HOST;
+      break;
     case nb::device::cuda::value:
       view.kind = MemoryKind::DEVICE;
       view.accelerator_id = array.device_id();
@@ -388,8 +391,9 @@ const PyIoResult& wait_io(PyIo& io, double timeout_s, bool raise_on_failure) {
         return last.is_ok() || last.code() != StatusCode::TIMEOUT;
       });
       if (!finished)
-        raise_status(error(StatusCode::TIMEOUT, "Io.wait: {} not complete after timeout_s = {} s; it stays in flight, "
-                                                "wait again",
+        raise_status(error(StatusCode::TIMEOUT,
+                           "Io.wait: {} not complete after timeout_s = {} s; it stays in flight, "
+                           "wait again",
                            io.handle.to_string(), timeout_s));
       if (!last.is_ok()) raise_status(last.status());  // a DataPath progress error: the IO stays in flight
       io.result = make_result(io.initial_states, &last.value());
@@ -435,8 +439,10 @@ double bench_submit_wait(const std::shared_ptr<Core>& core, nb::handle requests,
       }
       if (outcome.io.is_null()) break;
       Result<IoResult> result = rt.wait(outcome.io, budget);
-      if (!result) failure = result.status();
-      else if (!result->status.is_ok() && failure.is_ok()) failure = result->status;
+      if (!result)
+        failure = result.status();
+      else if (!result->status.is_ok() && failure.is_ok())
+        failure = result->status;
       if (Status released = rt.release(outcome.io); !released.is_ok() && failure.is_ok()) failure = released;
     }
     elapsed = monotonic_ns() - start;
@@ -497,8 +503,9 @@ std::vector<IoRequest> to_requests(const std::shared_ptr<Core>& core, nb::handle
     if (m.is_none()) return MemoryHandle{};
     PyMemory* memory = nullptr;
     if (!nb::try_cast(m, memory) || memory == nullptr)
-      raise_status(error(StatusCode::INVALID_ARGUMENT, "requests[{}].memory is a {}, not a tutti.Memory (from "
-                                                       "Runtime.register){}",
+      raise_status(error(StatusCode::INVALID_ARGUMENT,
+                         "requests[{}].memory is a {}, not a tutti.Memory (from "
+                         "Runtime.register){}",
                          i, nb::cast<std::string>(nb::str(m.type().attr("__qualname__"))),
                          d == Direction::FLUSH ? " or None" : ""));
     if (memory->core != core)
@@ -508,8 +515,9 @@ std::vector<IoRequest> to_requests(const std::shared_ptr<Core>& core, nb::handle
   auto target_of = [&](nb::handle t, Py_ssize_t i) -> TargetHandle {
     PyTarget* target = nullptr;
     if (!nb::try_cast(t, target) || target == nullptr)
-      raise_status(error(StatusCode::INVALID_ARGUMENT, "requests[{}].target is a {}, not a tutti.Target (from "
-                                                       "Runtime.open)",
+      raise_status(error(StatusCode::INVALID_ARGUMENT,
+                         "requests[{}].target is a {}, not a tutti.Target (from "
+                         "Runtime.open)",
                          i, nb::cast<std::string>(nb::str(t.type().attr("__qualname__")))));
     if (target->core != core)
       raise_status(error(StatusCode::INVALID_ARGUMENT, "requests[{}].target was opened by another Runtime", i));
@@ -563,13 +571,18 @@ void define_runtime(nb::module_& m) {
   nb::class_<PyMemory>(m, "Memory",
                        "A registered region: the tensor or array given to Runtime.register, kept alive while "
                        "registered.\n\nThread-safety: any thread.")
-      .def_prop_ro("address", [](const PyMemory& self) { return reinterpret_cast<std::uintptr_t>(self.view.address); },
-                   "Address of the first byte (int).")
-      .def_prop_ro("size", [](const PyMemory& self) { return self.view.size; }, "Size in bytes.")
-      .def_prop_ro("kind", [](const PyMemory& self) { return self.view.kind; }, "HOST, PINNED_HOST or DEVICE.")
-      .def_prop_ro("device", [](const PyMemory& self) { return self.view.accelerator_id; },
-                   "CUDA device ordinal of DEVICE memory; -1 for host memory.")
-      .def_prop_ro("obj", [](const PyMemory& self) { return self.owner; }, "The registered object.")
+      .def_prop_ro(
+          "address", [](const PyMemory& self) { return reinterpret_cast<std::uintptr_t>(self.view.address); },
+          "Address of the first byte (int).")
+      .def_prop_ro(
+          "size", [](const PyMemory& self) { return self.view.size; }, "Size in bytes.")
+      .def_prop_ro(
+          "kind", [](const PyMemory& self) { return self.view.kind; }, "HOST, PINNED_HOST or DEVICE.")
+      .def_prop_ro(
+          "device", [](const PyMemory& self) { return self.view.accelerator_id; },
+          "CUDA device ordinal of DEVICE memory; -1 for host memory.")
+      .def_prop_ro(
+          "obj", [](const PyMemory& self) { return self.owner; }, "The registered object.")
       .def_prop_ro("registered", [](const PyMemory& self) { return self.registered; })
       .def("unregister", &unregister,
            "Unregisters the region (one StorageRuntime.unregister_memory).\n\n"
@@ -583,14 +596,14 @@ void define_runtime(nb::module_& m) {
 
   nb::class_<PyTarget>(m, "Target", "An open target (a file, or a memfs file). Thread-safety: any thread.")
       .def_prop_ro("uri", [](const PyTarget& self) { return self.uri; })
-      .def_prop_ro("size", [](const PyTarget& self) { return self.size; }, "Size in bytes at open.")
+      .def_prop_ro(
+          "size", [](const PyTarget& self) { return self.size; }, "Size in bytes at open.")
       .def_prop_ro("writable", [](const PyTarget& self) { return self.writable; })
       .def_prop_ro("is_open", [](const PyTarget& self) { return self.open; })
       .def(
           "close",
           [](PyTarget& self) {
-            if (!self.open)
-              raise_status(error(StatusCode::NOT_FOUND, "close: '{}' was already closed", self.uri));
+            if (!self.open) raise_status(error(StatusCode::NOT_FOUND, "close: '{}' was already closed", self.uri));
             AnyRuntime& rt = live(self.core);
             Status s;
             {
@@ -624,12 +637,15 @@ void define_runtime(nb::module_& m) {
       .def_rw("direction", &PyRequest::direction)
       .def_prop_rw(
           "memory", [](const PyRequest& self) { return self.memory; },
-          [](PyRequest& self, nb::object m) { self.memory = std::move(m); }, nb::for_getter(nb::sig("def memory(self, /) -> Memory | None")),
-          nb::for_setter(nb::sig("def memory(self, value: Memory | None, /) -> None")), "tutti.Memory, or None for FLUSH.")
+          [](PyRequest& self, nb::object m) { self.memory = std::move(m); },
+          nb::for_getter(nb::sig("def memory(self, /) -> Memory | None")),
+          nb::for_setter(nb::sig("def memory(self, value: Memory | None, /) -> None")),
+          "tutti.Memory, or None for FLUSH.")
       .def_rw("memory_offset", &PyRequest::memory_offset, "Bytes from the start of the registered region.")
       .def_prop_rw(
           "target", [](const PyRequest& self) { return self.target; },
-          [](PyRequest& self, nb::object t) { self.target = std::move(t); }, nb::for_getter(nb::sig("def target(self, /) -> Target")),
+          [](PyRequest& self, nb::object t) { self.target = std::move(t); },
+          nb::for_getter(nb::sig("def target(self, /) -> Target")),
           nb::for_setter(nb::sig("def target(self, value: Target, /) -> None")), "tutti.Target.")
       .def_rw("target_offset", &PyRequest::target_offset, "Bytes from the start of the target.")
       .def_rw("length", &PyRequest::length, "Bytes to move (0 for FLUSH).")
@@ -648,8 +664,8 @@ void define_runtime(nb::module_& m) {
       .def_ro("commands", &PyRequestResult::commands, "Device commands it was split into.")
       .def_prop_ro("ok", [](const PyRequestResult& self) { return self.status == StatusCode::OK; })
       .def("__repr__", [](const PyRequestResult& self) {
-        return fmt::format("<tutti.RequestResult [{}] {} {} bytes{}{}>", self.index, to_string(self.status),
-                           self.bytes, self.message.empty() ? "" : ": ", self.message);
+        return fmt::format("<tutti.RequestResult [{}] {} {} bytes{}{}>", self.index, to_string(self.status), self.bytes,
+                           self.message.empty() ? "" : ": ", self.message);
       });
 
   nb::class_<PyIoResult>(m, "IoResult", "The result of a completed Io: one RequestResult per submitted request.")
@@ -734,11 +750,12 @@ void define_runtime(nb::module_& m) {
           },
           nb::arg("backend"), nb::arg("options"))
       .def_prop_ro("backend", [](const PyRuntime& self) { return std::string(live(self.core).backend()); })
-      .def_prop_ro("alignment", [](const PyRuntime& self) { return live(self.core).capabilities().memory_alignment; },
-                   "Bytes: address + memory_offset of every request must be a multiple (4096 for uring).")
-      .def_prop_ro("offset_alignment",
-                   [](const PyRuntime& self) { return live(self.core).capabilities().offset_alignment; },
-                   "Bytes: target_offset and length must be multiples (except a tail ending at the target's end).")
+      .def_prop_ro(
+          "alignment", [](const PyRuntime& self) { return live(self.core).capabilities().memory_alignment; },
+          "Bytes: address + memory_offset of every request must be a multiple (4096 for uring).")
+      .def_prop_ro(
+          "offset_alignment", [](const PyRuntime& self) { return live(self.core).capabilities().offset_alignment; },
+          "Bytes: target_offset and length must be multiples (except a tail ending at the target's end).")
       .def_prop_ro("max_request_bytes",
                    [](const PyRuntime& self) { return live(self.core).capabilities().max_request_bytes; })
       .def_prop_ro("max_batch_requests",
@@ -772,7 +789,8 @@ void define_runtime(nb::module_& m) {
             std::optional<std::size_t> first;
             for (std::size_t i = 0; i < opened.size(); ++i) {
               if (opened[i]) {
-                out.append(nb::cast(make_target(self.core, *opened[i], uris[i], writable), nb::rv_policy::take_ownership));
+                out.append(
+                    nb::cast(make_target(self.core, *opened[i], uris[i], writable), nb::rv_policy::take_ownership));
               } else {
                 if (!first) first = i;
                 out.append(exception_for(opened[i].status()));
@@ -787,8 +805,9 @@ void define_runtime(nb::module_& m) {
             return out;
           },
           nb::arg("uris"), nb::arg("writable") = false, nb::arg("check") = true,
-          nb::sig("def open_batch(self, uris: collections.abc.Sequence[str], writable: bool = False, check: bool = True) "
-                  "-> list[Target | Error]"),
+          nb::sig(
+              "def open_batch(self, uris: collections.abc.Sequence[str], writable: bool = False, check: bool = True) "
+              "-> list[Target | Error]"),
           "Opens many URIs, resolving them on open_batch_threads threads; returns one Target per URI, in order.\n\n"
           "With check=True (default) raises the first failure's tutti.Error, whose `.results` lists a Target or "
           "an exception per URI (targets that opened stay open there); with check=False returns that list.")
@@ -804,8 +823,9 @@ void define_runtime(nb::module_& m) {
           "docs/python.md.\n\n"
           "Raises tutti.InvalidArgument (not an array, not contiguous, misaligned, read-only), tutti.Unsupported "
           "(a memory kind no backend of this build takes), tutti.Busy after shutdown.")
-      .def("unregister", [](PyRuntime&, PyMemory& memory) { unregister(memory); }, nb::arg("memory"),
-           "Same as memory.unregister().")
+      .def(
+          "unregister", [](PyRuntime&, PyMemory& memory) { unregister(memory); }, nb::arg("memory"),
+          "Same as memory.unregister().")
       .def(
           "submit", [](PyRuntime& self, nb::handle requests) { return submit(self.core, requests); },
           nb::arg("requests"), nb::rv_policy::take_ownership,
@@ -860,8 +880,10 @@ void define_runtime(nb::module_& m) {
             if (soft == nullptr)
               raise_status(error(StatusCode::UNSUPPORTED, "inject_fault: only the nvme-soft backend injects faults"));
             libnvm::SoftFaultRule rule;
-            if (action == "delay_completion") rule.action = libnvm::SoftFaultRule::Action::delay_completion;
-            else if (action == "complete_with_status") rule.action = libnvm::SoftFaultRule::Action::complete_with_status;
+            if (action == "delay_completion")
+              rule.action = libnvm::SoftFaultRule::Action::delay_completion;
+            else if (action == "complete_with_status")
+              rule.action = libnvm::SoftFaultRule::Action::complete_with_status;
             else
               raise_status(error(StatusCode::INVALID_ARGUMENT,
                                  "inject_fault: action = '{}' is not 'delay_completion' or 'complete_with_status'",

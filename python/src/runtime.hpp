@@ -12,10 +12,9 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tutti/core/runtime.hpp>
 #include <unordered_map>
 #include <vector>
-
-#include <tutti/core/runtime.hpp>
 
 #include "ext.hpp"
 
