@@ -190,15 +190,8 @@ std::vector<kv::Piece> pieces_of(PyKvStore& self, std::size_t keys, nb::handle t
     if (!nb::try_cast(obj, array, /*convert=*/false))
       raise_status(error(StatusCode::INVALID_ARGUMENT, "{} is a {}, not a tensor or array", name,
                          nb::cast<std::string>(nb::str(obj.type().attr("__qualname__")))));
-    std::int64_t expected = 1;  // the view must be C-contiguous: its bytes are one range
-    for (std::size_t i = array.ndim(); i-- > 0;) {
-      if (array.shape(i) != 1 && array.stride(i) != expected)
-        raise_status(error(StatusCode::INVALID_ARGUMENT,
-                           "{} is not contiguous (dimension {} has stride {}, expected "
-                           "{})",
-                           name, i, array.stride(i), expected));
-      expected *= static_cast<std::int64_t>(array.shape(i));
-    }
+    if (const std::string problem = dense_problem(array); !problem.empty())  // its bytes must be one range
+      raise_status(error(StatusCode::INVALID_ARGUMENT, "{}: {}", name, problem));
     return array;
   };
   if (blocks.is_none()) {
@@ -229,6 +222,11 @@ std::vector<kv::Piece> pieces_of(PyKvStore& self, std::size_t keys, nb::handle t
   const auto base = reinterpret_cast<std::uintptr_t>(array.data());
   const auto [start, region] = region_of(self, base, array.nbytes(), std::string(field));
   const std::uint64_t row_bytes = array.nbytes() / array.shape(0);
+  if (array.shape(0) > 1 && static_cast<std::uint64_t>(array.stride(0)) * array.itemsize() != row_bytes)
+    raise_status(error(StatusCode::INVALID_ARGUMENT,
+                       "{}: dimension 0 (the block index) has a stride of {} elements; blocks= needs it outermost "
+                       "({} bytes per block)",
+                       field, array.stride(0), row_bytes));
   if (row_bytes != ns.layer_block_bytes())
     raise_status(error(StatusCode::INVALID_ARGUMENT,
                        "{}: a block ({}[b]) has {} bytes; the namespace's block has {} (sum of piece_bytes)", field,
@@ -518,6 +516,8 @@ void define_kv(nb::module_& m) {
               raise_status(error(StatusCode::INVALID_ARGUMENT,
                                  "KvStore.register: an object of type {} is not a writable tensor or array",
                                  nb::cast<std::string>(nb::str(obj.type().attr("__qualname__")))));
+            if (const std::string problem = dense_problem(array); !problem.empty())
+              raise_status(error(StatusCode::INVALID_ARGUMENT, "KvStore.register: {}", problem));
             MemoryView view;
             view.address = array.data();
             view.size = array.nbytes();

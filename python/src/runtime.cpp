@@ -233,23 +233,11 @@ MemoryView view_of(nb::handle obj, nb::ndarray<>& array, std::uint64_t alignment
                        nb::cast<std::string>(nb::str(obj.type().attr("__qualname__")))));
   if (array.size() == 0)
     raise_status(error(StatusCode::INVALID_ARGUMENT, "register: the array has 0 elements; a region needs >= 1 byte"));
-  // C-contiguity: the innermost stride is 1 and each outer stride covers the inner extent (dims of
-  // extent 1 may carry any stride).
-  std::int64_t expected = 1;
-  for (std::size_t i = array.ndim(); i-- > 0;) {
-    if (array.shape(i) != 1 && array.stride(i) != expected) {
-      std::string shape, strides;
-      for (std::size_t k = 0; k < array.ndim(); ++k) {
-        shape += fmt::format("{}{}", k ? ", " : "", array.shape(k));
-        strides += fmt::format("{}{}", k ? ", " : "", array.stride(k));
-      }
-      raise_status(error(StatusCode::INVALID_ARGUMENT,
-                         "register: the array is not C-contiguous (shape ({}), strides ({}) in elements; dimension {} "
-                         "has stride {}, expected {}): register a contiguous tensor (tensor.contiguous() copies)",
-                         shape, strides, i, array.stride(i), expected));
-    }
-    expected *= static_cast<std::int64_t>(array.shape(i));
-  }
+  if (const std::string problem = dense_problem(array); !problem.empty())
+    raise_status(error(StatusCode::INVALID_ARGUMENT,
+                       "register: {}: its bytes are not one range; register the tensor it is a view of, or a "
+                       "contiguous copy (tensor.contiguous())",
+                       problem));
   MemoryView view;
   view.address = array.data();
   view.size = array.nbytes();
@@ -454,6 +442,26 @@ double bench_submit_wait(const std::shared_ptr<Core>& core, nb::handle requests,
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
+
+std::string dense_problem(const nb::ndarray<>& array) {
+  std::vector<std::pair<std::int64_t, std::size_t>> dims;  // (stride, extent) of dimensions of extent > 1
+  for (std::size_t i = 0; i < array.ndim(); ++i)
+    if (array.shape(i) != 1) dims.emplace_back(array.stride(i), array.shape(i));
+  std::sort(dims.begin(), dims.end());
+  std::int64_t expected = 1;
+  bool dense = true;
+  for (const auto& [stride, extent] : dims) {
+    if (stride != expected) dense = false;
+    expected *= static_cast<std::int64_t>(extent);
+  }
+  if (dense) return {};
+  std::string shape, strides;
+  for (std::size_t k = 0; k < array.ndim(); ++k) {
+    shape += fmt::format("{}{}", k ? ", " : "", array.shape(k));
+    strides += fmt::format("{}{}", k ? ", " : "", array.stride(k));
+  }
+  return fmt::format("the array (shape ({}), strides ({}) in elements) has gaps or overlaps", shape, strides);
+}
 
 Core::~Core() {
   if (!runtime) return;
@@ -817,11 +825,13 @@ void define_runtime(nb::module_& m) {
           nb::arg("obj"), nb::arg("stream") = nb::none(), nb::rv_policy::take_ownership,
           "Registers a tensor or array without a copy (DLPack, or the buffer protocol) and returns a Memory.\n\n"
           "torch CPU tensors and numpy arrays are HOST memory, CUDA tensors DEVICE memory (CUDA build). The data "
-          "must be C-contiguous, writable and start on a multiple of Runtime.alignment bytes (4096 for uring: "
+          "must be dense (C-contiguous, or a permuted view of a contiguous buffer: one byte range), writable and "
+          "start on a multiple of Runtime.alignment bytes (4096 for uring: "
           "allocate with tutti.empty). The object is kept alive until unregister succeeds. `stream` (CUDA build, "
           "uring, DEVICE memory): fence this region's staged copies on a CUDA stream (torch.cuda.Stream), see "
           "docs/python.md.\n\n"
-          "Raises tutti.InvalidArgument (not an array, not contiguous, misaligned, read-only), tutti.Unsupported "
+          "Raises tutti.InvalidArgument (not an array, gaps between elements, misaligned, read-only), "
+          "tutti.Unsupported "
           "(a memory kind no backend of this build takes), tutti.Busy after shutdown.")
       .def(
           "unregister", [](PyRuntime&, PyMemory& memory) { unregister(memory); }, nb::arg("memory"),

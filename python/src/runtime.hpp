@@ -12,6 +12,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <nanobind/ndarray.h>
+
 #include <tutti/core/runtime.hpp>
 #include <unordered_map>
 #include <vector>
@@ -118,6 +120,12 @@ struct PyIo {
   std::optional<PyIoResult> result;
   ~PyIo();
 };
+
+/// Whether an array's elements fill [data, data + nbytes) exactly once, in any dimension order
+/// (C-contiguous, or a permuted view of a contiguous buffer such as vLLM's per-layer KV cache views):
+/// then its bytes are one range and can be registered or read as one piece. Returns "" when dense,
+/// else a description of the layout for the error message.
+std::string dense_problem(const nb::ndarray<>& array);
 
 /// Converts a Python sequence of Request objects or 6-tuples into IoRequests for `core`.
 /// Raises TypeError / tutti.InvalidArgument naming the request index and field.

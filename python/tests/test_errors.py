@@ -61,11 +61,18 @@ def test_misaligned_tensor_is_refused_with_how_to_get_an_aligned_one(uring):
     assert "tutti.empty(shape, dtype, device)" in caught.value.message
 
 
-def test_non_contiguous_tensors_and_arrays_are_refused(uring):
-    with pytest.raises(tutti.InvalidArgument, match="not C-contiguous"):
-        uring.register(tutti.empty((64, 64), torch.float32).t())
-    with pytest.raises(tutti.InvalidArgument, match="dimension 1 has stride 2"):
+def test_tensors_with_gaps_are_refused_and_permuted_dense_views_accepted(uring):
+    with pytest.raises(tutti.InvalidArgument, match=r"strides \(2048, 2\) in elements\) has gaps"):
         uring.register(tutti.empty((8, 2048), np.uint16)[:, ::2])
+    with pytest.raises(tutti.InvalidArgument, match="has gaps or overlaps"):
+        uring.register(tutti.empty((64, 64), torch.float32)[:, :32])
+    # vLLM's per-layer KV cache view (LBNHC: logical (blocks, heads, tokens, 2 x head size), strides
+    # (512, 16, 32, 1)) is a permutation of a contiguous buffer: one byte range, registered as is.
+    raw = tutti.empty(64 * 16 * 2 * 16, torch.float16)
+    view = raw.view(64, 16, 2, 16).permute(0, 2, 1, 3)
+    assert view.stride() == (512, 16, 32, 1) and not view.is_contiguous()
+    memory = uring.register(view)
+    assert memory.address == raw.data_ptr() and memory.size == raw.nbytes
 
 
 def test_objects_without_an_array_interface_and_read_only_arrays_are_refused(uring):

@@ -175,3 +175,34 @@ def test_numpy_arrays_as_kv_sources(data_dir):
         store.commit(keys)
         store.wait(store.load(keys, 0, destination, blocks=[0, 1]), timeout_s=30)
         assert np.array_equal(destination[0], source[1]) and np.array_equal(destination[1], source[0])
+
+
+def test_vllm_layer_views_as_sources_with_block_indices(data_dir):
+    """vLLM 0.33 hands the connector one permuted view per layer (LBNHC): blocks= indexes dim 0."""
+    heads, tokens, head_size = 2, 16, 128  # page: 16 tokens x 2 heads x (K|V of 128) x fp16 = 16 KiB
+    ns = dict(NAMESPACE, layers=2, piece_bytes=[tokens * heads * 2 * head_size * 2])
+    with tutti.Runtime("uring") as rt, tutti.KvStore(rt, os.path.join(data_dir, "kv"), ns,
+                                                      capacity_bytes=2 * 32 * ns["piece_bytes"][0]) as store:
+        def layer_views():
+            out = []
+            for _ in range(2):
+                raw = tutti.empty(BLOCKS * tokens * heads * 2 * head_size, torch.float16)
+                raw.copy_(torch.randn(raw.shape))
+                out.append(raw.view(BLOCKS, tokens, heads, 2 * head_size).permute(0, 2, 1, 3))
+            return out
+        sources, destinations = layer_views(), layer_views()
+        for t in sources + destinations:
+            store.register(t)
+        keys = keys_for(3)
+        store.store_layers(keys, sources, blocks=[1, 2, 3])
+        for layer in range(2):
+            store.wait_layer(layer, timeout_s=30)
+        store.commit(keys)
+        store.load_layers(keys, destinations, blocks=[7, 6, 5])
+        for layer in range(2):
+            store.wait_layer(layer, timeout_s=30)
+            for src, dst in ((1, 7), (2, 6), (3, 5)):
+                assert torch.equal(destinations[layer][dst], sources[layer][src])
+        with pytest.raises(tutti.InvalidArgument, match="blocks= needs it outermost"):
+            store.load(keys[:1], 0, destinations[0].transpose(0, 1), blocks=[0])
+

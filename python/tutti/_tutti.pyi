@@ -403,9 +403,9 @@ class Runtime:
         """
         Registers a tensor or array without a copy (DLPack, or the buffer protocol) and returns a Memory.
 
-        torch CPU tensors and numpy arrays are HOST memory, CUDA tensors DEVICE memory (CUDA build). The data must be C-contiguous, writable and start on a multiple of Runtime.alignment bytes (4096 for uring: allocate with tutti.empty). The object is kept alive until unregister succeeds. `stream` (CUDA build, uring, DEVICE memory): fence this region's staged copies on a CUDA stream (torch.cuda.Stream), see docs/python.md.
+        torch CPU tensors and numpy arrays are HOST memory, CUDA tensors DEVICE memory (CUDA build). The data must be dense (C-contiguous, or a permuted view of a contiguous buffer: one byte range), writable and start on a multiple of Runtime.alignment bytes (4096 for uring: allocate with tutti.empty). The object is kept alive until unregister succeeds. `stream` (CUDA build, uring, DEVICE memory): fence this region's staged copies on a CUDA stream (torch.cuda.Stream), see docs/python.md.
 
-        Raises tutti.InvalidArgument (not an array, not contiguous, misaligned, read-only), tutti.Unsupported (a memory kind no backend of this build takes), tutti.Busy after shutdown.
+        Raises tutti.InvalidArgument (not an array, gaps between elements, misaligned, read-only), tutti.Unsupported (a memory kind no backend of this build takes), tutti.Busy after shutdown.
         """
 
     def unregister(self, memory: Memory) -> None:
