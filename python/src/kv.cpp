@@ -17,7 +17,7 @@
 // nvme-soft stores: host build only (the CUDA build refuses nvme-soft, runtime.cpp).
 #if TUTTI_PYTHON_NVME_SOFT && !defined(TUTTI_ACCELERATOR_CUDA)
 #define TUTTI_PYTHON_KV_NVME_SOFT 1
-#include <tutti/presets/local_nvme.hpp>
+#include <tutti/libnvm/soft_local_nvme.hpp>
 #else
 #define TUTTI_PYTHON_KV_NVME_SOFT 0
 #endif

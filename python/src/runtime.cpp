@@ -12,7 +12,7 @@
 #include <tutti/presets.hpp>
 #include <type_traits>
 #if TUTTI_PYTHON_NVME_SOFT
-#include <tutti/presets/local_nvme.hpp>
+#include <tutti/libnvm/soft_local_nvme.hpp>
 #endif
 
 namespace tutti::python {
