@@ -113,7 +113,8 @@ def main():
                       f"{r['python_us']:9.2f} us C++ {r['cpp_us']:9.2f} us (ratio {r['ratio']:.3f}, "
                       f"{r['python_gbps']:.2f} vs {r['cpp_gbps']:.2f} GB/s); thread CPU python "
                       f"{r['python_cpu_us']:8.2f} us C++ {r['cpp_cpu_us']:8.2f} us: overhead "
-                      f"{r['overhead_cpu_us']:7.2f} us per call, {r['overhead_cpu_per_request_us']:6.3f} us per request",
+                      f"{r['overhead_cpu_us']:7.2f} us per call, "
+                      f"{r['overhead_cpu_per_request_us']:6.3f} us per request",
                       flush=True)
             memory.unregister()
     for name in os.listdir(work):

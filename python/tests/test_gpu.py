@@ -14,7 +14,8 @@ import tutti
 torch = pytest.importorskip("torch")
 
 pytestmark = [
-    pytest.mark.skipif(tutti.build_info()["accelerator"] != "cuda", reason="host build (CUDA build: -Daccelerator=cuda)"),
+    pytest.mark.skipif(tutti.build_info()["accelerator"] != "cuda",
+                       reason="host build (CUDA build: -Daccelerator=cuda)"),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
 ]
 
@@ -84,7 +85,8 @@ def test_ten_thousand_kv_blocks_stored_from_and_loaded_into_cuda_tensors(data_di
     with tutti.Runtime("uring") as rt, tutti.KvStore(rt, os.path.join(data_dir, "kv"), ns,
                                                       capacity_bytes=layers * (blocks + 16) * block_bytes) as store:
         generator = torch.Generator(device="cuda").manual_seed(1)
-        sources = [store.register(tutti.empty((blocks, block_bytes), torch.uint8, device="cuda")) for _ in range(layers)]
+        sources = [store.register(tutti.empty((blocks, block_bytes), torch.uint8, device="cuda"))
+                   for _ in range(layers)]
         for t in sources:
             t.copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8, device="cuda", generator=generator))
         destinations = [store.register(tutti.empty((blocks, block_bytes), torch.uint8, device="cuda"))
