@@ -1,6 +1,7 @@
 """A fresh virtual environment installs the package from the checkout as a user would: Debian's
-python3 -m venv, then `pip install CHECKOUT` with build isolation (meson-python, meson and nanobind
-from PyPI, per pyproject.toml), then a round trip through real files in the new environment (no
+python3 -m venv, then `pip install CHECKOUT/python` with build isolation (meson-python, meson and
+nanobind from PyPI; python/pyproject.toml forwards to meson-python at the root, so this is also the
+build `pip install CHECKOUT` runs), then a round trip through real files in the new environment (no
 numpy, no torch there: an anonymous mmap is the page-aligned buffer). Run by scripts/test's
 "python fresh venv" stage (TUTTI_TEST_FRESH_VENV=1); it takes minutes, so the main run skips it."""
 
@@ -46,7 +47,8 @@ def test_a_fresh_venv_installs_the_package_from_the_checkout(tmp_path):
     python = os.environ.get("TUTTI_FRESH_VENV_PYTHON", "/usr/bin/python3")
     venv = tmp_path / "venv"
     subprocess.run([python, "-m", "venv", str(venv)], check=True)
-    installed = subprocess.run([str(venv / "bin" / "pip"), "install", str(CHECKOUT)], capture_output=True, text=True)
+    installed = subprocess.run([str(venv / "bin" / "pip"), "install", str(CHECKOUT / "python")],
+                               capture_output=True, text=True)
     sys.stdout.write(installed.stdout[-4000:])
     assert installed.returncode == 0, installed.stderr[-8000:]
     smoke = subprocess.run([str(venv / "bin" / "python"), "-c", SMOKE], capture_output=True, text=True,
