@@ -6,7 +6,8 @@ mismatch a new user met:
 
 1. Every `-Dname=` meson option that README.md and docs/*.md use exists (meson introspect of the tree).
 2. Every build folder a doc runs something from (`build-NAME/...`) is set up somewhere the reader can
-   see: a `meson setup build-NAME` line (or pip's `-Cbuild-dir=build-NAME`) in the same doc, or a script of the tree that sets it up.
+   see: a `meson setup build-NAME` line (or pip's `-Cbuild-dir=build-NAME`) in the same doc, or a script
+   of the tree that sets it up.
 3. No term of the project's own test machines that a user cannot act on ("device tool", ...).
 4. The runtimes and functions docs/api.md's preset table puts in a header are declared there (in the
    header or the Tutti headers it includes).
