@@ -17,7 +17,7 @@ import tutti
 
 from .config import ConfigError, ConnectorConfig
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # lookup() opens a runtime while holding it
 _runtimes: dict[tuple, tutti.Runtime] = {}
 _writers: dict[str, tutti.KvStore] = {}
 _readers: dict[str, tutti.KvStore] = {}
