@@ -50,27 +50,38 @@ class OffloadRunner:
         self._regions: list[torch.Tensor] = []
         self._row_base: list[int] = []
         self._row_step: list[int] = []
-        registered: dict[int, torch.Tensor] = {}
         try:
+            # One registration per allocation, from its first tensor's first page to its last tensor's last
+            # page (vLLM's allocation may start before an aligned view of it, as tutti.empty's does).
+            spans: dict[int, list[int]] = {}
             for i, t in enumerate(tensors):
-                whole_pages = (t.stride(0) * t.element_size()) % self.page == 0
+                whole_pages = t.dim() == 2 and (t.stride(0) * t.element_size()) % self.page == 0
                 if t.dim() != 2 or t.shape[1] != self.page or t.stride(1) != 1 or not whole_pages:
                     raise ConfigError(f"offloading: KV cache tensor {i} has shape {tuple(t.shape)} and strides "
                                       f"{t.stride()}; (num_blocks, {self.page}) with whole pages per block is needed")
+                if t.data_ptr() % PAGE_ALIGNMENT:
+                    raise ConfigError(f"offloading: KV cache tensor {i} starts at {t.data_ptr():#x}, not on a multiple "
+                                      f"of {PAGE_ALIGNMENT} bytes (O_DIRECT)")
+                end = t.data_ptr() + (t.shape[0] - 1) * t.stride(0) * t.element_size() + self.page
+                span = spans.setdefault(t.untyped_storage().data_ptr(), [t.data_ptr(), end])
+                span[0], span[1] = min(span[0], t.data_ptr()), max(span[1], end)
+            registered: dict[int, tuple[torch.Tensor, int]] = {}
+            for i, t in enumerate(tensors):
                 storage = t.untyped_storage()
                 base = storage.data_ptr()
-                if base % PAGE_ALIGNMENT:
-                    raise ConfigError(f"offloading: KV cache tensor {i} starts at {base:#x}, not on a multiple of "
-                                      f"{PAGE_ALIGNMENT} bytes (O_DIRECT)")
-                region = registered.get(base)
-                if region is None:
-                    rows = storage.nbytes() // self.page
-                    region = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, 0, (rows, self.page),
-                                                                                      (self.page, 1))
+                if base not in registered:
+                    lo, hi = spans[base]
+                    if (hi - lo) % self.page or any((u.data_ptr() - lo) % self.page for u in tensors
+                                                    if u.untyped_storage().data_ptr() == base):
+                        raise ConfigError("offloading: the KV cache tensors of one allocation are not whole pages "
+                                          "apart")
+                    region = torch.empty(0, dtype=torch.uint8, device=t.device).set_(
+                        storage, lo - base, ((hi - lo) // self.page, self.page), (self.page, 1))
                     self.store.register(region)
-                    registered[base] = region
+                    registered[base] = (region, lo)
+                region, lo = registered[base]
                 self._regions.append(region)
-                self._row_base.append((t.data_ptr() - base) // self.page)
+                self._row_base.append((t.data_ptr() - lo) // self.page)
                 self._row_step.append(t.stride(0) * t.element_size() // self.page)
         except BaseException:
             stores.close_writer(directory)
