@@ -382,3 +382,20 @@ def test_the_worker_calls_vllm_made_are_recorded_and_replay_without_vllm(engines
         with open(os.path.join(os.path.dirname(__file__), "data", "recorded_calls.json"), "w") as f:
             json.dump(recording, f, indent=1)
             f.write("\n")
+
+
+def test_the_nvme_soft_backend_restores_a_prefix_through_nvme_commands(engines, ext4):
+    """backend nvme-soft: every IO of the store an NVMe command on the soft controller's queues over a
+    loop-mounted ext4 image (conftest's ext4 fixture; root)."""
+    engine = engines({"path": os.path.join(ext4.mount_point, "kv", "rank{rank}"), "capacity_bytes": 8 << 20,
+                      "backend": "nvme-soft", "backend_options": ext4.runtime_options()})
+    engine.request("first", PROMPT)
+    engine.run()
+    fresh_gpu(engine)
+    ext4.drop_caches()
+    second = engine.request("second", PROMPT)
+    out = engine.step()
+    assert out.num_scheduled_tokens == {"second": 6} and engine.load_errors[-1] == set()
+    assert engine.check_blocks(second, 64) == 4 * engine.shape.layers
+    engine.run()
+    assert engine.workers[0].worker.statistics["loaded_blocks"] == 4
