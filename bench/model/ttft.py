@@ -11,7 +11,8 @@ config, random weights, bf16), this program
 2. stores it layer by layer through tutti.KvStore over the uring backend (io_uring, O_DIRECT) under
    --dir, one key per block of --block-tokens tokens (chained prefix hashes), and commits it; a
    shorter prefix is the leading blocks of the same chain, as in a prefix cache;
-3. times, for a request of each prefix (4k, 8k, 16k, 32k) plus a --suffix of 256 new tokens, the
+3. times (--quick: 2 repeats, the whole matrix in about 6 minutes on the H200), for a request of
+   each prefix (4k, 8k, 16k, 32k) plus a --suffix of 256 new tokens, the
    time to first token (request in -> the first generated token's id on the host) of
      recompute  the full prefill of prefix + suffix;
      tutti      KvStore.lookup + load_layers, then the suffix's forward pass, whose layer L waits
@@ -19,17 +20,25 @@ config, random weights, bf16), this program
      cufile     the same overlapped restore through cuFileRead (compat mode without nvidia-fs);
      kvikio     the same through KvikIO (kvikio.CuFile.pread);
      pread      the same through pread (O_DIRECT) + cudaMemcpy;
+     resident   the suffix's forward pass with the prefill's KV already in GPU memory (no IO): the
+                floor of every restore, and the reference of the logit check;
    and the disk's limit for the same bytes (O_DIRECT reads at queue depth 32, readers.disk_limit).
-   The page cache is dropped before every run; methods are interleaved, their order rotating, over
-   --repeats repeats; figures are the median with min and max.
-4. checks that every restored byte equals the prefill's KV (the pass rule; destinations are
-   poisoned before each run), that the store verified every block's checksum, and compares the first
-   token's logits with recompute's (max absolute difference, argmax agreement: information only).
+   The page cache is dropped before every run (as root); every reader uses O_DIRECT, and each run
+   counts the bytes the block device under --dir delivered (/sys/dev/block/M:m/stat): a run that
+   restored more bytes than the device read fails. Methods are interleaved, their order rotating,
+   over --repeats repeats; figures are the median with min and max.
+4. checks (the pass rules) that every restored byte equals the prefill's KV (destinations are
+   poisoned before each run), that the store verified every block's checksum, that every restore's
+   first-token logits equal the resident run's bit for bit, and that they are within --logit-rtol
+   (relative L2 norm, 0.05) of recompute's; the argmax agreement is information (random weights).
 5. reports TTFT per method and prefix with ratios, restore GB/s against the disk's limit, the IO
    hidden behind compute (CUDA events), the break-even drive bandwidth (measured here, and projected
    from the measured per-layer compute for one and four 14 GB/s PCIe Gen5 drives), writes
-   OUT/ttft.json (after every repeat, so a cut-short run keeps what it measured), OUT/ttft.png and
+   OUT/ttft.json (after every prefix, so a cut-short run keeps what it measured), OUT/ttft.png and
    OUT/ttft.md (the tables of docs/benchmarks.md, filled).
+
+`ttft.py --report-from OUT/ttft.json [--out DIR]` renders ttft.md, ttft.png and the console report
+again from a run's JSON (the GPU machine has no matplotlib: make the plot here).
 
 Exit status: 0 when every check passed, 1 when one failed, 2 for bad options (nothing is run).
 """
@@ -49,7 +58,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_SHAPES = os.path.join(HERE, "..", "..", "data", "model_shapes.json")
-METHODS = ("recompute", "tutti", "cufile", "kvikio", "pread")
+METHODS = ("recompute", "resident", "tutti", "cufile", "kvikio", "pread")
 RESTORE_METHODS = ("tutti", "cufile", "kvikio", "pread")
 DISK = "disk-qd32"
 T0 = time.perf_counter()
@@ -94,7 +103,11 @@ def parse_args(argv: list[str]):
     p.add_argument("--prefixes", default="4096,8192,16384,32768", help="prefix lengths in tokens (default 4k..32k)")
     p.add_argument("--suffix", type=int, default=256, help="new tokens after the prefix (default 256)")
     p.add_argument("--block-tokens", type=int, default=256, help="tokens per KV block, one store key each (256)")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats per method and prefix (default 3)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="interleaved repeats per method and prefix (default 3; 2 with --quick)")
+    p.add_argument("--quick", action="store_true",
+                   help="the whole matrix (both models, every prefix, every method) in about 6 minutes on the\n"
+                        "H200 with its 1.5 GB/s disk: --repeats 2 and --time-budget-s 300 unless given")
     p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)} (default: all)")
     p.add_argument("--no-disk-limit", action="store_true", help="skip the O_DIRECT queue-depth-32 limit reads")
     p.add_argument("--queue-depth", type=int, default=32,
@@ -107,8 +120,13 @@ def parse_args(argv: list[str]):
     p.add_argument("--drive-gbps", default="14,56",
                    help="drive bandwidths (GB/s) to project TTFT for (default 14,56: one and four PCIe Gen5\n"
                         "drives)")
-    p.add_argument("--time-budget-s", type=float, default=420.0,
-                   help="stop starting new repeats past this many seconds, shared by the models (420)")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="no new repeat (after the first) and no new prefix of it starts past this many seconds,\n"
+                        "shared by the models in proportion to their KV bytes per token (420; 300 with --quick)")
+    p.add_argument("--logit-rtol", type=float, default=0.05,
+                   help="the check of the first token's logits against recompute's: ||restored - recomputed||_2\n"
+                        "/ ||recomputed||_2 at most this (default 0.05: bf16 rounding of differently shaped\n"
+                        "products, not a wrong KV)")
     p.add_argument("--io-timeout-s", type=float, default=300.0, help="bound of every wait for a layer (300)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the token ids (0)")
     p.add_argument("--keep-files", action="store_true", help="keep the stores under --dir")
@@ -116,6 +134,10 @@ def parse_args(argv: list[str]):
                    help="self-test of the checks: flip one stored byte on disk after the commit; the run must\n"
                         "then fail (the store refuses the block, the byte comparison catches the other readers)")
     args = p.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 2 if args.quick else 3
+    if args.time_budget_s is None:
+        args.time_budget_s = 300.0 if args.quick else 420.0
     args.prefix_list = sorted(set(int_list(args.prefixes, "--prefixes")))
     args.drive_list = [float(v) for v in args.drive_gbps.split(",") if v.strip()]
     args.method_list = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -138,6 +160,8 @@ def parse_args(argv: list[str]):
         raise BadOption(f"--drive-gbps = {args.drive_gbps!r}: every value must be > 0")
     if not (args.time_budget_s > 0) or not (args.io_timeout_s > 0):
         raise BadOption("--time-budget-s and --io-timeout-s must be > 0")
+    if not (0 < args.logit_rtol < 1):
+        raise BadOption(f"--logit-rtol = {args.logit_rtol:g}: must be in (0, 1)")
     return args
 
 
@@ -190,6 +214,82 @@ def summary(values: list[float]) -> dict | None:
     if not values:
         return None
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+class ReadCounters:
+    """Bytes the storage actually delivered: the sectors read by the block device under --dir
+    (/sys/dev/block/MAJ:MIN/stat, field 3, 512-byte sectors; machine-wide, so other readers can only
+    add) and this process's read_bytes (/proc/self/io: bytes its threads, io_uring's workers among
+    them, submitted to the block layer). Neither moves when the page cache serves a read, so a
+    restore of N bytes that moved fewer than N through them was not read from the disk."""
+
+    def __init__(self, directory: str):
+        self.stat_path, self.device = None, None
+        try:
+            st = os.stat(directory)
+            major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+            path = f"/sys/dev/block/{major}:{minor}/stat"
+            if os.path.exists(path):
+                self.stat_path = path
+                self.device = os.path.basename(os.path.realpath(f"/sys/dev/block/{major}:{minor}"))
+        except OSError:
+            pass
+
+    def read(self) -> dict:
+        out = {"device": None, "process": None}
+        if self.stat_path is not None:
+            try:
+                with open(self.stat_path) as f:
+                    out["device"] = int(f.read().split()[2]) * 512
+            except (OSError, ValueError, IndexError):
+                pass
+        try:
+            with open("/proc/self/io") as f:
+                for line in f:
+                    if line.startswith("read_bytes:"):
+                        out["process"] = int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+        return out
+
+    @staticmethod
+    def delta(before: dict, after: dict) -> dict:
+        return {f"{k}_read_bytes": (None if before[k] is None or after[k] is None else after[k] - before[k])
+                for k in ("device", "process")}
+
+
+def open_descriptors(directory: str) -> list[dict]:
+    """Every descriptor of this process open on a file under `directory`, with its O_DIRECT flag
+    (the octal flags of /proc/self/fdinfo against os.O_DIRECT)."""
+    direct = getattr(os, "O_DIRECT", 0o40000)
+    real = os.path.realpath(directory) + os.sep
+    out = []
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+            if not target.startswith(real):
+                continue
+            with open(f"/proc/self/fdinfo/{name}") as f:
+                flags = next(int(line.split()[1], 8) for line in f if line.startswith("flags:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+        out.append({"fd": int(name), "file": os.path.relpath(target, real), "o_direct": bool(flags & direct),
+                    "writable": bool(flags & (os.O_WRONLY | os.O_RDWR))})
+    return sorted(out, key=lambda d: d["fd"])
+
+
+def logit_comparison(logits, ref) -> dict:
+    """The first token's logits (fp32) against a reference's: max |diff|, ||diff||_2 / ||ref||_2,
+    cosine similarity, and whether the argmax agrees."""
+    diff = logits - ref
+    norm = float(ref.norm())
+    return {"max_abs_diff": float(diff.abs().max()), "rel_l2": float(diff.norm()) / norm if norm > 0 else 0.0,
+            "cosine": float((logits @ ref) / (logits.norm() * ref.norm()).clamp_min(1e-30)),
+            "argmax_agrees": int(logits.argmax()) == int(ref.argmax())}
 
 
 class Context:
@@ -398,6 +498,7 @@ class ModelRun:
         create_s = time.perf_counter() - t
         for tensor in self.ref + self.kvbuf:
             self.store.register(tensor)
+        self.counters = ReadCounters(self.directory)
         t = time.perf_counter()
         self.store.store_layers(self.keys, self.ref, blocks=list(range(nb)))
         stored = 0
@@ -500,6 +601,9 @@ class ModelRun:
         if "recompute" in args.method_list:
             self.result["methods"]["recompute"] = {"measured": True, "detail": "full prefill of prefix + suffix "
                                                    "(transformers, SDPA attention), LM head on the last token"}
+        if "resident" in args.method_list:
+            self.result["methods"]["resident"] = {"measured": True, "detail": "the suffix's forward pass with the "
+                                                  "prefill's KV already in memory (no IO): the floor of any restore"}
 
     # -- runs ----------------------------------------------------------------------------------
     def run_recompute(self, prefix: int, repeat: int, keep: bool) -> dict:
@@ -530,6 +634,55 @@ class ModelRun:
         del out
         return run
 
+    def run_resident(self, prefix: int, repeat: int, keep: bool) -> dict:
+        """The suffix's forward pass with the prefix's KV already in GPU memory (the prefill's own KV,
+        laid out by the same RestoringLayer code with a gate that never waits): what a prefix-cache hit
+        in GPU memory costs, the floor of every restore, and the reference its logits must equal."""
+        import kvmodel
+
+        blocks = prefix // self.bt
+        self.ctx.sync()
+        marks = kvmodel.Marks(self.stream)
+        gate = kvmodel.LayerGate(lambda layer: None, self.layers, marks)
+        cache = kvmodel.restoring_cache(self.layers, self.ref, blocks, gate)
+        t0 = time.perf_counter()
+        out = kvmodel.first_token(self.model, self.suffix_ids, prefix, cache, self.stream, marks)
+        L = self.layers
+        run = {"method": "resident", "repeat": repeat, "ttft_s": out["t_token"] - t0,
+               "gpu_s": marks.elapsed(out["start"], out["end"]), "token": out["token"],
+               "compute_head_s": marks.elapsed(out["start"], gate.before[0]),
+               "compute_layers_s": [marks.elapsed(gate.after[i], gate.before[i + 1]) for i in range(L - 1)],
+               "compute_tail_s": marks.elapsed(gate.after[L - 1], out["end"])}
+        if keep:
+            self.logits[(repeat, prefix, "resident")] = out["logits"]
+        del out, cache
+        return run
+
+    def check_logits(self, prefix: int, repeat: int) -> None:
+        """After every method of one (repeat, prefix) ran. The pass rules: every restore's first-token
+        logits equal the resident run's bit for bit (the same KV bytes and the same computation: a
+        layer read before its bytes landed shows here), and every run's logits are within
+        --logit-rtol of recompute's (relative L2 norm of the difference)."""
+        torch, rtol = self.torch, self.ctx.args.logit_rtol
+        got = {m: l for (r, p, m), l in self.logits.items() if r == repeat and p == prefix}
+        resident = got.get("resident")
+        for method in RESTORE_METHODS:
+            if method in got and resident is not None and not torch.equal(got[method], resident):
+                diff = float((got[method] - resident).abs().max())
+                self.ctx.fail(f"{self.name} {prefix} tokens, {method}, repeat {repeat}: the first token's logits "
+                              f"differ from the resident KV's by up to {diff:.3g} (they must be bit-identical)")
+        recompute = got.get("recompute")
+        if recompute is None:
+            return
+        for method, logits in got.items():
+            if method == "recompute":
+                continue
+            c = logit_comparison(logits, recompute)
+            if not c["rel_l2"] <= rtol:
+                self.ctx.fail(f"{self.name} {prefix} tokens, {method}, repeat {repeat}: the first token's logits are "
+                              f"{c['rel_l2']:.3g} away from recompute's (relative L2; --logit-rtol {rtol:g}; max abs "
+                              f"diff {c['max_abs_diff']:.3g})")
+
     def poison(self, blocks: int) -> None:
         for t in self.kvbuf:
             t[:blocks].view(self.torch.uint8).fill_(0xA5)
@@ -555,11 +708,13 @@ class ModelRun:
         marks = kvmodel.Marks(self.stream)
         gate = kvmodel.LayerGate(reader.wait_layer, self.layers, marks)
         cache = kvmodel.restoring_cache(self.layers, self.kvbuf, blocks, gate)
+        counted = self.counters.read()
         t0 = time.perf_counter()
         reader.start(blocks)
         out = kvmodel.first_token(self.model, self.suffix_ids, prefix, cache, self.stream, marks)
         ttft = out["t_token"] - t0
         stats = reader.finish()
+        moved = ReadCounters.delta(counted, self.counters.read())
         L = self.layers
         stalls = [marks.elapsed(gate.before[i], gate.after[i]) for i in range(L)]
         head = marks.elapsed(out["start"], gate.before[0])
@@ -570,6 +725,7 @@ class ModelRun:
         io_s = gate.host_ready[L - 1] - t0
         kv_bytes = blocks * self.slot_bytes * L
         run = {"method": method, "repeat": repeat, "ttft_s": ttft, "io_s": io_s, "restore_gbps": kv_bytes / io_s / 1e9,
+               "restored_bytes": kv_bytes, **moved,
                "gpu_s": gpu_total, "gpu_wait_s": gpu_wait, "gpu_busy_s": gpu_total - gpu_wait,
                "hidden_io_s": max(0.0, io_s - gpu_wait), "compute_head_s": head, "compute_layers_s": segments,
                "compute_tail_s": tail, "token": out["token"], **stats}
@@ -584,6 +740,7 @@ class ModelRun:
         if run["mismatched_blocks"]:
             self.ctx.fail(f"{self.name} {prefix} tokens, {method}, repeat {repeat}: {run['mismatched_blocks']} "
                           "restored blocks differ from the prefill's KV")
+        self.check_read_from_disk(f"{prefix} tokens, {method}, repeat {repeat}", moved, kv_bytes)
         if method == "tutti" and not (stats["verified_bytes"] == stats["bytes"] == kv_bytes):
             self.ctx.fail(f"{self.name} {prefix} tokens, tutti, repeat {repeat}: {stats['verified_bytes']} bytes "
                           f"verified, {stats['bytes']} loaded, {kv_bytes} expected")
@@ -593,9 +750,23 @@ class ModelRun:
         import readers
 
         self.ctx.drop_caches()
+        counted = self.counters.read()
         r = readers.disk_limit(self.directory, self.layers, prefix // self.bt, self.slot_bytes, self.piece_bytes,
                                self.ctx.args.queue_depth)
-        return {"method": DISK, "repeat": repeat, "seconds": r["seconds"], "gbps": r["gbps"], "bytes": r["bytes"]}
+        moved = ReadCounters.delta(counted, self.counters.read())
+        self.check_read_from_disk(f"{prefix} tokens, {DISK}, repeat {repeat}", moved, r["bytes"])
+        return {"method": DISK, "repeat": repeat, "seconds": r["seconds"], "gbps": r["gbps"], "bytes": r["bytes"],
+                **moved}
+
+    def check_read_from_disk(self, what: str, moved: dict, expected: int) -> None:
+        """The figures are the disk's: the block device under --dir (else this process's block-layer
+        reads) delivered at least the bytes restored. A page-cache hit moves neither counter."""
+        for key in ("device_read_bytes", "process_read_bytes"):
+            if moved[key] is not None:
+                if moved[key] < expected:
+                    self.ctx.fail(f"{self.name} {what}: {key.replace('_', ' ')} {moved[key]} < the {expected} bytes "
+                                  "restored: part of it came from the page cache, not the disk")
+                return
 
     def one(self, method: str, prefix: int, repeat: int, timed: bool = True) -> dict | None:
         try:
@@ -603,6 +774,8 @@ class ModelRun:
                 return self.run_recompute(prefix, repeat, keep=timed)
             if method == DISK:
                 return self.run_disk_limit(prefix, repeat)
+            if method == "resident":
+                return self.run_resident(prefix, repeat, keep=timed)
             return self.run_restore(method, prefix, repeat, keep=timed)
         except Exception as e:  # noqa: BLE001  (recorded as a failed check; the other methods go on)
             self.ctx.fail(clip(f"{self.name} {prefix} tokens, {method}, repeat {repeat}: {type(e).__name__}: {e}"))
@@ -612,7 +785,7 @@ class ModelRun:
             return None
 
     def schedule(self) -> list[str]:
-        methods = [m for m in self.ctx.args.method_list if m == "recompute" or m in self.readers]
+        methods = [m for m in self.ctx.args.method_list if m in ("recompute", "resident") or m in self.readers]
         if not self.ctx.args.no_disk_limit and self.slot_layout_ok:
             methods.append(DISK)
         return methods
@@ -620,25 +793,34 @@ class ModelRun:
     def warm_up(self) -> None:
         smallest = min(self.prefixes)
         t = time.perf_counter()
-        if "recompute" in self.ctx.args.method_list:
-            for prefix in self.prefixes:  # every shape once: kernels, cuBLAS heuristics, the allocator
-                self.one("recompute", prefix, -1, timed=False)
+        for method in ("recompute", "resident"):
+            if method in self.ctx.args.method_list:
+                for prefix in self.prefixes:  # every shape once: kernels, cuBLAS heuristics, the allocator
+                    self.one(method, prefix, -1, timed=False)
         for method in self.readers:
             self.one(method, smallest, -1, timed=False)
-        log(f"{self.name}: warm-up (recompute at every prefix, each restore at {smallest} tokens) "
-            f"{time.perf_counter() - t:.1f} s")
+        # While every reader is open: the descriptors on the store's files, and which are O_DIRECT.
+        fds = open_descriptors(self.directory)
+        self.result["descriptors"] = fds
+        self.result["read_counters"] = {"device": self.counters.device, "device_stat": self.counters.stat_path}
+        buffered = sorted({d["file"] for d in fds if not d["o_direct"] and not d["writable"]})
+        log(f"{self.name}: warm-up (recompute and resident at every prefix, each restore at {smallest} tokens) "
+            f"{time.perf_counter() - t:.1f} s; {len(fds)} descriptors on the store's files, "
+            f"{sum(d['o_direct'] for d in fds)} O_DIRECT" + (f", read-only buffered: {buffered}" if buffered else "")
+            + f"; bytes read counted on {self.counters.device or 'this process (/proc/self/io)'}")
 
     def measure(self, deadline: float, write) -> None:
         methods = self.schedule()
         args = self.ctx.args
         for repeat in range(args.repeats):
-            if repeat > 0 and time.perf_counter() > deadline:
-                self.result["skipped"] = (f"repeats {repeat}..{args.repeats - 1} skipped: past the time budget "
-                                          f"(--time-budget-s {args.time_budget_s:g})")
-                log(f"{self.name}: {self.result['skipped']}")
-                break
             order = methods[repeat % len(methods):] + methods[:repeat % len(methods)]
             for prefix in self.prefixes:
+                if repeat > 0 and time.perf_counter() > deadline:
+                    self.result["skipped"] = (f"repeat {repeat} from prefix {prefix} on and any later repeat skipped: "
+                                              f"past the time budget (--time-budget-s {args.time_budget_s:g})")
+                    log(f"{self.name}: {self.result['skipped']}")
+                    write()
+                    return
                 line = []
                 for method in order:
                     run = self.one(method, prefix, repeat)
@@ -648,12 +830,13 @@ class ModelRun:
                     self.runs[prefix].append(run)
                     if method == DISK:
                         line.append(f"{DISK} {run['gbps']:.3g} GB/s")
-                    elif method == "recompute":
-                        line.append(f"recompute {run['ttft_s'] * 1e3:.0f} ms")
+                    elif method in ("recompute", "resident"):
+                        line.append(f"{method} {run['ttft_s'] * 1e3:.0f} ms")
                     else:
                         line.append(f"{method} {run['ttft_s'] * 1e3:.0f} ms ({run['restore_gbps']:.3g} GB/s)")
+                self.check_logits(prefix, repeat)
                 log(f"{self.name} repeat {repeat} prefix {prefix}: " + ", ".join(line))
-            write()
+                write()
 
     def close(self) -> None:
         for reader in self.readers.values():
@@ -695,7 +878,7 @@ class ModelRun:
                     e["disk_limit_gbps"] = summary([r["gbps"] for r in rs])
                     continue
                 e["ttft_ms"][method] = summary([r["ttft_s"] * 1e3 for r in rs])
-                if method != "recompute":
+                if method in RESTORE_METHODS:
                     e["restore_gbps"][method] = summary([r["restore_gbps"] for r in rs])
                     e["hidden_io"][method] = {
                         "io_ms": summary([r["io_s"] * 1e3 for r in rs]),
@@ -704,6 +887,12 @@ class ModelRun:
                         "hidden_io_ms": summary([r["hidden_io_s"] * 1e3 for r in rs]),
                         "hidden_io_share": summary([r["hidden_io_share"] for r in rs])}
                     e["mismatched_blocks"] = e.get("mismatched_blocks", 0) + sum(r["mismatched_blocks"] for r in rs)
+                    e.setdefault("bytes_moved", {})[method] = {
+                        "restored": sum(r["restored_bytes"] for r in rs),
+                        "device_read": sum(r["device_read_bytes"] or 0 for r in rs)
+                        if all(r["device_read_bytes"] is not None for r in rs) else None,
+                        "process_read": sum(r["process_read_bytes"] or 0 for r in rs)
+                        if all(r["process_read_bytes"] is not None for r in rs) else None}
             if by.get("recompute"):
                 gpu = statistics.median(r["gpu_s"] for r in by["recompute"])
                 e["recompute_gpu_ms"] = gpu * 1e3
@@ -716,21 +905,23 @@ class ModelRun:
             for method in medians:
                 if method == "recompute":
                     continue
-                diffs, agree = [], []
+                comparisons, exact = [], []
                 for (repeat, p, m), logits in self.logits.items():
-                    if p == prefix and m == method and (repeat, p, "recompute") in self.logits:
-                        ref = self.logits[(repeat, p, "recompute")]
-                        diffs.append(float((logits - ref).abs().max()))
-                        agree.append(int(logits.argmax()) == int(ref.argmax()))
-                if diffs:
-                    e["logits_vs_recompute"][method] = {"max_abs_diff": max(diffs), "argmax_agrees": all(agree),
-                                                        "repeats": len(diffs)}
-                # Every restore hands the model the same bytes: its logits should equal Tutti's exactly.
-                same = [float((logits - self.logits[(repeat, p, "tutti")]).abs().max())
-                        for (repeat, p, m), logits in self.logits.items()
-                        if p == prefix and m == method and method != "tutti" and (repeat, p, "tutti") in self.logits]
-                if same and method in e["logits_vs_recompute"]:
-                    e["logits_vs_recompute"][method]["max_abs_diff_vs_tutti"] = max(same)
+                    if p != prefix or m != method:
+                        continue
+                    if (repeat, p, "recompute") in self.logits:
+                        comparisons.append(logit_comparison(logits, self.logits[(repeat, p, "recompute")]))
+                    if method != "resident" and (repeat, p, "resident") in self.logits:
+                        exact.append(float((logits - self.logits[(repeat, p, "resident")]).abs().max()))
+                if comparisons:
+                    e["logits_vs_recompute"][method] = {
+                        "max_abs_diff": max(c["max_abs_diff"] for c in comparisons),
+                        "rel_l2": max(c["rel_l2"] for c in comparisons),
+                        "cosine": min(c["cosine"] for c in comparisons),
+                        "argmax_agrees": all(c["argmax_agrees"] for c in comparisons),
+                        "rel_l2_tolerance": self.ctx.args.logit_rtol, "repeats": len(comparisons)}
+                if exact:  # every restore hands the model the same bytes as the resident run: 0 exactly
+                    e["logits_vs_recompute"].setdefault(method, {})["max_abs_diff_vs_resident"] = max(exact)
             e.update(self.break_even(prefix, by, medians, drives, h2d_gbps))
             entries.append(e)
         self.result["prefixes"] = entries
@@ -738,14 +929,16 @@ class ModelRun:
     def break_even(self, prefix: int, by: dict, medians: dict, drives: list[float], h2d_gbps) -> dict:
         """The layer pipeline of a restore, from this run's medians: layer l's IO takes its bytes / the
         drive's bandwidth (the disk reads layers in order); layer l's attention starts once its IO is
-        done and layer l-1's compute is; compute per layer as the CUDA events measured it. The run's
-        own overhead (lookup, submit, verification that did not hide) is the measured TTFT minus the
-        model at the measured restore rate. Solves for the bandwidth at which the TTFT equals
+        done and layer l-1's compute is; compute per layer as the CUDA events measured it in the
+        resident runs (no IO wait). The restore's own overhead (lookup, submit, verification that did
+        not hide) is Tutti's measured TTFT minus the model at Tutti's measured restore rate (the first
+        restore method measured when Tutti was not). Solves for the bandwidth at which the TTFT equals
         recompute's and projects the TTFT for each of `drives` (GB/s, capped by the measured pinned
         host-to-device rate)."""
-        source = next((m for m in RESTORE_METHODS if m in by and by[m]), None)
-        if source is None or "recompute" not in medians:
+        restore = next((m for m in RESTORE_METHODS if m in by and by[m]), None)
+        if restore is None or "recompute" not in medians:
             return {}
+        source = "resident" if by.get("resident") else restore  # per-layer compute without any IO wait
         rs = by[source]
         L = self.layers
         head = statistics.median(r["compute_head_s"] for r in rs)
@@ -762,11 +955,12 @@ class ModelRun:
                 t = max(t, done) + layers[i]
             return t
 
-        measured_ttft = statistics.median(r["ttft_s"] for r in rs)
-        measured_bw = statistics.median(r["restore_gbps"] for r in rs) * 1e9
+        measured_ttft = statistics.median(r["ttft_s"] for r in by[restore])
+        measured_bw = statistics.median(r["restore_gbps"] for r in by[restore]) * 1e9
         overhead = measured_ttft - model(measured_bw)
         recompute_s = medians["recompute"] / 1e3
-        out = {"pipeline_model": {"source": source, "compute_head_ms": head * 1e3, "compute_tail_ms": tail * 1e3,
+        out = {"pipeline_model": {"compute_source": source, "overhead_source": restore,
+                                  "compute_head_ms": head * 1e3, "compute_tail_ms": tail * 1e3,
                                   "compute_layers_median_ms": statistics.median(layers) * 1e3,
                                   "compute_total_ms": (head + sum(layers)) * 1e3, "overhead_ms": overhead * 1e3,
                                   "h2d_cap_gbps": h2d_gbps}}
@@ -831,11 +1025,19 @@ def print_report(results: dict) -> None:
                 print(f"   {p:6d} tutti overlap: IO {h['io_ms']['median']:.0f} ms, GPU waited "
                       f"{h['gpu_wait_ms']['median']:.0f} ms, GPU busy {h['gpu_busy_ms']['median']:.1f} ms -> "
                       f"{h['hidden_io_share']['median'] * 100:.1f}% of the IO hidden behind compute")
-            lg = ", ".join(f"{x} {v['max_abs_diff']:.3g} ("
-                           + ("argmax agrees" if v["argmax_agrees"] else "argmax differs") + ")"
-                           for x, v in e["logits_vs_recompute"].items())
+            lg = ", ".join(f"{x} {v['rel_l2']:.3g} / {v['max_abs_diff']:.3g} ("
+                           + ("argmax agrees" if v["argmax_agrees"] else "argmax differs")
+                           + (f", vs resident {v['max_abs_diff_vs_resident']:.3g}" if "max_abs_diff_vs_resident" in v
+                              else "") + ")"
+                           for x, v in e["logits_vs_recompute"].items() if "rel_l2" in v)
             if lg:
-                print(f"   {p:6d} first token's logits vs recompute, max |diff|: {lg}")
+                print(f"   {p:6d} first token's logits vs recompute, relative L2 / max |diff| (tolerance "
+                      f"{results['config']['logit_rtol']:g}): {lg}")
+            moved = e.get("bytes_moved", {}).get("tutti")
+            if moved:
+                src = "device" if moved["device_read"] is not None else "process"
+                print(f"   {p:6d} tutti bytes: {moved['restored'] / 2**30:.2f} GiB restored over the repeats, "
+                      f"{(moved[src + '_read'] or 0) / 2**30:.2f} GiB read from the {src} counter")
             if "projected_ttft_ms" in e:
                 be = e["break_even_gbps"]
                 proj = ", ".join(f"{g} GB/s {v:.0f} ms ({e['projected_recompute_over_restore'][g]:.2f}x)"
@@ -859,7 +1061,8 @@ def cell(s: dict | None, digits: int = 0) -> str:
 
 def markdown(results: dict) -> str:
     """The tables of docs/benchmarks.md ("Restore or recompute on a transformer"), filled."""
-    names = {"recompute": "recompute", "tutti": "Tutti", "cufile": "cuFile", "kvikio": "KvikIO",
+    names = {"recompute": "recompute", "resident": "resident KV", "tutti": "Tutti", "cufile": "cuFile",
+             "kvikio": "KvikIO",
              "pread": "pread+cudaMemcpy"}
     alts = ("cufile", "kvikio", "pread")
     rows = []
@@ -905,23 +1108,29 @@ def markdown(results: dict) -> str:
                         + " | ".join(cell(e["restore_gbps"].get(x), 2) for x in RESTORE_METHODS)
                         + f" | {share} | " + " | ".join(overlap) + " |")
     rows.append("")
-    rows.append("The first generated token against recompute's (information: random weights, bf16), and the "
-                "restored KV (the pass rule):\n")
-    rows.append("| model | prefix | max abs logit diff: Tutti / cuFile / KvikIO / pread | argmax agrees | "
-                "cuFile / KvikIO / pread logits vs Tutti's | recomputed prefix KV vs stored, max abs diff "
+    rows.append("The first generated token against recompute's (pass: relative L2 of the difference within "
+                f"{results['config']['logit_rtol']:g}; the argmax is information, random weights and bf16), every "
+                "restore's logits against the resident KV's (pass: 0, bit-identical), and the restored KV (pass: "
+                "0 blocks differing from the prefill's):\n")
+    rows.append("| model | prefix | relative L2: resident / Tutti / cuFile / KvikIO / pread | max abs diff | "
+                "argmax agrees | restore vs resident, max abs diff | recomputed prefix KV vs stored, max abs diff "
                 "| restored blocks differing |")
-    rows.append("|---|---:|---|---|---|---:|---:|")
+    rows.append("|---|---:|---|---|---|---|---:|---:|")
+    shown = ("resident",) + RESTORE_METHODS
     for m in results["models"]:
         for e in m["prefixes"]:
             lv = e["logits_vs_recompute"]
-            diffs = " / ".join(f"{lv[x]['max_abs_diff']:.3g}" if x in lv else "-" for x in RESTORE_METHODS)
-            agree = " / ".join(("yes" if lv[x]["argmax_agrees"] else "no") if x in lv else "-" for x in RESTORE_METHODS)
-            same = " / ".join(f"{lv[x]['max_abs_diff_vs_tutti']:.3g}" if "max_abs_diff_vs_tutti" in lv.get(x, {})
-                              else "-" for x in ("cufile", "kvikio", "pread"))
+            rel = " / ".join(f"{lv[x]['rel_l2']:.3g}" if "rel_l2" in lv.get(x, {}) else "-" for x in shown)
+            diffs = " / ".join(f"{lv[x]['max_abs_diff']:.3g}" if "max_abs_diff" in lv.get(x, {}) else "-"
+                               for x in shown)
+            agree = " / ".join(("yes" if lv[x]["argmax_agrees"] else "no") if "argmax_agrees" in lv.get(x, {})
+                               else "-" for x in shown)
+            same = " / ".join(f"{lv[x]['max_abs_diff_vs_resident']:.3g}"
+                              if "max_abs_diff_vs_resident" in lv.get(x, {}) else "-" for x in RESTORE_METHODS)
             kv = e.get("recompute_prefix_kv_max_abs_diff_vs_stored")
             kv_text = "-" if kv is None else f"{kv:.3g}"
-            rows.append(f"| {m['name']} ({m['layers']} layers) | {e['prefix_tokens']} | {diffs} | {agree} | {same} | "
-                        f"{kv_text} | {e.get('mismatched_blocks', '-')} |")
+            rows.append(f"| {m['name']} ({m['layers']} layers) | {e['prefix_tokens']} | {rel} | {diffs} | {agree} | "
+                        f"{same} | {kv_text} | {e.get('mismatched_blocks', '-')} |")
     rows.append("")
     drives = results["config"]["drive_gbps"]
     rows.append("Break-even: recompute's cost per KV byte, the drive bandwidth above which the overlapped restore "
@@ -963,7 +1172,8 @@ def plot(results: dict, path: str) -> str | None:
     if not models:
         return "nothing measured: no plot"
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.8), squeeze=False)
-    styles = {"recompute": ("black", "o"), "tutti": ("tab:red", "s"), "cufile": ("tab:blue", "^"),
+    styles = {"recompute": ("black", "o"), "resident": ("tab:olive", "x"), "tutti": ("tab:red", "s"),
+              "cufile": ("tab:blue", "^"),
               "kvikio": ("tab:green", "v"), "pread": ("tab:gray", "D")}
     for ax, m in zip(axes[0], models):
         xs = [e["prefix_tokens"] for e in m["prefixes"]]
@@ -999,8 +1209,34 @@ def plot(results: dict, path: str) -> str | None:
     return None
 
 
+def report_from(path: str, out: str) -> int:
+    """Renders OUT/ttft.md and OUT/ttft.png (and the console report) from a ttft.json written by an
+    earlier run, e.g. on a machine with matplotlib after a GPU run on one without."""
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"ttft: --report-from {path}: {e}", file=sys.stderr)
+        return 2
+    if results.get("schema") != "tutti-ttft/1":
+        print(f"ttft: --report-from {path}: not a ttft.json (schema {results.get('schema')!r})", file=sys.stderr)
+        return 2
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "ttft.md"), "w") as f:
+        f.write(markdown(results))
+    message = plot(results, os.path.join(out, "ttft.png"))
+    print(message or f"plot: {os.path.join(out, 'ttft.png')}")
+    print_report(results)
+    return 0 if results["pass"] else 1
+
+
 def main(argv: list[str]) -> int:
     global LOG_FILE
+    if argv[:1] == ["--report-from"]:
+        if len(argv) not in (2, 4) or (len(argv) == 4 and argv[2] != "--out"):
+            print("ttft: usage: ttft.py --report-from OUT/ttft.json [--out DIR]", file=sys.stderr)
+            return 2
+        return report_from(argv[1], argv[3] if len(argv) == 4 else os.path.dirname(os.path.abspath(argv[1])))
     try:
         args = parse_args(argv)
         models = load_shapes(args)
@@ -1023,6 +1259,7 @@ def main(argv: list[str]) -> int:
                           "block_tokens": args.block_tokens, "repeats": args.repeats, "methods": args.method_list,
                           "queue_depth": args.queue_depth, "pread_threads": args.pread_threads,
                           "drive_gbps": args.drive_list, "time_budget_s": args.time_budget_s, "seed": args.seed,
+                          "quick": args.quick, "logit_rtol": args.logit_rtol,
                           "dir": args.dir},
                "models": [], "pass": False, "failures": ctx.failures}
     log(f"ttft: {results['environment'].get('gpu', 'CPU')}, torch {torch.__version__}, transformers "
@@ -1048,8 +1285,11 @@ def main(argv: list[str]) -> int:
     for index, (name, layers, shape, dtype_entry) in enumerate(models):
         run = ModelRun(ctx, name, layers, shape, dtype_entry)
         runs.append(run)
+        # The budget left, shared by this model and the later ones in proportion to their KV bytes
+        # per token (what the restores and the disk-limit reads move).
+        weights = [m[1] * m[2]["kv_heads"] * m[2]["head_dim"] * m[3]["bytes"] for m in models[index:]]
         remaining = ctx.deadline - time.perf_counter()
-        deadline = time.perf_counter() + remaining / (len(models) - index)
+        deadline = time.perf_counter() + remaining * weights[0] / sum(weights)
         try:
             run.check_memory()
             run.build()
