@@ -34,10 +34,12 @@ def build_model(shape: dict, layers: int, max_tokens: int, device: torch.device,
                   num_attention_heads=shape["attention_heads"], num_key_value_heads=shape["kv_heads"],
                   head_dim=shape["head_dim"], max_position_embeddings=max(8192, max_tokens), rms_norm_eps=1e-5,
                   tie_word_embeddings=False, attn_implementation="sdpa")
-    try:
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:  # 5.0 moved rope_theta into rope_parameters
         config = LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": float(shape["rope_theta"])},
                              **kwargs)
-    except TypeError:  # transformers before 5.0
+    else:  # 4.x would keep an unknown rope_parameters as a plain attribute and use its default theta
         config = LlamaConfig(rope_theta=float(shape["rope_theta"]), **kwargs)
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()

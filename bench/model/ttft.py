@@ -815,7 +815,9 @@ class ModelRun:
         for repeat in range(args.repeats):
             order = methods[repeat % len(methods):] + methods[:repeat % len(methods)]
             for prefix in self.prefixes:
-                if repeat > 0 and time.perf_counter() > deadline:
+                # Past this model's share no repeat after the first starts a prefix; the first repeat
+                # stops only past the whole budget (so a slow disk cannot run into the device tool's limit).
+                if time.perf_counter() > (deadline if repeat > 0 else self.ctx.deadline):
                     self.result["skipped"] = (f"repeat {repeat} from prefix {prefix} on and any later repeat skipped: "
                                               f"past the time budget (--time-budget-s {args.time_budget_s:g})")
                     log(f"{self.name}: {self.result['skipped']}")
@@ -1047,6 +1049,8 @@ def print_report(results: dict) -> None:
                 print(f"; {e['flops_per_kv_byte']:.0f} FLOP per KV byte; projected restore TTFT {proj}")
         if m.get("skipped"):
             print("   " + m["skipped"])
+    for note in results.get("skipped_models", []):
+        print(note)
     print()
     print(f"checks: {'PASS' if results['pass'] else 'FAIL'} ({len(results['failures'])} failed)")
     for f in results["failures"]:
@@ -1283,6 +1287,11 @@ def main(argv: list[str]) -> int:
         os.replace(json_path + ".tmp", json_path)
 
     for index, (name, layers, shape, dtype_entry) in enumerate(models):
+        if time.perf_counter() > ctx.deadline:
+            note = f"{name} with {layers} layers not run: past the time budget (--time-budget-s {args.time_budget_s:g})"
+            results.setdefault("skipped_models", []).append(note)
+            log(note)
+            continue
         run = ModelRun(ctx, name, layers, shape, dtype_entry)
         runs.append(run)
         # The budget left, shared by this model and the later ones in proportion to their KV bytes

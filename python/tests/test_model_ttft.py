@@ -1,13 +1,16 @@
 """bench/model/ttft.py, the restore-vs-recompute time-to-first-token program, at a tiny shape on the
-CPU (2 layers, 256-token prefix in 64-token blocks, 32 new tokens), with every check on: a
-transformers Llama model built from a config with random weights prefills the prefix, the KV goes
-through tutti.KvStore over uring (O_DIRECT files under /var/tmp) and comes back through the store
-(checksums verified) and through pread, bit-exact with the prefill's KV, while the suffix's forward
-pass waits for each layer. The program's own checks must be able to fail: with one stored byte
-flipped on disk the store refuses the block (DATA_LOSS) and pread's copy is caught by the byte
-comparison, and the run exits 1. Bad options exit 2 before anything runs. On a GPU machine the H200
-command of docs/kv-cache.md runs the same program at full size (cuFile and KvikIO are measured
-there; here they are reported as not measured, with the reason)."""
+CPU (2 layers, 256-token prefix in 64-token blocks, 32 new tokens) in its --quick mode, with every
+check on: a transformers Llama model built from a config with random weights prefills the prefix,
+the KV goes through tutti.KvStore over uring (O_DIRECT files under /var/tmp) and comes back through
+the store (checksums verified) and through pread, bit-exact with the prefill's KV, while the
+suffix's forward pass waits for each layer; the first token's logits equal the resident KV's bit
+for bit and recompute's within the stated tolerance, and the block device (or this process's
+block-layer reads) delivered every restored byte. The program's own checks must be able to fail:
+with one stored byte flipped on disk the store refuses the block (DATA_LOSS) and pread's copy is
+caught by the byte comparison, and the run exits 1; logits that differ fail both logit rules. Bad
+options exit 2 before anything runs. On a GPU machine the H200 command of docs/kv-cache.md runs the
+same program at full size (cuFile and KvikIO are measured there; here they are reported as not
+measured, with the reason)."""
 
 import json
 import os
