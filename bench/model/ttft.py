@@ -126,7 +126,7 @@ def parse_args(argv: list[str]):
     p.add_argument("--logit-rtol", type=float, default=0.05,
                    help="the check of the first token's logits against recompute's: ||restored - recomputed||_2\n"
                         "/ ||recomputed||_2 at most this (default 0.05: bf16 rounding of differently shaped\n"
-                        "products, not a wrong KV)")
+                        "products; a gross error such as another layer's KV, not a shuffled block order)")
     p.add_argument("--io-timeout-s", type=float, default=300.0, help="bound of every wait for a layer (300)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the token ids (0)")
     p.add_argument("--keep-files", action="store_true", help="keep the stores under --dir")
