@@ -30,7 +30,7 @@ config, random weights, bf16), this program
 4. checks (the pass rules) that every restored byte equals the prefill's KV (destinations are
    poisoned before each run), that the store verified every block's checksum, that every restore's
    first-token logits equal the resident run's bit for bit, and that they are within --logit-rtol
-   (relative L2 norm, 0.05) of recompute's; the argmax agreement is information (random weights).
+   (relative L2 norm, 0.2) of recompute's; the argmax agreement is information (random weights).
 5. reports TTFT per method and prefix with ratios, restore GB/s against the disk's limit, the IO
    hidden behind compute (CUDA events), the break-even drive bandwidth (measured here, and projected
    from the measured per-layer compute for one and four 14 GB/s PCIe Gen5 drives), writes
@@ -123,9 +123,9 @@ def parse_args(argv: list[str]):
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="no new repeat (after the first) and no new prefix of it starts past this many seconds,\n"
                         "shared by the models in proportion to their KV bytes per token (420; 300 with --quick)")
-    p.add_argument("--logit-rtol", type=float, default=0.05,
+    p.add_argument("--logit-rtol", type=float, default=0.2,
                    help="the check of the first token's logits against recompute's: ||restored - recomputed||_2\n"
-                        "/ ||recomputed||_2 at most this (default 0.05: bf16 rounding of differently shaped\n"
+                        "/ ||recomputed||_2 at most this (default 0.2: bf16 rounding of differently shaped\n"
                         "products; a gross error such as another layer's KV, not a shuffled block order)")
     p.add_argument("--io-timeout-s", type=float, default=300.0, help="bound of every wait for a layer (300)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the token ids (0)")

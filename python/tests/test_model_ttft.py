@@ -107,7 +107,7 @@ def test_tiny_model_restores_bit_exact_and_reports_every_figure(data_dir):
         for method in ("tutti", "pread"):
             assert logits[method].pop("max_abs_diff_vs_resident") == 0.0
             assert logits[method] == logits["resident"]
-        assert logits["tutti"]["rel_l2"] <= logits["tutti"]["rel_l2_tolerance"] == 0.05
+        assert logits["tutti"]["rel_l2"] <= logits["tutti"]["rel_l2_tolerance"] == 0.2
         assert logits["tutti"]["cosine"] > 0.99 and logits["tutti"]["repeats"] == 2
         assert entry["recompute_prefix_kv_max_abs_diff_vs_stored"] < 0.25
         assert entry["disk_limit_gbps"]["n"] == 2
