@@ -1,7 +1,8 @@
 """The LMCache plugin tests' harness: LMCache 0.5.x engines built with LMCache's own configuration objects
-(LMCacheEngineConfig, LMCacheMetadata, LMCacheEngineBuilder) on a CPU machine, and the fixtures
-(conftest.py registers them; the helpers live here because python/tests/conftest.py owns the module
-name `conftest` when the whole suite runs).
+(LMCacheEngineConfig, LMCacheMetadata, LMCacheEngineBuilder) on a CPU machine, and the fixtures, which
+each test module imports (no conftest.py here: python/tests/conftest.py owns the module name
+`conftest`, which the top-level tests import, and a second one would replace it when the whole suite
+runs).
 
 LMCache's GPU connectors are CUDA code (lmcache.cuda_ops); on a CPU machine the engine gets
 CPUKVConnector below, which copies between LMCache's MemoryObjs and a CPU tensor laid out like

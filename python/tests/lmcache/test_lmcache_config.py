@@ -14,6 +14,7 @@ import tempfile
 
 import pytest
 
+from lmcache_harness import engines, lmcache_log, store_dir  # noqa: F401 - fixtures
 from lmcache_harness import CHUNK, make_config, make_metadata, plugin_extra
 
 import tutti.lmcache

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from lmcache_harness import store_dir  # noqa: F401 - fixtures
 from lmcache_harness import Engine
 import crash_shape
 from crash_shape import CHUNK, CHUNKS_PER_SEQUENCE, config, kv, metadata, tokens

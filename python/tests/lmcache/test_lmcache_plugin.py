@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import tutti
+from lmcache_harness import engines, store_dir  # noqa: F401 - fixtures
 from lmcache_harness import CHUNK, kv_for, make_config, make_metadata, plugin_extra, tokens_for
 
 from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
