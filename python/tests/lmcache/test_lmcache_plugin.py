@@ -278,3 +278,25 @@ def test_a_put_from_lmcache_is_one_runtime_submit(store_dir, engines):
     assert submits == [("store", 8, 16), ("load", 8, 16)]  # each chunk: header + data piece
     stats = e.plugin.statistics()["store"]
     assert stats["resubmits"] == 0  # the runtime took every request of each batch at once
+
+
+
+def test_a_batch_deeper_than_the_runtime_queue(store_dir, engines):
+    """queue_depth 64 and 16 chunks of 8 MiB (8 commands of 1 MiB each, plus a 4 KiB header), the
+    proportions of an 8B model's 16-chunk batch at the default depth (32 MiB chunks, 256 slots): the
+    runtime takes some requests of the batch and refuses others (RESOURCE_EXHAUSTED), not only a
+    tail. The store submits the refused ones as the first complete (resubmits) and matches each
+    completion to its position in the submit; every chunk comes back with its bytes. Before that
+    match was fixed (include/tutti/kv/store.hpp, submit_some), this test crashed the process with a
+    segmentation fault in KvStore::drive (checked)."""
+    layers, heads, head_size, chunk = 2, 8, 128, 1024  # 8 MiB per chunk
+    md = make_metadata(chunk=chunk, layers=layers, heads=heads, head_size=head_size)
+    extra = plugin_extra(store_dir, capacity_gb=0.2, queue_depth=64)
+    e = engines(make_config(store_dir, chunk=chunk, cpu_gb=0.4, extra=extra), md)
+    n = 16 * chunk
+    tokens, kv = tokens_for(13, n), kv_for(13, n, layers, heads, head_size)
+    e.store(tokens, kv)
+    assert e.plugin.statistics()["put_chunks"] == 16 and e.plugin.statistics()["put_failures"] == 0
+    mask, out = e.retrieve(tokens, kv)
+    assert int(mask.sum()) == n and torch.equal(out, kv)
+    assert e.plugin.statistics()["store"]["resubmits"] > 0  # the backpressure path ran
