@@ -12,6 +12,7 @@ mask covers every token and the retrieved KV equals the stored KV byte for byte;
 
 Backends:
   tutti                 the plugin, storage_plugins: [tutti] (uring, O_DIRECT, one submit per batch)
+  tutti_noverify        the same with verify_on_load: false (no XXH3 of the bytes read; headers checked)
   local_disk            LMCache's LocalDiskBackend as configured by default (buffered IO, no fsync)
   local_disk_odirect    the same with extra_config use_odirect: true
   gds                   LMCache's GdsBackend (gds_path); needs a CUDA device: LMCache asserts a cuda
@@ -48,7 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # LMCache's MemoryObjs and a KV tensor on any torch device (python/tests/lmcache/cpu_connector.py).
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python", "tests", "lmcache"))
 
-BACKENDS = ("tutti", "local_disk", "local_disk_odirect", "gds")
+BACKENDS = ("tutti", "tutti_noverify", "local_disk", "local_disk_odirect", "gds")
 GIB = 1024**3
 
 
@@ -148,12 +149,14 @@ def main() -> None:
                 settings = dict(chunk_size=args.chunk, local_cpu=False, max_local_cpu_size=cpu_gb,
                                 pre_caching_hash_algorithm="sha256_cbor", save_unfull_chunk=True)
                 extra: dict = {}
-                if backend == "tutti":
+                if backend.startswith("tutti"):
                     settings["storage_plugins"] = ["tutti"]
                     extra = {"storage_plugin.tutti.module_path": "tutti.lmcache",
                              "storage_plugin.tutti.class_name": "TuttiStorageBackend",
                              "storage_plugin.tutti.path": os.path.join(folder, "rank-{rank}"),
                              "storage_plugin.tutti.capacity_gb": disk_gb}
+                    if backend == "tutti_noverify":
+                        extra["storage_plugin.tutti.verify_on_load"] = False
                     if args.queue_depth is not None:
                         extra["storage_plugin.tutti.queue_depth"] = args.queue_depth
                     name = "tutti"
@@ -231,7 +234,7 @@ def main() -> None:
                         "store_gbps": kv_bytes / store_s / 1e9, "retrieve_s": r, "retrieve_gbps": kv_bytes / r / 1e9,
                         "backend_get_s": b, "backend_get_gbps": kv_bytes / b / 1e9 if b > 0 else None,
                         "rounds": args.rounds, "verified_bytes": kv_bytes * args.rounds if ok else 0,
-                        "file_bytes_dropped": dropped, "durable_at_store_end": backend in ("tutti",),
+                        "file_bytes_dropped": dropped, "durable_at_store_end": backend.startswith("tutti"),
                     }
                     print(f"{backend:>19} {n:>6} tokens: store {store_s * 1e3:8.1f} ms "
                           f"({kv_bytes / store_s / 1e9:5.2f} GB/s), retrieve {r * 1e3:8.1f} ms "
