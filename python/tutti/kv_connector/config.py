@@ -66,7 +66,7 @@ class ConnectorConfig:
 
 
 #: Every key with its default (``REQUIRED`` for the keys without one); docs/vllm.md prints this table
-#: and python/tests/vllm/test_config.py checks that the two agree.
+#: and python/tests/vllm_connector/test_config.py checks that the two agree.
 REQUIRED = object()
 DEFAULTS: dict[str, Any] = {
     "path": REQUIRED,

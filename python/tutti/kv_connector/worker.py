@@ -2,7 +2,7 @@
 compute runs, saves the blocks a step fills, commits them, and reports what finished and what failed.
 
 Runs wherever torch runs (the GPU machine has no vLLM): ``tutti.vllm.TuttiConnector`` wraps it, and
-python/tests/vllm/test_gpu_replay.py drives it with CUDA tensors from a recording of vLLM's calls.
+python/tests/vllm_connector/test_gpu_replay.py drives it with CUDA tensors from a recording of vLLM's calls.
 
 Per step (vLLM's order, ``vllm/v1/worker/kv_connector_model_runner_mixin.py``):
 ``handle_preemptions`` -> ``bind`` -> ``start_load`` -> per layer ``wait_for_layer_load`` and
@@ -527,7 +527,7 @@ class Worker:
 
 class Recorder:
     """Writes the worker-side calls vLLM made, with their arguments and results, to a JSON file that the
-    GPU replay (python/tests/vllm/test_gpu_replay.py) plays back without vLLM."""
+    GPU replay (python/tests/vllm_connector/test_gpu_replay.py) plays back without vLLM."""
 
     def __init__(self, path: str, extra: dict | None = None):
         self.path = path
