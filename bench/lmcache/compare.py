@@ -47,7 +47,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 # LMCache's GPU connectors need CUDA and its compiled cuda_ops; the tests' CPU connector copies between
 # LMCache's MemoryObjs and a KV tensor on any torch device (python/tests/lmcache_plugin/cpu_connector.py).
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python", "tests", "lmcache"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python", "tests", "lmcache_plugin"))
 
 BACKENDS = ("tutti", "tutti_noverify", "local_disk", "local_disk_odirect", "gds")
 GIB = 1024**3
