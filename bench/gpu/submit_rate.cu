@@ -26,7 +26,7 @@
 #include <vector>
 
 #include <tutti/nvme/queue.hpp>
-#include <tutti/path/gpu/null_controller.hpp>
+#include "null_controller.hpp"
 
 #include "bench_options.hpp"
 #include "command_kernel.cuh"
@@ -63,10 +63,10 @@ Row run_gpu(const Options& options, std::uint32_t warps, std::uint32_t warps_per
   for (std::uint32_t r = 0; r < options.repeat + 1; ++r) {  // the first run warms up and is not counted
     QueueSet set(QueueSetConfig{queues, options.depth, options.depth, MemoryKind::device});
     tutti::gpu_test::Buffer totals(MemoryKind::device, 2 * sizeof(unsigned long long));
-    tutti::path::gpu::NullControllerSettings controller_settings;
+    tutti::test::NullControllerSettings controller_settings;
     controller_settings.stop_poll_interval_ns = options.stop_poll_ns;
     tutti::gpu_test::GpuNullController controller(set, 0, controller_settings, options.stop_relay != 0);
-    tutti::gpu_test::CommandKernelArgs args;
+    tutti::gpu_test::RawDriverArgs args;
     args.queues = set.queues();
     args.queue_count = queues;
     args.commands_per_warp = r == 0 ? 256 : per_warp;
@@ -78,7 +78,7 @@ Row run_gpu(const Options& options, std::uint32_t warps, std::uint32_t warps_per
     TUTTI_CUDA_CHECK(cudaEventCreate(&start));
     TUTTI_CUDA_CHECK(cudaEventCreate(&stop));
     TUTTI_CUDA_CHECK(cudaEventRecord(start));
-    tutti::gpu_test::command_kernel<<<blocks, warps_per_block * 32>>>(args);
+    tutti::gpu_test::raw_command_kernel<<<blocks, warps_per_block * 32>>>(args);
     TUTTI_CUDA_CHECK(cudaGetLastError());
     TUTTI_CUDA_CHECK(cudaEventRecord(stop));
     TUTTI_CUDA_CHECK(cudaEventSynchronize(stop));
@@ -105,7 +105,7 @@ Row run_gpu(const Options& options, std::uint32_t warps, std::uint32_t warps_per
 }
 
 Row run_host(const Options& options, std::uint32_t threads) {
-  using tutti::path::gpu::NullControllerControl;
+  using tutti::test::NullControllerControl;
   const std::uint64_t per_thread = std::max<std::uint64_t>(32 * 1024, options.commands / threads) / 32 * 32;
   Row best;
   best.path = "host";
@@ -114,12 +114,12 @@ Row run_host(const Options& options, std::uint32_t threads) {
   for (std::uint32_t r = 0; r < options.repeat; ++r) {
     QueueSet set(QueueSetConfig{threads, options.depth, options.depth, MemoryKind::host});
     NullControllerControl control{};
-    tutti::path::gpu::NullControllerSettings settings;
+    tutti::test::NullControllerSettings settings;
     settings.budget_ns = 60'000'000'000ull;
     std::vector<std::thread> controllers;
     for (std::uint32_t i = 0; i < threads; ++i)
       controllers.emplace_back([&, i] {
-        tutti::path::gpu::run_null_controller(set.host_controllers().data(), threads, i, threads, &control, settings);
+        tutti::test::run_null_controller(set.host_controllers().data(), threads, i, threads, &control, settings);
       });
     std::vector<std::uint64_t> completed(threads, 0), errors(threads, 0);
     const auto start = std::chrono::steady_clock::now();
@@ -144,7 +144,7 @@ Row run_host(const Options& options, std::uint32_t threads) {
             sqe.opcode = static_cast<std::uint8_t>(tutti::nvme::NvmOpcode::read);
             sqe.command_identifier = cids[k];
             sqe.nsid = 1;
-            sqe.data_pointer.prp.prp1 = tutti::gpu_test::kFakeBusBase + command * 4096;
+            sqe.data_pointer.prp.prp1 = tutti::test::kFakeBusBase + command * 4096;
             sqe.cdw10 = static_cast<std::uint32_t>(command);
             sqe.cdw11 = static_cast<std::uint32_t>(command >> 32);
             queue.write_submission(first + k, sqe);

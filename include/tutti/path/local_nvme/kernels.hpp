@@ -36,6 +36,7 @@
 #include <tutti/nvme/commands.hpp>
 #include <tutti/nvme/opcodes.hpp>
 #include <tutti/nvme/queue.hpp>
+#include <tutti/nvme/warp_queue.hpp>
 #include <tutti/path/local_nvme/prp_table.hpp>
 
 namespace tutti::local_nvme {
@@ -58,7 +59,7 @@ struct DeviceTarget {
 /// One queue pair as the kernels see it: the ring view and its credit counter.
 struct DeviceQueue {
   nvme::QueuePair queue;          ///< rings, doorbells, CID slots (nvme/queue.hpp)
-  std::uint32_t* credits = nullptr;  ///< free command credits (<= depth - 1); system-scope atomic
+  std::uint32_t* credits = nullptr;  ///< free command credits (<= depth - 1); nvme::kSubmitterScope atomic
 };
 
 /// Per-command bookkeeping inside a request's window.
@@ -157,7 +158,7 @@ namespace detail {
 
 /// Takes n command credits of a queue pair with one CAS loop; false (nothing taken) when fewer remain.
 TUTTI_HOST_DEVICE inline bool take_credits(std::uint32_t* credits, std::uint32_t n) noexcept {
-  accel::SystemAtomicRef<std::uint32_t> c(*credits);
+  nvme::SubmitterAtomic<std::uint32_t> c(*credits);  // shared only by the queue's submitters
   std::uint32_t current = c.load(accel::MemoryOrder::relaxed);
   while (current >= n)
     if (c.compare_exchange_strong(current, current - n, accel::MemoryOrder::acq_rel)) return true;
@@ -165,7 +166,7 @@ TUTTI_HOST_DEVICE inline bool take_credits(std::uint32_t* credits, std::uint32_t
 }
 /// Gives n credits back (completed commands, or a zombie whose completion finally arrived).
 TUTTI_HOST_DEVICE inline void return_credits(std::uint32_t* credits, std::uint32_t n) noexcept {
-  accel::SystemAtomicRef<std::uint32_t>(*credits).fetch_add(n, accel::MemoryOrder::acq_rel);
+  nvme::SubmitterAtomic<std::uint32_t>(*credits).fetch_add(n, accel::MemoryOrder::acq_rel);
 }
 
 /// The target's file changed under local_nvme (the host set DeviceTarget::changed): issue nothing more.
@@ -275,44 +276,28 @@ TUTTI_HOST_DEVICE inline void commit_commands(RequestState& r, const DeviceQueue
   if (r.opcode == nvme::NvmOpcode::flush) r.flush_issued = true;
 }
 
-/// Issues what plan_commands allows, warp-cooperatively (accel/warp.hpp; warp-collective: every
-/// lane of the warp calls it convergently, with its request or nullptr). Lanes whose requests use
-/// the same queue pair form a group: the group's last lane reserves the run of SQ slots for all
-/// of the group's commands with ONE atomic (reserve_submission_slots), each lane writes its own
-/// SQEs at its prefix-sum offset in the run, and after a warp barrier the warp rings that queue's
-/// SQ tail doorbell ONCE for the run (nvme::warp_ring_submission_doorbell; NVMe Base 2.0, 3.3.1:
-/// the tail doorbell announces every entry before it). Groups are served one after the other
-/// (one group per warp when the DataPath gives a warp's requests one queue pair). When the run
-/// does not fit in the SQ (credits make this rare), the group issues nothing now: the next poll
-/// plans again. Host profile: a warp is one lane, so this is reserve, write, ring for one request.
+/// The kernels' view of queue pair i, for the warp protocol (nvme/warp_queue.hpp).
+struct QueueOfDeviceQueues {
+  const DeviceQueue* queues;
+  TUTTI_HOST_DEVICE const nvme::QueuePair& operator()(std::uint32_t i) const noexcept { return queues[i].queue; }
+};
+
+/// Issues what plan_commands allows through the one warp submission protocol (nvme::warp_submit;
+/// warp-collective: every lane of the warp calls it convergently, with its request or nullptr):
+/// lanes whose requests use the same queue pair share ONE SQ reservation and ONE SQ tail doorbell
+/// write; each lane's commands get their CIDs and SQEs at its prefix-sum offset (commit_commands).
+/// When the SQ lacks room for the run (credits make this rare: they bound the commands of every
+/// request on a queue pair by depth - 1), the lanes issue nothing now and the next poll plans
+/// again. Host profile: a warp is one lane, so this is reserve, write, ring for one request.
 TUTTI_HOST_DEVICE inline void warp_issue_commands(RequestState* r, const DeviceQueue* queues) noexcept {
   nvme::SubmissionQueueEntry sqes[kMaxWindow];
   std::uint32_t record_of[kMaxWindow];
   std::uint64_t planned_bytes = 0;
   const std::uint32_t n = r != nullptr ? plan_commands(*r, sqes, record_of, planned_bytes) : 0;
   const std::uint32_t queue_index = r != nullptr ? r->queue_index : 0;
-  const std::uint32_t lane = accel::lane_id();
-  std::uint32_t pending = accel::warp_ballot(n != 0);
-  while (pending != 0) {
-    const std::uint32_t selected = accel::warp_broadcast(queue_index, accel::lowest_lane(pending));
-    const bool member = n != 0 && queue_index == selected && ((pending >> lane) & 1u) != 0;
-    const std::uint32_t group = accel::warp_ballot(member);
-    const std::uint32_t inclusive = accel::warp_inclusive_sum(member ? n : 0);
-    const std::uint32_t last = accel::highest_lane(group);
-    const std::uint32_t total = accel::warp_broadcast(inclusive, last);
-    const DeviceQueue& q = queues[selected];
-    std::uint64_t ticket = 0;
-    std::uint32_t reserved = 0;
-    if (lane == last) reserved = q.queue.reserve_submission_slots(total, ticket) ? 1u : 0u;  // ONE atomic for the run
-    reserved = accel::warp_broadcast(reserved, last);
-    ticket = accel::warp_broadcast(ticket, last);
-    if (reserved != 0) {
-      if (member) commit_commands(*r, q, sqes, record_of, n, ticket + (inclusive - n), planned_bytes);
-      accel::warp_sync();  // every SQE of the run written (ready words set) before the doorbell
-      nvme::warp_ring_submission_doorbell(q.queue);  // ONE SQ tail doorbell write for the run
-    }
-    pending &= ~group;
-  }
+  nvme::warp_submit(QueueOfDeviceQueues{queues}, queue_index, n, [&](std::uint64_t first_ticket) {
+    commit_commands(*r, queues[queue_index], sqes, record_of, n, first_ticket, planned_bytes);
+  });
 }
 
 /// Marks the request done when nothing of it is in flight and it issued everything (or failed),
@@ -472,17 +457,11 @@ TUTTI_HOST_DEVICE inline void write_report(const RequestState& r, RequestReport&
 }
 
 /// Reaps the CQs of the warp's requests (warp-collective; `r` null for lanes without a pending
-/// request): lanes are grouped by queue pair and the warp reaps each group's CQ together by Phase
-/// Tag with ONE CQ head doorbell write per reaped batch (nvme::warp_reap_completions).
+/// request): nvme::warp_reap, lanes grouped by queue pair, ONE CQ head doorbell write per reaped
+/// batch.
 TUTTI_HOST_DEVICE inline void warp_reap(const RequestState* r, const DeviceQueue* queues) noexcept {
   const bool waiting = r != nullptr && r->accepted && !r->done;
-  const std::uint32_t queue_index = waiting ? r->queue_index : 0;
-  std::uint32_t pending = accel::warp_ballot(waiting);
-  while (pending != 0) {
-    const std::uint32_t selected = accel::warp_broadcast(queue_index, accel::lowest_lane(pending));
-    nvme::warp_reap_completions(queues[selected].queue);
-    pending &= ~accel::warp_ballot(waiting && queue_index == selected);
-  }
+  (void)nvme::warp_reap(detail::QueueOfDeviceQueues{queues}, waiting ? r->queue_index : 0, waiting);
 }
 
 /// The submit kernel: logical thread i admits request i of `requests` (count entries) on
