@@ -20,6 +20,17 @@
 #include <tutti/accel/config.hpp>
 #include <tutti/core/status.hpp>
 
+namespace tutti::accel::detail {
+/// The shape check of every accel::launch (one body for all profiles): INVALID_ARGUMENT when
+/// blocks or threads_per_block is 0.
+inline Status check_launch(const LaunchConfig& config) {
+  if (config.blocks == 0 || config.threads_per_block == 0)
+    return error(StatusCode::INVALID_ARGUMENT, "launch: blocks = {} and threads_per_block = {} must both be >= 1",
+                 config.blocks, config.threads_per_block);
+  return Status::success();
+}
+}  // namespace tutti::accel::detail
+
 #if defined(TUTTI_ACCELERATOR_CUDA)
 
 namespace tutti::accel {

@@ -15,20 +15,20 @@
 #endif
 
 namespace tutti::accel {
-inline namespace TUTTI_PROFILE_NAMESPACE {
 
 namespace detail {
+/// The kernel entry of accel::launch: one thread runs kernel(ThreadIndex).
 template <class Kernel>
 __global__ void launch_entry(Kernel kernel) {
   kernel(ThreadIndex{blockIdx.x, threadIdx.x, gridDim.x, blockDim.x});
 }
 }  // namespace detail
 
+inline namespace TUTTI_PROFILE_NAMESPACE {
+
 template <class Kernel>
 Status launch(const LaunchConfig& config, const Kernel& kernel) {
-  if (config.blocks == 0 || config.threads_per_block == 0)
-    return error(StatusCode::INVALID_ARGUMENT, "launch: blocks = {} and threads_per_block = {} must both be >= 1",
-                 config.blocks, config.threads_per_block);
+  TUTTI_RETURN_IF_ERROR(detail::check_launch(config));
   detail::launch_entry<<<config.blocks, config.threads_per_block, 0, static_cast<cudaStream_t>(config.stream)>>>(kernel);
   const cudaError_t result = cudaGetLastError();
   if (result != cudaSuccess) return error(StatusCode::DEVICE_ERROR, "launch: {}", cudaGetErrorString(result));

@@ -23,9 +23,7 @@ inline namespace TUTTI_PROFILE_NAMESPACE {
 /// (kernels must not throw). Thread-safety: may be called from many threads at once.
 template <class Kernel>
 Status launch(const LaunchConfig& config, const Kernel& kernel) {
-  if (config.blocks == 0 || config.threads_per_block == 0)
-    return error(StatusCode::INVALID_ARGUMENT, "launch: blocks = {} and threads_per_block = {} must both be >= 1",
-                 config.blocks, config.threads_per_block);
+  TUTTI_RETURN_IF_ERROR(detail::check_launch(config));
   const std::function<void(std::uint32_t)> run_block = [&](std::uint32_t block) {
     for (std::uint32_t t = 0; t < config.threads_per_block; ++t)
       kernel(ThreadIndex{block, t, config.blocks, config.threads_per_block});

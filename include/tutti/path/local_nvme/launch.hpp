@@ -3,13 +3,13 @@
 // accel::synchronize with kernel_wait_bound_ns.
 //
 // ONE definition of each launch per program (accel/config.hpp, TUTTI_PROFILE_NAMESPACE), whichever
-// compiler builds the caller:
-//   host profile  launch_kernel is inline here: accel::launch on the HostThreadPool;
-//   cuda profile  launch_kernel is declared here and defined once in libtutti_cuda
+// compiler builds the caller, chosen by accel::kProfile in launch_over:
+//   host profile  accel::launch on the HostThreadPool (inline, header-only);
+//   cuda profile  launch_kernel, declared here and defined once in libtutti_cuda
 //                 (src/cuda/local_nvme_launch.cu, compiled by nvcc), so host-compiled (.cpp) and
 //                 nvcc-compiled (.cu) users of the DataPath in one program launch the same GPU
-//                 kernels (as liburing keeps its slow paths in queue.c and its fast paths inline
-//                 in liburing.h).
+//                 kernels (as liburing keeps its slow paths in queue.c and its fast paths inline in
+//                 liburing.h). The host profile never calls (or defines) launch_kernel.
 // Units: ns. Thread-safety: reentrant (the stream orders the work).
 #pragma once
 
@@ -26,21 +26,12 @@
 namespace tutti::local_nvme {
 inline namespace TUTTI_PROFILE_NAMESPACE {
 
-// One launch of the submit kernel (AdmitKernel) or the progress kernel (PollKernel) over
-// config.blocks x config.threads_per_block logical threads, on config.stream. Errors:
-// INVALID_ARGUMENT for an empty grid, DEVICE_ERROR when CUDA refuses the launch (with its error
-// text). Asynchronous in the cuda profile (wait with accel::synchronize), synchronous on the host.
-#if defined(TUTTI_ACCELERATOR_CUDA)
+/// cuda profile: one launch of the submit kernel (AdmitKernel) or the progress kernel (PollKernel)
+/// over config.blocks x config.threads_per_block logical threads, on config.stream, asynchronous
+/// (wait with accel::synchronize). Errors: INVALID_ARGUMENT for an empty grid, DEVICE_ERROR when
+/// CUDA refuses the launch (with its error text). Defined in libtutti_cuda only.
 Status launch_kernel(const accel::LaunchConfig& config, const AdmitKernel& kernel);
 Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel);
-#else
-inline Status launch_kernel(const accel::LaunchConfig& config, const AdmitKernel& kernel) {
-  return accel::launch(config, kernel);
-}
-inline Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel) {
-  return accel::launch(config, kernel);
-}
-#endif
 
 }  // namespace TUTTI_PROFILE_NAMESPACE
 
@@ -55,15 +46,19 @@ inline std::uint64_t kernel_wait_bound_ns(const Options& options, std::uint64_t 
 }
 
 /// One launch of `kernel` (AdmitKernel / PollKernel: they skip threads at or past n) over n
-/// logical threads, Options::threads_per_block per block, on Options::stream (launch_kernel).
-/// Errors: launch_kernel's.
+/// logical threads, Options::threads_per_block per block, on Options::stream. Errors: the launch's
+/// (INVALID_ARGUMENT for an empty grid; DEVICE_ERROR when CUDA refuses it).
 template <class Kernel>
 Status launch_over(const Options& options, std::size_t n, const Kernel& kernel) {
   if (n == 0) return Status::success();
   const std::uint32_t tpb = options.threads_per_block;
   const accel::LaunchConfig config{static_cast<std::uint32_t>((n + tpb - 1) / tpb), tpb,
                                    options.stream.native_handle()};
-  return launch_kernel(config, kernel);
+  if constexpr (accel::kProfile == accel::Profile::cuda) {
+    return launch_kernel(config, kernel);  // libtutti_cuda
+  } else {
+    return accel::launch(config, kernel);  // the host profile's inline launch
+  }
 }
 
 /// Takes one poll launch off the DataPath's count of poll kernels in flight when its wait is over.
