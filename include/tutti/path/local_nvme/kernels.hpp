@@ -1,21 +1,25 @@
 // The local_nvme DataPath's per-request device work, written as kernel functions over
-// tutti/accel/ primitives and tutti/nvme/queue.hpp, so the same code runs on host threads (host
-// profile, accel::launch on the HostThreadPool) and on GPU threads (CUDA profile, launched from
-// code nvcc compiles; the batch's RequestState, CommandRecord and RequestReport arrays then live
-// in device memory, as are the registration's page tables and the target handle cache's L1; the
-// extents' L2 copy and the queue state are in mapped pinned host memory).
+// tutti/accel/ primitives and the warp submission protocol (tutti/nvme/warp_queue.hpp), so the
+// same code runs on host threads (host profile, accel::launch on the HostThreadPool) and on GPU
+// threads (CUDA profile, launched by libtutti_cuda: path/local_nvme/launch.hpp; the batch's
+// RequestState, CommandRecord and RequestReport arrays then live in device memory, as do the
+// registration's page tables and the target handle cache's L1; the extents' L2 copy and the queue
+// state are in mapped pinned host memory).
 //
 // One logical thread owns one request; the queue work is warp-collective (accel/warp.hpp; on the
 // host a warp is one lane):
 //  - AdmitKernel (the submit kernel): admit_request resolves the request's first LBAs by binary
-//    search over the target's extents, counts the commands it needs up to its window, takes that
-//    many credits from its queue (backpressure: RESOURCE_EXHAUSTED when the queue lacks them);
-//    then warp_issue_commands issues the warp's first commands (one SQ reservation and one
-//    doorbell write per queue pair and warp);
-//  - PollKernel (the progress kernel): warp_reap reaps the warp's CQs by Phase Tag; poll_request
-//    takes the request's completions and marks commands past their deadline as timed out (the
-//    host then sends NVMe Abort); warp_issue_commands issues further commands while bytes remain;
-//    finish_if_idle marks the request done when nothing of it is in flight.
+//    search over the target's extents, counts the commands it needs up to its window (at most the
+//    queue's depth - 1: create adapts it), takes that many credits from its queue (backpressure:
+//    RESOURCE_EXHAUSTED when other requests hold them); then warp_issue_commands issues the warp's
+//    first commands through nvme::warp_submit (one SQ reservation and one doorbell write per queue
+//    pair and warp);
+//  - PollKernel (the progress kernel): warp_reap (nvme::warp_reap) reaps the warp's CQs by Phase
+//    Tag; poll_request takes the request's completions, sends a command whose status is retryable
+//    (nvme::classify, DNR clear) again while it has attempts and time left (may_retry), fails the
+//    request on any other error, and marks commands past their deadline as timed out (the host
+//    then sends NVMe Abort); warp_issue_commands issues retries and further commands while bytes
+//    remain; finish_if_idle marks the request done when nothing of it is in flight.
 // Clocks: every deadline is set and compared by the kernels with accel::timer_ns() (on a GPU,
 // %globaltimer, which is not the host's clock); the host never writes the kernels' state: it
 // reads each request's RequestReport after a kernel, sends the Abort for records marked
