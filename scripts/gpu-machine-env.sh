@@ -46,3 +46,14 @@ tutti_provide_udev_record() {
     "$(findmnt -no FSTYPE -T "$dir")" "$(blkid -s UUID -o value "$source" 2>/dev/null)" >"$record"
   echo "wrote udev record $record for $source (cuFile needs it; see scripts/gpu-machine-env.sh)"
 }
+
+# tutti_make_venv PYTHON DIR: a virtual environment at DIR that also sees every package PYTHON sees
+# (torch, transformers, nanobind). --system-site-packages alone is not enough where PYTHON is itself a
+# virtual environment's interpreter: the new one would see the base interpreter's site-packages only. A
+# .pth file appends PYTHON's site-packages after the new environment's own, so carried wheels win.
+tutti_make_venv() {
+  local python=$1 venv=$2 site
+  "$python" -m venv --system-site-packages "$venv" || return 1
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || return 1
+  "$python" -c 'import site; print("\n".join(site.getsitepackages()))' >"$site/tutti-parent-site-packages.pth"
+}

@@ -7,13 +7,24 @@
 //    are printed at the end ("open_batch speedup").
 //  - BM_RequestCostNull/<bytes>/<batch>: host cost of submit -> completion per request through
 //    the DataPath against a soft controller in null mode (no data moved), 4 KiB and 512 KiB.
+//  - BM_RuntimeSubmitNull/<batch>: wall time of StorageRuntime::submit per request (validation,
+//    handle lookups, pins, bucketing and the DataPath's submit) over the same null-mode controller,
+//    4 KiB reads; the wait for completion is not timed. Run against two builds of the library, it
+//    gives the runtime's submit cost before and after a change (docs/benchmarks.md).
 //  - BM_ReadFilesNvme vs BM_ReadFilesFio: MB/s reading the same 4 x 64 MiB ext4 files, through
 //    the soft controller (512 KiB requests, 32 per batch) and through fio (--ioengine=io_uring
 //    --direct=1 --bs=512k --iodepth=32) on the loop-mounted file system, same run. Both read the
 //    image through the host page cache: this measures the emulation, not an NVMe drive.
+//
+// --verify (the default; --no-verify to turn it off, given before Google Benchmark's flags): the big
+// files hold the self-checking pattern of bench/support/verify_pattern.hpp, BM_ReadFilesNvme poisons
+// its memory before every batch and checks every 4096-byte block it read (the check is part of the
+// timed loop), so its MB/s is of checked bytes; a mismatch stops it with "VERIFY FAILED". The null-mode
+// benchmarks move no data and have nothing to check; fio's reads are not checked.
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +38,8 @@
 #include <scratch_filesystem.hpp>
 #include <tutti/libnvm/soft_local_nvme.hpp>
 
+#include "../support/verify_pattern.hpp"
+
 using namespace tutti;
 using tutti::testing::ScratchFilesystem;
 
@@ -36,6 +49,8 @@ constexpr int kSmallFiles = 500;
 constexpr int kBigFiles = 4;
 constexpr std::uint64_t kBigFileBytes = 64ull << 20;
 constexpr std::uint64_t kSecond = 1'000'000'000;
+
+bool verify = true;  // --verify / --no-verify
 
 struct Image {
   std::unique_ptr<ScratchFilesystem> fs;
@@ -61,10 +76,17 @@ Image& image() {
       std::fclose(out);
       i.small_uris.push_back("file://" + path);
     }
-    for (int f = 0; f < kBigFiles; ++f) {
+    std::vector<std::byte> chunk(8 << 20);
+    for (int f = 0; f < kBigFiles; ++f) {  // the verification pattern of file f
       const std::string path = i.fs->path("big" + std::to_string(f));
-      (void)tutti::testing::run_command("dd if=/dev/urandom of=" + path + " bs=8M count=" +
-                                        std::to_string(kBigFileBytes >> 23) + " conv=fsync");
+      FILE* out = std::fopen(path.c_str(), "w");
+      for (std::uint64_t at = 0; at < kBigFileBytes; at += chunk.size()) {
+        tutti::bench::fill_pattern(chunk.data(), static_cast<std::uint64_t>(f), at, chunk.size(), 0);
+        std::fwrite(chunk.data(), 1, chunk.size(), out);
+      }
+      std::fflush(out);
+      ::fsync(fileno(out));
+      std::fclose(out);
       i.big_paths.push_back(path);
     }
     (void)tutti::testing::run_command("sync");
@@ -119,18 +141,30 @@ void BM_OpenSerial(benchmark::State& state) {
 }
 BENCHMARK(BM_OpenSerial)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-struct NullRig {
-  NullRig() {
+/// A soft controller in null mode (every command validated, no data moved), brought up, and the
+/// local_nvme DataPath over it (one queue pair of depth 1024).
+struct NullController {
+  NullController() {
     libnvm::SoftControllerConfig c;
     c.null_mode = true;
     c.namespace_size_lbas = 1 << 20;
     device = *libnvm::SoftController::create(c);
     controller = libnvm::open_soft_controller(device).value();
     if (!controller->bring_up({}).is_ok()) std::abort();
+  }
+  local_nvme::LocalNvmeDataPath datapath() const {
     local_nvme::LocalNvmeDataPath::Options o;
     o.queue_pairs = 1;
     o.queue_depth = 1024;
-    path = std::make_unique<local_nvme::LocalNvmeDataPath>(local_nvme::LocalNvmeDataPath::create(*controller, o).value());
+    return local_nvme::LocalNvmeDataPath::create(*controller, o).value();
+  }
+  std::shared_ptr<libnvm::SoftController> device;
+  std::unique_ptr<nvme::Controller> controller;
+};
+
+struct NullRig {
+  NullRig() {
+    path = std::make_unique<local_nvme::LocalNvmeDataPath>(null.datapath());
     local_file::Target t;
     t.path = "null";
     t.extents = {{0, 0, 1ull << 32}};
@@ -141,8 +175,7 @@ struct NullRig {
     memory = std::make_unique<local_nvme::LocalNvmeDataPath::registered_memory>(
         path->register_memory({buffer, 64 << 20, MemoryKind::HOST, -1}).value());
   }
-  std::shared_ptr<libnvm::SoftController> device;
-  std::unique_ptr<nvme::Controller> controller;
+  NullController null;
   std::unique_ptr<local_nvme::LocalNvmeDataPath> path;
   std::unique_ptr<local_nvme::LocalNvmeDataPath::open_target> target;
   void* buffer = nullptr;
@@ -174,31 +207,93 @@ BENCHMARK(BM_RequestCostNull)
     ->Args({4096, 1})->Args({4096, 64})->Args({524288, 1})->Args({524288, 64})
     ->UseRealTime();
 
+/// Resolves any "null://" URI to a 4 GiB target mapped 1:1 onto the null controller's namespace.
+struct NullExtentResolver {
+  using target_type = local_file::Target;
+  static constexpr std::string_view scheme = "null";
+  Result<local_file::Target> resolve(std::string_view uri, const OpenOptions&) const {
+    local_file::Target t;
+    t.path = std::string(uri);
+    t.extents = {{0, 0, 1ull << 32}};
+    t.file_size = 1ull << 32;
+    t.lba_size = 4096;
+    return t;
+  }
+};
+using NullRuntime = StorageRuntime<Backend<NullExtentResolver, local_nvme::LocalNvmeDataPath>>;
+
+/// A runtime over a null-mode soft controller (validation and queues run, no data moves).
+struct NullRuntimeRig {
+  NullRuntimeRig() {
+    runtime = std::make_unique<NullRuntime>(
+        Backend<NullExtentResolver, local_nvme::LocalNvmeDataPath>{NullExtentResolver{}, null.datapath()});
+    target = runtime->open("null://namespace").value();
+    buffer = std::aligned_alloc(4096, 64 << 20);
+    memory = runtime->register_memory({buffer, 64 << 20, MemoryKind::HOST, -1}).value();
+  }
+  NullController null;
+  std::unique_ptr<NullRuntime> runtime;
+  TargetHandle target;
+  void* buffer = nullptr;
+  MemoryHandle memory;
+};
+
+void BM_RuntimeSubmitNull(benchmark::State& state) {
+  static NullRuntimeRig rig;
+  const std::size_t batch = static_cast<std::size_t>(state.range(0));
+  std::vector<IoRequest> requests;
+  for (std::size_t i = 0; i < batch; ++i)
+    requests.push_back({Direction::READ, rig.memory, (i * 4096) % (64 << 20), rig.target, i * 4096, 4096});
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    auto outcome = rig.runtime->submit(requests);
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (outcome.accepted != batch) return state.SkipWithError(outcome.initial_states.back().to_string().c_str());
+    auto result = rig.runtime->wait(outcome.io, 10 * kSecond);
+    if (!result || !result->status.is_ok()) return state.SkipWithError("wait failed");
+    (void)rig.runtime->release(outcome.io);
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
+  state.counters["submit_ns_per_request"] = benchmark::Counter(
+      static_cast<double>(batch) / 1e9, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_RuntimeSubmitNull)->Arg(1)->Arg(64)->UseManualTime();
+
 void BM_ReadFilesNvme(benchmark::State& state) {
   Image& img = image();
   if (!img.ok) return state.SkipWithError("needs root (ext4 image on a loop device)");
   auto& rt = *img.stack->runtime;
   constexpr std::uint64_t kRequest = 512 << 10;
   constexpr std::size_t kBatch = 32;
-  void* buffer = std::aligned_alloc(4096, kRequest * kBatch);
+  auto* buffer = static_cast<std::byte*>(std::aligned_alloc(4096, kRequest * kBatch));
   auto m = rt.register_memory({buffer, kRequest * kBatch, MemoryKind::HOST, -1});
   std::vector<TargetHandle> targets;
   for (const auto& p : img.big_paths) targets.push_back(rt.open("file://" + p).value());
+  std::uint64_t verified_bytes = 0, mismatched_blocks = 0;
   for (auto _ : state) {
-    for (TargetHandle t : targets) {
+    for (std::size_t f = 0; f < targets.size(); ++f) {
       for (std::uint64_t offset = 0; offset < kBigFileBytes; offset += kRequest * kBatch) {
+        if (verify) std::memset(buffer, tutti::bench::kPoisonByte, kRequest * kBatch);
         std::vector<IoRequest> rs;
         for (std::size_t i = 0; i < kBatch; ++i)
-          rs.push_back(IoRequest{Direction::READ, *m, i * kRequest, t, offset + i * kRequest, kRequest});
+          rs.push_back(IoRequest{Direction::READ, *m, i * kRequest, targets[f], offset + i * kRequest, kRequest});
         auto outcome = rt.submit(rs);
         if (outcome.accepted != kBatch) return state.SkipWithError("backpressure in the benchmark");
         auto r = rt.wait(outcome.io, 30 * kSecond);
         if (!r || !r->status.is_ok()) return state.SkipWithError("read failed");
         (void)rt.release(outcome.io);
+        if (!verify) continue;
+        const std::uint64_t bad = tutti::bench::count_bad_blocks(buffer, f, offset, kRequest * kBatch);
+        mismatched_blocks += bad;
+        verified_bytes += kRequest * kBatch - bad * tutti::bench::kPatternBlockBytes;
+        if (bad > 0)
+          return state.SkipWithError("VERIFY FAILED: bytes read through the soft controller differ from the file");
       }
     }
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kBigFiles * kBigFileBytes));
+  state.counters["verified_bytes"] = static_cast<double>(verified_bytes);
+  state.counters["mismatched_blocks"] = static_cast<double>(mismatched_blocks);
   for (TargetHandle t : targets) (void)rt.close(t);
   (void)rt.unregister_memory(*m);
   std::free(buffer);
@@ -257,6 +352,10 @@ class RatioReporter : public benchmark::ConsoleReporter {
     if (nvme != rates_.end() && fio != rates_.end() && fio->second > 0)
       std::printf("soft-controller NVMe path vs fio io_uring O_DIRECT: %.1f MB/s vs %.1f MB/s (ratio %.2f)\n",
                   nvme->second / 1e6, fio->second / 1e6, nvme->second / fio->second);
+    std::printf("verify: %s\n", verify ? "on: BM_ReadFilesNvme checked every 4096-byte block it read against the "
+                                         "files' pattern (verified_bytes, mismatched_blocks above); fio's reads "
+                                         "and the null-mode benchmarks are not checked"
+                                       : "off (--no-verify): MB/s counts bytes the runtime confirmed");
   }
 
  private:
@@ -266,6 +365,16 @@ class RatioReporter : public benchmark::ConsoleReporter {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --verify / --no-verify are ours; Google Benchmark parses the rest.
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--verify" || arg == "--no-verify")
+      verify = arg == "--verify";
+    else
+      argv[kept++] = argv[i];
+  }
+  argc = kept;
   benchmark::Initialize(&argc, argv);
   RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);

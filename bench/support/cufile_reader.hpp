@@ -73,6 +73,7 @@
 #include <fmt/format.h>
 
 #include <tutti/bind/file.hpp>
+#include <tutti/core/errno.hpp>
 #include <tutti/core/status.hpp>
 
 namespace tutti::bench::cufile {
@@ -266,10 +267,8 @@ class File {
     f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
     if (f->fd_ < 0) {
       const int e = errno;
-      const StatusCode code = e == ENOENT || e == ENOTDIR ? StatusCode::NOT_FOUND
-                              : e == EINVAL && direct    ? StatusCode::UNSUPPORTED
-                              : e == EACCES || e == EPERM || e == EISDIR ? StatusCode::INVALID_ARGUMENT
-                                                                           : StatusCode::DEVICE_ERROR;
+      // EINVAL with O_DIRECT: no O_DIRECT on this file system; the rest by the one errno table.
+      const StatusCode code = e == EINVAL && direct ? StatusCode::UNSUPPORTED : tutti::status_code_of_errno(e);
       return error(code, "open '{}'{}: {}", path, direct ? " with O_DIRECT" : "", file::errno_text(e));
     }
     struct stat st{};

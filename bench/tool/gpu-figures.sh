@@ -44,7 +44,7 @@ tutti_provide_udev_record "$data"
 cat "$out/machine.txt"
 
 if [ ! -f "$build/build.ninja" ]; then
-  meson setup "$build" -Daccelerator=cuda --buildtype=release -Dtests=false -Ddaemon=false >"$out/log.txt" 2>&1 ||
+  meson setup "$build" -Daccelerator=cuda --buildtype=release -Dtests=false >"$out/log.txt" 2>&1 ||
     { tail -30 "$out/log.txt"; exit 1; }
 fi
 ninja -C "$build" examples/layerwise_kv_overlap bench/tool/tutti-bench >>"$out/log.txt" 2>&1 ||

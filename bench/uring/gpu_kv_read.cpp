@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <numeric>
@@ -44,6 +45,7 @@
 #include <tutti/presets/uring.hpp>
 
 #include "../support/cli_checks.hpp"
+#include "../support/ordered_waits.hpp"
 #include "../support/uring_device_staging.hpp"
 
 #if defined(TUTTI_HAVE_CUFILE)
@@ -201,7 +203,7 @@ PassResult run_uring(const Settings& s, const std::vector<Unit>& order, void* de
   auto memory = runtime.register_memory({device, s.total_bytes(), tutti::MemoryKind::DEVICE, 0});
   if (!memory) die("uring register_memory: " + memory.status().to_string());
   const std::size_t per_submit = std::max<std::size_t>(1, s.queue_depth / 2);
-  std::vector<tutti::IoHandle> in_flight;
+  std::deque<tutti::IoHandle> in_flight;
   std::size_t next = 0;
   const auto start = Clock::now();
   auto submit_next = [&] {
@@ -220,21 +222,18 @@ PassResult run_uring(const Settings& s, const std::vector<Unit>& order, void* de
   };
   submit_next();
   submit_next();
-  while (!in_flight.empty()) {
-    auto result = runtime.wait(in_flight.front(), 60'000'000'000ull);
-    if (!result || !result->status.is_ok()) {
-      r.error = "uring wait: " + (result ? result->status : result.status()).to_string();
-      break;
-    }
-    (void)runtime.release(in_flight.front());
-    in_flight.erase(in_flight.begin());
-    submit_next();
-  }
+  // Only bytes the runtime confirmed count: a failed wait ends the pass, and the units still in
+  // flight or never submitted are not counted (the table marks the pass failed).
+  const tutti::bench::OrderedWaits waited =
+      tutti::bench::wait_in_order(runtime, in_flight, 60'000'000'000ull, submit_next);
   r.seconds = seconds_since(start);
+  r.bytes = waited.confirmed_bytes;
   r.units_done = next;
   r.partial = next < order.size();
-  for (std::size_t i = 0; i < next; ++i) r.bytes += order[i].bytes;
-  if (!r.error.empty()) return r;
+  if (!waited.error.empty()) {
+    r.error = "uring " + waited.error;
+    return r;
+  }
   if (tutti::Status s2 = runtime.unregister_memory(*memory); !s2.is_ok()) r.error = s2.to_string();
   for (auto t : targets) (void)runtime.close(t);
   return r;
@@ -459,25 +458,29 @@ int main(int argc, char** argv) {
         if (!r.note.empty()) std::fprintf(stderr, "%s %s %s: %s\n", r.method.c_str(), shape.c_str(), cache, r.note.c_str());
         results.push_back(r);
       }
-      auto gbps = [&](const char* method) {
+      auto gbps = [&](const char* method) {  // 0 for a failed or missing pass: no ratio from it
         for (const auto& r : results)
-          if (r.method == method) return r.gigabytes_per_second();
+          if (r.method == method) return r.verified ? r.gigabytes_per_second() : 0.0;
         return 0.0;
       };
       auto cell = [&](const char* method) {
         for (const auto& r : results)
-          if (r.method == method) return fmt::format("{:.2f}{}", r.gigabytes_per_second(), r.partial ? "*" : "");
+          if (r.method == method)
+            return r.verified ? fmt::format("{:.2f}{}", r.gigabytes_per_second(), r.partial ? "*" : "")
+                              : fmt::format("failed ({:.2f} GB/s confirmed)", r.gigabytes_per_second());
         return std::string("-");
       };
-      const double cufile = gbps("cufile");
-      std::printf("| %s | %s%s | %s | %s | %s | %s | %.2f |\n", shape.c_str(), cache,
+      auto ratio = [&](const char* a, const char* b) {
+        return gbps(a) > 0 && gbps(b) > 0 ? fmt::format("{:.2f}", gbps(a) / gbps(b)) : std::string("-");
+      };
+      std::printf("| %s | %s%s | %s | %s | %s | %s | %s |\n", shape.c_str(), cache,
                   cold ? fmt::format(" ({})", cold_method).c_str() : "", cell("uring").c_str(), cell("cufile").c_str(),
-                  cell("pread").c_str(), cufile > 0 ? fmt::format("{:.2f}", gbps("uring") / cufile).c_str() : "-",
-                  gbps("uring") / gbps("pread"));
+                  cell("pread").c_str(), ratio("uring", "cufile").c_str(), ratio("uring", "pread").c_str());
       std::fflush(stdout);
     }
   }
-  std::printf("(* = the pass stopped at --pass-seconds; GB/s over the bytes it read)\n");
+  std::printf("(* = the pass stopped at --pass-seconds; GB/s over the bytes it read. failed = an IO error or a "
+              "verification failure: GB/s over the bytes the runtime confirmed before it, not a figure to use)\n");
   out["passes"] = passes;
   out["all_verified"] = all_ok;
   if (!s.json.empty()) {

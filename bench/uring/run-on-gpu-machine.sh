@@ -27,7 +27,7 @@ tutti_provide_udev_record /var/tmp
 } > "$out/env.txt" 2>&1
 build=build-u-cuda
 [ -f "$build/build.ninja" ] || meson setup "$build" -Daccelerator=cuda -Dwerror=true -Dbench=true -Dexamples=false \
-  -Ddaemon=false > "$out/setup.log" 2>&1 || { tail -30 "$out/setup.log"; exit 1; }
+  > "$out/setup.log" 2>&1 || { tail -30 "$out/setup.log"; exit 1; }
 ninja -C "$build" -j16 tests/uring/test_uring_gpu bench/uring/gpu_kv_read > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 timeout 60 "$build/tests/uring/test_uring_gpu" > "$out/test.log" 2>&1
 status=$?

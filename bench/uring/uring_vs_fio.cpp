@@ -2,11 +2,14 @@
 // --direct=1, in the same run, on the same file, at the same block size and queue depth:
 //   4 KiB random reads and 512 KiB sequential reads, page cache dropped before every run.
 // Prints throughput (MB/s, 10^6 bytes per second), IOPS, the ratio uring / fio, and CPU time per IO
-// (user + system, microseconds: getrusage for uring, fio's usr_cpu + sys_cpu for fio).
+// (user + system, microseconds: getrusage for uring, less the thread CPU time --verify spends
+// poisoning and checking memory; fio's usr_cpu + sys_cpu for fio).
 //
 //   uring_vs_fio [--file PATH] [--size BYTES] [--iodepth N] [--seconds S] [--fio PATH] [--batch N]
+//                [--verify | --no-verify]
 //
-// --file      the test file (created with random-looking bytes when missing or smaller than --size);
+// --file      the test file (written with the self-checking pattern of bench/support/verify_pattern.hpp
+//             when missing, smaller than --size or holding something else);
 //             default /var/tmp/tutti-uring-bench.dat. Pick a file system with O_DIRECT.
 // --size      bytes of the file used, default 1 GiB.
 // --iodepth   requests in flight, default 32 (both sides).
@@ -15,6 +18,10 @@
 //             is reported (this machine's disk is shared, single runs vary by +-30%).
 // --batch     requests per runtime submit, default 4: the uring side keeps iodepth / batch submits of
 //             `batch` requests in flight and replaces the oldest when it completes.
+// --verify    (default) the uring side poisons each request's memory before the read and checks every
+//             4096-byte block it read against the pattern when the read completes; MB/s counts only
+//             checked bytes and a mismatch fails the run (exit 1). fio reads the same file without a
+//             check (it can verify only data it wrote itself). --no-verify counts confirmed bytes.
 // Needs root for drop_caches (without it the runs are warm for buffered readers; O_DIRECT reads do
 // not use the page cache either way).
 #include <fcntl.h>
@@ -37,6 +44,8 @@
 
 #include <tutti/presets/uring.hpp>
 
+#include "../support/verify_pattern.hpp"
+
 namespace {
 
 struct Settings {
@@ -47,13 +56,24 @@ struct Settings {
   std::uint32_t batch = 4;
   std::uint32_t repeat = 3;
   std::string fio = "fio";
+  bool verify = true;
 };
 
 struct Figures {
   double bytes_per_second = 0;
   double iops = 0;
   double cpu_us_per_io = 0;  ///< user + system CPU time per request, in microseconds
+  std::uint64_t verified_bytes = 0;     ///< bytes read and checked against the pattern (uring side)
+  std::uint64_t mismatched_blocks = 0;  ///< 4096-byte blocks that did not hold the pattern
 };
+
+/// CPU time of the calling thread, in seconds (the checking of --verify is measured with it and left
+/// out of the uring side's CPU per IO, so that figure stays the IO path's).
+double thread_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) / 1e9;
+}
 
 double cpu_seconds() {
   rusage usage{};
@@ -67,18 +87,29 @@ void drop_caches() {
   if (std::system("sync && echo 3 > /proc/sys/vm/drop_caches") != 0) std::fprintf(stderr, "drop_caches failed\n");
 }
 
+/// Whether the first and the last block of the used size hold the pattern (file 0).
+bool holds_pattern(int fd, std::uint64_t size) {
+  std::vector<std::byte> block(tutti::bench::kPatternBlockBytes);
+  for (std::uint64_t at : {std::uint64_t{0}, size - block.size()})
+    if (::pread(fd, block.data(), block.size(), static_cast<off_t>(at)) != static_cast<ssize_t>(block.size()) ||
+        tutti::bench::count_bad_blocks(block.data(), 0, at, block.size()) != 0)
+      return false;
+  return true;
+}
+
 bool prepare_file(const Settings& s) {
   const int fd = ::open(s.file.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
   if (fd < 0) return false;
   struct stat st {};
   ::fstat(fd, &st);
-  if (static_cast<std::uint64_t>(st.st_size) < s.size) {
-    std::fprintf(stderr, "writing %llu bytes to %s ...\n", static_cast<unsigned long long>(s.size), s.file.c_str());
-    std::vector<std::uint64_t> chunk((8u << 20) / 8);
-    std::mt19937_64 random(42);
-    for (std::uint64_t done = 0; done < s.size; done += chunk.size() * 8) {
-      for (auto& word : chunk) word = random();
-      if (::pwrite(fd, chunk.data(), chunk.size() * 8, static_cast<off_t>(done)) < 0) return false;
+  if (static_cast<std::uint64_t>(st.st_size) < s.size || !holds_pattern(fd, s.size)) {
+    std::fprintf(stderr, "writing %llu bytes of the verification pattern to %s ...\n",
+                 static_cast<unsigned long long>(s.size), s.file.c_str());
+    std::vector<std::byte> chunk(8u << 20);
+    for (std::uint64_t done = 0; done < s.size; done += chunk.size()) {
+      const std::uint64_t n = std::min<std::uint64_t>(chunk.size(), s.size - done);
+      tutti::bench::fill_pattern(chunk.data(), 0, done, n, 0);
+      if (::pwrite(fd, chunk.data(), n, static_cast<off_t>(done)) != static_cast<ssize_t>(n)) return false;
     }
     ::fsync(fd);
   }
@@ -122,20 +153,30 @@ Figures run_uring(const Settings& s, std::uint64_t block, bool random_offsets) {
   struct InFlight {
     tutti::IoHandle io;
     std::uint32_t group;
+    std::vector<std::uint64_t> offsets;  // file offset of each request of the group
   };
   std::deque<InFlight> ring;
-  std::uint64_t bytes = 0, requests = 0;
+  std::uint64_t bytes = 0, requests = 0, verified = 0, mismatched = 0;
+  double checking = 0;  // CPU seconds spent poisoning and checking memory (--verify)
   auto submit_group = [&](std::uint32_t g) {
     std::vector<tutti::IoRequest> batch_requests;
-    for (std::uint32_t i = 0; i < batch; ++i)
-      batch_requests.push_back({tutti::Direction::READ, *memory, (std::uint64_t{g} * batch + i) * block, *target,
-                                next_offset(), block});
+    std::vector<std::uint64_t> offsets;
+    for (std::uint32_t i = 0; i < batch; ++i) {
+      const std::uint64_t memory_offset = (std::uint64_t{g} * batch + i) * block;
+      if (s.verify) {
+        const double checking_start = thread_cpu_seconds();
+        std::memset(buffer.get() + memory_offset, tutti::bench::kPoisonByte, block);
+        checking += thread_cpu_seconds() - checking_start;
+      }
+      offsets.push_back(next_offset());
+      batch_requests.push_back({tutti::Direction::READ, *memory, memory_offset, *target, offsets.back(), block});
+    }
     auto outcome = runtime.submit(batch_requests);
     if (outcome.accepted != batch_requests.size()) {
       std::fprintf(stderr, "submit: %s\n", outcome.initial_states[0].to_string().c_str());
       std::exit(1);
     }
-    ring.push_back({outcome.io, g});
+    ring.push_back({outcome.io, g, std::move(offsets)});
   };
   const double cpu_start = cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
@@ -151,16 +192,30 @@ Figures run_uring(const Settings& s, std::uint64_t block, bool random_offsets) {
                    (result ? result->status : result.status()).to_string().c_str());
       std::exit(1);
     }
-    bytes += result->confirmed_bytes;
+    if (s.verify) {
+      const double checking_start = thread_cpu_seconds();
+      for (std::uint32_t i = 0; i < batch; ++i) {
+        const std::byte* at = buffer.get() + (std::uint64_t{oldest.group} * batch + i) * block;
+        const std::uint64_t bad = tutti::bench::count_bad_blocks(at, 0, oldest.offsets[i], block);
+        mismatched += bad;
+        if (bad == 0) {
+          verified += block;
+          bytes += block;
+        }
+      }
+      checking += thread_cpu_seconds() - checking_start;
+    } else {
+      bytes += result->confirmed_bytes;
+    }
     requests += result->requests;
     (void)runtime.release(oldest.io);
     now = std::chrono::steady_clock::now();
     if (now < end) submit_group(oldest.group);
   }
   const double elapsed = std::chrono::duration<double>(now - start).count();
-  const double cpu = cpu_seconds() - cpu_start;
+  const double cpu = cpu_seconds() - cpu_start - checking;
   return {static_cast<double>(bytes) / elapsed, static_cast<double>(requests) / elapsed,
-          requests ? cpu / static_cast<double>(requests) * 1e6 : 0.0};
+          requests ? cpu / static_cast<double>(requests) * 1e6 : 0.0, verified, mismatched};
 }
 
 Figures run_fio(const Settings& s, std::uint64_t block, bool random_offsets, std::string& command) {
@@ -205,8 +260,17 @@ std::uint64_t number(const char* text) { return std::strtoull(text, nullptr, 10)
 
 int main(int argc, char** argv) {
   Settings s;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string key = argv[i];
+    if (key == "--verify" || key == "--no-verify") {
+      s.verify = key == "--verify";
+      --i;  // a flag without a value
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "option %s needs a value\n", key.c_str());
+      return 2;
+    }
     if (key == "--file") s.file = argv[i + 1];
     else if (key == "--size") s.size = number(argv[i + 1]);
     else if (key == "--iodepth") s.iodepth = static_cast<std::uint32_t>(number(argv[i + 1]));
@@ -230,6 +294,7 @@ int main(int argc, char** argv) {
   std::printf("| workload | uring MB/s | uring IOPS | fio MB/s | fio IOPS | uring / fio | uring CPU us/IO | fio CPU us/IO |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> commands;
+  std::uint64_t verified = 0, mismatched = 0;
   for (const auto& [name, block, random_offsets] :
        {std::tuple{"4 KiB random read", std::uint64_t{4096}, true},
         std::tuple{"512 KiB sequential read", std::uint64_t{512} << 10, false}}) {
@@ -238,6 +303,8 @@ int main(int argc, char** argv) {
     for (std::uint32_t r = 0; r < s.repeat; ++r) {
       drop_caches();
       uring_runs.push_back(run_uring(s, block, random_offsets));
+      verified += uring_runs.back().verified_bytes;
+      mismatched += uring_runs.back().mismatched_blocks;
       drop_caches();
       fio_runs.push_back(run_fio(s, block, random_offsets, command));
     }
@@ -250,5 +317,12 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   for (const auto& c : commands) std::printf("fio command: %s\n", c.c_str());
-  return 0;
+  if (s.verify)
+    std::printf("verify: uring side: %llu bytes read and checked against the file's pattern, %llu mismatched "
+                "4096-byte blocks%s; fio's reads are not checked (fio verifies only data it wrote itself)\n",
+                static_cast<unsigned long long>(verified), static_cast<unsigned long long>(mismatched),
+                mismatched ? " -> VERIFY FAILED" : "");
+  else
+    std::printf("verify: off (--no-verify): uring MB/s counts confirmed bytes, not checked bytes\n");
+  return mismatched == 0 ? 0 : 1;
 }

@@ -1,10 +1,13 @@
 // The KV-cache data set of the layer-wise example: its shape, its on-file layout, the content of
 // every tensor, and the per-tensor checksums every read is verified against.
 //
-// Layout (layer-major, docs/kv-cache.md): one file per layer, "layer-NNN.kv". A prefix of
-// `context_tokens` tokens is cut into chunks of `chunk_tokens`; each chunk holds a K and a V tensor
-// of `tensor_bytes` bytes for every layer. In a layer's file, chunk c's K tensor is at byte offset
-// (2c) * tensor_bytes and its V tensor at (2c + 1) * tensor_bytes.
+// Layout: the KV block store's (tutti::kv::Layout, include/tutti/kv/layout.hpp, docs/kv-store.md), so the
+// example's files are laid out as a store's data files are. A prefix of `context_tokens` tokens is cut
+// into chunks (blocks) of `chunk_tokens`; each chunk holds a K and a V tensor of `tensor_bytes` bytes for
+// every layer. One file per layer (kv::Layout::file_name: "layer-00000.kv"), one slot per chunk (slot c
+// holds chunk c), the K and V tensors the slot's two pieces, each at a 4096-byte boundary: with
+// `tensor_bytes` a multiple of 4096, chunk c's K tensor is at byte offset (2c) * tensor_bytes of its
+// layer's file and its V tensor at (2c + 1) * tensor_bytes.
 //
 // Hits and misses: the first `hit_chunks` chunks of the prefix are in the SSD cache (restored by
 // reads); the remaining chunks are recomputed and written back (writes of layer L-1).
@@ -12,6 +15,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -19,6 +23,8 @@
 #include <vector>
 
 #include <fmt/format.h>
+
+#include <tutti/kv/layout.hpp>
 
 namespace layerwise {
 
@@ -33,12 +39,21 @@ struct Shape {
   std::uint32_t chunks() const { return (context_tokens + chunk_tokens - 1) / chunk_tokens; }
   std::uint32_t hit_chunks() const { return static_cast<std::uint32_t>(std::uint64_t{chunks()} * hit_percent / 100); }
   std::uint32_t miss_chunks() const { return chunks() - hit_chunks(); }
-  std::uint64_t layer_file_bytes() const { return std::uint64_t{chunks()} * 2 * tensor_bytes; }
-  /// Byte offset of chunk `chunk`'s K (kind 0) or V (kind 1) tensor in its layer file.
-  std::uint64_t tensor_offset(std::uint32_t chunk, std::uint32_t kind) const {
-    return (std::uint64_t{chunk} * 2 + kind) * tensor_bytes;
+  /// The KV store's layout of this data set: `layers` files, a slot per chunk, pieces {K, V} of
+  /// `tensor_bytes` each. The store sizes its slot count from a byte bound; here it is the chunk count.
+  tutti::kv::Layout layout() const {
+    tutti::kv::Namespace ns;
+    ns.layers = std::max(1u, layers);  // (a shape of 0 layers is refused before use; no division by 0 here)
+    ns.piece_bytes = {tensor_bytes, tensor_bytes};
+    tutti::kv::Layout l = tutti::kv::Layout::compute(ns, UINT64_MAX).value();  // the bound is never below a block
+    l.layers = layers;
+    l.slots = chunks();
+    return l;
   }
-  std::string layer_file_name(std::uint32_t layer) const { return fmt::format("layer-{:03}.kv", layer); }
+  std::uint64_t layer_file_bytes() const { return layout().file_bytes(); }
+  /// Byte offset of chunk `chunk`'s K (kind 0) or V (kind 1) tensor in its layer file.
+  std::uint64_t tensor_offset(std::uint32_t chunk, std::uint32_t kind) const { return layout().offset(chunk, kind); }
+  std::string layer_file_name(std::uint32_t layer) const { return tutti::kv::Layout::file_name(layer); }
 };
 
 /// The splitmix64 seed of one tensor, from its coordinates and salt (see fill_tensor).

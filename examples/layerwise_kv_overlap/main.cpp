@@ -1,10 +1,13 @@
 // layerwise_kv_overlap: restore a long prefix's KV cache from files, layer by layer, while the model
-// computes: read(L+1) || compute(L) || write(L-1). Verifies every tensor it reads and exits non-zero
-// on any mismatch. See docs/kv-cache.md for the layout and README.md for how to run it.
+// computes: read(L+1) || compute(L) || write(L-1). Verifies every tensor it reads and writes and exits
+// non-zero on any mismatch. See docs/kv-cache.md for the layout, the summary and the exit codes, and
+// README.md for how to run it.
 // The CUDA build with cuBLAS (LAYERWISE_GPU) keeps the KV slots in GPU memory and computes on the GPU
 // (gpu_pipeline.hpp, gpu_compute.cu), with pread + cudaMemcpy and cuFile baselines in the same run.
-#include <fcntl.h>
-#include <sys/file.h>
+//
+// Exit codes: 0 every tensor verified (or --help, or --prepare-only done); 1 a tensor did not match its
+// checksum; 2 refused before the run (the command line, the shape, the data folder: the message names
+// the option); 3 the run failed (an IO error, a timeout, a device: the message names the phase).
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,7 +19,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,8 +33,14 @@
 #include <tutti/libnvm/soft_local_nvme.hpp>
 #include <tutti/tutti.hpp>
 
+#include "baselines.hpp"
+#include "cli_checks.hpp"
+#include "data_files.hpp"
 #include "dataset.hpp"
+#include "model_shapes.hpp"
 #include "pipeline.hpp"
+#include "progress.hpp"
+#include "spread.hpp"
 #if defined(LAYERWISE_GPU)
 #include "gpu_pipeline.hpp"
 #endif
@@ -39,17 +50,26 @@ using namespace layerwise;
 
 namespace {
 
+/// The exit codes (docs/kv-cache.md#exit-codes).
+constexpr int kExitVerified = 0;
+constexpr int kExitMismatch = 1;
+constexpr int kExitRefused = 2;
+constexpr int kExitFailed = 3;
+
 struct Options {
   Settings settings;
+  ModelShape model;
   std::string backend = "uring";
   std::string data_dir;
   std::string json_path;
+  std::uint32_t repeat = 3;
+  bool prepare_only = false;
   bool drop_caches = geteuid() == 0;
   bool pread_baseline = true;
   double compute_ms = 2.0;
-  /// The baseline's name and what it does, for the summary (the GPU build's baseline adds a copy).
-  std::string pread_label = "plain pread";
-  std::string pread_note = "same tensors, same memory, O_DIRECT, 1 thread";
+  /// The one-thread baseline's name and what it does, for the summary (the GPU build's adds a copy).
+  std::string pread_label = "pread 1 thread";
+  std::string pread_note = "O_DIRECT, one request at a time, same tensors, same memory";
 #if defined(LAYERWISE_GPU)
   std::string memory = "auto";  ///< device: KV slots in GPU memory; host: the host profile's pipeline; auto: see --memory
   std::string compute = "gemm";    ///< gemm (cuBLAS) or sleep (a kernel spinning compute_ms)
@@ -74,57 +94,10 @@ std::string file_uri(const fs::path& path) {
   return uri;
 }
 
-void progress_bar(const char* what, std::uint32_t done, std::uint32_t total) {
-  constexpr int kWidth = 40;
-  const int filled = total ? static_cast<int>(std::uint64_t{done} * kWidth / total) : kWidth;
-  fmt::print(stderr, "\r{} [{}{}] {}/{}", what, std::string(filled, '#'), std::string(kWidth - filled, '.'), done, total);
-  if (done == total) fmt::print(stderr, "\n");
-  std::fflush(stderr);
-}
-
-nlohmann::json shape_json(const Shape& s) {
-  // hit_percent belongs to the data set: the missed chunks hold the last run's recomputed tensors.
-  return {{"layers", s.layers},           {"context_tokens", s.context_tokens}, {"chunk_tokens", s.chunk_tokens},
-          {"tensor_bytes", s.tensor_bytes}, {"hit_percent", s.hit_percent},     {"format", 2}};
-}
-
-/// Writes the layer files (first run, or when the shape changed) with a progress bar.
-tutti::Status prepare_files(const Shape& shape, const fs::path& dir) {
-  const fs::path manifest = dir / "manifest.json";
-  if (fs::exists(manifest)) {
-    std::ifstream in(manifest);
-    auto saved = nlohmann::json::parse(in, nullptr, false);
-    bool complete = !saved.is_discarded() && saved == shape_json(shape);
-    for (std::uint32_t l = 0; complete && l < shape.layers; ++l)
-      complete = fs::exists(dir / shape.layer_file_name(l)) &&
-                 fs::file_size(dir / shape.layer_file_name(l)) == shape.layer_file_bytes();
-    if (complete) return tutti::Status::success();
-  }
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return tutti::error(tutti::StatusCode::INVALID_ARGUMENT, "data directory '{}': {}", dir.string(), ec.message());
-  fs::remove(manifest, ec);
-  std::vector<std::byte> tensor(shape.tensor_bytes);
-  for (std::uint32_t l = 0; l < shape.layers; ++l) {
-    const fs::path path = dir / shape.layer_file_name(l);
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return tutti::error(tutti::StatusCode::DEVICE_ERROR, "create '{}': {}", path.string(), std::strerror(errno));
-    for (std::uint32_t c = 0; c < shape.chunks(); ++c)
-      for (std::uint32_t k = 0; k < 2; ++k) {
-        fill_tensor(tensor, l, c, k);
-        const auto offset = static_cast<off_t>(shape.tensor_offset(c, k));
-        if (::pwrite(fd, tensor.data(), tensor.size(), offset) != static_cast<ssize_t>(tensor.size())) {
-          ::close(fd);
-          return tutti::error(tutti::StatusCode::DEVICE_ERROR, "write '{}': {}", path.string(), std::strerror(errno));
-        }
-      }
-    const bool synced = ::fsync(fd) == 0;
-    ::close(fd);
-    if (!synced) return tutti::error(tutti::StatusCode::DEVICE_ERROR, "fsync '{}'", path.string());
-    progress_bar("preparing KV files", l + 1, shape.layers);
-  }
-  std::ofstream(manifest) << shape_json(shape).dump(2) << "\n";
-  return tutti::Status::success();
+/// Prints "error: CODE: message" to stderr and returns `exit_code`.
+int fail_with(const tutti::Status& s, int exit_code, std::string_view context = {}) {
+  fmt::print(stderr, "error: {}\n", context.empty() ? s.to_string() : s.with_context(std::string(context)).to_string());
+  return exit_code;
 }
 
 void drop_page_cache(const Options& o) {
@@ -136,74 +109,55 @@ void drop_page_cache(const Options& o) {
   }
 }
 
-/// The baseline: the same cached tensors through plain pread (one thread, O_DIRECT) into the same memory.
-template <class Runtime>
-tutti::Status pread_baseline(const Options& o, const fs::path& dir, Pipeline<Runtime>& pipeline,
-                             const Checksums& sums, Report& report) {
-  const Shape& shape = o.settings.shape;
-  for (std::uint32_t l = 0; l < shape.layers; ++l) {
-    const fs::path path = dir / shape.layer_file_name(l);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
-    if (fd < 0) return tutti::error(tutti::StatusCode::DEVICE_ERROR, "open '{}': {}", path.string(), std::strerror(errno));
-    std::byte* slot = pipeline.read_slot(l);
-    std::uint32_t index = 0;
-    for (std::uint32_t c = 0; c < shape.hit_chunks(); ++c)
-      for (std::uint32_t k = 0; k < 2; ++k, ++index) {
-        std::byte* dst = slot + index * shape.tensor_bytes;
-        const auto t = Clock::now();
-        const ssize_t n = ::pread(fd, dst, shape.tensor_bytes, static_cast<off_t>(shape.tensor_offset(c, k)));
-        report.pread_baseline.ns += elapsed_ns(t);  // the pread alone: hashing below is not timed
-        if (n != static_cast<ssize_t>(shape.tensor_bytes)) {
-          ::close(fd);
-          return tutti::error(tutti::StatusCode::DATA_LOSS, "pread '{}' returned {}", path.string(), n);
-        }
-        report.pread_baseline.bytes += shape.tensor_bytes;
-        ++report.pread_baseline.requests;
-        if (o.settings.verify)  // counted like the pipelines' checks (Report::count_tensor), untimed
-          report.count_tensor(checksum(std::span(dst, shape.tensor_bytes)) == sums.at(l, c, k), "pread", l, c, k);
-      }
-    ::close(fd);
-  }
-  return tutti::Status::success();
-}
+double ms(std::uint64_t ns) { return static_cast<double>(ns) / 1e6; }
+double mib(std::uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
-/// An exclusive flock(2) on "<data dir>/layerwise.lock", held until destruction (the end of main), so
-/// that two runs cannot rewrite the same layer files at once (one's written-tensor check would then
-/// read the other's bytes). Not copyable; one per process.
-class DataDirLock {
- public:
-  static constexpr const char* kFileName = "layerwise.lock";
-  DataDirLock() = default;
-  DataDirLock(const DataDirLock&) = delete;
-  DataDirLock& operator=(const DataDirLock&) = delete;
-  ~DataDirLock() {
-    if (fd_ >= 0) ::close(fd_);  // releases the lock; the empty file stays (unlinking it would race)
-  }
-
-  /// Takes the lock without waiting. Errors: BUSY when another process holds it (the message
-  /// names the folder and --data-dir); DEVICE_ERROR when the lock file cannot be opened or locked.
-  tutti::Status acquire(const fs::path& dir) {
-    const fs::path path = dir / kFileName;
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      return tutti::error(tutti::StatusCode::DEVICE_ERROR, "lock file '{}': {}", path.string(), std::strerror(errno));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return tutti::Status::success();
-    const int err = errno;
-    ::close(fd_);
-    fd_ = -1;
-    if (err == EWOULDBLOCK)
-      return tutti::error(tutti::StatusCode::BUSY,
-                          "data directory '{}' is in use by another layerwise_kv_overlap run (it holds the lock "
-                          "'{}'); wait for that run to end or pick another folder with --data-dir",
-                          dir.string(), path.string());
-    return tutti::error(tutti::StatusCode::DEVICE_ERROR, "flock '{}': {}", path.string(), std::strerror(err));
-  }
-
- private:
-  int fd_ = -1;
+/// Where the data lives, for the summary's header.
+struct DataPlace {
+  fs::path dir;
+  FileSystemInfo filesystem;  ///< Unset for memfs.
 };
 
-double ms(std::uint64_t ns) { return static_cast<double>(ns) / 1e6; }
+/// The summary's header, printed before the run: the backend, the repetitions, the model, the shape,
+/// the tensor and data-set sizes, the data folder and its file system (with a warning when that keeps
+/// its files in RAM).
+void print_header(const Options& o, const DataPlace& place) {
+  const Shape& s = o.settings.shape;
+  fmt::print("layerwise_kv_overlap  backend={}  {}\n", o.backend,
+             o.repeat == 1 ? std::string("1 run (--repeat 1)")
+                           : fmt::format("{} runs (--repeat {}): figures are median [min-max] over the runs", o.repeat,
+                                         o.repeat));
+  if (o.backend == "nvme-soft")
+    fmt::print("  note           : nvme-soft is the software NVMe controller (pread/pwrite on an image file): its "
+               "figures measure the emulation, not an NVMe drive\n");
+  if (o.model.kv_heads)
+    fmt::print("  model          : {}: {}\n", o.model.name, o.model.describe());
+  else
+    fmt::print("  model          : {} layers; tensor size given directly (--tensor-bytes)\n", s.layers);
+  auto chunks = [](std::uint32_t n) { return fmt::format("{} chunk{}", n, n == 1 ? "" : "s"); };
+  fmt::print(
+      "  shape          : {}-token prefix in {} of {} tokens, {}% cached ({}); one K or V tensor of one chunk "
+      "and layer: {}{}\n",
+      s.context_tokens, chunks(s.chunks()), s.chunk_tokens, s.hit_percent, chunks(s.hit_chunks()),
+      format_bytes(s.tensor_bytes),
+      o.model.kv_heads ? fmt::format(" ({} tokens x {} KV heads x {} x {} bytes)", s.chunk_tokens, o.model.kv_heads,
+                                     o.model.head_dim, o.model.dtype_bytes)
+                       : std::string());
+  if (o.backend == "memfs") {
+    fmt::print("  data           : {} in host memory (memfs), {} per layer\n", format_bytes(data_set_bytes(s)),
+               format_bytes(s.layer_file_bytes()));
+    std::fflush(stdout);
+    return;
+  }
+  fmt::print("  data           : {} in {} layer files of {} in '{}' ({}){}\n", format_bytes(data_set_bytes(s)),
+             s.layers, format_bytes(s.layer_file_bytes()), place.dir.string(), place.filesystem.describe(),
+             o.backend == "nvme-soft" ? ", inside an ext4 image under nvme-soft/" : "");
+  if (!place.filesystem.ram_backed.empty())
+    fmt::print("  warning        : '{}' is on {}: {}, so the figures below measure memory, not a disk; pick a folder "
+               "on a disk with --data-dir\n",
+               place.dir.string(), place.filesystem.describe(), place.filesystem.ram_backed);
+  std::fflush(stdout);  // before the progress lines on stderr, also when stdout is a file or a pipe
+}
 
 /// The host profile's verdict figures: the compute thread computes, verifies, or waits for reads or
 /// writes, so its waits are both what compute waited for and which IO it waited for.
@@ -219,29 +173,79 @@ BoundFigures host_bound_figures(const Options& o, const Report& r) {
   return f;
 }
 
-/// The summary (stdout). `bound` carries the figures of the "per layer" verdict (host_bound_figures,
-/// or the CUDA build's gpu_bound_figures).
-void print_report(const Options& o, const Report& r, const fs::path& dir, const BoundFigures& bound) {
+/// A figure of every run, as a spread.
+template <class F>
+Spread spread_over(const std::vector<Report>& runs, F figure) {
+  std::vector<double> values;
+  for (const Report& r : runs) values.push_back(figure(r));
+  return spread_of(std::move(values));
+}
+
+/// tutti/baseline per run, over the runs where both were measured.
+Spread ratio_over(const std::vector<Report>& runs, PhaseStats Report::*baseline) {
+  std::vector<double> values;
+  for (const Report& r : runs)
+    if ((r.*baseline).ns && r.restore_only.ns && (r.*baseline).gigabytes_per_second() > 0)
+      values.push_back(r.restore_only.gigabytes_per_second() / (r.*baseline).gigabytes_per_second());
+  return spread_of(std::move(values));
+}
+
+/// The run whose pipeline time is the median: its time split, overlap and verdict stand for all runs.
+std::size_t median_run(const std::vector<Report>& runs) {
+  std::vector<double> keys;
+  for (const Report& r : runs) keys.push_back(static_cast<double>(r.pipeline_ns));
+  return median_index(keys);
+}
+
+/// Every tensor check of every run, as one Report's counts.
+Report all_checks(const std::vector<Report>& runs) {
+  Report total;
+  for (const Report& r : runs) total.merge_checks(r);
+  return total;
+}
+
+/// The summary's figures (stdout), after the header. `bound` carries the figures of the "per layer"
+/// verdict of the median run (host_bound_figures, or the CUDA build's gpu_bound_figures).
+void print_report(const Options& o, const std::vector<Report>& runs, const BoundFigures& bound) {
   const Shape& s = o.settings.shape;
-  fmt::print("\nlayerwise_kv_overlap  backend={}  data={}\n", o.backend, o.backend == "memfs" ? "memfs" : dir.string());
-  if (o.backend == "nvme-soft")
-    fmt::print("  note: nvme-soft is the software NVMe controller (pread/pwrite on an image file): its figures "
-               "measure the emulation, not an NVMe drive\n");
-  fmt::print("  shape: {} layers, {} tokens in {} chunks of {}, {}% cached ({} chunks), {} KiB K/V tensors\n", s.layers,
-             s.context_tokens, s.chunks(), s.chunk_tokens, s.hit_percent, s.hit_chunks(), s.tensor_bytes / 1024);
-  fmt::print("  restore only   : {:8.1f} MiB in {:8.2f} ms = {:6.2f} GB/s  ({} requests, {} device commands)\n",
-             static_cast<double>(r.restore_only.bytes) / (1 << 20), ms(r.restore_only.ns),
-             r.restore_only.gigabytes_per_second(), r.restore_only.requests, r.restore_only.commands);
+  const Report& r = runs[median_run(runs)];
+  const Report checks = all_checks(runs);
+  if (runs.size() > 1)
+    fmt::print("  (GB/s, ms and ratios: median [min-max] over {} runs; time split, overlap and per layer: the run with "
+               "the median pipeline time)\n",
+               runs.size());
+  fmt::print("  restore only   : {} GB/s, {:.1f} MiB in {} ms  ({} requests, {} device commands{})\n",
+             format_spread(spread_over(runs, [](const Report& x) { return x.restore_only.gigabytes_per_second(); }), 2),
+             mib(r.restore_only.bytes),
+             format_spread(spread_over(runs, [](const Report& x) { return ms(x.restore_only.ns); }), 2),
+             r.restore_only.requests, r.restore_only.commands,
+             r.restore_max_in_flight ? fmt::format("; up to {} requests in flight", r.restore_max_in_flight) : "");
   if (r.pread_baseline.ns && r.restore_only.ns)
-    fmt::print("  {:<15}: {:8.1f} MiB in {:8.2f} ms = {:6.2f} GB/s  ({})  -> tutti/pread = {:.2f}x\n", o.pread_label,
-               static_cast<double>(r.pread_baseline.bytes) / (1 << 20), ms(r.pread_baseline.ns),
-               r.pread_baseline.gigabytes_per_second(), o.pread_note,
-               r.restore_only.gigabytes_per_second() / r.pread_baseline.gigabytes_per_second());
-  fmt::print("  pipeline       : {:8.2f} ms for {} layers: read {:6.2f} GB/s, write {:6.2f} GB/s ({} + {} requests, {} + {} "
-             "commands)\n",
-             ms(r.pipeline_ns), s.layers, static_cast<double>(r.pipeline_reads.bytes) / static_cast<double>(r.pipeline_ns),
-             static_cast<double>(r.pipeline_writes.bytes) / static_cast<double>(r.pipeline_ns), r.pipeline_reads.requests,
-             r.pipeline_writes.requests, r.pipeline_reads.commands, r.pipeline_writes.commands);
+    fmt::print(
+        "  {:<15}: {} GB/s  ({})  -> tutti/pread = {}\n", o.pread_label,
+        format_spread(spread_over(runs, [](const Report& x) { return x.pread_baseline.gigabytes_per_second(); }), 2),
+        o.pread_note, format_spread(ratio_over(runs, &Report::pread_baseline), 2, "x"));
+  if (r.pread_parallel.ns && r.restore_only.ns)
+    fmt::print(
+        "  {:<15}: {} GB/s  (O_DIRECT, {} threads: the requests Tutti kept in flight)  -> tutti/pread = {}\n",
+        fmt::format("pread {} thr", r.pread_parallel_threads),
+        format_spread(spread_over(runs, [](const Report& x) { return x.pread_parallel.gigabytes_per_second(); }), 2),
+        r.pread_parallel_threads, format_spread(ratio_over(runs, &Report::pread_parallel), 2, "x"));
+  fmt::print(
+      "  pipeline       : {} ms for {} layers: read {:.2f} GB/s, write {:.2f} GB/s ({} + {} requests, {} + {} "
+      "commands)\n",
+      format_spread(spread_over(runs, [](const Report& x) { return ms(x.pipeline_ns); }), 2), s.layers,
+      static_cast<double>(r.pipeline_reads.bytes) / static_cast<double>(std::max<std::uint64_t>(1, r.pipeline_ns)),
+      static_cast<double>(r.pipeline_writes.bytes) / static_cast<double>(std::max<std::uint64_t>(1, r.pipeline_ns)),
+      r.pipeline_reads.requests, r.pipeline_writes.requests, r.pipeline_reads.commands, r.pipeline_writes.commands);
+  if (bound.compute_name == std::string_view("compute")) {  // the host profile's simulated compute
+    const double asked = o.compute_ms, took = ms(r.compute_ns) / s.layers,
+                 produce = ms(r.compute_produce_ns) / s.layers;
+    fmt::print("  compute        : simulated on the host, per layer: produce the missed chunks' K/V ({}, {:.2f} ms), "
+               "then sleep until --compute-ms {:.2f} has passed: took {:.2f} ms{}\n",
+               format_bytes(std::uint64_t{s.miss_chunks()} * 2 * s.tensor_bytes), produce, asked, took,
+               compute_note(asked, produce, took));
+  }
   fmt::print("  time split     : compute {:.2f} ms, waiting for reads {:.2f} ms, waiting for writes {:.2f} ms, verify "
              "{:.2f} ms\n",
              ms(r.compute_ns), ms(r.read_stall_ns), ms(r.write_stall_ns), ms(r.verify_ns));
@@ -255,9 +259,11 @@ void print_report(const Options& o, const Report& r, const fs::path& dir, const 
                ms(r.read_stall_ns), ms(r.restore_only.ns), 100.0 * std::clamp(hidden, 0.0, 1.0));
   fmt::print("  per layer      : {}\n", layer_bound_line(bound));
   if (o.settings.verify)
-    fmt::print("  verify         : {} tensors checked ({}; XXH3 per tensor read, byte compare per tensor written), {} "
-               "mismatched -> {}\n",
-               r.verified_tensors, r.checks_by_source(), r.mismatched_tensors, r.mismatched_tensors == 0 ? "VERIFIED" : "FAILED");
+    fmt::print(
+        "  verify         : {} tensors checked{} ({}; XXH3 per tensor read, byte compare per tensor written), {} "
+        "mismatched -> {}\n",
+        checks.verified_tensors, runs.size() > 1 ? fmt::format(" over {} runs", runs.size()) : std::string(),
+        checks.checks_by_source(), checks.mismatched_tensors, checks.mismatched_tensors == 0 ? "VERIFIED" : "FAILED");
   else
     fmt::print("  verify         : off (--no-verify)\n");
 }
@@ -267,71 +273,143 @@ nlohmann::json phase_json(const PhaseStats& p) {
                         {"gb_per_s", p.gigabytes_per_second()}};
 }
 
-/// Writes the figures as JSON; `bound` gives the "bound" verdict, `extra` (an object) adds the GPU build's fields.
-void write_json(const Options& o, const Report& r, const BoundFigures& bound,
-                const nlohmann::json& extra = nlohmann::json::object()) {
-  if (o.json_path.empty()) return;
-  auto phase = phase_json;
-  nlohmann::json by_source = nlohmann::json::object();
-  for (const auto& [source, count] : r.verified_by_source) by_source[source] = count;
-  nlohmann::json j = {{"backend", o.backend},
-                      {"shape", shape_json(o.settings.shape)},
-                      {"restore_only", phase(r.restore_only)},
-                      {"pread_baseline", phase(r.pread_baseline)},
-                      {"pipeline_reads", phase(r.pipeline_reads)},
-                      {"pipeline_writes", phase(r.pipeline_writes)},
+nlohmann::json spread_json(const Spread& s) {
+  return {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"runs", s.runs}};
+}
+
+/// One run's figures as JSON.
+nlohmann::json run_json(const Report& r, const BoundFigures& bound) {
+  nlohmann::json j = {{"restore_only", phase_json(r.restore_only)},
+                      {"restore_max_in_flight", r.restore_max_in_flight},
+                      {"pread_baseline", phase_json(r.pread_baseline)},
+                      {"pipeline_reads", phase_json(r.pipeline_reads)},
+                      {"pipeline_writes", phase_json(r.pipeline_writes)},
                       {"pipeline_ns", r.pipeline_ns},
                       {"compute_ns", r.compute_ns},
+                      {"compute_produce_ns", r.compute_produce_ns},
                       {"read_stall_ns", r.read_stall_ns},
                       {"write_stall_ns", r.write_stall_ns},
-                      {"verified_tensors", r.verified_tensors},
-                      {"verified_tensors_by_source", by_source},
-                      {"mismatched_tensors", r.mismatched_tensors},
                       {"bound", bound_name(pipeline_bound(bound))}};
+  if (r.pread_parallel_threads) {
+    j["pread_parallel"] = phase_json(r.pread_parallel);
+    j["pread_parallel"]["threads"] = r.pread_parallel_threads;
+  }
+  return j;
+}
+
+/// Writes the figures as JSON: the median run's at the top level, every run under "runs", the spreads,
+/// and the checks of all runs. `bounds[i]` gives run i's verdict; `extra` (an object) adds the GPU
+/// build's fields.
+void write_json(const Options& o, const std::vector<Report>& runs, const std::vector<BoundFigures>& bounds,
+                const DataPlace& place, const nlohmann::json& extra = nlohmann::json::object()) {
+  if (o.json_path.empty()) return;
+  const std::size_t median = median_run(runs);
+  const Report checks = all_checks(runs);
+  nlohmann::json by_source = nlohmann::json::object();
+  for (const auto& [source, count] : checks.verified_by_source) by_source[source] = count;
+  nlohmann::json j = run_json(runs[median], bounds[median]);
+  j.update({{"backend", o.backend},
+            {"shape", shape_json(o.settings.shape)},
+            {"model", o.model.kv_heads ? nlohmann::json{{"name", o.model.name},
+                                                        {"layers", o.model.layers},
+                                                        {"kv_heads", o.model.kv_heads},
+                                                        {"head_dim", o.model.head_dim},
+                                                        {"dtype", o.model.dtype}}
+                                       : nlohmann::json(nullptr)},
+            {"data_dir", o.backend == "memfs" ? nlohmann::json(nullptr)
+                                              : nlohmann::json{{"path", place.dir.string()},
+                                                               {"filesystem", place.filesystem.type},
+                                                               {"source", place.filesystem.source},
+                                                               {"ram_backed", !place.filesystem.ram_backed.empty()}}},
+            {"repeat", runs.size()},
+            {"median_run", median},
+            {"verified_tensors", checks.verified_tensors},
+            {"verified_tensors_by_source", by_source},
+            {"mismatched_tensors", checks.mismatched_tensors}});
+  j["spread"] = {
+      {"restore_gb_per_s",
+       spread_json(spread_over(runs, [](const Report& x) { return x.restore_only.gigabytes_per_second(); }))},
+      {"pread_gb_per_s",
+       spread_json(spread_over(runs, [](const Report& x) { return x.pread_baseline.gigabytes_per_second(); }))},
+      {"tutti_over_pread", spread_json(ratio_over(runs, &Report::pread_baseline))},
+      {"pread_parallel_gb_per_s",
+       spread_json(spread_over(runs, [](const Report& x) { return x.pread_parallel.gigabytes_per_second(); }))},
+      {"tutti_over_pread_parallel", spread_json(ratio_over(runs, &Report::pread_parallel))},
+      {"pipeline_ms", spread_json(spread_over(runs, [](const Report& x) { return ms(x.pipeline_ns); }))}};
+  j["runs"] = nlohmann::json::array();
+  for (std::size_t i = 0; i < runs.size(); ++i) j["runs"].push_back(run_json(runs[i], bounds[i]));
   j.update(extra);
   std::ofstream out(o.json_path);
   out << j.dump(2) << "\n";
   if (!out.good()) fmt::print(stderr, "error: --json '{}': could not write the report\n", o.json_path);
 }
 
-/// Runs every phase on one runtime. `uris[l]` names layer l's target.
-template <class Runtime>
-int run(Runtime& runtime, const Options& o, const fs::path& dir, const std::vector<std::string>& uris,
-        bool file_backed, const std::function<tutti::Status(Runtime&)>& prepare_in_runtime) {
-  Report report;
-  const Checksums sums = expected_checksums(o.settings.shape);
-  if (prepare_in_runtime) {
-    if (auto s = prepare_in_runtime(runtime); !s.is_ok()) {
-      fmt::print(stderr, "error: preparing data: {}\n", s.to_string());
-      return 2;
-    }
-  }
-  Pipeline<Runtime> pipeline(runtime, o.settings, sums);
-  auto fail = [&](const tutti::Status& s, const char* phase) {
-    fmt::print(stderr, "error: {}: {}\n", phase, s.to_string());
-    return 2;
-  };
-  if (auto s = pipeline.open(uris); !s.is_ok()) return fail(s, "open");
-  drop_page_cache(o);
-  if (auto s = pipeline.restore_only(report); !s.is_ok()) return fail(s, "restore");
-  if (file_backed && o.pread_baseline) {
-    drop_page_cache(o);
-    if (auto s = pread_baseline(o, dir, pipeline, sums, report); !s.is_ok()) return fail(s, "pread baseline");
-  }
-  drop_page_cache(o);
-  if (auto s = pipeline.run(report); !s.is_ok()) return fail(s, "pipeline");
-  if (o.settings.verify)
-    if (auto s = pipeline.verify_written(report); !s.is_ok()) return fail(s, "verify written tensors");
-  print_report(o, report, dir, host_bound_figures(o, report));
-  write_json(o, report, host_bound_figures(o, report));
-  if (report.mismatched_tensors != 0) {
-    fmt::print(stderr, "error: {} tensors did not match their checksums, first: {}\n", report.mismatched_tensors,
-               report.mismatches.empty() ? "" : report.mismatches.front());
-    return 1;
-  }
-  return 0;
+/// The salt of run `index`'s recomputed tensors: nonzero (differs from the prepared content) and
+/// different for every run, so a run's written-tensor check cannot pass on an earlier run's bytes.
+std::uint64_t run_salt(const Options& o, std::uint32_t index) { return o.settings.run_salt + 2 * std::uint64_t{index}; }
+
+/// "run 2 of 3: restore 0.95 GB/s, pipeline 1490 ms" on stderr, one line per run.
+void say_run_done(const Options& o, std::uint32_t index, const Report& r) {
+  fmt::print(stderr, "run {} of {}: restore {:.2f} GB/s, pipeline {:.0f} ms\n", index + 1, o.repeat,
+             r.restore_only.gigabytes_per_second(), ms(r.pipeline_ns));
 }
 
+/// Ends a run: the summary (then `more_lines`, the CUDA build's), the JSON, and the exit code.
+int finish(const Options& o, const std::vector<Report>& runs, const std::vector<BoundFigures>& bounds,
+           const DataPlace& place, const nlohmann::json& extra = nlohmann::json::object(),
+           const std::function<void()>& more_lines = {}) {
+  print_report(o, runs, bounds[median_run(runs)]);
+  if (more_lines) more_lines();
+  write_json(o, runs, bounds, place, extra);
+  const Report checks = all_checks(runs);
+  if (checks.mismatched_tensors != 0) {
+    fmt::print(stderr, "error: {} tensors did not match their checksums, first: {}\n", checks.mismatched_tensors,
+               checks.mismatches.empty() ? "" : checks.mismatches.front());
+    return kExitMismatch;
+  }
+  return kExitVerified;
+}
+
+/// Runs every phase on one runtime, o.repeat times. `uris[l]` names layer l's target; `dir` holds the
+/// layer files when `file_backed` (the pread baselines read them).
+template <class Runtime>
+int run(Runtime& runtime, const Options& o, const DataPlace& place, const fs::path& dir,
+        const std::vector<std::string>& uris, bool file_backed,
+        const std::function<tutti::Status(Runtime&)>& prepare_in_runtime) {
+  const Checksums sums = expected_checksums(o.settings.shape);
+  if (prepare_in_runtime)
+    if (auto s = prepare_in_runtime(runtime); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data");
+  std::vector<Report> runs;
+  std::vector<BoundFigures> bounds;
+  for (std::uint32_t index = 0; index < o.repeat; ++index) {
+    Settings settings = o.settings;
+    settings.run_salt = run_salt(o, index);
+    Report report;
+    Pipeline<Runtime> pipeline(runtime, settings, sums);
+    if (auto s = pipeline.open(uris); !s.is_ok()) return fail_with(s, kExitFailed, "open");
+    drop_page_cache(o);
+    if (auto s = pipeline.restore_only(report); !s.is_ok()) return fail_with(s, kExitFailed, "restore");
+    if (file_backed && o.pread_baseline) {
+      drop_page_cache(o);
+      if (auto s = pread_baseline(settings, dir, pipeline, sums, report); !s.is_ok())
+        return fail_with(s, kExitFailed, "pread baseline");
+      drop_page_cache(o);
+      const auto threads =
+          static_cast<std::uint32_t>(std::min<std::uint64_t>(report.restore_max_in_flight, kMaxPreadThreads));
+      if (auto s = pread_parallel_baseline(settings, dir, pipeline, sums, threads, report); !s.is_ok())
+        return fail_with(s, kExitFailed, "parallel pread baseline");
+    }
+    drop_page_cache(o);
+    if (auto s = pipeline.run(report); !s.is_ok()) return fail_with(s, kExitFailed, "pipeline");
+    if (o.settings.verify)
+      if (auto s = pipeline.verify_written(report); !s.is_ok())
+        return fail_with(s, kExitFailed, "verify written tensors");
+    if (o.repeat > 1) say_run_done(o, index, report);
+    bounds.push_back(host_bound_figures(o, report));
+    runs.push_back(std::move(report));
+  }
+  return finish(o, runs, bounds, place);
+}
 
 /// Runs a shell command quietly; false on a non-zero exit.
 bool shell(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()) == 0; }
@@ -446,18 +524,24 @@ tutti::Result<std::unique_ptr<gpu::Gpu>> open_gpu(const Options& o, GpuReport& r
 
 /// The pipeline with the KV slots in GPU memory and the compute on the GPU (gpu_pipeline.hpp), over
 /// `runtime` (uring, or local_nvme over the soft controller), on the layer files `uris` / `paths`
-/// (the baselines read `paths`). `device` was opened before the runtime and outlives it.
+/// (the baselines read `paths`), --repeat times; the summary names `place`. `device` was opened
+/// before the runtime and outlives it.
 template <class Runtime>
-int run_gpu_pipeline(const Options& o, const fs::path& dir, const std::vector<std::string>& uris,
+int run_gpu_pipeline(const Options& o, const DataPlace& place, const std::vector<std::string>& uris,
                      const std::vector<std::string>& paths, gpu::Gpu& device, GpuReport& gpu_report, Runtime& runtime) {
-  Report report;
   const Checksums sums = expected_checksums(o.settings.shape);
-  {
-    GpuPipeline<Runtime> pipeline(runtime, device, o.settings, sums);
-    auto fail = [&](const tutti::Status& s, const char* phase) {
-      fmt::print(stderr, "error: {}: {}\n", phase, s.to_string());
-      return 2;
-    };
+  // One pipeline per run (--repeat): each run writes its recomputed tensors with its own salt.
+  std::vector<Report> runs;
+  std::vector<GpuReport> gpu_runs;
+  std::vector<BoundFigures> bounds;
+  const GpuReport gpu_start = gpu_report;
+  for (std::uint32_t index = 0; index < o.repeat; ++index) {
+    Settings settings = o.settings;
+    settings.run_salt = run_salt(o, index);
+    Report report;
+    gpu_report = gpu_start;
+    GpuPipeline<Runtime> pipeline(runtime, device, settings, sums);
+    auto fail = [&](const tutti::Status& s, const char* phase) { return fail_with(s, kExitFailed, phase); };
     if (auto s = pipeline.open(uris); !s.is_ok()) return fail(s, "open");
     drop_page_cache(o);
     if (auto s = pipeline.restore_only(report); !s.is_ok()) return fail(s, "restore");
@@ -475,27 +559,23 @@ int run_gpu_pipeline(const Options& o, const fs::path& dir, const std::vector<st
     if (auto s = pipeline.run(report, gpu_report); !s.is_ok()) return fail(s, "pipeline");
     if (o.settings.verify)
       if (auto s = pipeline.verify_written(report); !s.is_ok()) return fail(s, "verify written tensors");
+    if (o.repeat > 1) say_run_done(o, index, report);
+    bounds.push_back(gpu_bound_figures(o, report, gpu_report));
+    runs.push_back(std::move(report));
+    gpu_runs.push_back(gpu_report);
   }
-  print_report(o, report, dir, gpu_bound_figures(o, report, gpu_report));
-  print_gpu_report(o, report, gpu_report);
-  write_json(o, report, gpu_bound_figures(o, report, gpu_report), gpu_json(o, report, gpu_report));
-  if (report.mismatched_tensors != 0) {
-    fmt::print(stderr, "error: {} tensors did not match their checksums, first: {}\n", report.mismatched_tensors,
-               report.mismatches.empty() ? "" : report.mismatches.front());
-    return 1;
-  }
-  return 0;
+  const std::size_t median = median_run(runs);
+  return finish(o, runs, bounds, place, gpu_json(o, runs[median], gpu_runs[median]),
+                [&] { print_gpu_report(o, runs[median], gpu_runs[median]); });
 }
 
 /// The uring backend with the KV slots in GPU memory and the compute on the GPU (see gpu_pipeline.hpp).
-int run_gpu(Options o, const fs::path& dir) {
+int run_gpu(Options o, const DataPlace& place) {
+  const fs::path& dir = place.dir;
   const Shape& shape = o.settings.shape;
   o.pread_label = "pread+memcpy";
   o.pread_note = "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread";
-  if (auto s = prepare_files(shape, dir); !s.is_ok()) {
-    fmt::print(stderr, "error: preparing data files: {}\n", s.to_string());
-    return 2;
-  }
+  if (auto s = prepare_files(shape, dir); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
   std::vector<std::string> uris, paths;
   for (std::uint32_t l = 0; l < shape.layers; ++l) {
     paths.push_back((dir / shape.layer_file_name(l)).string());
@@ -503,13 +583,10 @@ int run_gpu(Options o, const fs::path& dir) {
   }
   GpuReport gpu_report;
   auto device = open_gpu(o, gpu_report);  // outlives the runtime below
-  if (!device) return 2;
+  if (!device) return kExitFailed;
   auto created = tutti::make_uring_runtime();
-  if (!created) {
-    fmt::print(stderr, "error: {}\n", created.status().to_string());
-    return 2;
-  }
-  return run_gpu_pipeline<tutti::UringRuntime>(o, dir, uris, paths, *device.value(), gpu_report, *created);
+  if (!created) return fail_with(created.status(), kExitFailed);
+  return run_gpu_pipeline<tutti::UringRuntime>(o, place, uris, paths, *device.value(), gpu_report, *created);
 }
 #endif  // LAYERWISE_GPU
 
@@ -519,10 +596,11 @@ int run_gpu(Options o, const fs::path& dir) {
 /// CUDA build: GPU threads run local_nvme's submit and poll kernels (compiled once in libtutti_cuda,
 /// so this host-compiled file launches them too) against the soft controller in accelerator_mode;
 /// with --memory device the KV slots are GPU memory, which the controller reaches with map_device.
-int run_nvme_soft(const Options& o, const fs::path& dir) {
+int run_nvme_soft(const Options& o, const DataPlace& place) {
+  const fs::path& dir = place.dir;
   if (geteuid() != 0) {
     fmt::print(stderr, "error: --backend nvme-soft loop-mounts an ext4 image and needs root\n");
-    return 2;
+    return kExitRefused;
   }
   const Shape& shape = o.settings.shape;
   const fs::path base = dir / "nvme-soft", image = base / "disk.img", mount_point = base / "mnt";
@@ -533,8 +611,8 @@ int run_nvme_soft(const Options& o, const fs::path& dir) {
     fs::remove(image, ec);
     if (!shell(fmt::format("truncate -s {} '{}' && mkfs.ext4 -q -F -b 4096 -E lazy_itable_init=0,lazy_journal_init=0 '{}'",
                            image_bytes, image.string(), image.string()))) {
-      fmt::print(stderr, "error: could not create the ext4 image '{}'\n", image.string());
-      return 2;
+      fmt::print(stderr, "error: could not create the ext4 image '{}' (truncate, mkfs.ext4)\n", image.string());
+      return kExitFailed;
     }
   }
   std::string loop;
@@ -546,8 +624,8 @@ int run_nvme_soft(const Options& o, const fs::path& dir) {
   while (!loop.empty() && (loop.back() == '\n' || loop.back() == ' ')) loop.pop_back();
   if (loop.empty() || !shell(fmt::format("mount '{}' '{}'", loop, mount_point.string()))) {
     if (!loop.empty()) shell("losetup -d " + loop);
-    fmt::print(stderr, "error: could not loop-mount '{}'\n", image.string());
-    return 2;
+    fmt::print(stderr, "error: could not loop-mount '{}' (losetup, mount)\n", image.string());
+    return kExitFailed;
   }
   struct Unmount {
     std::string loop, mount_point;
@@ -557,10 +635,7 @@ int run_nvme_soft(const Options& o, const fs::path& dir) {
     }
   } unmount{loop, mount_point.string()};
 
-  if (auto s = prepare_files(shape, mount_point); !s.is_ok()) {
-    fmt::print(stderr, "error: preparing data files: {}\n", s.to_string());
-    return 2;
-  }
+  if (auto s = prepare_files(shape, mount_point); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
   ::sync();
   std::vector<std::string> uris, paths;
   for (std::uint32_t l = 0; l < shape.layers; ++l) {
@@ -572,7 +647,7 @@ int run_nvme_soft(const Options& o, const fs::path& dir) {
   GpuReport gpu_report;
   if (o.memory == "device") {
     auto opened = open_gpu(o, gpu_report);
-    if (!opened) return 2;
+    if (!opened) return kExitFailed;
     device = std::move(*opened);
   }
 #endif
@@ -581,21 +656,19 @@ int run_nvme_soft(const Options& o, const fs::path& dir) {
   nvme.block_device_path = loop;
   nvme.soft.worker_threads = 2;
   auto stack = tutti::make_soft_local_nvme(nvme);
-  if (!stack) {
-    fmt::print(stderr, "error: soft NVMe controller: {}\n", stack.status().to_string());
-    return 2;
-  }
-  int rc = 0;
+  if (!stack) return fail_with(stack.status(), kExitFailed, "soft NVMe controller");
+  int rc = kExitVerified;
 #if defined(LAYERWISE_GPU)
   if (device) {
     Options gpu_options = o;
     gpu_options.pread_label = "pread+memcpy";
-    gpu_options.pread_note = "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread";
-    rc = run_gpu_pipeline<tutti::LocalNvmeRuntime>(gpu_options, mount_point, uris, paths, *device, gpu_report,
+    gpu_options.pread_note =
+        "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread";
+    rc = run_gpu_pipeline<tutti::LocalNvmeRuntime>(gpu_options, place, uris, paths, *device, gpu_report,
                                                    *stack.value()->runtime);
   } else
 #endif
-    rc = run<tutti::LocalNvmeRuntime>(*stack.value()->runtime, o, mount_point, uris, true, {});
+    rc = run<tutti::LocalNvmeRuntime>(*stack.value()->runtime, o, place, mount_point, uris, true, {});
   fmt::print("  local_nvme     : {} NVMe commands sent again after a retryable status, {} Aborts sent\n",
              stack.value()->runtime->datapath().commands_retried(), stack.value()->runtime->datapath().aborts_sent());
   const auto counters = stack.value()->device->counters();
@@ -604,30 +677,122 @@ int run_nvme_soft(const Options& o, const fs::path& dir) {
              counters.dma_faults);
   return rc;
 }
+
+/// The data folder's checks, in the order that gives the clearest message: the folder itself (not a
+/// file, creatable), the lock (one run per folder), O_DIRECT on its file system (uring backend), then
+/// the free space. Fills place.filesystem; takes `lock`. Returns the exit code on refusal.
+std::optional<int> check_data_dir(const Options& o, DataPlace& place, DataDirLock& lock) {
+  const Shape& shape = o.settings.shape;
+  const fs::path& dir = place.dir;
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    fmt::print(stderr, "error: INVALID_ARGUMENT: --data-dir '{}' is not a directory: give a folder (created when "
+                       "missing) for the layer files\n",
+               dir.string());
+    return kExitRefused;
+  }
+  fs::create_directories(dir, ec);
+  if (ec) return fail_with(tutti::status_from_errno(ec.value(), fmt::format("--data-dir '{}': cannot create the "
+                                                                                   "folder", dir.string())),
+                           kExitRefused);
+  if (auto s = lock.acquire(dir); !s.is_ok()) return fail_with(s, kExitRefused);
+  place.filesystem = describe_filesystem(dir);
+  if (o.backend == "uring") {  // the files are read and written with O_DIRECT: say so before anything else
+    auto probe = tutti::file::FileResolver{}.resolve(file_uri(dir / DataDirLock::kFileName), {});
+    if (!probe && probe.code() == tutti::StatusCode::UNSUPPORTED) {
+      fmt::print(stderr, "error: UNSUPPORTED: --data-dir '{}' is on {}, which does not support O_DIRECT; the uring "
+                         "backend reads and writes the layer files with O_DIRECT: pick a folder on a disk file system "
+                         "(ext4, xfs, btrfs) with --data-dir\n",
+                 dir.string(), place.filesystem.describe());
+      return kExitRefused;
+    }
+  }
+  const auto space = fs::space(dir, ec);
+  if (ec)
+    return fail_with(tutti::status_from_errno(ec.value(), fmt::format("--data-dir '{}': statvfs", dir.string())),
+                     kExitRefused);
+  const std::uint64_t data_bytes = data_set_bytes(shape);
+  const std::uint64_t reusable = fs::exists(dir / "manifest.json") ? data_bytes : 0;  // rewritten in place
+  if (data_bytes + data_bytes / 4 > space.available + reusable) {
+    fmt::print(stderr, "error: RESOURCE_EXHAUSTED: the data set needs about {} ({} bytes and a quarter more) in "
+                       "--data-dir '{}', which has {} available: free space there, pick another folder with "
+                       "--data-dir, or shrink the data set (--model, --layers, --context-tokens)\n",
+               format_bytes(data_bytes + data_bytes / 4), data_bytes, dir.string(), format_bytes(space.available));
+    return kExitRefused;
+  }
+  return std::nullopt;
+}
+
+/// "llama-3-70b, llama-3-8b, ...".
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
   Shape& shape = o.settings.shape;
+  const ModelShapes& models = ModelShapes::built_in();
+  std::string model_name = "llama-3-70b";
+  std::uint32_t kv_heads = 0, head_dim = 0;
+  std::string dtype;
   CLI::App app{"Restore a prefix's KV cache from files layer by layer, overlapped with compute: "
-               "read(L+1) || compute(L) || write(L-1). Every tensor read is verified."};
-  app.add_option("--layers", shape.layers, "Model layers")->check(CLI::Range(1u, 1024u))->capture_default_str();
+               "read(L+1) || compute(L) || write(L-1). Every tensor read and written is verified."};
+  app.footer("Exit codes: 0 every tensor verified (or --prepare-only done); 1 a tensor did not match its checksum; 2 "
+             "refused before the run (a bad option, shape or data folder: the message names it); 3 the run failed (an "
+             "IO error, a timeout). docs/kv-cache.md explains the summary.");
+  using tutti::bench::kDecimal;
+  app.add_option(
+         "--model", model_name,
+         fmt::format("Model whose KV shape to use (layers, KV heads, head dim, dtype; data/model_shapes.json): {}",
+                     joined(models.model_names())))
+      ->check(CLI::IsMember(models.model_names()))
+      ->capture_default_str();
+  CLI::Option* layers_option = app.add_option("--layers", shape.layers, "Model layers (default: the model's)")
+                                   ->check(kDecimal)->check(CLI::Range(1u, 1024u));
+  CLI::Option* kv_heads_option = app.add_option("--kv-heads", kv_heads, "KV heads per layer (default: the model's)")
+                                     ->check(kDecimal)->check(CLI::Range(1u, 4096u));
+  CLI::Option* head_dim_option = app.add_option("--head-dim", head_dim, "Elements per head (default: the model's)")
+                                     ->check(kDecimal)->check(CLI::Range(1u, 65536u));
+  CLI::Option* dtype_option = app.add_option("--dtype", dtype, fmt::format("KV element type (default: the model's): {}",
+                                                                           joined(models.dtype_names())))
+                                  ->check(CLI::IsMember(models.dtype_names()));
   app.add_option("--context-tokens", shape.context_tokens, "Prefix length in tokens")
-      ->check(CLI::Range(1u, 1u << 24))->capture_default_str();
-  app.add_option("--chunk-tokens", shape.chunk_tokens, "Tokens per KV chunk")->check(CLI::Range(1u, 1u << 20))->capture_default_str();
+      ->check(kDecimal)->check(CLI::Range(1u, 1u << 24))->capture_default_str();
+  app.add_option("--tokens-per-block,--chunk-tokens", shape.chunk_tokens,
+                 "Tokens per KV block: the unit stored and restored (one K and one V tensor per layer), a chunk in "
+                 "the summary")
+      ->check(kDecimal)->check(CLI::Range(1u, 1u << 20))->capture_default_str();
   app.add_option("--hit-percent", shape.hit_percent, "Share of the prefix's chunks found in the cache")
-      ->check(CLI::Range(0u, 100u))->capture_default_str();
-  app.add_option("--tensor-bytes", shape.tensor_bytes, "Bytes of one K or V tensor of one chunk (multiple of 4096)")
-      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))->capture_default_str();
-  app.add_option("--compute-ms", o.compute_ms, "Compute time per layer in milliseconds (simulated on the host; in the CUDA build the GEMMs' target or the spin)")
-      ->check(CLI::Range(0.0, 10000.0))->capture_default_str();
+      ->check(kDecimal)->check(CLI::Range(0u, 100u))->capture_default_str();
+  app.add_option("--tensor-bytes", shape.tensor_bytes,
+                 "Bytes of one K or V tensor of one chunk and layer, given directly instead of tokens per block x KV "
+                 "heads x head dim x dtype bytes (multiple of 4096)")
+      ->check(kDecimal)->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))
+      ->excludes(kv_heads_option)->excludes(head_dim_option)->excludes(dtype_option);
+  app.add_option(
+         "--compute-ms", o.compute_ms,
+         "Compute time per layer in milliseconds. Host: produce the missed chunks' K/V, then sleep out the "
+         "rest (a layer takes longer when producing them alone does); CUDA build: the GEMMs' target or the spin")
+      ->check(CLI::Range(0.0, 10000.0))
+      ->capture_default_str();
+  app.add_option("--repeat", o.repeat,
+                 "Runs of the measured phases (restore, baselines, pipeline); figures print as median [min-max]")
+      ->check(kDecimal)->check(CLI::Range(1u, 100u))->capture_default_str();
   app.add_option("--backend", o.backend,
                  "Backend: uring (io_uring + O_DIRECT, any file system), nvme-soft (FIEMAP + NVMe queues of the "
                  "software NVMe controller, on an ext4 image it loop-mounts; root) or memfs (host memory)")
       ->check(CLI::IsMember({"uring", "nvme-soft", "memfs"}))->capture_default_str();
   app.add_option("--data-dir", o.data_dir,
-                 "Where the layer files live (default: $TMPDIR/tutti-layerwise-kv); one run at a time per folder "
-                 "(a second run fails at once)");
+                 "Folder of the layer files, created when missing (default: $TMPDIR/tutti-layerwise-kv, or "
+                 "/var/tmp/tutti-layerwise-kv without TMPDIR); one run at a time per folder")
+      ->check(tutti::bench::kNotEmpty);
+  app.add_flag("--prepare-only", o.prepare_only,
+               "Create, preallocate and write the layer files of this shape in --data-dir, then exit (uring "
+               "backend); a later run with the same shape options and --data-dir uses them as they are");
   app.add_option("--json", o.json_path, "Also write the figures as JSON to this file");
   // A switch and its negation as two flags ("--NAME" sets `value`, "--no-NAME" clears it; giving both is an
   // error): one flag "--NAME,!--no-NAME" would show as "--NAME,--no-NAME{false}" in --help, which reads
@@ -640,8 +805,10 @@ int main(int argc, char** argv) {
   add_switch("verify", o.settings.verify, "Verify every tensor read and written (default: on)", "Skip verification");
   add_switch("drop-caches", o.drop_caches, "Drop the page cache between phases (root only; default: on when run as root)",
              "Keep the page cache between phases");
-  add_switch("pread-baseline", o.pread_baseline, "Measure plain pread in the same run (default: on)",
-             "Skip the plain pread baseline");
+  add_switch("pread-baseline", o.pread_baseline,
+             "Measure pread with 1 thread and with as many threads as Tutti keeps requests in flight, in the same "
+             "run (default: on)",
+             "Skip the pread baselines");
 #if defined(LAYERWISE_GPU)
   app.add_option("--memory", o.memory,
                  "Where the KV slots live: device (GPU memory, compute on the GPU; uring and nvme-soft backends), "
@@ -661,73 +828,110 @@ int main(int argc, char** argv) {
              "Measure cuFile (cuFileRead into the same device slots) in the same run (default: on)",
              "Skip the cuFile baseline");
 #endif
-  CLI11_PARSE(app, argc, argv);
+  // 0 after --help; 2 for a command line CLI11 refuses (it names the option): exit code kExitRefused.
+  if (const int parsed = tutti::bench::parse_flags(app, argc, argv); parsed >= 0) return parsed;
+  auto refuse = [](const std::string& message) {
+    fmt::print(stderr, "error: INVALID_ARGUMENT: {}\n", message);
+    return kExitRefused;
+  };
 #if defined(LAYERWISE_GPU)
   if (o.memory == "auto") {
     o.memory = o.backend != "memfs" && gpu::device_count() > 0 ? "device" : "host";
     if (o.backend != "memfs" && o.memory == "host")
       fmt::print(stderr, "note: no CUDA device found: the KV slots live in host memory (--memory host)\n");
   }
-  if (o.memory == "device" && o.backend == "memfs") {
-    fmt::print(stderr, "error: --memory device needs --backend uring or nvme-soft (memfs moves host memory only); use "
-                       "--memory host\n");
-    return 2;
-  }
-  if (o.memory == "device" && o.hidden % 8 != 0) {
-    fmt::print(stderr, "error: --hidden = {} must be a multiple of 8\n", o.hidden);
-    return 2;
-  }
+  if (o.memory == "device" && o.backend == "memfs")
+    return refuse("--memory device needs --backend uring or nvme-soft (memfs moves host memory only); use --memory "
+                  "host");
+  if (o.memory == "device" && o.hidden % 8 != 0)
+    return refuse(fmt::format("--hidden = {} must be a multiple of 8", o.hidden));
 #endif
-  if (shape.chunk_tokens > shape.context_tokens) {
-    fmt::print(stderr, "error: --chunk-tokens = {} exceeds --context-tokens = {}: the prefix holds no whole chunk\n",
-               shape.chunk_tokens, shape.context_tokens);
-    return 2;
+
+  // The model's shape, with what the command line changed.
+  o.model = *models.find(model_name);
+  std::vector<std::string> changed;
+  if (layers_option->count()) {
+    o.model.layers = shape.layers;
+    changed.push_back(fmt::format("--layers {}", shape.layers));
   }
-  if (shape.tensor_bytes % 4096 != 0) {
-    fmt::print(stderr, "error: --tensor-bytes = {} must be a multiple of 4096 (O_DIRECT alignment)\n", shape.tensor_bytes);
-    return 2;
+  shape.layers = o.model.layers;
+  if (kv_heads_option->count()) {
+    o.model.kv_heads = kv_heads;
+    changed.push_back(fmt::format("--kv-heads {}", kv_heads));
   }
-  if (std::isnan(o.compute_ms)) {  // CLI::Range lets NaN through (every comparison with it is false)
-    fmt::print(stderr, "error: --compute-ms = {} must be a number in [0, 10000]\n", o.compute_ms);
-    return 2;
+  if (head_dim_option->count()) {
+    o.model.head_dim = head_dim;
+    changed.push_back(fmt::format("--head-dim {}", head_dim));
   }
+  if (dtype_option->count()) {
+    o.model.dtype = dtype;
+    o.model.dtype_bytes = models.dtype_bytes(dtype);
+    changed.push_back(fmt::format("--dtype {}", dtype));
+  }
+  if (!changed.empty()) o.model.name = fmt::format("{} with {}", model_name, joined(changed));
+  if (shape.chunk_tokens > shape.context_tokens)
+    return refuse(fmt::format("--tokens-per-block = {} exceeds --context-tokens = {}: the prefix holds no whole block",
+                              shape.chunk_tokens, shape.context_tokens));
+  if (app.count("--tensor-bytes")) {
+    o.model.kv_heads = 0;  // the tensor size was given directly: no KV heads, head dim or dtype apply
+    if (shape.tensor_bytes % 4096 != 0)
+      return refuse(
+          fmt::format("--tensor-bytes = {} must be a multiple of 4096 (O_DIRECT alignment)", shape.tensor_bytes));
+  } else {
+    const std::uint64_t per_token = std::uint64_t{o.model.kv_heads} * o.model.head_dim * o.model.dtype_bytes;
+    const std::uint64_t bytes = o.model.tensor_bytes(shape.chunk_tokens);
+    if (bytes % 4096 != 0)
+      return refuse(fmt::format(
+          "one K or V tensor of --tokens-per-block {} x {} KV heads x head dim {} x {} bytes ({}) is {} bytes, not a "
+          "multiple of 4096 (the O_DIRECT alignment): make --tokens-per-block a multiple of {}",
+          shape.chunk_tokens, o.model.kv_heads, o.model.head_dim, o.model.dtype_bytes, o.model.dtype, bytes,
+          4096 / std::gcd(per_token, std::uint64_t{4096})));
+    if (bytes > (std::uint64_t{1} << 30))
+      return refuse(
+          fmt::format("one K or V tensor of --tokens-per-block {} tokens is {} bytes, above the 1 GiB limit of "
+                      "one request: lower --tokens-per-block",
+                      shape.chunk_tokens, bytes));
+    shape.tensor_bytes = bytes;
+  }
+  if (std::isnan(o.compute_ms))  // CLI::Range lets NaN through (every comparison with it is false)
+    return refuse(fmt::format("--compute-ms = {} must be a number in [0, 10000]", o.compute_ms));
   o.settings.compute_ns_per_layer = static_cast<std::uint64_t>(o.compute_ms * 1e6);
   o.settings.run_salt = std::random_device{}() | 1u;  // nonzero: differs from the prepared content
   // Fail fast on shapes this machine cannot hold, before hashing the whole data set. layers (<= 1024)
   // x layer_file_bytes (<= 2^24 chunks x 2 x 2^30) can pass 2^64: bound it first, so the free-space
-  // check below (data_bytes + data_bytes / 4) cannot wrap and wave an impossible data set through.
+  // check (data bytes + a quarter) cannot wrap and wave an impossible data set through.
   constexpr std::uint64_t kMaxDataSetBytes = std::uint64_t{1} << 60;
-  if (shape.layer_file_bytes() > kMaxDataSetBytes / shape.layers) {
-    fmt::print(stderr, "error: the data set (--layers = {} x {} bytes per layer file) exceeds the limit of {} bytes\n",
-               shape.layers, shape.layer_file_bytes(), kMaxDataSetBytes);
-    return 2;
-  }
-  const std::uint64_t data_bytes = std::uint64_t{shape.layers} * shape.layer_file_bytes();
+  if (shape.layer_file_bytes() > kMaxDataSetBytes / shape.layers)
+    return refuse(fmt::format("the data set (--layers = {} x {} bytes per layer file) exceeds the limit of {} bytes",
+                              shape.layers, shape.layer_file_bytes(), kMaxDataSetBytes));
+  const std::uint64_t data_bytes = data_set_bytes(shape);
   if (o.backend == "memfs" && (shape.layer_file_bytes() > tutti::memfs::Store::Options::kDefaultMaxFileBytes ||
-                               data_bytes > tutti::memfs::Store::Options::kDefaultMaxTotalBytes)) {
-    fmt::print(stderr, "error: the data set ({} layers x {} bytes) exceeds memfs's limits ({} bytes per file, {} in all)\n",
-               shape.layers, shape.layer_file_bytes(), tutti::memfs::Store::Options::kDefaultMaxFileBytes,
-               tutti::memfs::Store::Options::kDefaultMaxTotalBytes);
-    return 2;
-  }
-  const char* tmp = std::getenv("TMPDIR");
-  const fs::path dir = o.data_dir.empty() ? fs::path(tmp && *tmp ? tmp : "/tmp") / "tutti-layerwise-kv" : fs::path(o.data_dir);
+                               data_bytes > tutti::memfs::Store::Options::kDefaultMaxTotalBytes))
+    return refuse(
+        fmt::format("the data set ({} layers x {} bytes) exceeds memfs's limits ({} bytes per file, {} in all)",
+                    shape.layers, shape.layer_file_bytes(), tutti::memfs::Store::Options::kDefaultMaxFileBytes,
+                    tutti::memfs::Store::Options::kDefaultMaxTotalBytes));
+  if (o.prepare_only && o.backend != "uring")
+    return refuse(fmt::format("--prepare-only writes the layer files of the uring backend; --backend {} {}", o.backend,
+                              o.backend == "memfs" ? "keeps its data in host memory"
+                                                   : "writes its files into the ext4 image it creates itself"));
 
-  std::vector<std::string> uris;
+  DataPlace place;
   if (o.backend == "memfs") {
+    print_header(o, place);
+    std::vector<std::string> uris;
     for (std::uint32_t l = 0; l < shape.layers; ++l)
-      uris.push_back(fmt::format("memfs://layer-{:03}?size={}", l, shape.layer_file_bytes()));
+      uris.push_back(fmt::format("memfs://{}?size={}", shape.layer_file_name(l), shape.layer_file_bytes()));
     auto runtime = tutti::make_memfs_runtime();
-    if (!runtime) {
-      fmt::print(stderr, "error: {}\n", runtime.status().to_string());
-      return 2;
-    }
-    return run<tutti::MemfsRuntime>(*runtime, o, dir, uris, false, [&](tutti::MemfsRuntime& rt) {
+    if (!runtime) return fail_with(runtime.status(), kExitFailed);
+    return run<tutti::MemfsRuntime>(*runtime, o, place, {}, uris, false, [&](tutti::MemfsRuntime& rt) {
       // memfs lives in this process: write the data set through the runtime itself.
       AlignedBuffer tensor(shape.tensor_bytes);
       auto memory = rt.register_memory({tensor.data, tensor.size, tutti::MemoryKind::HOST});
       if (!memory) return memory.status();
       Window<tutti::MemfsRuntime> window(rt, o.settings.io_timeout_ns);
+      Progress progress("writing the data set into memfs", data_bytes, Progress::Unit::bytes);
+      std::uint64_t written = 0;
       for (std::uint32_t l = 0; l < shape.layers; ++l) {
         auto target = rt.open(uris[l], {.writable = true});
         if (!target) return target.status();
@@ -736,47 +940,38 @@ int main(int argc, char** argv) {
             fill_tensor(std::span(tensor.data, tensor.size), l, c, k);
             TUTTI_RETURN_IF_ERROR(window.submit({{tutti::Direction::WRITE, *memory, 0, *target, shape.tensor_offset(c, k), shape.tensor_bytes}}));
             TUTTI_RETURN_IF_ERROR(window.drain());
+            progress.update(written += shape.tensor_bytes);
           }
         TUTTI_RETURN_IF_ERROR(rt.close(*target));
-        progress_bar("preparing KV tensors", l + 1, shape.layers);
       }
+      progress.update(data_bytes);
       return rt.unregister_memory(*memory);
     });
   }
 
-  {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    const auto space = fs::space(dir, ec);
-    if (ec) {
-      fmt::print(stderr, "error: --data-dir '{}': {}\n", dir.string(), ec.message());
-      return 2;
-    }
-    if (data_bytes + data_bytes / 4 > space.available + (fs::exists(dir / "manifest.json") ? data_bytes : 0)) {
-      fmt::print(stderr, "error: the data set needs about {} bytes in '{}', which has {} bytes available\n",
-                 data_bytes + data_bytes / 4, dir.string(), space.available);
-      return 2;
-    }
-  }
+  const char* tmp = std::getenv("TMPDIR");
+  place.dir =
+      o.data_dir.empty() ? fs::path(tmp && *tmp ? tmp : "/var/tmp") / "tutti-layerwise-kv" : fs::path(o.data_dir);
   DataDirLock lock;  // held until main returns: every phase below reads or writes the folder's files
-  if (auto s = lock.acquire(dir); !s.is_ok()) {
-    fmt::print(stderr, "error: {}\n", s.to_string());
-    return 2;
+  if (auto refused = check_data_dir(o, place, lock)) return *refused;
+  print_header(o, place);
+  const fs::path& dir = place.dir;
+  if (o.prepare_only) {
+    if (auto s = prepare_files(shape, dir); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
+    fmt::print("  prepared       : {} layer files, {}, in '{}'; a run with the same shape options and --data-dir uses "
+               "them as they are (manifest.json records the shape)\n",
+               shape.layers, format_bytes(data_bytes), dir.string());
+    return kExitVerified;
   }
-  if (o.backend == "nvme-soft") return run_nvme_soft(o, dir);
+  if (o.backend == "nvme-soft") return run_nvme_soft(o, place);
 
 #if defined(LAYERWISE_GPU)
-  if (o.memory == "device") return run_gpu(o, dir);
+  if (o.memory == "device") return run_gpu(o, place);
 #endif
-  if (auto s = prepare_files(shape, dir); !s.is_ok()) {
-    fmt::print(stderr, "error: preparing data files: {}\n", s.to_string());
-    return 2;
-  }
+  if (auto s = prepare_files(shape, dir); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
+  std::vector<std::string> uris;
   for (std::uint32_t l = 0; l < shape.layers; ++l) uris.push_back(file_uri(dir / shape.layer_file_name(l)));
   auto runtime = tutti::make_uring_runtime();
-  if (!runtime) {
-    fmt::print(stderr, "error: {}\n", runtime.status().to_string());
-    return 2;
-  }
-  return run<tutti::UringRuntime>(*runtime, o, dir, uris, true, {});
+  if (!runtime) return fail_with(runtime.status(), kExitFailed);
+  return run<tutti::UringRuntime>(*runtime, o, place, dir, uris, true, {});
 }

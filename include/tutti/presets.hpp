@@ -6,7 +6,7 @@
 //
 // LocalNvmeRuntime (file:// resolved with FIEMAP to LBAs, IO through NVMe queues of an nvme::Controller):
 // include <tutti/presets/local_nvme.hpp>; the soft controller's ready-made stack is libnvm's
-// (<tutti/libnvm/soft_local_nvme.hpp>, link libnvm: meson libnvm_dep).
+// (<tutti/libnvm/soft_local_nvme.hpp>, link libnvm: meson libnvm_dep; installed: pkg-config tutti-nvm).
 #pragma once
 
 #include <tutti/core/runtime.hpp>

@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
-# bad_options_test.sh EXAMPLE: the layer-wise example refuses nonsense options fast, with exit code 2
-# (its own checks) or CLI11's validation code, a message naming the option, and no data written.
+# bad_options_test.sh EXAMPLE KV_CACHE_DOC: the layer-wise example refuses nonsense options and unusable
+# data folders fast, with exit code 2, a message naming the option (and the status code of what is
+# wrong), and no layer file written; and every exit code KV_CACHE_DOC's table documents is what its
+# example command gives.
 set -euo pipefail
-example=$1
+example=$(realpath "$1") doc=$2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 failures=0
-# expect_refused CODE WORD ARGS...: the example exits with CODE within 20 s, prints WORD, writes no file.
+# expect_refused CODE WORD ARGS...: the example exits with CODE within 20 s, prints WORD, writes no layer file.
 expect_refused() {
   local want=$1 word=$2
   shift 2
+  local place=(--data-dir "$dir/data")
+  [[ " $* " == *" --data-dir "* ]] && place=()  # the case names its own
   set +e
-  timeout 20 "$example" --data-dir "$dir/data" --no-drop-caches "$@" >"$dir/out.txt" 2>&1
+  timeout 20 "$example" "${place[@]}" --no-drop-caches --repeat 1 "$@" >"$dir/out.txt" 2>&1
   local rc=$?
   set -e
-  if [ "$rc" -ne "$want" ] || ! grep -q -- "$word" "$dir/out.txt" || [ -n "$(ls -A "$dir/data" 2>/dev/null)" ]; then
-    echo "FAIL: $* -> exit $rc (want $want, message with '$word', no data files):"
+  if [ "$rc" -ne "$want" ] || ! grep -q -- "$word" "$dir/out.txt" || ls "$dir"/data/layer-* >/dev/null 2>&1; then
+    echo "FAIL: $* -> exit $rc (want $want, message with '$word', no layer files):"
     cat "$dir/out.txt"
     ls -l "$dir/data" 2>/dev/null || true
     failures=$((failures + 1))
   else
-    echo "ok: $* -> exit $rc"
+    echo "ok: $* -> exit $rc: $(head -c 200 "$dir/out.txt" | head -1)"
   fi
   rm -rf "$dir/data"
 }
@@ -28,14 +32,63 @@ expect_refused() {
 expect_refused 2 "--compute-ms" --backend memfs --layers 1 --context-tokens 256 --compute-ms nan
 # 1024 layers x 2^24 chunks x 2 x 1 GiB = 2^65 bytes wrapped to 0: the free-space check passed and the
 # example began writing a 2^55-byte layer file.
-expect_refused 2 "exceeds the limit" --backend uring --layers 1024 --context-tokens 16777216 --chunk-tokens 1 \
+expect_refused 2 "exceeds the limit" --backend uring --layers 1024 --context-tokens 16777216 --tokens-per-block 1 \
   --tensor-bytes 1073741824
 expect_refused 2 "multiple of 4096" --backend uring --layers 1 --tensor-bytes 6144
-expect_refused 2 "exceeds --context-tokens" --backend uring --layers 1 --context-tokens 256 --chunk-tokens 512
-# Out of CLI11's ranges (its ValidationError exit code, 105).
-expect_refused 105 "--layers" --layers 0
-expect_refused 105 "--compute-ms" --compute-ms -1
-expect_refused 105 "--compute-ms" --compute-ms inf
-expect_refused 105 "--hit-percent" --hit-percent 101
+expect_refused 2 "exceeds --context-tokens" --backend uring --layers 1 --context-tokens 256 --tokens-per-block 512
+# A model shape whose tensor is not 4096-byte aligned: the message says which --tokens-per-block would be.
+expect_refused 2 "make --tokens-per-block a multiple of 2" --backend uring --model mistral-7b --tokens-per-block 1 \
+  --kv-heads 1 --head-dim 1024 --context-tokens 16
+expect_refused 2 "--model" --model llama-9
+expect_refused 2 "excludes" --tensor-bytes 65536 --kv-heads 4
+# Out of CLI11's ranges, or not plain decimal numbers ("010" would be octal to CLI11).
+expect_refused 2 "--layers" --layers 0
+expect_refused 2 "--layers" --layers 010
+expect_refused 2 "--compute-ms" --compute-ms -1
+expect_refused 2 "--compute-ms" --compute-ms inf
+expect_refused 2 "--hit-percent" --hit-percent 101
+expect_refused 2 "--repeat" --repeat 0
+# Flags that exclude each other, an unknown flag (CLI11's codes 108 and 109 before: now 2, documented).
+expect_refused 2 "excludes" --verify --no-verify
+expect_refused 2 "not expected" --no-such-flag
+# --data-dir naming a file: INVALID_ARGUMENT naming the flag (it was DEVICE_ERROR about a lock file).
+touch "$dir/a-file"
+expect_refused 2 "INVALID_ARGUMENT: --data-dir '$dir/a-file' is not a directory" --backend uring --layers 1 \
+  --data-dir "$dir/a-file"
+expect_refused 2 "--prepare-only writes the layer files of the uring backend" --backend memfs --prepare-only
+
+# Every row of the doc's exit-code table whose last cell gives example arguments: run them (in a fresh
+# data folder, as the table's commands are relative to it) and compare the exit code.
+python3 - "$doc" >"$dir/table.txt" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+section = text.split("### Exit codes", 1)[1].split("\n#", 1)[0]
+rows = [r for r in section.splitlines() if re.match(r"^\| *\d+ *\|", r)]
+assert rows, "no exit-code table under '### Exit codes'"
+for row in rows:
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    for example in re.findall(r"`(--[^`]*)`", cells[-1]):  # example arguments start with an option
+        print(f"{cells[0]}\t{example}")
+PY
+[ -s "$dir/table.txt" ] || { echo "FAIL: no examples in the exit-code table of $doc"; exit 1; }
+touch "$dir/README.md"
+while IFS=$'\t' read -r code args; do
+  rm -rf "$dir/run"
+  mkdir -p "$dir/run"
+  set +e
+  place=(--data-dir "$dir/run/data")
+  [[ " $args " == *" --data-dir "* ]] && place=()  # the example names its own (relative to $dir)
+  # shellcheck disable=SC2086  # the table's arguments, split as a shell would
+  (cd "$dir" && timeout 120 "$example" "${place[@]}" --no-drop-caches $args) >"$dir/out.txt" 2>&1
+  rc=$?
+  set -e
+  if [ "$rc" -ne "$code" ]; then
+    echo "FAIL: the doc's exit code $code for '$args' is $rc here:"
+    cat "$dir/out.txt"
+    failures=$((failures + 1))
+  else
+    echo "ok: documented exit code $code: $args"
+  fi
+done <"$dir/table.txt"
 [ "$failures" -eq 0 ] || { echo "FAIL: $failures case(s)"; exit 1; }
-echo "all nonsense refused"
+echo "all nonsense refused; every documented exit code checked"

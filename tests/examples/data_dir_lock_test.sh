@@ -10,8 +10,8 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 data="$dir/data"
 mkdir -p "$data"
-args=(--backend uring --layers 2 --context-tokens 512 --chunk-tokens 256 --tensor-bytes 65536 --compute-ms 0.1
-      --data-dir "$data" --no-drop-caches --no-pread-baseline)
+args=(--backend uring --layers 2 --context-tokens 512 --tokens-per-block 256 --tensor-bytes 65536 --compute-ms 0.1
+      --data-dir "$data" --no-drop-caches --no-pread-baseline --repeat 1)
 # flock holds the lock on its own open file description for as long as the example runs under it.
 set +e
 start=$(date +%s%N)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# example_test.sh EXAMPLE BACKEND: runs the layer-wise example on a small shape in a fresh data
-# directory and checks that it verifies; then corrupts one cached tensor on disk (file backends) and
-# checks that the example fails with exit code 1 and names the mismatch.
+# example_test.sh EXAMPLE BACKEND KV_CACHE_DOC [gpu]: runs the layer-wise example on a small shape in a fresh
+# data directory and checks that it verifies and prints every summary line KV_CACHE_DOC
+# (docs/kv-cache.md) lists; then corrupts one cached tensor on disk (file backends) and checks that the
+# example fails with exit code 1 and names the mismatch.
 set -euo pipefail
-example=$1 backend=$2 gpu=${3:-}
+example=$1 backend=$2 doc=$3 gpu=${4:-}
 if [ "$backend" = nvme-soft ] && [ "$(id -u)" -ne 0 ]; then echo "SKIP: nvme-soft needs root"; exit 77; fi
 # The cuda build's nvme-soft runs local_nvme's kernels on a GPU (the soft controller in
 # accelerator_mode needs one): without a usable GPU it skips.
@@ -15,22 +16,28 @@ extra=()
 [ "$gpu" = gpu ] && extra=(--memory device --compute sleep)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-base=(--backend "$backend" --layers 6 --context-tokens 1024 --chunk-tokens 256 --tensor-bytes 65536
-      --data-dir "$dir/data" --no-drop-caches)
+base=(--backend "$backend" --layers 6 --context-tokens 1024 --tokens-per-block 256 --tensor-bytes 65536
+      --data-dir "$dir/data" --no-drop-caches --repeat 1)
 args=("${base[@]}" "${extra[@]}" --compute-ms 0.5 --json "$dir/report.json")
 rc=0
 "$example" "${args[@]}" >"$dir/out.txt" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { cat "$dir/out.txt"; echo "FAIL: example exited $rc"; exit 1; }
 grep -q "0 mismatched -> VERIFIED" "$dir/out.txt" || { cat "$dir/out.txt"; echo "FAIL: no VERIFIED line"; exit 1; }
 # Every check is counted, per source: 6 layers x 3 cached chunks x 2 tensors per read pass (restore,
-# the plain pread baseline on file backends, the pipeline) + 6 x 1 missed chunk x 2 written tensors.
-# The cuda build (KV slots in GPU memory) names its pread baseline "pread+cudaMemcpy" and may add
-# cuFile passes (36 each); the JSON check below holds the exact numbers either way.
+# the pread baselines on file backends: 1 thread, and 6 threads = the 6 requests per layer Tutti keeps
+# in flight; the pipeline) + 6 x 1 missed chunk x 2 written tensors. The cuda build (KV slots in GPU
+# memory) names its pread baseline "pread+cudaMemcpy" and may add cuFile passes (36 each); the JSON
+# check below holds the exact numbers either way.
 if [ "$backend" = memfs ]; then checked="84 tensors checked \(restore 36, pipeline 36, written 12;"
-else checked="tensors checked \(restore 36, pread(\+cudaMemcpy)? 36, (cuFile( x8)? 36, )*pipeline 36, written 12;"; fi
+else
+  checked="tensors checked \(restore 36, pread(\+cudaMemcpy)? 36, (pread x6 36, )?(cuFile( x8)? 36, )*pipeline 36, "
+  checked+="written 12;"
+fi
 grep -qE "$checked" "$dir/out.txt" || { cat "$dir/out.txt"; echo "FAIL: no line matching '$checked'"; exit 1; }
 # The verdict: what bounded the pipeline, per layer, the same in the text and in the JSON.
-verdict=$(sed -n 's/^  per layer      : restore alone [0-9.]* ms, \(GPU \)\?compute [0-9.]* ms, pipeline [0-9.]* ms: \(compute\|read\|write\)-bound: compute waited [0-9.]* ms for IO .*/\2/p' "$dir/out.txt")
+verdict_line='^  per layer      : restore alone [0-9.]* ms, \(GPU \)\?compute [0-9.]* ms, pipeline [0-9.]* ms: '
+verdict_line+='\(compute\|read\|write\)-bound: compute waited [0-9.]* ms for IO, .*'
+verdict=$(sed -n "s/$verdict_line/\\2/p" "$dir/out.txt")
 [ -n "$verdict" ] || { cat "$dir/out.txt"; echo "FAIL: no 'per layer' verdict line"; exit 1; }
 python3 - "$dir/report.json" "$backend" "$verdict" <<'PY'
 import json, sys
@@ -43,14 +50,22 @@ assert r["pipeline_writes"]["requests"] == 12, r
 assert r["restore_only"]["bytes"] == 36 * 65536, r
 sources = r["verified_tensors_by_source"]
 expected = {"restore": 36, "pipeline": 36, "written": 12}
-if backend != "memfs":  # the plain pread baseline; the cuda build names it pread+cudaMemcpy
-    expected["pread+cudaMemcpy" if "pread+cudaMemcpy" in sources else "pread"] = 36
+if backend != "memfs":  # the pread baselines; the cuda build's is one, named pread+cudaMemcpy
+    if "pread+cudaMemcpy" in sources:
+        expected["pread+cudaMemcpy"] = 36
+    else:
+        expected["pread"] = 36
+        # As many threads as requests Tutti kept in flight: a layer's 6 cached tensors, one submit.
+        assert r["restore_max_in_flight"] == 6, r
+        assert r["pread_parallel"]["threads"] == 6 and r["pread_parallel"]["requests"] == 36, r
+        expected["pread x6"] = 36
 for extra in ("cuFile", "cuFile x8"):  # cuda build, where cuFile could open the files
     if extra in sources:
         expected[extra] = 36
 assert sources == expected, (sources, expected)
 assert r["mismatched_tensors"] == 0 and r["verified_tensors"] == sum(expected.values()), r
 assert r["bound"] == {"compute": "compute", "read": "reads", "write": "writes"}[verdict], (r["bound"], verdict)
+assert r["repeat"] == 1 and len(r["runs"]) == 1, r
 PY
 if [ "$gpu" = gpu ]; then
   python3 - "$dir/report.json" <<'PY' || { cat "$dir/out.txt"; echo "FAIL: the KV slots were not in GPU memory"; exit 1; }
@@ -63,6 +78,35 @@ PY
 fi
 echo "clean run verified ($verdict-bound)"
 
+# The summary's lines as docs/kv-cache.md lists them (its block under "## The example's summary"): every
+# label there is printed, so the doc cannot drift from the program.
+labels=$(python3 - "$doc" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+block = text.split("## The example's summary", 1)[1].split("```", 2)[1]
+for line in block.splitlines():
+    m = re.match(r"^  (\S[^:]*?)\s*: ", line)
+    if m:
+        print(m.group(1))
+PY
+)
+[ -n "$labels" ] || { echo "FAIL: no summary lines found in $doc"; exit 1; }
+while IFS= read -r label; do
+  case "$label" in
+    warning) continue ;;                                               # only for a RAM-backed data folder
+    note) [ "$backend" = nvme-soft ] || continue ;;                    # only for nvme-soft
+    "pread 1 thread") [ "$backend" != memfs ] || continue ;;           # memfs has no files to pread
+    "pread N thr") [ "$backend" != memfs ] || continue; label="pread [0-9]+ thr" ;;
+  esac
+  if grep -q "^  device         : " "$dir/out.txt"; then  # cuda build, KV slots in GPU memory: its own baselines
+    [ "$label" = "pread 1 thread" ] && label="pread\+memcpy"
+    [ "$label" = "pread [0-9]+ thr" ] && continue
+  fi
+  grep -qE "^  $label +: " "$dir/out.txt" ||
+    { cat "$dir/out.txt"; echo "FAIL: no '$label' line, which $doc lists"; exit 1; }
+done <<<"$labels"
+echo "every summary line of $(basename "$doc") printed"
+
 # Verdicts that do not depend on the machine's speed: 20 ms of compute per layer hides 8 reads of 64 KiB
 # (memfs: host memory); with no compute and every chunk cached, compute waits only for reads.
 expect_bound() {
@@ -71,7 +115,8 @@ expect_bound() {
   local rc=0
   "$example" "${base[@]}" "$@" --no-pread-baseline >"$dir/out3.txt" 2>&1 || rc=$?
   [ "$rc" -eq 0 ] || { cat "$dir/out3.txt"; echo "FAIL: $* exited $rc"; exit 1; }
-  grep -q "^  per layer      : .*: $want-bound: " "$dir/out3.txt" || { cat "$dir/out3.txt"; echo "FAIL: $* is not $want-bound"; exit 1; }
+  grep -q "^  per layer      : .*: $want-bound: " "$dir/out3.txt" ||
+    { cat "$dir/out3.txt"; echo "FAIL: $* is not $want-bound"; exit 1; }
   echo "$want-bound as expected: $*"
 }
 case "$backend" in
@@ -84,9 +129,9 @@ rc=0
 "$example" "${args[@]}" --no-pread-baseline >"$dir/out.txt" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { cat "$dir/out.txt"; echo "FAIL: rerun exited $rc"; exit 1; }
 
-# Corrupt one byte of layer 2, chunk 1, V tensor: (2*1+1) * 65536 + 100.
-printf '\xff' | dd of="$dir/data/layer-002.kv" bs=1 seek=$((3 * 65536 + 100)) conv=notrunc status=none
-printf '\x00' | dd of="$dir/data/layer-002.kv" bs=1 seek=$((3 * 65536 + 101)) conv=notrunc status=none
+# Corrupt one byte of layer 2, chunk 1, V tensor (the store's layout: slot 1, piece 1): (2*1+1) * 65536 + 100.
+printf '\xff' | dd of="$dir/data/layer-00002.kv" bs=1 seek=$((3 * 65536 + 100)) conv=notrunc status=none
+printf '\x00' | dd of="$dir/data/layer-00002.kv" bs=1 seek=$((3 * 65536 + 101)) conv=notrunc status=none
 sync
 set +e
 "$example" "${args[@]}" --no-pread-baseline >"$dir/out2.txt" 2>&1

@@ -1,8 +1,10 @@
 // The uring backend on scratch file systems (root only; exits 77 otherwise): ext4 loop images with 512-
 // and 4096-byte sectors, tmpfs, ramfs (no O_DIRECT) and a read-only mount. Every byte is checked
 // against what the file system returns to a plain pread after the page cache was dropped.
+#include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <scratch_filesystem.hpp>
@@ -166,4 +168,44 @@ TEST_CASE("a file on a read-only mount opened for writing fails naming the path 
   CHECK(r.is_ok());
   CHECK(runtime.close(*r).is_ok());
   REQUIRE(run_command(fmt::format("mount -o remount,rw {}", fs->mount_point())).is_ok());
+}
+
+TEST_CASE("without /proc a tail WRITE is rejected naming the saved cause (ENOENT), at open it still succeeds") {
+  TempDirectory dir;
+  const std::string path = dir.file("no-proc");
+  write_pattern_file(path, 2 * 4096 + 100, 8);
+  const pid_t child = ::fork();  // no thread exists yet; the child gets its own mount namespace
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::umount2("/proc", MNT_DETACH) != 0)
+      ::_exit(10);
+    auto runtime = make_uring_runtime();
+    if (!runtime) ::_exit(11);
+    auto target = runtime->open("file://" + path, {.writable = true});
+    if (!target) {
+      std::fprintf(stderr, "open: %s\n", target.status().to_string().c_str());
+      ::_exit(12);
+    }
+    AlignedBuffer data(4096);
+    auto memory = runtime->register_memory(data.view());
+    if (!memory) ::_exit(13);
+    const std::vector<IoRequest> tail{{Direction::WRITE, *memory, 0, *target, 2 * 4096, 100}};
+    auto outcome = runtime->submit(tail);
+    const Status& refused = outcome.initial_states[0];
+    std::fprintf(stderr, "tail WRITE: %s\n", refused.to_string().c_str());
+    if (refused.code() != StatusCode::INVALID_ARGUMENT) ::_exit(14);
+    if (refused.message().find("No such file or directory (ENOENT)") == std::string::npos ||
+        refused.message().find("/proc/self/fd/") == std::string::npos)
+      ::_exit(15);
+    const std::vector<IoRequest> aligned{{Direction::WRITE, *memory, 0, *target, 0, 4096}};
+    auto written = runtime->submit(aligned);
+    if (written.accepted != 1) ::_exit(16);
+    auto result = runtime->wait(written.io, 30 * kSecond);
+    ::_exit(result && result->status.is_ok() ? 0 : 17);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK_MESSAGE(WEXITSTATUS(status) == 0, "child step ", WEXITSTATUS(status), " failed (10: could not unmount /proc)");
 }

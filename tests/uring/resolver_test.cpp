@@ -1,4 +1,6 @@
-// file:// resolution, the errno -> Status table and the pinned defaults of the uring DataPath.
+// file:// resolution, the tail descriptor and the pinned defaults of the uring DataPath (the errno table
+// itself: tests/core/errno_test.cpp).
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,18 +59,6 @@ TEST_CASE("options are normalised: queue depth clamped, command size big enough 
   CHECK(e.options().max_command_bytes == (4u << 20));
 }
 
-TEST_CASE("errno values map to status codes with the errno text") {
-  CHECK(uring::status_code_of_errno(EIO) == StatusCode::DEVICE_ERROR);
-  CHECK(uring::status_code_of_errno(EINVAL) == StatusCode::INVALID_ARGUMENT);
-  CHECK(uring::status_code_of_errno(ENOSPC) == StatusCode::RESOURCE_EXHAUSTED);
-  CHECK(uring::status_code_of_errno(EOPNOTSUPP) == StatusCode::UNSUPPORTED);
-  CHECK(uring::status_code_of_errno(EBADMSG) == StatusCode::DATA_LOSS);
-  CHECK(uring::status_code_of_errno(12345) == StatusCode::DEVICE_ERROR);
-  const Status s = uring::status_from_errno(EIO, "READ of 4096 bytes at offset 0 of '/x'");
-  CHECK(s.code() == StatusCode::DEVICE_ERROR);
-  CHECK(s.message() == "READ of 4096 bytes at offset 0 of '/x': Input/output error (EIO)");
-}
-
 TEST_CASE("bad file URIs are refused with messages that say why") {
   file::FileResolver resolver;
   auto code = [&](const std::string& uri) { return resolver.resolve(uri, {}).code(); };
@@ -122,6 +112,59 @@ TEST_CASE("a file on ext4 resolves with O_DIRECT, its size and its alignment; lo
   REQUIRE_MESSAGE(w.is_ok(), w.status().to_string());
   CHECK(w->writable);
   if (w->direct) CHECK(w->tail_fd.valid());
+}
+
+namespace {
+
+/// Lowers RLIMIT_NOFILE so that exactly `free` more descriptors can be opened; restores it when destroyed.
+struct DescriptorLimit {
+  explicit DescriptorLimit(int free) {
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+    const int lowest = ::dup(0);  // the lowest free descriptor: the next open gets it
+    REQUIRE(lowest >= 0);
+    ::close(lowest);
+    rlimit lowered = saved;
+    lowered.rlim_cur = static_cast<rlim_t>(lowest + free);
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &lowered) == 0);
+  }
+  ~DescriptorLimit() { ::setrlimit(RLIMIT_NOFILE, &saved); }
+  rlimit saved{};
+};
+
+}  // namespace
+
+TEST_CASE("an open that cannot get its tail descriptor (EMFILE) fails RESOURCE_EXHAUSTED with the real errno") {
+  TempDirectory dir;
+  const std::string path = dir.file("tail");
+  write_pattern_file(path, 3 * 4096 + 100, 2);
+  file::FileResolver resolver;
+  {
+    auto probe = resolver.resolve("file://" + path, {.writable = true});
+    REQUIRE_MESSAGE(probe.is_ok(), probe.status().to_string());
+    if (!probe->direct) {
+      MESSAGE("no O_DIRECT on ", probe->filesystem, " here: no tail descriptor to miss");
+      return;
+    }
+  }
+  Result<file::Target> opened = Status(StatusCode::INTERNAL, "not run");
+  {
+    DescriptorLimit limit(1);  // the file's descriptor fits, its tail descriptor does not
+    opened = resolver.resolve("file://" + path, {.writable = true});
+  }
+  REQUIRE(opened.code() == StatusCode::RESOURCE_EXHAUSTED);
+  const std::string& message = opened.status().message();
+  CHECK(message.find("Too many open files (EMFILE)") != std::string::npos);
+  CHECK(message.find("tail descriptor of '" + path + "'") != std::string::npos);
+  CHECK(message.find("/proc not mounted") == std::string::npos);
+  // With a descriptor to spare the same open succeeds and the tail WRITE runs.
+  UringRuntime runtime = require_ok(make_uring_runtime());
+  auto target = runtime.open("file://" + path, {.writable = true});
+  REQUIRE_MESSAGE(target.is_ok(), target.status().to_string());
+  AlignedBuffer data(4096);
+  auto memory = require_ok(runtime.register_memory(data.view()));
+  auto written = run_all(runtime, {{Direction::WRITE, memory, 0, *target, 3 * 4096, 100}});
+  CHECK_MESSAGE(written[0].status.is_ok(), written[0].status.to_string());
+  CHECK(file_size(path) == 3 * 4096 + 100);
 }
 
 TEST_CASE("DEVICE memory is unsupported by the host profile") {

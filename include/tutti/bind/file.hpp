@@ -17,22 +17,15 @@
 #include <string_view>
 #include <utility>
 
+#include <tutti/core/errno.hpp>
 #include <tutti/core/file_descriptor.hpp>
 
 namespace tutti::file {
 
 /// An owned file descriptor (tutti/core/file_descriptor.hpp).
 using FileDescriptor = tutti::FileDescriptor;
-
-/// The text of an errno value with its symbolic name, e.g. "Input/output error (EIO)".
-/// Thread-safe (GNU strerrordesc_np / strerrorname_np return static strings).
-inline std::string errno_text(int error_number) {
-  const char* description = ::strerrordesc_np(error_number);
-  const char* symbol = ::strerrorname_np(error_number);
-  std::string text = description ? description : "Unknown error " + std::to_string(error_number);
-  if (symbol) text.append(" (").append(symbol).append(")");
-  return text;
-}
+/// The text of an errno value with its symbolic name (tutti/core/errno.hpp).
+using tutti::errno_text;
 
 /// Where Target::direct_io_alignment came from.
 enum class AlignmentSource : std::uint8_t {
@@ -60,6 +53,10 @@ struct Target {
   /// /proc/self/fd), so that a write of an unaligned tail that ends at the end of the file can be
   /// written exactly, without extending the file (see docs/uring.md, "The tail rule"). -1 otherwise.
   FileDescriptor tail_fd;
+  /// Why a writable O_DIRECT target has no tail_fd (the reopen found no /proc/self/fd: the call, the
+  /// path and the errno text); the DataPath names it when it rejects an unaligned tail WRITE. Empty
+  /// when tail_fd is open or not needed.
+  std::string tail_fd_error;
   std::string path;                         ///< The decoded absolute path, for messages.
   std::string filesystem;                   ///< File system type name from statfs(2), e.g. "ext4", "tmpfs".
   std::uint64_t size = 0;                   ///< File size in bytes at open time.

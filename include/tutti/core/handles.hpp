@@ -26,7 +26,7 @@
 
 namespace tutti {
 
-template <class Tag, class Value>
+template <class Tag, class Value, class Owner>
 class HandleTable;
 
 /// An opaque, generational handle. 16 bytes. Default-constructed handles are null.
@@ -47,7 +47,7 @@ class Handle {
   }
 
  private:
-  template <class, class>
+  template <class, class, class>
   friend class HandleTable;
   constexpr Handle(std::uint64_t instance, std::uint32_t slot, std::uint32_t generation) noexcept
       : instance_(instance), slot_(slot), generation_(generation) {}
@@ -74,9 +74,10 @@ inline std::uint64_t next_instance_id() noexcept {
   return counter.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
-/// Slots of `Value`s addressed by handles. Values live in unique_ptrs, so a pointer to a value stays
-/// valid until that value's handle is released, whatever else the table does.
-template <class Tag, class Value>
+/// Slots of `Value`s addressed by handles. Values live behind an owning pointer (`Owner`: a
+/// std::unique_ptr, or a std::shared_ptr when others may keep a value alive past its handle), so a
+/// pointer to a value stays valid until that value's handle is released, whatever else the table does.
+template <class Tag, class Value, class Owner = std::unique_ptr<Value>>
 class HandleTable {
  public:
   using handle_type = Handle<Tag>;
@@ -84,7 +85,7 @@ class HandleTable {
   explicit HandleTable(std::uint64_t instance_id) noexcept : instance_(instance_id) {}
 
   /// Stores a value and mints its handle. RESOURCE_EXHAUSTED when every slot id is used.
-  Result<handle_type> insert(std::unique_ptr<Value> value) {
+  Result<handle_type> insert(Owner value) {
     std::uint32_t slot;
     if (!free_.empty()) {
       slot = free_.back();
@@ -102,25 +103,27 @@ class HandleTable {
   }
 
   /// The value of a live handle, or INVALID_ARGUMENT (null / foreign) or NOT_FOUND (stale).
-  /// `field` names the request field in the message ("requests[3].memory").
-  Result<Value*> find(handle_type handle, std::string_view field) const {
-    if (handle.is_null())
-      return error(StatusCode::INVALID_ARGUMENT, "{} is a null {} handle", field, Tag::name);
-    if (handle.instance_ != instance_)
-      return error(StatusCode::INVALID_ARGUMENT, "{} = {} belongs to another runtime instance", field,
-                   handle.to_string());
-    if (handle.slot_ >= slots_.size() || slots_[handle.slot_].generation != handle.generation_ ||
-        !slots_[handle.slot_].value)
-      return error(StatusCode::NOT_FOUND, "{} = {} is stale: it was closed or released", field,
-                   handle.to_string());
+  /// `field` names the field in the message: a string ("requests[3].memory") or anything {fmt} can
+  /// format, which is formatted only when the handle is refused (a live handle costs no formatting).
+  template <class Field>
+  Result<Value*> find(handle_type handle, const Field& field) const {
+    if (Status refused = check(handle, field); !refused.is_ok()) return refused;
     return slots_[handle.slot_].value.get();
+  }
+
+  /// A copy of the owning pointer of a live handle's value (for shared owners: the value then stays
+  /// alive after the handle is released), or the errors of find().
+  template <class Field>
+  Result<Owner> owner(handle_type handle, const Field& field) const {
+    if (Status refused = check(handle, field); !refused.is_ok()) return refused;
+    return slots_[handle.slot_].value;
   }
 
   /// Removes a live handle's value and returns it. The slot's generation moves on, so the old
   /// handle (and every copy of it) becomes stale. Precondition: find(handle) succeeded.
-  std::unique_ptr<Value> erase(handle_type handle) {
+  Owner erase(handle_type handle) {
     Slot& s = slots_[handle.slot_];
-    std::unique_ptr<Value> value = std::move(s.value);
+    Owner value = std::move(s.value);
     --live_;
     if (s.generation == std::numeric_limits<std::uint32_t>::max()) return value;  // retire the slot
     ++s.generation;
@@ -138,9 +141,23 @@ class HandleTable {
   std::size_t size() const noexcept { return live_; }
 
  private:
+  template <class Field>
+  Status check(handle_type handle, const Field& field) const {
+    if (handle.is_null())
+      return error(StatusCode::INVALID_ARGUMENT, "{} is a null {} handle", field, Tag::name);
+    if (handle.instance_ != instance_)
+      return error(StatusCode::INVALID_ARGUMENT, "{} = {} belongs to another runtime instance", field,
+                   handle.to_string());
+    if (handle.slot_ >= slots_.size() || slots_[handle.slot_].generation != handle.generation_ ||
+        !slots_[handle.slot_].value)
+      return error(StatusCode::NOT_FOUND, "{} = {} is stale: it was closed or released", field,
+                   handle.to_string());
+    return Status::success();
+  }
+
   struct Slot {
     std::uint32_t generation = 1;
-    std::unique_ptr<Value> value;
+    Owner value;
   };
   std::uint64_t instance_;
   std::vector<Slot> slots_;

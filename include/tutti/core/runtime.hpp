@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <memory_resource>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -80,7 +81,26 @@ struct Pinnable {
   std::atomic<std::uint64_t> in_flight{0};
 };
 
+/// A request field named in a message, "requests[3].target": formatted only when a message is built,
+/// so submit formats nothing for a request that passes validation.
+struct RequestField {
+  std::size_t index;
+  std::string_view member;
+};
+
 }  // namespace detail
+}  // namespace tutti
+
+template <>
+struct fmt::formatter<tutti::detail::RequestField> {
+  constexpr auto parse(fmt::format_parse_context& context) { return context.begin(); }
+  template <class Context>
+  auto format(const tutti::detail::RequestField& field, Context& context) const {
+    return fmt::format_to(context.out(), "requests[{}].{}", field.index, field.member);
+  }
+};
+
+namespace tutti {
 
 template <class... Backends>
 class StorageRuntime {
@@ -306,10 +326,13 @@ class StorageRuntime {
 
   /// Validates each request and hands the valid ones, bucketed per backend, to their DataPaths.
   /// Never blocks. See SubmitOutcome for the per-request initial states.
+  /// Cost: on the success path no message is formatted and nothing is allocated per request: the
+  /// runtime allocates the outcome's vector and the IO entry (one shared object and one arena that
+  /// holds its per-request arrays), besides what each DataPath's submit allocates for its batch.
   SubmitOutcome submit(std::span<const IoRequest> requests) {
     SubmitOutcome outcome;
     outcome.initial_states.resize(requests.size());
-    auto io = std::make_shared<IoEntry>();
+    auto io = std::make_shared<IoEntry>(requests.size());
     std::tuple<Bucket<Backends>...>& buckets = io->parts;
 
     {
@@ -319,7 +342,7 @@ class StorageRuntime {
         return outcome;
       }
       for (std::size_t i = 0; i < requests.size(); ++i)
-        outcome.initial_states[i] = stage(requests[i], i, buckets);
+        outcome.initial_states[i] = stage(requests[i], i, requests.size(), buckets);
       ++state_->submits_in_progress;  // shutdown waits for this submit too
     }
 
@@ -327,21 +350,22 @@ class StorageRuntime {
     detail::for_each_index<kBackends>([&](auto I) {
       auto& bucket = std::get<I>(buckets);
       if (bucket.requests.empty()) return;
-      std::vector<Status> states(bucket.requests.size());
+      bucket.states.resize(bucket.requests.size());
       bucket.batch.emplace(std::get<I>(state_->backends)->datapath.submit(
-          std::span<const PathRequest<datapath_at<I>>>(bucket.requests), std::span<Status>(states)));
+          std::span<const PathRequest<datapath_at<I>>>(bucket.requests), std::span<Status>(bucket.states)));
       bucket.completions.resize(bucket.requests.size());
-      for (std::size_t k = 0; k < states.size(); ++k) {
-        const std::size_t index = bucket.input_index[k];
-        bucket.completions[k].request_index = index;
-        if (states[k].is_ok()) {
-          bucket.accepted.push_back(k);
+      for (std::size_t k = 0; k < bucket.states.size(); ++k) {
+        Staged& staged = bucket.staged[k];
+        bucket.completions[k].request_index = staged.input_index;
+        if (bucket.states[k].is_ok()) {
+          staged.accepted = true;
+          ++bucket.accepted;
           ++io->requests;
           io->requested_bytes += bucket.requests[k].length;
         } else {
-          unpin(bucket.pins[k]);
-          bucket.pins[k] = {};
-          outcome.initial_states[index] = states[k];
+          unpin(staged.pins);
+          staged.pins = {};
+          outcome.initial_states[staged.input_index] = std::move(bucket.states[k]);
         }
       }
     });
@@ -350,8 +374,7 @@ class StorageRuntime {
     --state_->submits_in_progress;
     outcome.accepted = io->requests;
     if (io->requests > 0) {
-      auto slot = std::make_unique<IoSlot>(IoSlot{io});
-      auto handle = state_->ios.insert(std::move(slot));
+      auto handle = state_->ios.insert(io);
       if (handle) {
         outcome.io = *handle;
       } else {
@@ -377,8 +400,9 @@ class StorageRuntime {
     if (!s.is_ok() && s.code() != StatusCode::TIMEOUT) return s;
     IoProgress progress{(*io)->complete, (*io)->requests, 0};
     detail::for_each_index<kBackends>([&](auto I) {
-      for (std::size_t k : std::get<I>((*io)->parts).accepted)
-        progress.completed_requests += std::get<I>((*io)->parts).completions[k].done ? 1 : 0;
+      const auto& bucket = std::get<I>((*io)->parts);
+      for (std::size_t k = 0; k < bucket.staged.size(); ++k)
+        progress.completed_requests += bucket.staged[k].accepted && bucket.completions[k].done ? 1 : 0;
     });
     return progress;
   }
@@ -439,7 +463,9 @@ class StorageRuntime {
     std::vector<std::shared_ptr<IoEntry>> ios;
     {
       std::scoped_lock lock(state_->tables_mutex);
-      state_->ios.for_each([&](IoHandle, IoSlot& slot) { ios.push_back(slot.io); });
+      std::vector<IoHandle> handles;
+      state_->ios.for_each([&](IoHandle h, IoEntry&) { handles.push_back(h); });
+      for (IoHandle h : handles) ios.push_back(*state_->ios.owner(h, "io"));
       for (auto& orphan : state_->orphans) ios.push_back(orphan);
     }
     std::size_t pending = 0;
@@ -488,7 +514,7 @@ class StorageRuntime {
       std::vector<IoHandle> ih;
       state_->targets.for_each([&](TargetHandle h, TargetEntry&) { th.push_back(h); });
       state_->memory.for_each([&](MemoryHandle h, MemoryEntry&) { mh.push_back(h); });
-      state_->ios.for_each([&](IoHandle h, IoSlot&) { ih.push_back(h); });
+      state_->ios.for_each([&](IoHandle h, IoEntry&) { ih.push_back(h); });
       for (auto h : th) targets.push_back(state_->targets.erase(h));
       for (auto h : mh) regions.push_back(state_->memory.erase(h));
       for (auto h : ih) (void)state_->ios.erase(h);
@@ -553,27 +579,48 @@ class StorageRuntime {
     detail::Pinnable* target = nullptr;
     detail::Pinnable* memory = nullptr;
   };
+  /// The runtime's side of one request handed to a DataPath.
+  struct Staged {
+    Pins pins;
+    std::size_t input_index = 0;  // the request is submit input input_index
+    bool accepted = false;        // the DataPath accepted it (its completion counts)
+  };
+  /// One backend's part of an IO: parallel arrays indexed by the position k in the DataPath's span,
+  /// allocated from the IO entry's arena.
   template <class B>
   struct Bucket {
     using D = typename B::datapath_type;
-    std::vector<PathRequest<D>> requests;
-    std::vector<std::size_t> input_index;  // requests[k] is submit input input_index[k]
-    std::vector<Pins> pins;
-    std::vector<std::size_t> accepted;     // positions k accepted by the DataPath
-    std::vector<RequestCompletion> completions;
+    /// Bytes of the arena one request of this backend may use (every array, with alignment room).
+    static constexpr std::size_t kArenaBytesPerRequest = sizeof(PathRequest<D>) + sizeof(Staged) + sizeof(Status) +
+                                                         sizeof(RequestCompletion);
+    explicit Bucket(std::pmr::memory_resource* arena)
+        : requests(arena), staged(arena), states(arena), completions(arena) {}
+    std::pmr::vector<PathRequest<D>> requests;
+    std::pmr::vector<Staged> staged;
+    std::pmr::vector<Status> states;  // the DataPath's answer at submit
+    std::pmr::vector<RequestCompletion> completions;
+    std::size_t accepted = 0;  // staged entries with accepted set
     std::optional<typename D::batch> batch;
     bool complete = false;
   };
   struct IoEntry {
+    /// An IO of `requests` requests: the arena is sized so that every bucket's arrays fit in its first
+    /// block, which it allocates on first use (an IO of no request allocates nothing there).
+    explicit IoEntry(std::size_t requests)
+        : arena(arena_bytes(requests)), parts(Bucket<Backends>(&arena)...) {}
+    static std::size_t arena_bytes(std::size_t requests) {
+      constexpr std::size_t kAlignmentRoom = 4 * kBackends * alignof(std::max_align_t) + 256;  // + the block header
+      return (... + (std::min<std::size_t>(requests, Backends::datapath_type::capabilities.max_batch_requests) *
+                     Bucket<Backends>::kArenaBytesPerRequest)) +
+             kAlignmentRoom;
+    }
     std::timed_mutex mutex;  // one thread advances an IO at a time; others never block past their budget
+    std::pmr::monotonic_buffer_resource arena;  // before parts: destroyed after them
     std::tuple<Bucket<Backends>...> parts;
     std::size_t requests = 0;
     std::uint64_t requested_bytes = 0;
     bool complete = false;
     IoResult result;
-  };
-  struct IoSlot {
-    std::shared_ptr<IoEntry> io;
   };
 
   struct State {
@@ -587,7 +634,7 @@ class StorageRuntime {
     std::condition_variable drained;
     HandleTable<TargetTag, TargetEntry> targets{instance};
     HandleTable<MemoryTag, MemoryEntry> memory{instance};
-    HandleTable<IoTag, IoSlot> ios{instance};
+    HandleTable<IoTag, IoEntry, std::shared_ptr<IoEntry>> ios{instance};
     std::vector<std::shared_ptr<IoEntry>> orphans;
     std::vector<std::unique_ptr<MemoryEntry>> retained_memory;  // a DataPath said BUSY at shutdown
     std::vector<std::unique_ptr<TargetEntry>> retained_targets;  // a DataPath's close said TIMEOUT / BUSY at shutdown
@@ -647,6 +694,7 @@ class StorageRuntime {
       if (entry.state.index() == I + 1)
         out = std::get<I>(state_->backends)->datapath.close(std::get<I + 1>(entry.state).target);
     });
+    if (out.is_ok()) return out;
     return out.with_context(fmt::format("close '{}'", entry.uri));
   }
 
@@ -667,13 +715,14 @@ class StorageRuntime {
     if (pins.memory) pins.memory->in_flight.fetch_sub(1);
   }
 
-  /// Validates request i (tables locked) and, when valid, pins its target and memory and appends it to
-  /// its backend's bucket. Returns OK or the reason it is rejected. Checks are overflow-safe.
-  Status stage(const IoRequest& r, std::size_t i, std::tuple<Bucket<Backends>...>& buckets) {
+  /// Validates request i of n (tables locked) and, when valid, pins its target and memory and appends
+  /// it to its backend's bucket. Returns OK or the reason it is rejected. Checks are overflow-safe;
+  /// messages are formatted only for a rejection.
+  Status stage(const IoRequest& r, std::size_t i, std::size_t n, std::tuple<Bucket<Backends>...>& buckets) {
     if (r.direction != Direction::READ && r.direction != Direction::WRITE && r.direction != Direction::FLUSH)
       return error(StatusCode::INVALID_ARGUMENT, "requests[{}].direction = {} is not READ, WRITE or FLUSH", i,
                    static_cast<unsigned>(r.direction));
-    auto target_found = state_->targets.find(r.target, fmt::format("requests[{}].target", i));
+    auto target_found = state_->targets.find(r.target, detail::RequestField{i, "target"});
     if (!target_found) return target_found.status();
     TargetEntry& target = **target_found;
     if (target.closing)
@@ -681,13 +730,14 @@ class StorageRuntime {
 
     Status out;
     detail::for_each_index<kBackends>([&](auto I) {
-      if (target.state.index() == I + 1) out = stage_for<I>(r, i, target, std::get<I>(buckets));
+      if (target.state.index() == I + 1) out = stage_for<I>(r, i, n, target, std::get<I>(buckets));
     });
     return out;
   }
 
   template <std::size_t I>
-  Status stage_for(const IoRequest& r, std::size_t i, TargetEntry& target, Bucket<backend_at<I>>& bucket) {
+  Status stage_for(const IoRequest& r, std::size_t i, std::size_t n, TargetEntry& target,
+                   Bucket<backend_at<I>>& bucket) {
     using D = datapath_at<I>;
     constexpr Capabilities caps = D::capabilities;
     PathRequest<D> request{r.direction, nullptr, MemoryView{}, 0, &std::get<I + 1>(target.state).target,
@@ -708,7 +758,7 @@ class StorageRuntime {
         return error(StatusCode::INVALID_ARGUMENT,
                      "requests[{}] is a WRITE but {} ('{}') was opened read-only (OpenOptions::writable = false)", i,
                      r.target.to_string(), target.uri);
-      auto memory_found = state_->memory.find(r.memory, fmt::format("requests[{}].memory", i));
+      auto memory_found = state_->memory.find(r.memory, detail::RequestField{i, "memory"});
       if (!memory_found) return memory_found.status();
       memory = *memory_found;
       if (memory->unregistering)
@@ -724,12 +774,15 @@ class StorageRuntime {
       request.memory_view = memory->view;
       request.memory_offset = r.memory_offset;
     }
-    Pins pins{&target, memory};
+    if (bucket.requests.empty()) {  // sized once, for every request left in this submit
+      const std::size_t most = std::min<std::size_t>(n - i, caps.max_batch_requests);
+      bucket.requests.reserve(most);
+      bucket.staged.reserve(most);
+    }
     target.in_flight.fetch_add(1);
     if (memory) memory->in_flight.fetch_add(1);
     bucket.requests.push_back(request);
-    bucket.input_index.push_back(i);
-    bucket.pins.push_back(pins);
+    bucket.staged.push_back(Staged{Pins{&target, memory}, i, false});
     return Status::success();
   }
 
@@ -771,9 +824,7 @@ class StorageRuntime {
 
   Result<std::shared_ptr<IoEntry>> find_io(IoHandle handle) const {
     std::scoped_lock lock(state_->tables_mutex);
-    auto found = state_->ios.find(handle, "io");
-    if (!found) return found.status();
-    return (*found)->io;
+    return state_->ios.owner(handle, "io");
   }
 
   /// Drives an IO's DataPath batches for up to budget_ns (io->mutex held). OK once complete; TIMEOUT
@@ -784,8 +835,8 @@ class StorageRuntime {
     Status failure;
     detail::for_each_index<kBackends>([&](auto I) {
       auto& bucket = std::get<I>(io.parts);
-      if (!failure.is_ok() || bucket.complete || bucket.accepted.empty()) {
-        if (bucket.accepted.empty()) bucket.complete = true;
+      if (!failure.is_ok() || bucket.complete || bucket.accepted == 0) {
+        if (bucket.accepted == 0) bucket.complete = true;
         return;
       }
       Status s = std::get<I>(state_->backends)->datapath.progress(
@@ -807,11 +858,13 @@ class StorageRuntime {
     IoResult& result = io.result;
     result.requests = io.requests;
     result.requested_bytes = io.requested_bytes;
+    result.completions.reserve(io.requests);
     detail::for_each_index<kBackends>([&](auto I) {
       auto& bucket = std::get<I>(io.parts);
-      for (std::size_t k : bucket.accepted) {
+      for (std::size_t k = 0; k < bucket.staged.size(); ++k) {
+        if (!bucket.staged[k].accepted) continue;
         RequestCompletion c = bucket.completions[k];
-        c.request_index = bucket.input_index[k];
+        c.request_index = bucket.staged[k].input_index;
         if (!c.done)  // a DataPath that reports completion must fill every entry; never claim bytes moved
           c.status = error(StatusCode::INTERNAL, "DataPath '{}' completed without a status", datapath_at<I>::name);
         if (c.status.is_ok() && c.confirmed_bytes != bucket.requests[k].length &&
@@ -822,7 +875,7 @@ class StorageRuntime {
         result.confirmed_bytes += c.confirmed_bytes;
         result.commands += c.commands;
         result.completions.push_back(std::move(c));
-        unpin(bucket.pins[k]);
+        unpin(bucket.staged[k].pins);
       }
     });
     std::sort(result.completions.begin(), result.completions.end(),

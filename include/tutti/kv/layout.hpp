@@ -25,9 +25,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <tutti/core/errno.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/kv/namespace.hpp>
-#include <tutti/path/uring/errors.hpp>
 
 namespace tutti::kv {
 
@@ -98,8 +98,9 @@ struct Layout {
   }
 };
 
-/// A Status for errno `e` with context; ENOSPC and EDQUOT are RESOURCE_EXHAUSTED.
-inline Status errno_status(int e, std::string_view context) { return uring::status_from_errno(e, context); }
+/// A Status for errno `e` with context, by the one errno table (tutti/core/errno.hpp): ENOSPC and EDQUOT are
+/// RESOURCE_EXHAUSTED.
+inline Status errno_status(int e, std::string_view context) { return status_from_errno(e, context); }
 
 namespace detail {
 

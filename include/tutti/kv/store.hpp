@@ -607,7 +607,7 @@ class KvStore {
     std::vector<Status> request_status;
     std::vector<bool> request_done;
     std::vector<std::size_t> unsubmitted;  // request indices not accepted yet (backpressure)
-    std::vector<std::size_t> in_flight;    // request indices covered by `io`
+    std::vector<std::size_t> in_flight;    // request index of each position of the batch `io` was submitted with
     IoHandle io;
     bool waiting = false;
     std::optional<LayerResult> finished;  // kept by wait_layer after a TIMEOUT
@@ -1202,13 +1202,14 @@ class KvStore {
     for (auto i : op.unsubmitted) batch.push_back(op.requests[i]);
     auto outcome = runtime_.submit(batch);
     std::vector<std::size_t> still;
-    op.in_flight.clear();
+    // Completions name their position in `batch` (RequestCompletion::request_index), accepted or not:
+    // map every position, not only the accepted ones, or a partly refused batch misreads them.
+    op.in_flight = op.unsubmitted;
     for (std::size_t b = 0; b < batch.size(); ++b) {
       const std::size_t i = op.unsubmitted[b];
       const Status& s = outcome.initial_states[b];
-      if (s.is_ok()) {
-        op.in_flight.push_back(i);
-      } else if (s.code() == StatusCode::RESOURCE_EXHAUSTED && outcome.accepted > 0) {
+      if (s.is_ok()) continue;  // in flight
+      if (s.code() == StatusCode::RESOURCE_EXHAUSTED && outcome.accepted > 0) {
         still.push_back(i);  // resubmitted once some of this IO completed
       } else if (s.code() == StatusCode::RESOURCE_EXHAUSTED) {
         still.push_back(i);  // nothing in flight from us: retry on the next drive() pass

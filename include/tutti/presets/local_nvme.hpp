@@ -8,8 +8,9 @@
 // make_local_nvme_runtime() builds the runtime over a controller that is already brought up;
 // the controller must outlive the runtime. The soft controller's ready-made stack (device,
 // driver and runtime in one object, make_soft_local_nvme) is libnvm's: include
-// <tutti/libnvm/soft_local_nvme.hpp> and link libnvm (meson: libnvm_dep) for it. This header
-// needs nothing compiled.
+// <tutti/libnvm/soft_local_nvme.hpp> and link libnvm (meson: libnvm_dep; installed:
+// `pkg-config --cflags --libs tutti-nvm`) for it. This header needs nothing compiled (installed:
+// `pkg-config --cflags --libs tutti`). Not included by presets.hpp or tutti.hpp: include it yourself.
 #pragma once
 
 #include <tutti/core/runtime.hpp>

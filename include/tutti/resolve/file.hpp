@@ -18,13 +18,20 @@
 //    logical block size of the block device behind the file system (sysfs queue/logical_block_size),
 //    else a probing O_DIRECT read of 512, 1024, 2048 and 4096 bytes (the first size accepted).
 //
-// Errors (messages name the path and the errno text):
+//  - The tail descriptor of a writable O_DIRECT file: the same inode reopened through /proc/self/fd
+//    without O_DIRECT. When /proc/self/fd is missing (ENOENT: /proc not mounted) the open succeeds
+//    without it and Target::tail_fd_error keeps the cause, which the DataPath names when it rejects an
+//    unaligned tail WRITE; any other failure (EMFILE: no descriptor left ...) fails the open with its errno.
+//
+// Errors (messages name the call, the path, the access asked for and the errno text):
 //  - INVALID_ARGUMENT: malformed URI (see parse_uri), scheme other than "file", an authority other
-//    than "" or "localhost", a relative or empty path, a query, not a regular file, a file that cannot be
-//    opened for writing (EACCES, EPERM, EROFS, ETXTBSY) or read (EACCES, EPERM);
-//  - NOT_FOUND: the path does not exist (ENOENT, ENOTDIR);
-//  - UNSUPPORTED: the file system does not support O_DIRECT and allow_buffered is not set;
-//  - DEVICE_ERROR: any other errno from stat, open or statx.
+//    than "" or "localhost", a relative or empty path, a query, not a regular file;
+//  - UNSUPPORTED: the file system does not support O_DIRECT (open fails EINVAL with O_DIRECT only, or
+//    statx reports no direct-IO alignment) and allow_buffered is not set;
+//  - every errno of stat, open, fstat and fcntl: the one classification of tutti/core/errno.hpp
+//    (docs/api.md, "errno values"): NOT_FOUND (ENOENT, ENOTDIR), INVALID_ARGUMENT (EACCES, EPERM,
+//    EROFS, ETXTBSY, EISDIR, ELOOP, ENAMETOOLONG), RESOURCE_EXHAUSTED (EMFILE, ENFILE, ENOMEM),
+//    DEVICE_ERROR (EIO and the rest).
 //
 // Thread-safety: resolve() is const and may be called from several threads at once (open_batch).
 #pragma once
@@ -47,6 +54,7 @@
 #include <fmt/format.h>
 
 #include <tutti/bind/file.hpp>
+#include <tutti/core/errno.hpp>
 #include <tutti/core/io.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/core/uri.hpp>
@@ -132,7 +140,7 @@ class FileResolver {
   /// Opens an absolute, already decoded path with the rules of resolve().
   static Result<Target> open_path(const std::string& path, const OpenOptions& options) {
     struct stat before {};
-    if (::stat(path.c_str(), &before) != 0) return open_error(path, "stat", errno, options);
+    if (::stat(path.c_str(), &before) != 0) return tutti::open_error("stat", path, options.writable, errno);
     if (!S_ISREG(before.st_mode))
       return error(StatusCode::INVALID_ARGUMENT, "'{}' is not a regular file (file type {:#o})", path,
                    static_cast<unsigned>(before.st_mode & S_IFMT));
@@ -148,15 +156,15 @@ class FileResolver {
     bool direct = target.fd.valid();
     if (!direct) {
       const int open_errno = errno;
-      if (open_errno != EINVAL) return open_error(path, "open", open_errno, options);
+      if (open_errno != EINVAL) return tutti::open_error("open", path, options.writable, open_errno);
       target.fd = FileDescriptor(::open(path.c_str(), flags));  // O_DIRECT refused: open plainly to learn more
-      if (!target.fd.valid()) return open_error(path, "open", errno, options);
+      if (!target.fd.valid()) return tutti::open_error("open", path, options.writable, errno);
     }
     TUTTI_RETURN_IF_ERROR(clear_nonblock(target.fd.get(), path));
     target.filesystem = detail::filesystem_of(target.fd.get());
 
     struct stat info {};
-    if (::fstat(target.fd.get(), &info) != 0) return open_error(path, "fstat", errno, options);
+    if (::fstat(target.fd.get(), &info) != 0) return tutti::open_error("fstat", path, options.writable, errno);
     if (!S_ISREG(info.st_mode))
       return error(StatusCode::INVALID_ARGUMENT, "'{}' is not a regular file (it changed while being opened)", path);
     target.size = static_cast<std::uint64_t>(info.st_size);
@@ -193,7 +201,7 @@ class FileResolver {
                      path, target.filesystem);
       if (target.fd.valid() && (::fcntl(target.fd.get(), F_GETFL) & O_DIRECT) != 0) {
         target.fd = FileDescriptor(::open(path.c_str(), access | O_CLOEXEC | O_NOCTTY));  // drop O_DIRECT
-        if (!target.fd.valid()) return open_error(path, "open", errno, options);
+        if (!target.fd.valid()) return tutti::open_error("open", path, options.writable, errno);
       }
       target.direct = false;
       target.direct_io_alignment = target.direct_io_memory_alignment = 1;
@@ -201,43 +209,32 @@ class FileResolver {
       return Result<Target>(std::move(target));
     }
     target.direct = true;
-    if (options.writable) {
-      // The tail descriptor: the same inode without O_DIRECT, for unaligned writes ending at the end of
-      // the file. Missing it only disables such writes (the DataPath then rejects them with a message).
-      target.tail_fd = FileDescriptor(
-          ::open(fmt::format("/proc/self/fd/{}", target.fd.get()).c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY));
-    }
+    if (options.writable) TUTTI_RETURN_IF_ERROR(open_tail_descriptor(target));
     return Result<Target>(std::move(target));
   }
 
  private:
-  static Status clear_nonblock(int fd, const std::string& path) {
-    const int current = ::fcntl(fd, F_GETFL);
-    if (current < 0 || ::fcntl(fd, F_SETFL, current & ~O_NONBLOCK) != 0)
-      return error(StatusCode::DEVICE_ERROR, "fcntl on '{}' failed: {}", path, errno_text(errno));
+  /// Opens the tail descriptor of a writable O_DIRECT target (see the file comment). Missing
+  /// /proc/self/fd is recorded in tail_fd_error; any other errno fails the open.
+  static Status open_tail_descriptor(Target& target) {
+    const std::string proc_path = fmt::format("/proc/self/fd/{}", target.fd.get());
+    target.tail_fd = FileDescriptor(::open(proc_path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY));
+    if (target.tail_fd.valid()) return Status::success();
+    const int error_number = errno;
+    const std::string context =
+        fmt::format("open '{}' (the tail descriptor of '{}', for unaligned WRITEs at its end)", proc_path, target.path);
+    if (error_number != ENOENT) return status_from_errno(error_number, context);
+    target.tail_fd_error = fmt::format("{}: {}; is /proc mounted?", context, errno_text(error_number));
     return Status::success();
   }
 
-  static Status open_error(const std::string& path, std::string_view call, int error_number,
-                           const OpenOptions& options) {
-    const std::string text = errno_text(error_number);
-    switch (error_number) {
-      case ENOENT:
-      case ENOTDIR:
-        return error(StatusCode::NOT_FOUND, "{} '{}': {}", call, path, text);
-      case EACCES:
-      case EPERM:
-      case EROFS:
-      case ETXTBSY:
-        return error(StatusCode::INVALID_ARGUMENT, "{} '{}' for {}: {}", call, path,
-                     options.writable ? "reading and writing (OpenOptions::writable)" : "reading", text);
-      case EISDIR:
-      case ELOOP:
-      case ENAMETOOLONG:
-        return error(StatusCode::INVALID_ARGUMENT, "{} '{}': {}", call, path, text);
-      default:
-        return error(StatusCode::DEVICE_ERROR, "{} '{}': {}", call, path, text);
+  static Status clear_nonblock(int fd, const std::string& path) {
+    const int current = ::fcntl(fd, F_GETFL);
+    if (current < 0 || ::fcntl(fd, F_SETFL, current & ~O_NONBLOCK) != 0) {
+      const int e = errno;
+      return status_from_errno(e, fmt::format("fcntl on '{}'", path));
     }
+    return Status::success();
   }
 };
 

@@ -10,8 +10,9 @@
 //  1. parse_uri + percent-decoding; INVALID_ARGUMENT for another scheme, a host/authority
 //     (file://host/x, which is also how a relative "file://dir/x" parses), an empty path, a path
 //     that is not absolute, or any query key;
-//  2. open(O_DIRECT | O_RDONLY, or O_RDWR when options.writable; O_CLOEXEC): NOT_FOUND (ENOENT),
-//     UNSUPPORTED (EINVAL: no O_DIRECT on that file system), DEVICE_ERROR (other errno);
+//  2. open(O_DIRECT | O_RDONLY, or O_RDWR when options.writable; O_CLOEXEC): UNSUPPORTED (EINVAL: no
+//     O_DIRECT on that file system), every other errno as tutti/core/errno.hpp classifies it for all
+//     resolvers (NOT_FOUND for ENOENT, INVALID_ARGUMENT for EROFS / EACCES / EISDIR ...: docs/api.md);
 //     INVALID_ARGUMENT when it is not a regular file;
 //  3. the change guard (Options::change_protection, bind/local_file/change_guard.hpp): sets
 //     FS_IMMUTABLE_FL when the process may and watches the file with inotify, before the extents
@@ -55,6 +56,7 @@
 #include <vector>
 
 #include <tutti/bind/local_file.hpp>
+#include <tutti/core/errno.hpp>
 #include <tutti/core/io.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/core/uri.hpp>
@@ -157,9 +159,10 @@ class LocalFileResolver {
         return error(StatusCode::INVALID_ARGUMENT,
                      "local_file: set block_device_path or device (the block device of the namespace)");
       struct stat st {};
-      if (::stat(options.block_device_path.c_str(), &st) != 0)
-        return error(errno == ENOENT ? StatusCode::NOT_FOUND : StatusCode::DEVICE_ERROR,
-                     "local_file: block_device_path '{}': {}", options.block_device_path, std::strerror(errno));
+      if (::stat(options.block_device_path.c_str(), &st) != 0) {
+        const int e = errno;
+        return status_from_errno(e, fmt::format("local_file: block_device_path '{}'", options.block_device_path));
+      }
       if (!S_ISBLK(st.st_mode))
         return error(StatusCode::INVALID_ARGUMENT, "local_file: block_device_path '{}' is not a block device",
                      options.block_device_path);
@@ -215,33 +218,30 @@ class LocalFileResolver {
       lease = FileLease(detail::ChangeMonitor::instance()->open_owned_immutable(path, flags));
     if (!lease.valid()) {
       const int e = errno;
-      if (e == ENOENT) return error(StatusCode::NOT_FOUND, "'{}' does not exist", path);
       if (e == EINVAL)
         return error(StatusCode::UNSUPPORTED, "'{}': the file system does not support O_DIRECT (open: {})", path,
-                     std::strerror(e));
-      if (e == EISDIR) return error(StatusCode::INVALID_ARGUMENT, "'{}' is a directory, not a regular file", path);
+                     errno_text(e));
       if (e == EPERM && is_immutable(path))
         return error(StatusCode::BUSY,
                      "'{}' is immutable (FS_IMMUTABLE_FL), so it cannot be opened read-write: a local_nvme target of "
                      "another process holds it, or a process that held one ended without clearing the flag; when no "
                      "process serves the file, `chattr -i {}` clears it",
                      path, path);
-      return error(StatusCode::DEVICE_ERROR, "'{}': open{} failed: {}", path,
-                   open_options.writable ? " read-write" : "", std::strerror(e));
+      return open_error("open", path, open_options.writable, e);
     }
     struct stat st {};
-    if (::fstat(lease.get(), &st) != 0)
-      return error(StatusCode::DEVICE_ERROR, "'{}': fstat failed: {}", path, std::strerror(errno));
+    if (::fstat(lease.get(), &st) != 0) return open_error("fstat", path, open_options.writable, errno);
     if (!S_ISREG(st.st_mode)) return error(StatusCode::INVALID_ARGUMENT, "'{}' is not a regular file", path);
     auto guard = ChangeGuard::create(lease.get(), path, options_.change_protection);  // ends before the lease
     if (!guard) return guard.status();
     // The size as the guard holds it (the file may have changed between the first fstat and the guard).
-    if (::fstat(lease.get(), &st) != 0)
-      return error(StatusCode::DEVICE_ERROR, "'{}': fstat failed: {}", path, std::strerror(errno));
+    if (::fstat(lease.get(), &st) != 0) return open_error("fstat", path, open_options.writable, errno);
     const bool fsync_now = options_.fsync_policy == FsyncPolicy::always ||
                            (options_.fsync_policy == FsyncPolicy::writable_opens && open_options.writable);
-    if (fsync_now && ::fsync(lease.get()) != 0 && errno != EINVAL)
-      return error(StatusCode::DEVICE_ERROR, "'{}': fsync failed: {}", path, std::strerror(errno));
+    if (fsync_now && ::fsync(lease.get()) != 0 && errno != EINVAL) {
+      const int e = errno;
+      return status_from_errno(e, fmt::format("fsync '{}'", path));
+    }
 
     Target target;
     target.path = path;
@@ -296,9 +296,8 @@ class LocalFileResolver {
           return error(StatusCode::UNSUPPORTED,
                        "'{}' (file offset {}): the file system does not support FIEMAP ({}), so its extents cannot be "
                        "found",
-                       path, next, std::strerror(e));
-        return error(StatusCode::DEVICE_ERROR, "'{}' (file offset {}): FIEMAP failed: {}", path, next,
-                     std::strerror(e));
+                       path, next, errno_text(e));
+        return status_from_errno(e, fmt::format("'{}' (file offset {}): FIEMAP", path, next));
       }
       if (map->fm_mapped_extents == 0) break;  // the rest is a hole: reported below
       for (std::uint32_t i = 0; i < map->fm_mapped_extents; ++i) {

@@ -53,6 +53,7 @@
 
 #include <fmt/format.h>
 
+#include <tutti/core/errno.hpp>
 #include <tutti/core/file_descriptor.hpp>
 #include <tutti/core/status.hpp>
 
@@ -129,8 +130,10 @@ class ChangeMonitor {
   /// with FS_IMMUTABLE_FL set (when `protection` asks for it and the process may) and a watch.
   Result<std::shared_ptr<WatchedInode>> acquire(int fd, const std::string& path, ChangeProtection protection) {
     struct stat st {};
-    if (::fstat(fd, &st) != 0)
-      return error(StatusCode::DEVICE_ERROR, "'{}': fstat for the change guard failed: {}", path, std::strerror(errno));
+    if (::fstat(fd, &st) != 0) {
+      const int e = errno;
+      return status_from_errno(e, fmt::format("'{}': fstat for the change guard", path));
+    }
     std::scoped_lock lock(mutex_);
     const auto key = std::pair{st.st_dev, st.st_ino};
     if (const auto found = by_inode_.find(key); found != by_inode_.end()) {
@@ -321,10 +324,9 @@ class ChangeMonitor {
       inotify_ = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
       if (inotify_ < 0) {
         const int e = errno;
-        return error(
-            e == EMFILE || e == ENFILE || e == ENOMEM ? StatusCode::RESOURCE_EXHAUSTED : StatusCode::DEVICE_ERROR,
-            "inotify_init1: {}{}", std::strerror(e),
-            e == EMFILE ? " (raise fs.inotify.max_user_instances or the file descriptor limit)" : "");
+        return status_from_errno(e, e == EMFILE ? "inotify_init1 (raise fs.inotify.max_user_instances or the file "
+                                                  "descriptor limit)"
+                                                : "inotify_init1");
       }
     }
     const std::string self = fmt::format("/proc/self/fd/{}", fd);
@@ -336,7 +338,7 @@ class ChangeMonitor {
                      std::strerror(e));
       if (e == ENOENT)
         return error(StatusCode::UNSUPPORTED, "inotify_add_watch({}): {} (is /proc mounted?)", self, std::strerror(e));
-      return error(StatusCode::DEVICE_ERROR, "inotify_add_watch({}): {}", self, std::strerror(e));
+      return status_from_errno(e, fmt::format("inotify_add_watch({})", self));
     }
     record.watch = watch;
     return Status::success();
@@ -382,9 +384,9 @@ class ChangeGuard {
   ChangeGuard() = default;
 
   /// Guards the open file `fd` (named `path` in messages) with `protection`; see the file comment.
-  /// Errors: DEVICE_ERROR (fstat failed), and when the file can be neither made immutable nor
-  /// watched: RESOURCE_EXHAUSTED (inotify limits: fs.inotify.max_user_watches / max_user_instances),
-  /// UNSUPPORTED (/proc not mounted), DEVICE_ERROR (other inotify errors).
+  /// Errors: a failed fstat as tutti/core/errno.hpp classifies its errno, and when the file can be
+  /// neither made immutable nor watched: RESOURCE_EXHAUSTED (inotify limits: fs.inotify.max_user_watches
+  /// / max_user_instances, EMFILE), UNSUPPORTED (/proc not mounted), other inotify errnos by the same table.
   static Result<ChangeGuard> create(int fd, const std::string& path, ChangeProtection protection) {
     auto monitor = detail::ChangeMonitor::instance();
     auto record = monitor->acquire(fd, path, protection);

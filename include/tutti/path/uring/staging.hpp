@@ -1,5 +1,5 @@
-// The pinned staging ring of the uring DataPath (CUDA profile only): a bounded set of page-locked host
-// buffers (cudaHostAlloc) through which file data reaches DEVICE memory.
+// The pinned staging ring of the uring DataPath: a bounded set of page-locked host buffers
+// (cudaHostAlloc) through which file data reaches DEVICE memory. Part of tutti/path/uring.hpp.
 //
 // READ into DEVICE memory, per chunk of at most buffer_bytes:
 //     acquire a buffer -> io_uring READ file -> buffer -> cudaMemcpyAsync(H2D) + event -> event done ->
@@ -8,20 +8,23 @@
 //     buffer -> file -> release.
 // While one chunk's copy runs on the ring's stream, other chunks' disk reads run in the kernel, so disk
 // reads and host-to-device copies overlap. Staging memory is bounded: buffers x buffer_bytes bytes,
-// allocated once when the first DEVICE region is registered.
+// allocated once when the first DEVICE region is registered. The DataPath's side of the pipeline
+// (which chunk waits, which copy is done) is in staging_pipeline.hpp.
 //
 // Fencing on a caller's stream (StreamFence, DataPath::set_completion_stream): each fenced copy waits
 // for an event the submit recorded on the caller's stream, and the caller's stream waits for the
 // copy's event.
 //
-// Thread-safety: not synchronised; the DataPath guards it with its staging mutex.
+// The profile seam. DEVICE memory, CUDA streams and events exist only in the CUDA profile, and this
+// file is the one place in path/ where that shows (it is also the only file in path/ that includes
+// <cuda_runtime.h>, a known exception to the accel/ rule). kStagesDeviceMemory says which profile
+// this is; the DataPath guards every use of the two classes below with
+// `if constexpr (detail::kStagesDeviceMemory)`. In the host profile the classes are declared with
+// the same interface and never defined: the host build discards every branch that names them, and a
+// use outside such a branch fails to link instead of running a stub.
+//
+// Thread-safety: not synchronised; the DataPath guards the ring with its staging mutex.
 #pragma once
-
-#include <tutti/accel/config.hpp>
-
-#if defined(TUTTI_ACCELERATOR_CUDA)
-
-#include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -30,9 +33,32 @@
 
 #include <fmt/format.h>
 
+#include <tutti/accel/config.hpp>
+#include <tutti/accel/stream.hpp>
 #include <tutti/core/status.hpp>
 
+#if defined(TUTTI_ACCELERATOR_CUDA)
+#include <cuda_runtime.h>
+#endif
+
 namespace tutti::uring::detail {
+
+/// Whether this profile moves DEVICE memory through a staging ring (the CUDA profile).
+inline constexpr bool kStagesDeviceMemory = accel::kProfile == accel::Profile::cuda;
+
+/// What starting a copy reports. `status` is OK or the CUDA error. `in_flight`: the copy is queued
+/// and tracked by the slot's event whatever `status` says (a failed fence on the caller's stream
+/// comes after the copy was queued): the caller keeps the slot until copy_done says true, so no
+/// other request reuses a buffer a copy still reads or writes. `abandoned`: the copy was queued but
+/// its event could not be recorded, so its end cannot be observed: the slot is retired for good
+/// (never handed out again) rather than risk reuse under a running copy.
+struct CopyStart {
+  Status status;
+  bool in_flight = false;
+  bool abandoned = false;
+};
+
+#if defined(TUTTI_ACCELERATOR_CUDA)
 
 /// A Status for a CUDA runtime error: DEVICE_ERROR with the call and cudaGetErrorString's text.
 inline Status cuda_status(cudaError_t code, const char* call) {
@@ -51,12 +77,13 @@ inline Status cuda_status(cudaError_t code, const char* call) {
 class StreamFence {
  public:
   /// Creates the event and records it on `caller`. Errors: DEVICE_ERROR naming the CUDA call.
-  static Result<std::shared_ptr<StreamFence>> record(cudaStream_t caller) {
+  static Result<std::shared_ptr<StreamFence>> record(accel::StreamRef caller) {
     auto fence = std::shared_ptr<StreamFence>(new StreamFence());
-    fence->caller_ = caller;
+    fence->stream_ = caller;
     TUTTI_RETURN_IF_ERROR(cuda_status(cudaEventCreateWithFlags(&fence->entry_, cudaEventDisableTiming),
                                       "cudaEventCreateWithFlags (stream fence)"));
-    TUTTI_RETURN_IF_ERROR(cuda_status(cudaEventRecord(fence->entry_, caller), "cudaEventRecord on the caller's stream"));
+    TUTTI_RETURN_IF_ERROR(
+        cuda_status(cudaEventRecord(fence->entry_, caller.cuda()), "cudaEventRecord on the caller's stream"));
     return Result<std::shared_ptr<StreamFence>>(std::move(fence));
   }
   StreamFence(const StreamFence&) = delete;
@@ -65,12 +92,14 @@ class StreamFence {
   ~StreamFence() {
     if (entry_) (void)cudaEventDestroy(entry_);
   }
-  cudaStream_t caller() const noexcept { return caller_; }
+  /// The caller's stream the fence was recorded on.
+  accel::StreamRef stream() const noexcept { return stream_; }
+  cudaStream_t caller() const noexcept { return stream_.cuda(); }
   cudaEvent_t entry() const noexcept { return entry_; }
 
  private:
   StreamFence() = default;
-  cudaStream_t caller_ = nullptr;
+  accel::StreamRef stream_;
   cudaEvent_t entry_ = nullptr;
 };
 
@@ -122,22 +151,12 @@ class StagingRing {
   void release(int slot) { free_.push_back(slot); }
   std::byte* buffer(int slot) const noexcept { return buffers_[static_cast<std::size_t>(slot)]; }
 
-  /// What starting a copy reports. `status` is OK or the CUDA error. `in_flight`: the copy is queued
-  /// and tracked by the slot's event whatever `status` says (a failed fence on the caller's stream
-  /// comes after the copy was queued): the caller keeps the slot until copy_done says true, so no
-  /// other request reuses a buffer a copy still reads or writes. `abandoned`: the copy was queued but
-  /// its event could not be recorded, so its end cannot be observed: the slot is retired for good
-  /// (never handed out again) rather than risk reuse under a running copy.
-  struct CopyStart {
-    Status status;
-    bool in_flight = false;
-    bool abandoned = false;
-  };
   /// Starts copying `bytes` from the slot's buffer to `device_destination` and records the slot's
   /// event. With a fence: the copy first waits for the fence's entry event, and the caller's stream
   /// then waits for the slot's event (see StreamFence). Note the ring's stream is in order, so a
   /// fenced copy also holds back the copies queued after it.
-  CopyStart copy_to_device(int slot, void* device_destination, std::uint64_t bytes, const StreamFence* fence = nullptr) {
+  CopyStart copy_to_device(int slot, void* device_destination, std::uint64_t bytes,
+                           const StreamFence* fence = nullptr) {
     return copy(slot, device_destination, buffer(slot), bytes, cudaMemcpyHostToDevice, fence);
   }
   /// Starts copying `bytes` from `device_source` into the slot's buffer and records the slot's event,
@@ -167,14 +186,17 @@ class StagingRing {
           !s.is_ok())
         return {std::move(s)};  // nothing queued
     }
-    if (Status s = cuda_status(cudaMemcpyAsync(destination, source, bytes, kind, stream_), "cudaMemcpyAsync"); !s.is_ok())
+    if (Status s = cuda_status(cudaMemcpyAsync(destination, source, bytes, kind, stream_), "cudaMemcpyAsync");
+        !s.is_ok())
       return {std::move(s)};  // nothing queued
     if (Status s = cuda_status(cudaEventRecord(done, stream_), "cudaEventRecord"); !s.is_ok()) {
       ++abandoned_;  // the copy is queued but cannot be observed: never reuse this buffer
       return {s.with_context("the copy was queued and may still run; staging buffer retired"), false, true};
     }
     // Work the caller queues on its stream from now on comes after this copy.
-    if (fence) return {cuda_status(cudaStreamWaitEvent(fence->caller(), done, 0), "cudaStreamWaitEvent (caller's stream)"), true};
+    if (fence)
+      return {cuda_status(cudaStreamWaitEvent(fence->caller(), done, 0), "cudaStreamWaitEvent (caller's stream)"),
+              true};
     return {Status::success(), true};
   }
   int device_ = 0;
@@ -186,6 +208,27 @@ class StagingRing {
   std::size_t abandoned_ = 0;
 };
 
-}  // namespace tutti::uring::detail
+#else  // the host profile: no DEVICE memory, nothing to stage (see the file comment)
+
+class StreamFence {
+ public:
+  static Result<std::shared_ptr<StreamFence>> record(accel::StreamRef caller);
+  accel::StreamRef stream() const noexcept;
+};
+
+class StagingRing {
+ public:
+  static Result<std::unique_ptr<StagingRing>> create(std::uint32_t buffers, std::uint64_t buffer_bytes, int device);
+  int device() const noexcept;
+  std::uint64_t buffer_bytes() const noexcept;
+  int acquire();
+  void release(int slot);
+  std::byte* buffer(int slot) const noexcept;
+  CopyStart copy_to_device(int slot, void* device_destination, std::uint64_t bytes, const StreamFence* fence);
+  CopyStart copy_to_host(int slot, const void* device_source, std::uint64_t bytes, const StreamFence* fence);
+  Result<bool> copy_done(int slot) const;
+};
 
 #endif  // TUTTI_ACCELERATOR_CUDA
+
+}  // namespace tutti::uring::detail

@@ -12,7 +12,7 @@
 // CUDA profile: the soft controller is created in accelerator_mode (BAR0 and queues in mapped
 // pinned memory, DEVICE memory through map_device), whatever options.soft says.
 //
-// Part of libnvm (meson: libnvm_dep).
+// Part of libnvm (meson: libnvm_dep; installed: `pkg-config --cflags --libs tutti-nvm`).
 #pragma once
 
 #include <memory>

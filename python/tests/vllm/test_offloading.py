@@ -1,0 +1,74 @@
+"""tutti.vllm.TuttiOffloadingSpec under vLLM 0.33.0's own OffloadingConnector (scheduler and worker side,
+built by KVConnectorFactory), with the real Scheduler and CPU KV caches in vLLM's layout: a prefix one
+request offloaded is loaded back for a second request straight into vLLM's KV cache, bytes compared."""
+
+import os
+import time
+
+import pytest
+
+pytest.importorskip("vllm")
+torch = pytest.importorskip("torch")
+
+from tutti.kv_connector import stores  # noqa: E402
+from tutti.kv_connector.config import ConfigError  # noqa: E402
+
+import vllm_harness as H  # noqa: E402
+
+PROMPT = list(range(100, 170))
+
+
+@pytest.fixture
+def offloading(data_dir):
+    made = []
+
+    def make(extra=None, **kwargs):
+        config = {"spec_name": "TuttiOffloadingSpec", "spec_module_path": "tutti.vllm",
+                  "path": os.path.join(data_dir, "kv", "rank{rank}"), "capacity_bytes": 32 << 20}
+        config.update(extra or {})
+        engine = H.Engine(os.path.join(data_dir, f"engine{len(made)}"), config, connector="OffloadingConnector",
+                          module=None, **kwargs)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close()
+    stores.close_all()
+
+
+def test_an_offloaded_prefix_is_loaded_back_into_vllms_kv_cache(offloading, data_dir):
+    engine = offloading()
+    first = engine.request("first", PROMPT)
+    engine.run()
+    # vLLM's offloading worker submits stores at the start of the next step and reports them done in a later
+    # one; until then the manager offers nothing (a request arriving meanwhile misses, as with vLLM's CPU tier)
+    manager = engine.connector.connector_scheduler.manager
+    deadline = time.monotonic() + 60
+    while manager._storing:
+        assert time.monotonic() < deadline, "stores not reported done after 60 s"
+        engine.step()
+        time.sleep(0.01)
+    assert engine.scheduler.reset_prefix_cache()
+    engine.scramble()
+    second = engine.request("second", PROMPT)
+    start = len(engine.scheduled)
+    deadline = time.monotonic() + 60
+    while not any("second" in s for s in engine.scheduled[start:]):  # vLLM loads asynchronously: the request
+        assert time.monotonic() < deadline, "the load did not finish in 60 s"  # waits for its KV, then computes
+        engine.step()
+        time.sleep(0.01)
+    files = sorted(os.listdir(os.path.join(data_dir, "kv", "rank0")))
+    assert "index.mdb" in files and "layer-00000.kv" in files
+    assert [s["second"] for s in engine.scheduled[start:] if "second" in s] == [70 - 64]  # 4 blocks loaded
+    # the loaded blocks hold exactly what the first request computed (block hash, layer, rank)
+    assert engine.check_blocks(second, 64) == 4 * engine.shape.layers
+    engine.run()
+    assert first.block_hashes[:4] == second.block_hashes[:4]
+
+
+def test_the_spec_refuses_bad_extra_config_naming_the_key(offloading):
+    with pytest.raises(ConfigError, match=r"kv_connector_extra_config\.capacity_bytes = -1"):
+        offloading({"capacity_bytes": -1})
+    with pytest.raises(ConfigError, match=r"kv_connector_extra_config\.pathh = '/x': unknown key"):
+        offloading({"pathh": "/x"})
