@@ -35,21 +35,25 @@ bool parse_shape(const std::string& item, std::pair<std::uint32_t, std::uint32_t
 }  // namespace
 
 int parse_submit_rate_options(int argc, char** argv, SubmitRateOptions& o) {
-  CLI::App app{"tutti-bench-gpu-submit: 4 KiB command submission rate of GPU warps and of host threads against a null "
-               "controller, same queue code, one run"};
-  app.add_option("--commands", o.commands, "commands per measured run")
+  CLI::App app{"tutti-bench-gpu-submit: 4 KiB commands per second through the local_nvme DataPath (public runtime API) "
+               "and through the bare warp submission protocol, against a null controller, one run"};
+  app.add_option("--commands", o.commands, "commands per measured run and row")
       ->check(kDecimal)->check(CLI::Range(std::uint64_t{1024}, std::uint64_t{1} << 36))->capture_default_str();
-  app.add_option("--repeat", o.repeat, "measured runs per shape (best reported)")->check(kDecimal)->check(CLI::Range(1u, 100u))->capture_default_str();
+  app.add_option("--repeat", o.repeat, "measured runs per row (best reported)")->check(kDecimal)->check(CLI::Range(1u, 100u))->capture_default_str();
   app.add_option("--depth", o.depth, "entries per SQ and CQ")->check(kDecimal)->check(CLI::Range(64u, 65536u))->capture_default_str();
-  app.add_option("--max-queues", o.max_queues, "queue pairs at most")->check(kDecimal)->check(CLI::Range(1u, 1024u))->capture_default_str();
-  app.add_option("--stop-relay", o.stop_relay, "1: relay the stop word into GPU memory; 0: every controller warp polls host memory")
+  app.add_option("--queues", o.queues, "I/O queue pairs")->check(kDecimal)->check(CLI::Range(1u, 1024u))->capture_default_str();
+  std::vector<std::string> batches, threads;
+  app.add_option("--batch-sizes", batches, "B,B,...: requests per runtime submit, one row each (1..65536)")->delimiter(',');
+  app.add_option("--submitters", o.submitters, "host threads submitting through the runtime")
+      ->check(kDecimal)->check(CLI::Range(1u, 256u))->capture_default_str();
+  app.add_option("--stop-relay", o.stop_relay, "1: relay the GPU controller's stop word into GPU memory; 0: every controller warp polls host memory")
       ->check(kDecimal)->check(CLI::Range(0u, 1u))->capture_default_str();
   app.add_option("--stop-poll-ns", o.stop_poll_ns, "controllers' stop word poll interval, ns")
       ->check(kDecimal)->check(CLI::Range(std::uint64_t{1000}, std::uint64_t{10'000'000'000}))->capture_default_str();
   std::vector<std::string> shapes;
-  app.add_option("--shapes", shapes, "W:P,W:P,... warps : warps per block (default: 1, 8, 32 warps and 1, 4, 16 per SM)")
+  app.add_option("--shapes", shapes, "W:P,W:P,... GPU raw rows: warps : warps per block (default: --queues warps, 1 and 4 per SM)")
       ->delimiter(',');
-  app.add_option("--host", o.host, "1: also run the host-thread rows")->check(kDecimal)->check(CLI::Range(0, 1))->capture_default_str();
+  app.add_option("--raw-threads", threads, "T,T,...: host profile raw rows, host threads (1..256)")->delimiter(',');
   app.add_option("--json", o.json, "write the rows as JSON here");
   if (const int status = parse_flags(app, argc, argv); status != -1) return status;
   for (const std::string& item : shapes) {
@@ -57,6 +61,22 @@ int parse_submit_rate_options(int argc, char** argv, SubmitRateOptions& o) {
     if (!parse_shape(item, shape)) return 2;
     o.shapes.push_back(shape);
   }
+  const auto parse_list = [](const char* flag, const std::vector<std::string>& items, std::uint32_t high,
+                             std::vector<std::uint32_t>& out) {
+    if (items.empty()) return true;
+    out.clear();
+    for (const std::string& item : items) {
+      std::uint32_t value = 0;
+      if (!parse_bounded(item, 1, high, value)) {
+        std::fprintf(stderr, "%s: '%s' must be a decimal number in 1..%u\n", flag, item.c_str(), high);
+        return false;
+      }
+      out.push_back(value);
+    }
+    return true;
+  };
+  if (!parse_list("--batch-sizes", batches, 65536, o.batch_sizes) || !parse_list("--raw-threads", threads, 256, o.raw_threads))
+    return 2;
   return -1;
 }
 

@@ -414,74 +414,6 @@ int run(Runtime& runtime, const Options& o, const DataPlace& place, const fs::pa
 /// Runs a shell command quietly; false on a non-zero exit.
 bool shell(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()) == 0; }
 
-/// nvme-soft: the layer files live on an ext4 image (4096-byte blocks) loop-mounted under the data
-/// directory; a software NVMe controller is backed by the same image, files are resolved to LBAs with
-/// FIEMAP and every IO is an NVMe command on its queues. Needs root (losetup, mount).
-int run_nvme_soft(const Options& o, const DataPlace& place) {
-  const fs::path& dir = place.dir;
-  if constexpr (tutti::accel::kProfile == tutti::accel::Profile::cuda) {
-    // local_nvme's submit and poll kernels launch only from code nvcc compiles; this pipeline is
-    // host code, so in the cuda profile every submit would be UNSUPPORTED. Refuse before any work.
-    fmt::print(stderr, "error: --backend nvme-soft is not available in the cuda build of this example (local_nvme's "
-                       "kernels launch only from nvcc-compiled code and this pipeline is host code); use the host build "
-                       "(scripts/example), or tutti-bench-gpu-local-nvme for the GPU path (docs/gpu.md)\n");
-    return kExitRefused;
-  }
-  if (geteuid() != 0) {
-    fmt::print(stderr, "error: --backend nvme-soft loop-mounts an ext4 image and needs root\n");
-    return kExitRefused;
-  }
-  const Shape& shape = o.settings.shape;
-  const fs::path base = dir / "nvme-soft", image = base / "disk.img", mount_point = base / "mnt";
-  std::error_code ec;
-  fs::create_directories(mount_point, ec);
-  const std::uint64_t image_bytes = (shape.layers * shape.layer_file_bytes() * 5 / 4 + (std::uint64_t{64} << 20)) / 4096 * 4096;
-  if (!fs::exists(image) || fs::file_size(image) != image_bytes) {
-    fs::remove(image, ec);
-    if (!shell(fmt::format("truncate -s {} '{}' && mkfs.ext4 -q -F -b 4096 -E lazy_itable_init=0,lazy_journal_init=0 '{}'",
-                           image_bytes, image.string(), image.string()))) {
-      fmt::print(stderr, "error: could not create the ext4 image '{}' (truncate, mkfs.ext4)\n", image.string());
-      return kExitFailed;
-    }
-  }
-  std::string loop;
-  if (FILE* p = popen(fmt::format("losetup --find --show '{}'", image.string()).c_str(), "r")) {
-    char line[128] = {};
-    if (std::fgets(line, sizeof line, p)) loop = line;
-    pclose(p);
-  }
-  while (!loop.empty() && (loop.back() == '\n' || loop.back() == ' ')) loop.pop_back();
-  if (loop.empty() || !shell(fmt::format("mount '{}' '{}'", loop, mount_point.string()))) {
-    if (!loop.empty()) shell("losetup -d " + loop);
-    fmt::print(stderr, "error: could not loop-mount '{}' (losetup, mount)\n", image.string());
-    return kExitFailed;
-  }
-  struct Unmount {
-    std::string loop, mount_point;
-    ~Unmount() {
-      shell(fmt::format("umount '{}'", mount_point));
-      shell("losetup -d " + loop);
-    }
-  } unmount{loop, mount_point.string()};
-
-  if (auto s = prepare_files(shape, mount_point); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
-  ::sync();
-  tutti::SoftLocalNvmeOptions nvme;
-  nvme.backing_path = image.string();
-  nvme.block_device_path = loop;
-  nvme.soft.worker_threads = 2;
-  auto stack = tutti::make_soft_local_nvme(nvme);
-  if (!stack) return fail_with(stack.status(), kExitFailed, "soft NVMe controller");
-  std::vector<std::string> uris;
-  for (std::uint32_t l = 0; l < shape.layers; ++l) uris.push_back(file_uri(mount_point / shape.layer_file_name(l)));
-  const int rc = run<tutti::LocalNvmeRuntime>(*stack.value()->runtime, o, place, mount_point, uris, true, {});
-  const auto counters = stack.value()->device->counters();
-  fmt::print("  soft controller: {} NVMe I/O commands, {} MiB read, {} MiB written, {} errors, {} DMA faults\n",
-             counters.io_commands, counters.bytes_read >> 20, counters.bytes_written >> 20, counters.errors,
-             counters.dma_faults);
-  return rc;
-}
-
 #if defined(LAYERWISE_GPU)
 /// The CUDA build's verdict figures: the compute stream's time and its idle time before each layer
 /// (CUDA events: what compute waited for IO), and the host thread's waits, which say which IO it was.
@@ -564,18 +496,9 @@ nlohmann::json gpu_json(const Options& o, const Report& r, const GpuReport& g) {
           {"cufile_baseline", cufile}};
 }
 
-/// The uring backend with the KV slots in GPU memory and the compute on the GPU (see gpu_pipeline.hpp).
-int run_gpu(Options o, const DataPlace& place) {
-  const fs::path& dir = place.dir;
+/// Opens the GPU, its compute and its calibration (the figures go to `report`); errors are printed.
+tutti::Result<std::unique_ptr<gpu::Gpu>> open_gpu(const Options& o, GpuReport& report) {
   const Shape& shape = o.settings.shape;
-  o.pread_label = "pread+memcpy";
-  o.pread_note = "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread";
-  if (auto s = prepare_files(shape, dir); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
-  std::vector<std::string> uris, paths;
-  for (std::uint32_t l = 0; l < shape.layers; ++l) {
-    paths.push_back((dir / shape.layer_file_name(l)).string());
-    uris.push_back(file_uri(dir / shape.layer_file_name(l)));
-  }
   gpu::ComputeConfig config;
   config.use_gemm = o.compute == "gemm";
   config.compute_ns = o.settings.compute_ns_per_layer;
@@ -583,28 +506,30 @@ int run_gpu(Options o, const DataPlace& place) {
   config.hidden = o.hidden;
   config.chunk_tokens = shape.chunk_tokens;
   config.tensor_bytes = shape.tensor_bytes;
-  auto opened = gpu::Gpu::open(o.accelerator, config, shape.layers);  // outlives the runtime below
+  auto opened = gpu::Gpu::open(o.accelerator, config, shape.layers);
   if (!opened) {
     fmt::print(stderr, "error: GPU: {}\n", opened.status().to_string());
-    return kExitFailed;
+    return opened.status();
   }
-  gpu::Gpu& device = *opened.value();
-  GpuReport gpu_report;
-  gpu_report.device = device.description();
-  gpu_report.use_gemm = config.use_gemm;
-  auto figures = device.calibrate(shape.hit_chunks());
+  report.device = opened.value()->description();
+  report.use_gemm = config.use_gemm;
+  auto figures = opened.value()->calibrate(shape.hit_chunks());
   if (!figures) {
     fmt::print(stderr, "error: GEMM calibration: {}\n", figures.status().to_string());
-    return kExitFailed;
+    return figures.status();
   }
-  gpu_report.gemm = *figures;
-  const Checksums sums = expected_checksums(shape);
-  auto created = tutti::make_uring_runtime();
-  if (!created) {
-    fmt::print(stderr, "error: {}\n", created.status().to_string());
-    return kExitFailed;
-  }
-  tutti::UringRuntime& runtime = *created;
+  report.gemm = *figures;
+  return std::move(opened.value());
+}
+
+/// The pipeline with the KV slots in GPU memory and the compute on the GPU (gpu_pipeline.hpp), over
+/// `runtime` (uring, or local_nvme over the soft controller), on the layer files `uris` / `paths`
+/// (the baselines read `paths`), --repeat times; the summary names `place`. `device` was opened
+/// before the runtime and outlives it.
+template <class Runtime>
+int run_gpu_pipeline(const Options& o, const DataPlace& place, const std::vector<std::string>& uris,
+                     const std::vector<std::string>& paths, gpu::Gpu& device, GpuReport& gpu_report, Runtime& runtime) {
+  const Checksums sums = expected_checksums(o.settings.shape);
   // One pipeline per run (--repeat): each run writes its recomputed tensors with its own salt.
   std::vector<Report> runs;
   std::vector<GpuReport> gpu_runs;
@@ -615,7 +540,7 @@ int run_gpu(Options o, const DataPlace& place) {
     settings.run_salt = run_salt(o, index);
     Report report;
     gpu_report = gpu_start;
-    GpuPipeline<tutti::UringRuntime> pipeline(runtime, device, settings, sums);
+    GpuPipeline<Runtime> pipeline(runtime, device, settings, sums);
     auto fail = [&](const tutti::Status& s, const char* phase) { return fail_with(s, kExitFailed, phase); };
     if (auto s = pipeline.open(uris); !s.is_ok()) return fail(s, "open");
     drop_page_cache(o);
@@ -643,7 +568,116 @@ int run_gpu(Options o, const DataPlace& place) {
   return finish(o, runs, bounds, place, gpu_json(o, runs[median], gpu_runs[median]),
                 [&] { print_gpu_report(o, runs[median], gpu_runs[median]); });
 }
+
+/// The uring backend with the KV slots in GPU memory and the compute on the GPU (see gpu_pipeline.hpp).
+int run_gpu(Options o, const DataPlace& place) {
+  const fs::path& dir = place.dir;
+  const Shape& shape = o.settings.shape;
+  o.pread_label = "pread+memcpy";
+  o.pread_note = "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread";
+  if (auto s = prepare_files(shape, dir); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
+  std::vector<std::string> uris, paths;
+  for (std::uint32_t l = 0; l < shape.layers; ++l) {
+    paths.push_back((dir / shape.layer_file_name(l)).string());
+    uris.push_back(file_uri(dir / shape.layer_file_name(l)));
+  }
+  GpuReport gpu_report;
+  auto device = open_gpu(o, gpu_report);  // outlives the runtime below
+  if (!device) return kExitFailed;
+  auto created = tutti::make_uring_runtime();
+  if (!created) return fail_with(created.status(), kExitFailed);
+  return run_gpu_pipeline<tutti::UringRuntime>(o, place, uris, paths, *device.value(), gpu_report, *created);
+}
 #endif  // LAYERWISE_GPU
+
+/// nvme-soft: the layer files live on an ext4 image (4096-byte blocks) loop-mounted under the data
+/// directory; a software NVMe controller is backed by the same image, files are resolved to LBAs with
+/// FIEMAP and every IO is an NVMe command on its queues. Needs root (losetup, mount).
+/// CUDA build: GPU threads run local_nvme's submit and poll kernels (compiled once in libtutti_cuda,
+/// so this host-compiled file launches them too) against the soft controller in accelerator_mode;
+/// with --memory device the KV slots are GPU memory, which the controller reaches with map_device.
+int run_nvme_soft(const Options& o, const DataPlace& place) {
+  const fs::path& dir = place.dir;
+  if (geteuid() != 0) {
+    fmt::print(stderr, "error: --backend nvme-soft loop-mounts an ext4 image and needs root\n");
+    return kExitRefused;
+  }
+  const Shape& shape = o.settings.shape;
+  const fs::path base = dir / "nvme-soft", image = base / "disk.img", mount_point = base / "mnt";
+  std::error_code ec;
+  fs::create_directories(mount_point, ec);
+  const std::uint64_t image_bytes = (shape.layers * shape.layer_file_bytes() * 5 / 4 + (std::uint64_t{64} << 20)) / 4096 * 4096;
+  if (!fs::exists(image) || fs::file_size(image) != image_bytes) {
+    fs::remove(image, ec);
+    if (!shell(fmt::format("truncate -s {} '{}' && mkfs.ext4 -q -F -b 4096 -E lazy_itable_init=0,lazy_journal_init=0 '{}'",
+                           image_bytes, image.string(), image.string()))) {
+      fmt::print(stderr, "error: could not create the ext4 image '{}' (truncate, mkfs.ext4)\n", image.string());
+      return kExitFailed;
+    }
+  }
+  std::string loop;
+  if (FILE* p = popen(fmt::format("losetup --find --show '{}'", image.string()).c_str(), "r")) {
+    char line[128] = {};
+    if (std::fgets(line, sizeof line, p)) loop = line;
+    pclose(p);
+  }
+  while (!loop.empty() && (loop.back() == '\n' || loop.back() == ' ')) loop.pop_back();
+  if (loop.empty() || !shell(fmt::format("mount '{}' '{}'", loop, mount_point.string()))) {
+    if (!loop.empty()) shell("losetup -d " + loop);
+    fmt::print(stderr, "error: could not loop-mount '{}' (losetup, mount)\n", image.string());
+    return kExitFailed;
+  }
+  struct Unmount {
+    std::string loop, mount_point;
+    ~Unmount() {
+      shell(fmt::format("umount '{}'", mount_point));
+      shell("losetup -d " + loop);
+    }
+  } unmount{loop, mount_point.string()};
+
+  if (auto s = prepare_files(shape, mount_point); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
+  ::sync();
+  std::vector<std::string> uris, paths;
+  for (std::uint32_t l = 0; l < shape.layers; ++l) {
+    uris.push_back(file_uri(mount_point / shape.layer_file_name(l)));
+    paths.push_back((mount_point / shape.layer_file_name(l)).string());
+  }
+#if defined(LAYERWISE_GPU)
+  std::unique_ptr<gpu::Gpu> device;  // declared before the stack: it outlives the runtime
+  GpuReport gpu_report;
+  if (o.memory == "device") {
+    auto opened = open_gpu(o, gpu_report);
+    if (!opened) return kExitFailed;
+    device = std::move(*opened);
+  }
+#endif
+  tutti::SoftLocalNvmeOptions nvme;
+  nvme.backing_path = image.string();
+  nvme.block_device_path = loop;
+  nvme.soft.worker_threads = 2;
+  auto stack = tutti::make_soft_local_nvme(nvme);
+  if (!stack) return fail_with(stack.status(), kExitFailed, "soft NVMe controller");
+  int rc = kExitVerified;
+#if defined(LAYERWISE_GPU)
+  if (device) {
+    Options gpu_options = o;
+    gpu_options.pread_label = "pread+memcpy";
+    gpu_options.pread_note =
+        "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread";
+    rc = run_gpu_pipeline<tutti::LocalNvmeRuntime>(gpu_options, place, uris, paths, *device, gpu_report,
+                                                   *stack.value()->runtime);
+  } else
+#endif
+    rc = run<tutti::LocalNvmeRuntime>(*stack.value()->runtime, o, place, mount_point, uris, true, {});
+  fmt::print("  local_nvme     : {} NVMe commands sent again after a retryable status, {} Aborts sent\n",
+             stack.value()->runtime->datapath().commands_retried(), stack.value()->runtime->datapath().aborts_sent());
+  const auto counters = stack.value()->device->counters();
+  fmt::print("  soft controller: {} NVMe I/O commands, {} MiB read, {} MiB written, {} errors, {} DMA faults\n",
+             counters.io_commands, counters.bytes_read >> 20, counters.bytes_written >> 20, counters.errors,
+             counters.dma_faults);
+  return rc;
+}
+
 /// The data folder's checks, in the order that gives the clearest message: the folder itself (not a
 /// file, creatable), the lock (one run per folder), O_DIRECT on its file system (uring backend), then
 /// the free space. Fills place.filesystem; takes `lock`. Returns the exit code on refusal.
@@ -777,8 +811,9 @@ int main(int argc, char** argv) {
              "Skip the pread baselines");
 #if defined(LAYERWISE_GPU)
   app.add_option("--memory", o.memory,
-                 "Where the KV slots live: device (GPU memory, compute on the GPU; uring backend), host (the host "
-                 "profile's pipeline) or auto (device for the uring backend when a CUDA device is present, else host)")
+                 "Where the KV slots live: device (GPU memory, compute on the GPU; uring and nvme-soft backends), "
+                 "host (the host profile's pipeline) or auto (device for uring and nvme-soft when a CUDA device is "
+                 "present, else host)")
       ->check(CLI::IsMember({"auto", "device", "host"}))->capture_default_str();
   app.add_option("--compute", o.compute,
                  "Per-layer compute on the GPU: gemm (cuBLAS GEMMs repeated to about --compute-ms) or sleep (a kernel "
@@ -801,13 +836,13 @@ int main(int argc, char** argv) {
   };
 #if defined(LAYERWISE_GPU)
   if (o.memory == "auto") {
-    o.memory = o.backend == "uring" && gpu::device_count() > 0 ? "device" : "host";
-    if (o.backend == "uring" && o.memory == "host")
+    o.memory = o.backend != "memfs" && gpu::device_count() > 0 ? "device" : "host";
+    if (o.backend != "memfs" && o.memory == "host")
       fmt::print(stderr, "note: no CUDA device found: the KV slots live in host memory (--memory host)\n");
   }
-  if (o.memory == "device" && o.backend != "uring")
-    return refuse(fmt::format("--memory device needs --backend uring ({} moves host memory only); use --memory host",
-                              o.backend));
+  if (o.memory == "device" && o.backend == "memfs")
+    return refuse("--memory device needs --backend uring or nvme-soft (memfs moves host memory only); use --memory "
+                  "host");
   if (o.memory == "device" && o.hidden % 8 != 0)
     return refuse(fmt::format("--hidden = {} must be a multiple of 8", o.hidden));
 #endif

@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
-# example_test.sh EXAMPLE BACKEND KV_CACHE_DOC: runs the layer-wise example on a small shape in a fresh
+# example_test.sh EXAMPLE BACKEND KV_CACHE_DOC [gpu]: runs the layer-wise example on a small shape in a fresh
 # data directory and checks that it verifies and prints every summary line KV_CACHE_DOC
 # (docs/kv-cache.md) lists; then corrupts one cached tensor on disk (file backends) and checks that the
 # example fails with exit code 1 and names the mismatch.
 set -euo pipefail
-example=$1 backend=$2 doc=$3
+example=$1 backend=$2 doc=$3 gpu=${4:-}
 if [ "$backend" = nvme-soft ] && [ "$(id -u)" -ne 0 ]; then echo "SKIP: nvme-soft needs root"; exit 77; fi
+# The cuda build's nvme-soft runs local_nvme's kernels on a GPU (the soft controller in
+# accelerator_mode needs one): without a usable GPU it skips.
+if [ "$backend" = nvme-soft ] && "$example" --help 2>/dev/null | grep -q -- "--memory"; then
+  if ! { nvidia-smi -L >/dev/null 2>&1 || [ -e /dev/nvidia0 ]; }; then echo "SKIP: nvme-soft in the cuda build needs a GPU"; exit 77; fi
+fi
+# gpu: the run must have put the KV slots in GPU memory (the cuda build, --memory device).
+extra=()
+[ "$gpu" = gpu ] && extra=(--memory device --compute sleep)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 base=(--backend "$backend" --layers 6 --context-tokens 1024 --tokens-per-block 256 --tensor-bytes 65536
       --data-dir "$dir/data" --no-drop-caches --repeat 1)
-args=("${base[@]}" --compute-ms 0.5 --json "$dir/report.json")
+args=("${base[@]}" "${extra[@]}" --compute-ms 0.5 --json "$dir/report.json")
 rc=0
 "$example" "${args[@]}" >"$dir/out.txt" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { cat "$dir/out.txt"; echo "FAIL: example exited $rc"; exit 1; }
@@ -59,6 +67,15 @@ assert r["mismatched_tensors"] == 0 and r["verified_tensors"] == sum(expected.va
 assert r["bound"] == {"compute": "compute", "read": "reads", "write": "writes"}[verdict], (r["bound"], verdict)
 assert r["repeat"] == 1 and len(r["runs"]) == 1, r
 PY
+if [ "$gpu" = gpu ]; then
+  python3 - "$dir/report.json" <<'PY' || { cat "$dir/out.txt"; echo "FAIL: the KV slots were not in GPU memory"; exit 1; }
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r.get("memory") == "DEVICE", r.get("memory")
+PY
+  grep -q "local_nvme     : " "$dir/out.txt" || { cat "$dir/out.txt"; echo "FAIL: no local_nvme line"; exit 1; }
+  echo "KV slots in GPU memory, every tensor verified through local_nvme's GPU kernels"
+fi
 echo "clean run verified ($verdict-bound)"
 
 # The summary's lines as docs/kv-cache.md lists them (its block under "## The example's summary"): every

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# bench_options_test.sh SUBMIT_BENCH LOCAL_NVME_BENCH: the two GPU benchmarks refuse nonsense flags
+# bench_options_test.sh SUBMIT_BENCH [LOCAL_NVME_BENCH]: the GPU benchmarks refuse nonsense flags
 # with exit status 2 and a message naming the flag, before any GPU or file work (so this needs no
-# GPU), and answer --help with 0.
+# GPU), and answer --help with 0. LOCAL_NVME_BENCH exists in the cuda profile only.
 set -euo pipefail
-submit=$1 local_nvme=$2
+submit=$1 local_nvme=${2:-}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 failures=0
@@ -29,8 +29,14 @@ expect 2 "--stop-relay" "$submit" --stop-relay 2
 expect 2 "--shapes" "$submit" --shapes 8:3
 expect 2 "--shapes" "$submit" --shapes 8:x
 expect 2 "--shapes" "$submit" --shapes 64:64
+expect 2 "--batch-sizes" "$submit" --batch-sizes 0
+expect 2 "--batch-sizes" "$submit" --batch-sizes 32,70000
+expect 2 "--raw-threads" "$submit" --raw-threads x
+expect 2 "--queues" "$submit" --queues 0
 expect 2 "unknown\|--bogus\|extraneous" "$submit" --bogus 1
-expect 0 "--max-queues" "$submit" --help
+expect 0 "--batch-sizes" "$submit" --help
+expect 2 "--commands" "$submit" --commands +4096
+[ -n "$local_nvme" ] || { [ "$failures" -eq 0 ] || { echo "FAIL: $failures case(s)"; exit 1; }; echo "all nonsense refused"; exit 0; }
 expect 2 "--batch" "$local_nvme" --batch -1
 expect 2 "--queues" "$local_nvme" --queues 4294967298
 expect 2 "--poll-budget-ns" "$local_nvme" --poll-budget-ns 2000000000
@@ -38,7 +44,6 @@ expect 2 "--file-mib" "$local_nvme" --file-mib 0
 # CLI11 alone reads integers with base 0: "010" would be 8 and "0x10" 16; only decimal digits pass.
 expect 2 "--batch" "$local_nvme" --batch 010
 expect 2 "--poll-budget-ns" "$local_nvme" --poll-budget-ns 0x10
-expect 2 "--commands" "$submit" --commands +4096
 expect 2 "--dir" "$local_nvme" --dir ""
 expect 0 "--poll-budget-ns" "$local_nvme" --help
 [ "$failures" -eq 0 ] || { echo "FAIL: $failures case(s)"; exit 1; }

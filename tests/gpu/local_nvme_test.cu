@@ -15,6 +15,10 @@
 //   - a stream the caller creates (Options::stream) carrying the staged-batch copy, the kernels
 //     and the report copies; the batch pool's backpressure (RESOURCE_EXHAUSTED naming
 //     max_batches_in_flight) and 256 submits reusing one pool slot, every byte verified.
+//   - retries: a retryable status (DNR clear) sent again by the poll kernel, at most 3 attempts;
+//     DNR set or a non-retryable status fails at once;
+//   - a host-compiled unit of the same program (local_nvme_host_unit.cpp) submitting through the
+//     same DataPath runs the GPU kernels too (one launch definition: libtutti_cuda);
 //   - the target handle cache: 12 targets through 4 L1 entries in rotating order (hit, miss and
 //     eviction counters checked), pinned entries forcing a read from the L2 (mapped) copy, close.
 // The soft controller emulates the device: figures from here say nothing about an SSD.
@@ -28,6 +32,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -35,6 +40,8 @@
 #include <tutti/accel/memory.hpp>
 #include <tutti/libnvm/soft_controller.hpp>
 #include <tutti/path/local_nvme.hpp>
+
+#include "local_nvme_host_unit.hpp"
 
 using namespace tutti;
 using Path = local_nvme::LocalNvmeDataPath;
@@ -392,6 +399,105 @@ TEST_CASE("an injected NVMe error becomes DEVICE_ERROR with its status; the othe
   CHECK(completions[2].status.is_ok());
   CHECK(completions[3].status.is_ok());
   CHECK(memory.read(0, 64 * 4096) == rig.expected(extents, 0, 64 * 4096));
+}
+
+TEST_CASE("a retryable NVMe status is sent again by the GPU kernels, at most 3 times; DNR or a non-retryable status fails") {
+  // The command covering LBA 100 (request 1) gets the injected status on its first `fires`
+  // attempts (0: every attempt); nvme::classify decides in the poll kernel, on the GPU.
+  struct Case {
+    const char* what;
+    nvme::StatusField status;
+    std::uint64_t fires;
+    bool succeeds;
+    std::uint32_t retries;
+  };
+  const Case cases[] = {
+      {"Namespace Not Ready twice, DNR clear: the third attempt succeeds",
+       nvme::make_status(nvme::GenericStatus::namespace_not_ready, false), 2, true, 2},
+      {"Namespace Not Ready on every attempt: fails after 3 attempts",
+       nvme::make_status(nvme::GenericStatus::namespace_not_ready, false), 0, false, 2},
+      {"Namespace Not Ready with DNR set: fails at once", nvme::make_status(nvme::GenericStatus::namespace_not_ready, true),
+       0, false, 0},
+      {"Unrecovered Read Error, DNR clear (not transient): fails at once",
+       nvme::make_status(nvme::MediaStatus::unrecovered_read_error, false), 0, false, 0},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    Rig rig;
+    const std::vector<local_file::Extent> extents{{0, 0, 256 * 4096}};
+    auto target = rig.open(extents, 256 * 4096);
+    DeviceMemory memory(256 * 4096);
+    auto registration = rig.map(memory);
+    libnvm::SoftFaultRule rule;
+    rule.action = libnvm::SoftFaultRule::Action::complete_with_status;
+    rule.status = c.status;
+    rule.lba_range_only = true;
+    rule.first_lba = 100;
+    rule.last_lba = 100;
+    rule.max_fires = c.fires;
+    rig.device->inject_fault(rule);
+    std::vector<PathRequest<Path>> requests;
+    for (std::uint64_t i = 0; i < 4; ++i)
+      requests.push_back(rig.request(Direction::READ, registration, memory, i * 64 * 4096, target, i * 64 * 4096, 64 * 4096));
+    auto [states, completions] = rig.run(requests);
+    for (auto& s : states) REQUIRE(s.is_ok());
+    CHECK(completions[1].retries == c.retries);
+    CHECK(rig.path->commands_retried() == c.retries);
+    CHECK(rig.device->counters().injected_faults == c.retries + 1u);
+    if (c.succeeds) {
+      CHECK_MESSAGE(completions[1].status.is_ok(), completions[1].status.to_string());
+      CHECK(completions[1].confirmed_bytes == 64u * 4096);
+    } else {
+      CHECK(completions[1].status.code() == StatusCode::DEVICE_ERROR);
+      CHECK(completions[1].device_status == (static_cast<std::uint32_t>(c.status.status_code_type()) << 8 | c.status.status_code()));
+    }
+    for (std::size_t i : {0u, 2u, 3u}) {
+      CHECK(completions[i].status.is_ok());
+      CHECK(completions[i].retries == 0);
+    }
+    const std::uint64_t verified = c.succeeds ? 4 * 64 * 4096 : 64 * 4096;
+    CHECK(memory.read(0, verified) == rig.expected(extents, 0, verified));
+    CHECK(rig.path->unregister_memory(registration).is_ok());
+  }
+}
+
+TEST_CASE("host-compiled and nvcc-compiled users of local_nvme in one program both run the GPU kernels") {
+  // local_nvme_host_unit.cpp is compiled by the host compiler and linked into this program. Before
+  // libtutti_cuda, its copy of the launch returned UNSUPPORTED and its synchronize returned OK, and
+  // the linker could pick either copy for this file's calls too (an ODR violation). Now both call
+  // the one launch compiled in libtutti_cuda.
+  MESSAGE("host-compiled unit built by ", tutti::gpu_test::host_unit_compiler());
+  Path::Options o;
+  o.queue_pairs = 4;
+  Rig rig(o);
+  const auto extents = reversed_extents(1024, 8);
+  auto target = rig.open(extents, 1024 * 4096);
+  DeviceMemory memory(1024 * 4096);
+  auto registration = rig.map(memory);
+  // First half from the host-compiled unit, second half from here, into the same GPU memory.
+  const std::uint64_t half = 512 * 4096;
+  const std::uint64_t launches = rig.path->poll_kernel_launches();
+  std::vector<RequestCompletion> from_host;
+  const Status host_status = tutti::gpu_test::read_from_host_compiled_unit(*rig.path, target, registration, memory.view(),
+                                                                            0, half, 64, from_host);
+  REQUIRE_MESSAGE(host_status.is_ok(), host_status.to_string());
+  REQUIRE(from_host.size() == 64);
+  for (const RequestCompletion& c : from_host) {
+    CHECK_MESSAGE(c.status.is_ok(), c.status.to_string());
+    CHECK(c.confirmed_bytes == half / 64);
+  }
+  CHECK(rig.path->poll_kernel_launches() > launches);  // the .cpp's progress launched GPU poll kernels
+  std::vector<PathRequest<Path>> requests;
+  std::vector<std::uint64_t> lengths;
+  for (std::uint64_t i = 0; i < 64; ++i) {
+    requests.push_back(rig.request(Direction::READ, registration, memory, half + i * (half / 64), target,
+                                   half + i * (half / 64), half / 64));
+    lengths.push_back(half / 64);
+  }
+  auto [states, completions] = rig.run(requests);
+  check_all_ok(states, completions, lengths);
+  CHECK(memory.read(0, 2 * half) == rig.expected(extents, 0, 2 * half));
+  CHECK(rig.path->unregister_memory(registration).is_ok());
 }
 
 TEST_CASE("a lost completion times out on the GPU clock, is aborted, and the request reports TIMEOUT") {

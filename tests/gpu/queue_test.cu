@@ -1,5 +1,6 @@
-// The NVMe queue ring primitives (nvme/queue.hpp) driven by GPU warps (path/gpu/warp_queue.hpp)
-// against the GPU-resident null controller (path/gpu/null_controller.hpp), all in device memory.
+// The NVMe queue ring primitives (nvme/queue.hpp) driven by GPU warps through the warp submission
+// protocol (nvme/warp_queue.hpp, via tests/support/raw_queue_driver.hpp) against the GPU-resident
+// null controller (tests/support/null_controller.hpp), all in device memory.
 // Suite gpu; exits 77 without a GPU.
 #include <doctest/doctest.h>
 
@@ -8,14 +9,14 @@
 #include <set>
 #include <vector>
 
-#include <tutti/path/gpu/warp_queue.hpp>
+#include <tutti/nvme/warp_queue.hpp>
 
 #include "command_kernel.cuh"
 #include "gpu_queues.hpp"
 
 using tutti::StatusCode;
-using tutti::gpu_test::CommandKernelArgs;
-using tutti::gpu_test::CommandRecord;
+using tutti::gpu_test::RawDriverArgs;
+using tutti::gpu_test::RawCommandRecord;
 using tutti::gpu_test::GpuNullController;
 using tutti::gpu_test::QueueSet;
 using tutti::gpu_test::QueueSetConfig;
@@ -30,40 +31,40 @@ struct RunShape {
 };
 
 struct RunResult {
-  std::vector<CommandRecord> records;
+  std::vector<RawCommandRecord> records;
   std::vector<std::uint32_t> warp_queue;
   unsigned long long completed = 0;
   unsigned long long unfinished = 0;
   std::uint32_t controller_deadline_exits = 0;
 };
 
-/// Runs command_kernel over `set` with a GPU null controller (one warp per queue) and returns
+/// Runs raw_command_kernel over `set` with a GPU null controller (one warp per queue) and returns
 /// every record. The controller is stopped before the records are read.
 RunResult run_commands(QueueSet& set, const RunShape& shape) {
   const std::uint32_t warps = shape.blocks * shape.warps_per_block;
   const std::size_t commands = static_cast<std::size_t>(warps) * shape.commands_per_warp;
-  std::vector<CommandRecord> initial(commands);
-  for (auto& r : initial) r.status = tutti::gpu_test::kNotRun;
-  tutti::gpu_test::Buffer records(tutti::gpu_test::MemoryKind::device, sizeof(CommandRecord) * commands);
-  records.upload(initial.data(), sizeof(CommandRecord) * commands);
+  std::vector<RawCommandRecord> initial(commands);
+  for (auto& r : initial) r.status = tutti::test::kNotRun;
+  tutti::gpu_test::Buffer records(tutti::gpu_test::MemoryKind::device, sizeof(RawCommandRecord) * commands);
+  records.upload(initial.data(), sizeof(RawCommandRecord) * commands);
   tutti::gpu_test::Buffer warp_queue(tutti::gpu_test::MemoryKind::device, sizeof(std::uint32_t) * warps);
   tutti::gpu_test::Buffer totals(tutti::gpu_test::MemoryKind::device, 2 * sizeof(unsigned long long));
   RunResult out;
-  cudaFuncAttributes attributes{};  // loads command_kernel before the persistent controller runs (see gpu_main.cpp)
-  TUTTI_CUDA_CHECK(cudaFuncGetAttributes(&attributes, tutti::gpu_test::command_kernel));
+  cudaFuncAttributes attributes{};  // loads raw_command_kernel before the persistent controller runs (see gpu_main.cpp)
+  TUTTI_CUDA_CHECK(cudaFuncGetAttributes(&attributes, tutti::gpu_test::raw_command_kernel));
   {
     GpuNullController controller(set);
-    CommandKernelArgs args;
+    RawDriverArgs args;
     args.queues = set.queues();
     args.queue_count = set.queue_count();
     args.commands_per_warp = shape.commands_per_warp;
-    args.records = records.as<CommandRecord>();
+    args.records = records.as<RawCommandRecord>();
     args.warp_queue = warp_queue.as<std::uint32_t>();
     args.completed = totals.as<unsigned long long>();
     args.unfinished = totals.as<unsigned long long>() + 1;
     args.budget_ns = 20'000'000'000ull;
     args.wait_budget_ns = shape.wait_budget_ns;
-    tutti::gpu_test::command_kernel<<<shape.blocks, shape.warps_per_block * 32>>>(args);
+    tutti::gpu_test::raw_command_kernel<<<shape.blocks, shape.warps_per_block * 32>>>(args);
     TUTTI_CUDA_CHECK(cudaGetLastError());
     // The legacy default stream only: cudaDeviceSynchronize would also wait for the persistent
     // controller, which leaves only when stopped.
@@ -71,7 +72,7 @@ RunResult run_commands(QueueSet& set, const RunShape& shape) {
     out.controller_deadline_exits = controller.stop();
   }
   out.records.resize(commands);
-  records.download(out.records.data(), sizeof(CommandRecord) * commands);
+  records.download(out.records.data(), sizeof(RawCommandRecord) * commands);
   out.warp_queue.resize(warps);
   warp_queue.download(out.warp_queue.data(), sizeof(std::uint32_t) * warps);
   unsigned long long t[2];
@@ -85,7 +86,7 @@ RunResult run_commands(QueueSet& set, const RunShape& shape) {
 /// queues agree on the counts; nothing stale or invalid was seen.
 void check_all_completed_once(const QueueSet& set, const RunResult& run) {
   std::size_t bad_status = 0, bad_count = 0, bad_echo = 0;
-  for (const CommandRecord& r : run.records) {
+  for (const RawCommandRecord& r : run.records) {
     bad_status += r.status != static_cast<std::uint32_t>(StatusCode::OK);
     bad_count += r.completions != 1;
     bad_echo += r.echo_ok != 1;
@@ -125,7 +126,7 @@ TEST_CASE("a warp submits 32 commands with one SQ tail doorbell write and reaps 
   CHECK(queues[0].sq_doorbell_ticket == 32);
   const auto controllers = set.controller_states();
   CHECK(controllers[0].tail_updates >= 1);
-  for (const CommandRecord& r : run.records) CHECK(r.refusals == 0);
+  for (const RawCommandRecord& r : run.records) CHECK(r.refusals == 0);
 }
 
 TEST_CASE("SQ and CQ wrap around hundreds of times with the Phase Tag flipping each pass") {
@@ -140,7 +141,7 @@ TEST_CASE("SQ and CQ wrap around hundreds of times with the Phase Tag flipping e
     const RunResult run = run_commands(set, RunShape{1, 1, 1024});
     check_all_completed_once(set, run);
     std::size_t refused = 0;
-    for (const CommandRecord& r : run.records) refused += r.refusals != 0;
+    for (const RawCommandRecord& r : run.records) refused += r.refusals != 0;
     CHECK(refused > 0);  // half a warp cannot get a CID at a time: backpressure, then success
   }
 }
@@ -176,7 +177,7 @@ TEST_CASE("blocks get disjoint queues while there are at least as many queues as
     for (std::uint32_t queues : {1u, 8u, 64u, 128u}) {
       std::vector<std::set<std::uint32_t>> owners(queues);
       for (std::uint32_t b = 0; b < grid; ++b)
-        for (std::uint32_t w = 0; w < 64; ++w) owners[tutti::path::gpu::select_queue(b, grid, w, queues)].insert(b);
+        for (std::uint32_t w = 0; w < 64; ++w) owners[tutti::test::select_queue(b, grid, w, queues)].insert(b);
       std::size_t max_blocks = 0, idle = 0;
       for (const auto& o : owners) {
         max_blocks = std::max(max_blocks, o.size());
@@ -196,7 +197,7 @@ TEST_CASE("a lost completion becomes TIMEOUT after the %globaltimer budget and t
   constexpr std::uint64_t kWaitBudgetNs = 2'000'000;  // 2 ms
   const RunResult run = run_commands(set, RunShape{1, 1, 64, kWaitBudgetNs});
   std::size_t timeouts = 0, ok = 0;
-  for (const CommandRecord& r : run.records) {
+  for (const RawCommandRecord& r : run.records) {
     if (r.status == static_cast<std::uint32_t>(StatusCode::TIMEOUT)) {
       ++timeouts;
       CHECK(r.completions == 0);

@@ -43,7 +43,7 @@ status=${PIPESTATUS[0]}
 cp "$build/meson-logs/testlog.txt" "$out/testlog.txt" 2>/dev/null || true
 
 if [ "$bench" = 1 ]; then
-  "$build/tests/gpu/tutti-bench-gpu-submit" --json "$out/gpu_submit_rate.json" 2>&1 | tee "$out/bench.log"
+  "$build/bench/gpu/tutti-bench-gpu-submit" --json "$out/gpu_submit_rate.json" 2>&1 | tee "$out/bench.log"
   bench_status=${PIPESTATUS[0]}
   [ "$status" -ne 0 ] || status=$bench_status
   if [ -x "$build/tests/gpu/tutti-bench-gpu-local-nvme" ]; then

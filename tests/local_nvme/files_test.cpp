@@ -11,6 +11,8 @@
 
 #include <scratch_filesystem.hpp>
 #include <tutti/libnvm/soft_local_nvme.hpp>
+#include <tutti/nvme/opcodes.hpp>
+#include <tutti/nvme/status.hpp>
 
 #include "host_buffer.hpp"
 #include "test_files.hpp"
@@ -348,5 +350,112 @@ TEST_CASE("more files than the target handle cache's L1 holds read in rotating o
   s = rt.datapath().target_cache_statistics();
   CHECK(s.resident == 0);
   CHECK(s.host_bytes == 0);
+  CHECK(rt.unregister_memory(*m).is_ok());
+}
+
+TEST_CASE("a fragmented ext4 file is read and written whole at queue depths 2, 8, 16 and 17 with any window") {
+  // Issue 14, 1: a request that no queue pair could ever admit was "resubmit later" forever, and at
+  // depth 2 whether a piece ran depended on where ext4 put the file's extents. Two files appended
+  // in turns (4 KiB each) get many extents; each is read and written whole in one request.
+  auto fs = make_ext4();
+  const std::string frag = fs->path("fragmented"), other = fs->path("other");
+  for (int i = 0; i < 256; ++i) {
+    tutti::testing::append_pattern(frag, 40, std::uint64_t(i) * 4096, 4096);
+    tutti::testing::append_pattern(other, 41, std::uint64_t(i) * 4096, 4096);
+  }
+  ::sync();
+  const std::uint64_t size = tutti::testing::file_size(frag);
+  local_file::LocalFileResolver::Options resolver_options;
+  resolver_options.block_device_path = fs->loop_device();
+  resolver_options.partition_start_bytes = 0;
+  resolver_options.lba_size = 4096;
+  auto resolver = local_file::LocalFileResolver::create(resolver_options);
+  REQUIRE_MESSAGE(resolver.is_ok(), resolver.status().to_string());
+  std::size_t extents = 0;
+  {
+    auto resolved = resolver->resolve("file://" + frag, {});  // holds the file open: scoped, so remount works
+    REQUIRE_MESSAGE(resolved.is_ok(), resolved.status().to_string());
+    extents = resolved->extents.size();
+  }
+  MESSAGE("'fragmented': ", extents, " extents for ", size, " bytes");
+  REQUIRE(extents >= 16);
+  std::uint64_t round = 0;
+  for (const std::uint32_t depth : {2u, 8u, 16u, 17u}) {
+    for (const std::uint32_t window : {1u, 7u, 16u, 17u, 64u}) {
+      CAPTURE(depth);
+      CAPTURE(window);
+      local_nvme::LocalNvmeDataPath::Options o;
+      o.queue_pairs = 2;
+      o.queue_depth = depth;
+      o.request_window = window;
+      auto stack = make_stack(*fs, 4096, o);
+      auto& rt = *stack->runtime;
+      CHECK(rt.datapath().options().request_window == std::min(window, depth - 1));
+      Buffer buffer(size);
+      auto m = rt.register_memory({buffer.data, buffer.size, MemoryKind::HOST, -1});
+      REQUIRE(m.is_ok());
+      auto t = rt.open("file://" + frag, {.writable = true});
+      REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
+      // Read whole: what ext4 holds.
+      IoResult read;
+      CHECK(nvme_read(rt, *t, *m, buffer, 0, size, &read) == tutti::testing::read_file(frag, 0, size));
+      CHECK(read.commands >= extents);
+      // Write whole with new bytes, then read through ext4 after a remount.
+      ++round;
+      for (std::uint64_t i = 0; i < size; ++i) buffer.bytes()[i] = static_cast<std::uint8_t>(i * 13 + round * 7 + i / 4096);
+      const std::vector<std::uint8_t> written(buffer.bytes(), buffer.bytes() + size);
+      IoRequest w;
+      w.direction = Direction::WRITE;
+      w.memory = *m;
+      w.target = *t;
+      w.length = size;
+      IoResult wrote = run(rt, {w});
+      REQUIRE_MESSAGE(wrote.status.is_ok(), wrote.status.to_string());
+      CHECK(wrote.confirmed_bytes == size);
+      CHECK(rt.close(*t).is_ok());
+      CHECK(rt.unregister_memory(*m).is_ok());
+      stack.reset();
+      REQUIRE(fs->remount().is_ok());  // NVMe writes bypass ext4's page cache: read what the device holds
+      CHECK(tutti::testing::read_file(frag, 0, size) == written);
+      CHECK(tutti::testing::read_file(other, 0, 4096 * 256) == tutti::testing::pattern(41, 0, 4096 * 256));
+    }
+  }
+}
+
+TEST_CASE("a retryable NVMe status is retried under the runtime and counted in IoResult") {
+  auto fs = make_ext4();
+  const std::string path = fs->path("retried");
+  tutti::testing::write_pattern_file(path, 9, 1 << 20);
+  ::sync();
+  auto stack = make_stack(*fs);
+  auto& rt = *stack->runtime;
+  Buffer buffer(1 << 20);
+  auto m = rt.register_memory({buffer.data, buffer.size, MemoryKind::HOST, -1});
+  REQUIRE(m.is_ok());
+  auto t = rt.open("file://" + path);
+  REQUIRE(t.is_ok());
+  libnvm::SoftFaultRule rule;
+  rule.action = libnvm::SoftFaultRule::Action::complete_with_status;
+  rule.status = nvme::make_status(nvme::GenericStatus::namespace_not_ready, false);
+  rule.opcode = static_cast<int>(nvme::NvmOpcode::read);
+  rule.max_fires = 2;  // the first two Read commands the controller sees
+  stack->device->inject_fault(rule);
+  IoResult result;
+  CHECK(nvme_read(rt, *t, *m, buffer, 0, 1 << 20, &result) == tutti::testing::read_file(path, 0, 1 << 20));
+  CHECK(result.retries() == 2);
+  CHECK(rt.datapath().commands_retried() == 2);
+  // DNR set: no retry, the IO fails with the device status.
+  rule.status = nvme::make_status(nvme::GenericStatus::namespace_not_ready, true);
+  rule.max_fires = 1;
+  stack->device->inject_fault(rule);
+  IoRequest r;
+  r.memory = *m;
+  r.target = *t;
+  r.length = 1 << 20;
+  IoResult failed = run(rt, {r});
+  CHECK(failed.status.code() == StatusCode::DEVICE_ERROR);
+  CHECK(failed.device_status == 0x082);
+  CHECK(failed.retries() == 0);
+  CHECK(rt.close(*t).is_ok());
   CHECK(rt.unregister_memory(*m).is_ok());
 }

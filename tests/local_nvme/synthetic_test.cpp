@@ -968,3 +968,224 @@ TEST_CASE("a request whose memory ends before its transfer is rejected at submit
   CHECK(rig.device_bytes(0, 1 << 20) == before);
   CHECK(rig.path->unregister_memory(m).is_ok());
 }
+
+// ----- Retries (docs/local-nvme.md, "Retries"; NVMe Base 2.0, 4.2.3) --------------------------
+
+namespace {
+/// A rule that completes the command covering LBA `lba` with `status` on its first `fires` attempts.
+libnvm::SoftFaultRule status_on_lba(std::uint64_t lba, nvme::StatusField status, std::uint64_t fires) {
+  libnvm::SoftFaultRule rule;
+  rule.action = libnvm::SoftFaultRule::Action::complete_with_status;
+  rule.status = status;
+  rule.lba_range_only = true;
+  rule.first_lba = lba;
+  rule.last_lba = lba;
+  rule.max_fires = fires;
+  return rule;
+}
+}  // namespace
+
+TEST_CASE("a retryable status with DNR clear is sent again and the request succeeds, retries counted") {
+  Rig rig;
+  auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  // Namespace Not Ready, DNR 0 (nvme::classify: retry) on the first two attempts of the command
+  // that covers LBA 10; the third attempt succeeds.
+  rig.device->inject_fault(status_on_lba(10, nvme::make_status(nvme::GenericStatus::namespace_not_ready, false), 2));
+  auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, 0, t, 0, 256 << 10)});
+  REQUIRE(states[0].is_ok());
+  CHECK_MESSAGE(done[0].status.is_ok(), done[0].status.to_string());
+  CHECK(done[0].confirmed_bytes == 256u << 10);
+  CHECK(done[0].commands == 1);
+  CHECK(done[0].retries == 2);
+  CHECK(done[0].device_status == 0);
+  CHECK(std::vector<std::uint8_t>(buffer.bytes(), buffer.bytes() + (256 << 10)) == rig.device_bytes(0, 256 << 10));
+  CHECK(rig.path->commands_retried() == 2);
+  CHECK(rig.device->counters().injected_faults == 2);
+  // In a split request only the command that got the status is sent again.
+  Path::Options o;
+  o.max_command_bytes = 64 << 10;
+  Rig split(o);
+  auto t2 = split.open({{0, 0, 16 << 20}}, 16 << 20);
+  Buffer b2(1 << 20);
+  auto m2 = split.map(b2);
+  split.device->inject_fault(status_on_lba(100, nvme::make_status(nvme::GenericStatus::command_interrupted, false), 1));
+  auto [s2, d2] = split.run({split.request(Direction::READ, m2, b2, 0, t2, 0, 1 << 20)});
+  CHECK_MESSAGE(d2[0].status.is_ok(), d2[0].status.to_string());
+  CHECK(d2[0].commands == 16);
+  CHECK(d2[0].retries == 1);
+  CHECK(std::vector<std::uint8_t>(b2.bytes(), b2.bytes() + (1 << 20)) == split.device_bytes(0, 1 << 20));
+  CHECK(split.path->commands_retried() == 1);
+  CHECK(rig.path->unregister_memory(m).is_ok());
+  CHECK(split.path->unregister_memory(m2).is_ok());
+}
+
+TEST_CASE("a retryable status is sent at most 3 times; DNR set or a non-retryable status fails at once") {
+  struct Case {
+    const char* what;
+    nvme::StatusField status;
+    std::uint64_t fires;       // attempts that get the status
+    std::uint32_t retries;     // expected
+    std::uint16_t device_status;
+  };
+  const Case cases[] = {
+      {"retryable on every attempt: 3 attempts, then it fails", nvme::make_status(nvme::GenericStatus::namespace_not_ready, false),
+       0, 2, 0x082},
+      {"retryable code with DNR set", nvme::make_status(nvme::GenericStatus::namespace_not_ready, true), 0, 0, 0x082},
+      {"not retryable (Unrecovered Read Error), DNR clear", nvme::make_status(nvme::MediaStatus::unrecovered_read_error, false),
+       0, 0, 0x281},
+      {"not retryable (LBA Out of Range), DNR clear", nvme::make_status(nvme::GenericStatus::lba_out_of_range, false), 0, 0,
+       0x080},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    Rig rig;
+    auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
+    Buffer buffer(1 << 20);
+    auto m = rig.map(buffer);
+    rig.device->inject_fault(status_on_lba(10, c.status, c.fires));
+    auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, 0, t, 0, 256 << 10),
+                                   rig.request(Direction::READ, m, buffer, 256 << 10, t, 1 << 20, 256 << 10)});
+    REQUIRE(states[0].is_ok());
+    CHECK(done[0].status.code() == StatusCode::DEVICE_ERROR);
+    CHECK(done[0].device_status == c.device_status);
+    CHECK(done[0].retries == c.retries);
+    CHECK(done[0].confirmed_bytes == 0);
+    CHECK(rig.device->counters().injected_faults == c.retries + 1u);
+    CHECK(done[1].status.is_ok());  // the other request is untouched
+    CHECK(done[1].retries == 0);
+    CHECK(rig.path->commands_retried() == c.retries);
+    CHECK(rig.path->unregister_memory(m).is_ok());
+  }
+}
+
+TEST_CASE("a retry is decided by status, DNR, attempts and the first attempt's deadline, never after a failure") {
+  local_nvme::RequestState r;
+  local_nvme::CommandRecord rec;
+  rec.phase = local_nvme::CommandPhase::in_flight;
+  rec.attempts = 1;
+  rec.deadline_ns = 1000;
+  const nvme::StatusField retryable = nvme::make_status(nvme::GenericStatus::namespace_not_ready, false);
+  using local_nvme::may_retry;
+  CHECK(may_retry(r, rec, retryable, 999));
+  CHECK_FALSE(may_retry(r, rec, retryable, 1000));  // never past the command's deadline
+  CHECK_FALSE(may_retry(r, rec, nvme::make_status(nvme::GenericStatus::namespace_not_ready, true), 0));  // DNR
+  CHECK_FALSE(may_retry(r, rec, nvme::make_status(nvme::GenericStatus::invalid_field_in_command, false), 0));  // not transient
+  rec.attempts = local_nvme::kMaxCommandAttempts;
+  CHECK_FALSE(may_retry(r, rec, retryable, 0));  // attempts spent
+  rec.attempts = 1;
+  rec.phase = local_nvme::CommandPhase::abort_sent;
+  CHECK_FALSE(may_retry(r, rec, retryable, 0));  // our Abort ends it
+  rec.phase = local_nvme::CommandPhase::in_flight;
+  r.outcome = local_nvme::RequestOutcome::nvme_error;
+  CHECK_FALSE(may_retry(r, rec, retryable, 0));  // the request failed already: issue nothing more
+  // A retry that could not be sent before the deadline (the SQ had no room) fails the request
+  // with the status that asked for it, and the request finishes.
+  local_nvme::CommandRecord records[1];
+  records[0] = rec;
+  records[0].phase = local_nvme::CommandPhase::retry;
+  records[0].last_status = 0x082;
+  records[0].starting_lba = 77;
+  local_nvme::RequestState pending;
+  pending.accepted = true;
+  pending.window = 1;
+  pending.max_window = 1;
+  pending.pending_retries = 1;
+  pending.records = records;
+  pending.issued_bytes = pending.transfer_length = 4096;
+  std::uint32_t credits = 0;
+  const local_nvme::DeviceQueue queue{nvme::QueuePair{}, &credits};
+  local_nvme::poll_request(pending, queue, 999, false);
+  CHECK(pending.outcome == local_nvme::RequestOutcome::ok);  // still before its deadline: it waits
+  CHECK(pending.pending_retries == 1);
+  local_nvme::poll_request(pending, queue, 1000, false);
+  CHECK(pending.outcome == local_nvme::RequestOutcome::nvme_error);
+  CHECK(pending.nvme_status == 0x082);
+  CHECK(pending.failed_lba == 77);
+  CHECK(pending.pending_retries == 0);
+  local_nvme::detail::finish_if_idle(pending, queue);
+  CHECK(pending.done);
+  CHECK(credits == 1);  // its credit came back
+}
+
+// ----- Admission (issue 14, 1; docs/local-nvme.md, "Admission") --------------------------------
+
+TEST_CASE("every request is admitted on an idle queue pair: depths 2, 8, 16, 17 and windows 1 to 64") {
+  Rig rig;
+  // 48 extents of 16 KiB in reverse order: a 768 KiB read is 48 commands whatever the MDTS.
+  const auto extents = reversed_chunks(1 << 20, 48);
+  Buffer buffer(8 * 48 * 16384);
+  const auto expected = expected_from_extents(rig, extents, 0, 48 * 16384);
+  for (const std::uint32_t depth : {2u, 8u, 16u, 17u}) {
+    for (std::uint32_t window = 1; window <= local_nvme::kMaxWindow; ++window) {
+      CAPTURE(depth);
+      CAPTURE(window);
+      Path::Options o;
+      o.queue_pairs = 1;
+      o.queue_depth = depth;
+      o.request_window = window;
+      rig.path.reset();
+      auto created = Path::create(*rig.controller, o);
+      REQUIRE_MESSAGE(created.is_ok(), created.status().to_string());
+      rig.path.emplace(std::move(created.value()));
+      // The window adapts to what a queue pair can ever give: depth - 1 credits.
+      REQUIRE(rig.path->options().request_window == std::min(window, depth - 1));
+      auto t = rig.open(extents, 48 * 16384);
+      auto m = rig.map(buffer);
+      std::memset(buffer.data, 0xEE, buffer.size);
+      auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, 0, t, 0, 48 * 16384)});
+      REQUIRE_MESSAGE(states[0].is_ok(), states[0].to_string());
+      REQUIRE_MESSAGE(done[0].status.is_ok(), done[0].status.to_string());
+      CHECK(done[0].commands == 48);
+      CHECK(std::vector<std::uint8_t>(buffer.bytes(), buffer.bytes() + 48 * 16384) == expected);
+      CHECK(rig.path->unregister_memory(m).is_ok());
+    }
+  }
+}
+
+TEST_CASE("a batch larger than a shallow queue's credits completes when its rejected requests are resubmitted") {
+  Rig rig;
+  const auto extents = reversed_chunks(1 << 20, 48);
+  const auto expected = expected_from_extents(rig, extents, 0, 48 * 16384);
+  for (const std::uint32_t depth : {2u, 8u, 16u, 17u}) {
+    CAPTURE(depth);
+    Path::Options o;
+    o.queue_pairs = 2;
+    o.queue_depth = depth;
+    o.request_window = 64;
+    rig.path.reset();
+    auto created = Path::create(*rig.controller, o);
+    REQUIRE_MESSAGE(created.is_ok(), created.status().to_string());
+    rig.path.emplace(std::move(created.value()));
+    auto t = rig.open(extents, 48 * 16384);
+    Buffer buffer(48 * 16384);
+    auto m = rig.map(buffer);
+    // 8 requests of 6 extents each (96 KiB): more commands than the credits of a shallow pair.
+    std::vector<std::size_t> pending = {0, 1, 2, 3, 4, 5, 6, 7};
+    std::size_t rejected = 0, rounds = 0;
+    while (!pending.empty()) {
+      REQUIRE(++rounds < 1000);  // bounded: every round admits at least one request
+      std::vector<PathRequest<Path>> rs;
+      for (std::size_t i : pending) rs.push_back(rig.request(Direction::READ, m, buffer, i * 6 * 16384, t, i * 6 * 16384, 6 * 16384));
+      auto [states, done] = rig.run(rs);
+      std::vector<std::size_t> again;
+      for (std::size_t k = 0; k < pending.size(); ++k) {
+        if (states[k].code() == StatusCode::RESOURCE_EXHAUSTED) {
+          CHECK(states[k].message().find("resubmit later") != std::string::npos);
+          again.push_back(pending[k]);
+          ++rejected;
+          continue;
+        }
+        REQUIRE_MESSAGE(states[k].is_ok(), states[k].to_string());
+        REQUIRE_MESSAGE(done[k].status.is_ok(), done[k].status.to_string());
+        CHECK(done[k].commands == 6);
+      }
+      REQUIRE(again.size() < pending.size());
+      pending = again;
+    }
+    MESSAGE("depth ", depth, ": ", rejected, " rejections (backpressure) before all 8 requests ran");
+    CHECK(std::vector<std::uint8_t>(buffer.bytes(), buffer.bytes() + 48 * 16384) == expected);
+    CHECK(rig.path->unregister_memory(m).is_ok());
+  }
+}

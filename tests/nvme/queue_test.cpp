@@ -1,14 +1,18 @@
 // Queue ring primitives against a hand-driven fake controller: CIDs and generations, doorbell
-// coalescing (also across threads), phase tags, stale completions, time-bounded polling.
+// coalescing (also across threads), phase tags, stale completions, time-bounded polling; and the
+// warp submission protocol (nvme/warp_queue.hpp) as a host thread runs it (a one-lane warp).
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstddef>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include <tutti/accel/primitives.hpp>
+#include <tutti/nvme/opcodes.hpp>
 #include <tutti/nvme/queue.hpp>
+#include <tutti/nvme/warp_queue.hpp>
 #include <tutti/nvme/status.hpp>
 
 using namespace tutti;
@@ -313,4 +317,113 @@ TEST_CASE("regression: completions keep matching after CID generations wrap (sta
     REQUIRE(waited.completion.command_identifier() == cid);
   }
   CHECK(f.storage.statistics().stale_completions == 0);
+}
+
+namespace {
+/// The queue views as the warp protocol takes them.
+struct OneQueue {
+  const QueuePair* queue;
+  const QueuePair& operator()(std::uint32_t) const { return *queue; }
+};
+/// Writes `n` Read SQEs with fresh CIDs at [ticket, ticket + n); CDW10 = first_slba + k.
+void write_reads(const QueuePair& q, std::uint64_t ticket, std::uint32_t n, std::uint32_t first_slba,
+                 std::vector<std::uint16_t>& cids) {
+  for (std::uint32_t k = 0; k < n; ++k) {
+    std::uint16_t cid = 0;
+    REQUIRE(q.allocate_command_identifier(cid));
+    SubmissionQueueEntry sqe{};
+    sqe.opcode = static_cast<std::uint8_t>(NvmOpcode::read);
+    sqe.command_identifier = cid;
+    sqe.cdw10 = first_slba + k;
+    q.write_submission(ticket + k, sqe);
+    cids.push_back(cid);
+  }
+}
+}  // namespace
+
+TEST_CASE("warp_submit puts a lane's run into the SQ with one reservation and one doorbell write") {
+  FakeQueue f(16);
+  const QueuePair& q = f.q();
+  std::vector<std::uint16_t> cids;
+  CHECK(warp_submit(OneQueue{&q}, 0, 5, [&](std::uint64_t ticket) { write_reads(q, ticket, 5, 100, cids); }));
+  CHECK(f.tail() == 5);
+  CHECK(f.storage.statistics().doorbell_writes == 1);
+  CHECK(f.storage.statistics().sq_reserved == 5);
+  for (std::uint32_t k = 0; k < 5; ++k) {
+    CHECK(f.sq[k].cdw10 == 100 + k);
+    CHECK(f.sq[k].command_identifier == cids[k]);
+  }
+  // A lane with nothing to submit takes part without effect.
+  CHECK_FALSE(warp_submit(OneQueue{&q}, 0, 0, [&](std::uint64_t) { FAIL("write called for count 0"); }));
+  CHECK(f.storage.statistics().doorbell_writes == 1);
+}
+
+TEST_CASE("warp_submit refuses a run that can never fit and one that finds the SQ full, writing nothing") {
+  FakeQueue f(8);
+  const QueuePair& q = f.q();
+  bool written = false;
+  // depth - 1 = 7 entries at most: 8 never fit.
+  CHECK_FALSE(warp_submit(OneQueue{&q}, 0, 8, [&](std::uint64_t) { written = true; }));
+  CHECK_FALSE(written);
+  CHECK(f.storage.statistics().sq_reserved == 0);
+  std::vector<std::uint16_t> cids;
+  REQUIRE(warp_submit(OneQueue{&q}, 0, 6, [&](std::uint64_t ticket) { write_reads(q, ticket, 6, 0, cids); }));
+  // One slot left: a run of 2 finds the SQ full and is refused without blocking.
+  CHECK_FALSE(warp_submit(OneQueue{&q}, 0, 2, [&](std::uint64_t) { written = true; }));
+  CHECK_FALSE(written);
+  CHECK(f.tail() == 6);
+  // The controller fetches four entries (CQE SQ Head Pointer 4): the run fits now.
+  f.post(cids[0], StatusField{0}, 4);
+  CHECK(warp_reap_completions(q) == 1);
+  CHECK(warp_submit(OneQueue{&q}, 0, 2, [&](std::uint64_t ticket) { write_reads(q, ticket, 2, 6, cids); }));
+  CHECK(f.tail() == 0);  // 8 entries announced on a ring of 8: the tail wrapped
+  CHECK(f.storage.statistics().doorbell_writes == 2);
+}
+
+TEST_CASE("warp_reap_completions delivers through the same steps as reap_completions") {
+  // Same CQE sequence through both reapers: every counter and delivery must agree.
+  auto run = [](bool warp) {
+    FakeQueue f(8, 4);
+    const QueuePair& q = f.q();
+    const auto reap = [&] { return warp ? warp_reap_completions(q) : q.reap_completions(); };
+    std::uint16_t a = 0, b = 0, c = 0;
+    REQUIRE(q.allocate_command_identifier(a));
+    REQUIRE(q.allocate_command_identifier(b));
+    REQUIRE(q.allocate_command_identifier(c));
+    SubmissionQueueEntry sqe{};
+    for (int i = 0; i < 3; ++i) REQUIRE(q.submit(sqe) == StatusCode::OK);
+    q.abandon(b);
+    f.post(a, StatusField::make(0, 0x02, false), 1);  // Invalid Field in Command, delivered as is
+    f.post(b, StatusField{0}, 2);                      // abandoned: dropped, CID freed
+    f.post(0x0fff, StatusField{0}, 2);                 // no such CID: stale
+    f.post(c, StatusField{0}, 3, 9);                   // wrong SQ identifier: counted invalid, delivered
+    CHECK(reap() == 4);
+    CHECK(reap() == 0);
+    CompletionQueueEntry cqe{};
+    REQUIRE(q.take_completion(a, cqe));
+    CHECK(cqe.status().status_code() == 0x02);
+    CHECK_FALSE(q.take_completion(b, cqe));
+    CHECK(q.take_completion(c, cqe));
+    const QueuePairState s = f.storage.statistics();
+    CHECK(s.completions_reaped == 4);
+    CHECK(s.abandoned_completions == 1);
+    CHECK(s.stale_completions == 1);
+    CHECK(s.invalid_completions == 1);
+    CHECK(q.submissions_outstanding() == 1);  // the last valid SQ Head Pointer was 2
+    CHECK(accel::mmio_load32(&f.cq_head) == 4);  // one CQ head doorbell write for the batch
+    return s.cq_head;
+  };
+  CHECK(run(false) == run(true));
+}
+
+TEST_CASE("the queue state keeps each party's words on its own 128-byte line, statistics apart from locks") {
+  CHECK(alignof(QueuePairState) == kQueueStateLineBytes);
+  CHECK(offsetof(QueuePairState, sq_reserved) / kQueueStateLineBytes !=
+        offsetof(QueuePairState, sq_head_ticket) / kQueueStateLineBytes);
+  for (const std::size_t lock : {offsetof(QueuePairState, sq_doorbell_lock), offsetof(QueuePairState, cq_lock)})
+    for (const std::size_t counter : {offsetof(QueuePairState, doorbell_writes), offsetof(QueuePairState, completions_reaped),
+                                      offsetof(QueuePairState, cid_hint), offsetof(QueuePairState, sq_reserved)})
+      CHECK(lock / kQueueStateLineBytes != counter / kQueueStateLineBytes);
+  FakeQueue f(8);
+  CHECK(reinterpret_cast<std::uintptr_t>(f.q().state) % kQueueStateLineBytes == 0);
 }

@@ -69,6 +69,18 @@
   } while (0)
 #endif
 
+// TUTTI_PROFILE_NAMESPACE: the inline namespace of the few functions whose definition depends on
+// the profile (accel::launch, accel::synchronize, local_nvme::launch_admit / launch_poll), as CUB
+// names an inline namespace after its target: their symbols carry the profile (e.g.
+// tutti::accel::cuda_profile::synchronize), so objects built for two profiles cannot be linked into
+// one program and silently call each other's definitions. Within one profile each of them has ONE
+// definition: inline in a header (host profile), or compiled once in libtutti_cuda (cuda profile).
+#if defined(TUTTI_ACCELERATOR_CUDA)
+#define TUTTI_PROFILE_NAMESPACE cuda_profile
+#else
+#define TUTTI_PROFILE_NAMESPACE host_profile
+#endif
+
 namespace tutti::accel {
 
 /// The profile this translation unit was compiled for.

@@ -1,14 +1,17 @@
-// launch() for the host profile. Included by accel/primitives.hpp.
+// accel::launch and accel::synchronize for the host profile: their one definition, inline.
+// Included by accel/launch.hpp.
 #pragma once
 
 #include <cstdint>
 #include <exception>
 #include <functional>
 
+#include <tutti/accel/config.hpp>
 #include <tutti/accel/host_shim.hpp>
 #include <tutti/core/status.hpp>
 
 namespace tutti::accel {
+inline namespace TUTTI_PROFILE_NAMESPACE {
 
 /// Runs `kernel(ThreadIndex)` once for every logical thread of `config` and returns when all have
 /// returned (a launch on the host is synchronous: stream order holds trivially).
@@ -20,9 +23,7 @@ namespace tutti::accel {
 /// (kernels must not throw). Thread-safety: may be called from many threads at once.
 template <class Kernel>
 Status launch(const LaunchConfig& config, const Kernel& kernel) {
-  if (config.blocks == 0 || config.threads_per_block == 0)
-    return error(StatusCode::INVALID_ARGUMENT, "launch: blocks = {} and threads_per_block = {} must both be >= 1",
-                 config.blocks, config.threads_per_block);
+  TUTTI_RETURN_IF_ERROR(detail::check_launch(config));
   const std::function<void(std::uint32_t)> run_block = [&](std::uint32_t block) {
     for (std::uint32_t t = 0; t < config.threads_per_block; ++t)
       kernel(ThreadIndex{block, t, config.blocks, config.threads_per_block});
@@ -41,4 +42,5 @@ Status launch(const LaunchConfig& config, const Kernel& kernel) {
 /// always OK. Present so DataPaths wait the same way in both profiles. Thread-safety: trivially safe.
 inline Status synchronize(void* /*stream*/, std::uint64_t /*timeout_ns*/) { return Status::success(); }
 
+}  // namespace TUTTI_PROFILE_NAMESPACE
 }  // namespace tutti::accel

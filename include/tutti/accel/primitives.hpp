@@ -12,8 +12,8 @@
 //  mmio_load32(reg)               | atomic acquire load          | ld.volatile.u32
 //  timer_ns()                     | steady_clock, ns             | %globaltimer, ns (~1 us resolution)
 //  Backoff::pause()               | pause -> yield -> sleep      | __nanosleep, doubling to a cap
-//  launch(grid, kernel)           | HostThreadPool, synchronous  | kernel<<<grid, block, 0, stream>>>
-//  synchronize(stream, timeout)   | OK (launch was synchronous)  | cudaStreamQuery polled to a deadline
+//  launch(grid, kernel)           | HostThreadPool, synchronous  | kernel<<<grid, block, 0, stream>>> (.cu only)
+//  synchronize(stream, timeout)   | OK (launch was synchronous)  | cudaStreamQuery polled (libtutti_cuda)
 //
 // Alignment: an AtomicRef<T> needs T aligned to sizeof(T) (4 or 8 bytes for the queue state).
 // Thread-safety: all primitives may be called concurrently from any number of threads.
@@ -142,10 +142,4 @@ struct LaunchConfig {
 
 }  // namespace tutti::accel
 
-#if defined(TUTTI_ACCELERATOR_CUDA) && defined(__CUDACC__)
-#include <tutti/accel/launch_cuda.hpp>
-#elif defined(TUTTI_ACCELERATOR_CUDA)
-#include <tutti/accel/launch_unavailable.hpp>
-#else
-#include <tutti/accel/launch_host.hpp>
-#endif
+#include <tutti/accel/launch.hpp>

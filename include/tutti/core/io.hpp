@@ -116,6 +116,10 @@ struct RequestCompletion {
   std::uint64_t confirmed_bytes = 0;  ///< Bytes the device confirmed moved (never more than requested).
   std::uint32_t device_status = 0;    ///< Raw device status (NVMe: SCT << 8 | SC, CQE DW3 bits 24:17); 0 if none.
   std::uint32_t commands = 0;         ///< Device commands the request was split into (NVMe commands, SQEs).
+  /// Commands sent again after a retryable device status (NVMe: nvme::classify says retry and DNR
+  /// is clear; local_nvme sends a command at most 3 times, never past its deadline). Not counted in
+  /// `commands`. 0 for DataPaths that never retry.
+  std::uint32_t retries = 0;
   bool done = false;                  ///< Set once the request completed (successfully or not).
 };
 
@@ -138,6 +142,13 @@ struct IoResult {
   std::uint32_t device_status = 0;     ///< Raw device status of the first failed request; 0 if none.
   std::uint64_t commands = 0;          ///< Device commands issued for the whole IO.
   std::vector<RequestCompletion> completions;        ///< One per accepted request, ordered by request_index.
+  /// Device commands sent again after a retryable status, over the whole IO (the sum of the
+  /// completions' `retries`).
+  std::uint64_t retries() const noexcept {
+    std::uint64_t sum = 0;
+    for (const RequestCompletion& c : completions) sum += c.retries;
+    return sum;
+  }
 };
 
 }  // namespace tutti

@@ -11,8 +11,9 @@
 // a short input whole. Inputs, accumulators and results live in one device buffer that also holds
 // the secret; it grows to the largest batch seen and is reused.
 //
-// CUDA profile: the kernels only launch from code nvcc compiles (.cu); from a host-compiled
-// translation unit hash() returns UNSUPPORTED (accel/launch_unavailable.hpp) and nothing is hashed.
+// CUDA profile: the two launches are compiled once, in libtutti_cuda (src/cuda/kv_launch.cu), so
+// hash() runs the kernels on the GPU from host-compiled and nvcc-compiled callers alike (one
+// definition per program: accel/launch.hpp).
 // Thread-safety: host_checksum is pure; one DeviceHasher serialises its hash() calls with a mutex.
 #pragma once
 
@@ -82,6 +83,27 @@ struct Xxh3FinishKernel {
 
 }  // namespace detail
 
+inline namespace TUTTI_PROFILE_NAMESPACE {
+/// cuda profile: one launch of a checksum kernel on config.stream (asynchronous; errors as
+/// accel::launch). Defined once, in libtutti_cuda (src/cuda/kv_launch.cu); the host profile never
+/// calls them (it launches on the host thread pool, accel::launch).
+Status launch_kernel(const accel::LaunchConfig& config, const detail::Xxh3LaneKernel& kernel);
+Status launch_kernel(const accel::LaunchConfig& config, const detail::Xxh3FinishKernel& kernel);
+}  // namespace TUTTI_PROFILE_NAMESPACE
+
+namespace detail {
+/// The launch of a checksum kernel for this profile (accel::kProfile: libtutti_cuda's, or the host
+/// thread pool's).
+template <class Kernel>
+Status launch_checksum_kernel(const accel::LaunchConfig& config, const Kernel& kernel) {
+  if constexpr (accel::kProfile == accel::Profile::cuda) {
+    return launch_kernel(config, kernel);
+  } else {
+    return accel::launch(config, kernel);
+  }
+}
+}  // namespace detail
+
 /// Hashes batches of device-memory inputs with the XXH3 kernels. Create once, reuse.
 class DeviceHasher {
  public:
@@ -101,8 +123,7 @@ class DeviceHasher {
 
   /// Writes XXH3-64 of each input into out[i] (same order). Waits for the kernels at most
   /// timeout_ns. Errors: INVALID_ARGUMENT (out.size() != inputs.size(), more than kMaxInputs, a
-  /// null address with a non-zero length), UNSUPPORTED (CUDA profile, caller not compiled by
-  /// nvcc), RESOURCE_EXHAUSTED / DEVICE_ERROR (allocation, copy or launch), TIMEOUT (the kernels
+  /// null address with a non-zero length), RESOURCE_EXHAUSTED / DEVICE_ERROR (allocation, copy or launch), TIMEOUT (the kernels
   /// did not finish: out is unchanged, and the hasher refuses further work because they may
   /// still read its buffer).
   Status hash(std::span<const HashInput> inputs, std::span<std::uint64_t> out, std::uint64_t timeout_ns) {
@@ -125,11 +146,12 @@ class DeviceHasher {
     const std::uint64_t lane_threads = std::uint64_t{count} * xxh3::kLanes;
     accel::LaunchConfig lanes{static_cast<std::uint32_t>((lane_threads + kThreadsPerBlock - 1) / kThreadsPerBlock),
                               kThreadsPerBlock, stream_};
-    TUTTI_RETURN_IF_ERROR(accel::launch(lanes, detail::Xxh3LaneKernel{inputs_, accumulators_, secret_, count})
-                              .with_context("checksum kernel"));
+    TUTTI_RETURN_IF_ERROR(
+        detail::launch_checksum_kernel(lanes, detail::Xxh3LaneKernel{inputs_, accumulators_, secret_, count})
+            .with_context("checksum kernel"));
     accel::LaunchConfig finish{(count + kThreadsPerBlock - 1) / kThreadsPerBlock, kThreadsPerBlock, stream_};
     TUTTI_RETURN_IF_ERROR(
-        accel::launch(finish, detail::Xxh3FinishKernel{inputs_, accumulators_, results_, secret_, count})
+        detail::launch_checksum_kernel(finish, detail::Xxh3FinishKernel{inputs_, accumulators_, results_, secret_, count})
             .with_context("checksum kernel"));
     if (Status s = accel::synchronize(stream_, timeout_ns); !s.is_ok()) {
       if (s.code() == StatusCode::TIMEOUT) usable_ = s.with_context("checksum (the hasher is unusable from now on)");

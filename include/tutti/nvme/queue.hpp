@@ -26,49 +26,92 @@
 // to its command slot by CID (index | generation << index_bits), and the CQ head doorbell is
 // written once per reaped batch. A CQE whose CID is not in flight with that generation is a stale
 // completion: counted and dropped, never matched to the wrong command.
-// Warp-parallel forms of the doorbell and the reap (warp_ring_submission_doorbell,
-// warp_reap_completions) follow the same protocol with 32 lanes per scan (accel/warp.hpp);
+// The warp-collective protocol (nvme/warp_queue.hpp: warp_submit, warp_ring_submission_doorbell,
+// warp_reap_completions) is built from the steps of this file, with 32 lanes per scan;
 // release_command_identifier frees a CID whose command never reached the SQ.
 // Thread-safety: all functions may be called concurrently by any number of threads on one
-// QueuePair (host threads, or GPU threads in the CUDA profile) unless noted.
+// QueuePair (host threads, or GPU threads in the CUDA profile, never both at once: see
+// kSubmitterScope) unless noted.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include <tutti/accel/placement.hpp>
 #include <tutti/accel/primitives.hpp>
-#include <tutti/accel/warp.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/nvme/commands.hpp>
 #include <tutti/nvme/registers.hpp>
 
 namespace tutti::nvme {
 
-/// Scope of every queue atomic: system, because the controller (a device, or the soft
-/// controller's host threads) and possibly host and GPU threads share this memory.
-inline constexpr accel::ThreadScope kQueueScope = accel::ThreadScope::system;
+/// Scopes of the queue's atomics (accel/scope.hpp). Two groups of memory, two scopes:
+///  - what the controller reads or writes (SQ and CQ entries, the doorbells): system scope. The
+///    controller is another agent (a PCIe device, or the soft controller's host threads), so the
+///    CQE's dword 3 is read with a system-scope acquire, and every doorbell store is preceded by
+///    a system fence (accel::mmio_store32);
+///  - the submitters' and reapers' own bookkeeping (QueuePairState, the ready words, the command
+///    slots, the CID bitmap): device scope. No controller ever reads it, and the threads that
+///    submit to and reap one queue pair run on ONE agent at a time: the GPU's threads (cuda
+///    profile kernels) or host threads (the host profile; libnvm's admin queue; the local_nvme
+///    DataPath's zombie reaping, which runs only while no kernel of the DataPath runs, see
+///    docs/local-nvme.md). A system-scope acquire, release or seq_cst operation from a GPU is a
+///    fence.sys (MEMBAR.SYS), which waits until every earlier store of the thread has reached the
+///    system's point of coherence, a PCIe round trip when any of them went to host memory; at
+///    device scope it is a fence.gpu, which waits for the GPU's L2 only. In the host profile both
+///    are std::atomic_ref operations (scope has no meaning between host threads).
+/// Precondition this puts on callers: never drive one queue pair from host threads and GPU
+/// threads at the same time (host and GPU atomics on one word are not atomic with respect to
+/// each other over PCIe on x86 anyway: cudaDevAttrHostNativeAtomicSupported = 0).
+inline constexpr accel::ThreadScope kControllerScope = accel::ThreadScope::system;
+inline constexpr accel::ThreadScope kSubmitterScope = accel::ThreadScope::device;
 template <class T>
-using QueueAtomic = accel::AtomicRef<T, kQueueScope>;
+using ControllerAtomic = accel::AtomicRef<T, kControllerScope>;
+template <class T>
+using SubmitterAtomic = accel::AtomicRef<T, kSubmitterScope>;
+
+/// Bytes between the groups of QueuePairState: one GPU L2 cache line (128 bytes, two x86 lines).
+inline constexpr std::size_t kQueueStateLineBytes = 128;
 
 /// Shared bookkeeping of one queue pair. Zero-initialised means "empty queue"; cq_phase starts
-/// at 1 (init_queue_pair_state). 8-byte aligned; lives where all submitters and reapers reach it.
+/// at 1 (QueuePairStorage sets it). Lives where all submitters and reapers reach it; aligned to
+/// kQueueStateLineBytes (std::allocator and cudaMalloc honour it; mapped host memory is page
+/// aligned).
+/// Layout: each group of words written by a different party sits on its own 128-byte line, so a
+/// write by one party never invalidates the line another party is spinning on or CASing (false
+/// sharing): the SQ reservation (every submitter's CAS), the SQ head (written by the reaper, read
+/// by every reservation), the doorbell try-lock and announced tail (the doorbell writer), the CQ
+/// try-lock, head and phase (the reaper), the CID allocation hint (every CID allocation), and the
+/// statistics, which are counters only: they are updated with relaxed device-scope increments and
+/// never read on the hot path (a snapshot is read by the host after the work, statistics()).
 struct QueuePairState {
-  std::uint64_t sq_reserved;         ///< next SQ ticket to hand out
-  std::uint64_t sq_head_ticket;      ///< tickets the controller has fetched (from CQE SQ Head Pointer)
-  std::uint64_t sq_doorbell_ticket;  ///< tickets announced through the SQ tail doorbell
+  // --- submission reservation: CAS by every submitter (reserve_submission_slots)
+  alignas(kQueueStateLineBytes) std::uint64_t sq_reserved;  ///< next SQ ticket to hand out
+  // --- SQ head: stored by the reaper (from each CQE's SQ Head Pointer), loaded by every reservation
+  alignas(kQueueStateLineBytes) std::uint64_t sq_head_ticket;  ///< tickets the controller has fetched
+  // --- SQ tail doorbell: the try-lock and the tail it protects (ring_submission_doorbell)
+  alignas(kQueueStateLineBytes) std::uint64_t sq_doorbell_ticket;  ///< tickets announced through the SQ tail doorbell
   std::uint32_t sq_doorbell_lock;    ///< 0 free, 1 held (try-lock only)
-  std::uint32_t cq_lock;             ///< 0 free, 1 held (try-lock only)
+  // --- completion queue: the try-lock and what it protects (reap_completions)
+  alignas(kQueueStateLineBytes) std::uint32_t cq_lock;  ///< 0 free, 1 held (try-lock only)
   std::uint32_t cq_head;             ///< next CQ slot to read, 0..depth-1 (under cq_lock)
   std::uint32_t cq_phase;            ///< expected Phase Tag of the next CQE, 0 or 1 (under cq_lock)
-  std::uint32_t cid_hint;            ///< where CID allocation starts scanning
-  std::uint32_t reserved;
-  std::uint64_t doorbell_writes;     ///< SQ tail doorbell writes (statistics: shows coalescing)
+  // --- CID allocation: fetch_add by every allocate_command_identifier
+  alignas(kQueueStateLineBytes) std::uint32_t cid_hint;  ///< where CID allocation starts scanning
+  // --- statistics: relaxed device-scope counters, read only as a snapshot
+  alignas(kQueueStateLineBytes) std::uint64_t doorbell_writes;  ///< SQ tail doorbell writes (shows coalescing)
   std::uint64_t completions_reaped;  ///< CQEs consumed
   std::uint64_t stale_completions;   ///< CQEs whose CID was not in flight (dropped)
   std::uint64_t abandoned_completions;  ///< CQEs of commands the waiter gave up on (dropped, CID freed)
   std::uint64_t invalid_completions;    ///< CQEs with a wrong SQ identifier or impossible SQ head
 };
+static_assert(sizeof(QueuePairState) == 6 * kQueueStateLineBytes);
+static_assert(offsetof(QueuePairState, sq_head_ticket) == 1 * kQueueStateLineBytes);
+static_assert(offsetof(QueuePairState, sq_doorbell_ticket) == 2 * kQueueStateLineBytes);
+static_assert(offsetof(QueuePairState, cq_lock) == 3 * kQueueStateLineBytes);
+static_assert(offsetof(QueuePairState, cid_hint) == 4 * kQueueStateLineBytes);
+static_assert(offsetof(QueuePairState, doorbell_writes) == 5 * kQueueStateLineBytes);
 
 /// One command slot: the state word and the completion delivered to it. 32 bytes.
 /// state = generation << 2 | CommandState.
@@ -116,17 +159,17 @@ struct QueuePair {
   /// cid_capacity CIDs are in use (never blocks). CID FFFFh is never produced.
   TUTTI_HOST_DEVICE bool allocate_command_identifier(std::uint16_t& cid) const noexcept {
     const std::uint32_t words = (cid_capacity + 31) / 32;
-    const std::uint32_t start = QueueAtomic<std::uint32_t>(state->cid_hint).fetch_add(1, accel::MemoryOrder::relaxed) % words;
+    const std::uint32_t start = SubmitterAtomic<std::uint32_t>(state->cid_hint).fetch_add(1, accel::MemoryOrder::relaxed) % words;
     for (std::uint32_t w = 0; w < words; ++w) {
       const std::uint32_t word_index = (start + w) % words;
-      QueueAtomic<std::uint32_t> word(cid_bitmap[word_index]);
+      SubmitterAtomic<std::uint32_t> word(cid_bitmap[word_index]);
       std::uint32_t value = word.load(accel::MemoryOrder::relaxed);
       while (value != 0xffffffffu) {
         const std::uint32_t bit = lowest_zero_bit(value);
         const std::uint32_t old = word.fetch_or(1u << bit, accel::MemoryOrder::acq_rel);
         if ((old & (1u << bit)) == 0) {
           const std::uint32_t index = word_index * 32 + bit;
-          QueueAtomic<std::uint32_t> slot_state(slots[index].state);
+          SubmitterAtomic<std::uint32_t> slot_state(slots[index].state);
           // The state keeps the generation exactly as the CID carries it (16 - cid_index_bits bits).
           std::uint32_t generation = ((slot_state.load(accel::MemoryOrder::relaxed) >> 2) + 1) & generation_mask();
           if (make_cid(index, generation) == 0xffffu) generation = (generation + 1) & generation_mask();
@@ -152,8 +195,8 @@ struct QueuePair {
   /// Returns false, reserving nothing, when the SQ lacks room (the caller resubmits later).
   TUTTI_HOST_DEVICE bool reserve_submission_slots(std::uint32_t count, std::uint64_t& first_ticket) const noexcept {
     if (count == 0 || count > depth - 1) return false;
-    QueueAtomic<std::uint64_t> reserved(state->sq_reserved);
-    QueueAtomic<std::uint64_t> head(state->sq_head_ticket);
+    SubmitterAtomic<std::uint64_t> reserved(state->sq_reserved);
+    SubmitterAtomic<std::uint64_t> head(state->sq_head_ticket);
     std::uint64_t current = reserved.load(accel::MemoryOrder::relaxed);
     for (;;) {
       // Acquire: the controller fetched every slot before head (we may overwrite them).
@@ -173,7 +216,7 @@ struct QueuePair {
     // Seq_cst (release at least): the SQE bytes are ordered before the ready word, so the
     // doorbell writer that observes the word announces a complete SQE; seq_cst is needed for the
     // stranded-entry argument in ring_submission_doorbell.
-    QueueAtomic<std::uint64_t>(sq_ready[ticket % depth]).store(ticket + 1, accel::MemoryOrder::seq_cst);
+    SubmitterAtomic<std::uint64_t>(sq_ready[ticket % depth]).store(ticket + 1, accel::MemoryOrder::seq_cst);
   }
 
   /// Announces every ready entry that follows the last announced one, with ONE SQ tail doorbell
@@ -183,8 +226,8 @@ struct QueuePair {
   /// holder H's unlock comes later in the seq_cst order; H re-reads the next ready word after
   /// its unlock (seq_cst) and therefore sees W's entry and loops to announce it.
   TUTTI_HOST_DEVICE std::uint32_t ring_submission_doorbell() const noexcept {
-    QueueAtomic<std::uint32_t> lock(state->sq_doorbell_lock);
-    QueueAtomic<std::uint64_t> announced_ticket(state->sq_doorbell_ticket);
+    SubmitterAtomic<std::uint32_t> lock(state->sq_doorbell_lock);
+    SubmitterAtomic<std::uint64_t> announced_ticket(state->sq_doorbell_ticket);
     std::uint32_t announced = 0;
     for (;;) {
       std::uint32_t expected = 0;
@@ -194,16 +237,16 @@ struct QueuePair {
       // Acquire: the SQE bytes of each ready slot are visible to us, hence (cumulativity through
       // the system fence in mmio_store32) to the controller when it sees the doorbell.
       while (end - start < depth - 1 &&
-             QueueAtomic<std::uint64_t>(sq_ready[end % depth]).load(accel::MemoryOrder::acquire) == end + 1)
+             SubmitterAtomic<std::uint64_t>(sq_ready[end % depth]).load(accel::MemoryOrder::acquire) == end + 1)
         ++end;
       if (end != start) {
         announced_ticket.store(end, accel::MemoryOrder::relaxed);
         accel::mmio_store32(sq_tail_doorbell, static_cast<std::uint32_t>(end % depth));  // one write for the run
-        QueueAtomic<std::uint64_t>(state->doorbell_writes).fetch_add(1, accel::MemoryOrder::relaxed);
+        count(state->doorbell_writes);
       }
       lock.store(0, accel::MemoryOrder::seq_cst);
       announced += static_cast<std::uint32_t>(end - start);
-      if (QueueAtomic<std::uint64_t>(sq_ready[end % depth]).load(accel::MemoryOrder::seq_cst) != end + 1) return announced;
+      if (SubmitterAtomic<std::uint64_t>(sq_ready[end % depth]).load(accel::MemoryOrder::seq_cst) != end + 1) return announced;
     }
   }
 
@@ -222,7 +265,7 @@ struct QueuePair {
   /// delivers each to its command slot, and writes the CQ head doorbell once for the batch.
   /// Returns the CQEs consumed.
   TUTTI_HOST_DEVICE std::uint32_t reap_completions(std::uint32_t max_entries = 0xffffffffu) const noexcept {
-    QueueAtomic<std::uint32_t> lock(state->cq_lock);
+    SubmitterAtomic<std::uint32_t> lock(state->cq_lock);
     std::uint32_t expected = 0;
     if (!lock.compare_exchange_strong(expected, 1, accel::MemoryOrder::acquire)) return 0;
     std::uint32_t head = state->cq_head;
@@ -231,7 +274,7 @@ struct QueuePair {
     while (consumed < max_entries) {
       CompletionQueueEntry& slot = cq[head];
       // Acquire: dwords 0-2 were written before dword 3 (the controller's release store).
-      const std::uint32_t dw3 = QueueAtomic<std::uint32_t>(slot.dw3).load(accel::MemoryOrder::acquire);
+      const std::uint32_t dw3 = ControllerAtomic<std::uint32_t>(slot.dw3).load(accel::MemoryOrder::acquire);
       CompletionQueueEntry entry{};
       entry.dw3 = dw3;
       if (entry.status().phase() != phase) break;  // not yet written on this pass
@@ -249,7 +292,7 @@ struct QueuePair {
     if (consumed != 0) {
       state->cq_head = head;
       state->cq_phase = phase;
-      QueueAtomic<std::uint64_t>(state->completions_reaped).fetch_add(consumed, accel::MemoryOrder::relaxed);
+      count(state->completions_reaped, consumed);
       // All reads of the consumed CQEs happen before the controller may overwrite them.
       accel::mmio_store32(cq_head_doorbell, head);  // one CQ head doorbell write per batch
     }
@@ -262,7 +305,7 @@ struct QueuePair {
   TUTTI_HOST_DEVICE bool take_completion(std::uint16_t cid, CompletionQueueEntry& out) const noexcept {
     const std::uint32_t index = cid_index(cid);
     if (index >= cid_capacity) return false;
-    QueueAtomic<std::uint32_t> slot_state(slots[index].state);
+    SubmitterAtomic<std::uint32_t> slot_state(slots[index].state);
     const std::uint32_t generation = cid_generation(cid);
     // Acquire: the completion bytes written by the reaper are visible.
     if (slot_state.load(accel::MemoryOrder::acquire) != encode_state(generation, CommandState::completed)) return false;
@@ -277,7 +320,7 @@ struct QueuePair {
     const std::uint32_t index = cid_index(cid);
     if (index >= cid_capacity) return;
     const std::uint32_t generation = cid_generation(cid);
-    QueueAtomic<std::uint32_t> slot_state(slots[index].state);
+    SubmitterAtomic<std::uint32_t> slot_state(slots[index].state);
     std::uint32_t expected = encode_state(generation, CommandState::in_flight);
     if (slot_state.compare_exchange_strong(expected, encode_state(generation, CommandState::abandoned), accel::MemoryOrder::acq_rel))
       return;
@@ -294,10 +337,10 @@ struct QueuePair {
     const std::uint32_t generation = cid_generation(cid);
     std::uint32_t expected = encode_state(generation, CommandState::in_flight);
     // Acq_rel: the state becomes free (keeping its generation) before the bitmap bit is cleared.
-    if (!QueueAtomic<std::uint32_t>(slots[index].state)
+    if (!SubmitterAtomic<std::uint32_t>(slots[index].state)
              .compare_exchange_strong(expected, encode_state(generation, CommandState::free), accel::MemoryOrder::acq_rel))
       return false;
-    QueueAtomic<std::uint32_t>(cid_bitmap[index / 32]).fetch_and(~(1u << (index % 32)), accel::MemoryOrder::release);
+    SubmitterAtomic<std::uint32_t>(cid_bitmap[index / 32]).fetch_and(~(1u << (index % 32)), accel::MemoryOrder::release);
     return true;
   }
 
@@ -339,12 +382,97 @@ struct QueuePair {
 
   /// Entries reserved but not yet fetched by the controller (approximate under concurrency).
   TUTTI_HOST_DEVICE std::uint64_t submissions_outstanding() const noexcept {
-    return QueueAtomic<std::uint64_t>(state->sq_reserved).load(accel::MemoryOrder::relaxed) -
-           QueueAtomic<std::uint64_t>(state->sq_head_ticket).load(accel::MemoryOrder::relaxed);
+    return SubmitterAtomic<std::uint64_t>(state->sq_reserved).load(accel::MemoryOrder::relaxed) -
+           SubmitterAtomic<std::uint64_t>(state->sq_head_ticket).load(accel::MemoryOrder::relaxed);
   }
 
   TUTTI_HOST_DEVICE static constexpr std::uint32_t encode_state(std::uint32_t generation, CommandState s) noexcept {
     return ((generation & 0xffffu) << 2) | static_cast<std::uint32_t>(s);
+  }
+
+  // ----- steps of delivering a CQE (the reaper, under the CQ lock) ------------------------------
+  // reap_completions and nvme::warp_reap_completions (nvme/warp_queue.hpp) deliver with the same
+  // steps: the serial reaper runs all three per CQE with release/acquire on each; the warp reaper
+  // runs them in 32 lanes at once with ONE release fence between stage and publish per batch.
+
+  /// What stage_completion found for one CQE, for publish_completion.
+  struct Delivery {
+    std::uint32_t index = 0;       ///< command slot of the CQE's CID
+    std::uint32_t generation = 0;  ///< generation the CID carries
+    bool publish = false;          ///< the slot was in flight (completion copied) or abandoned
+  };
+
+  /// True when the CQE names this SQ and an SQ Head Pointer inside the ring (Base 2.0, 4.2.1).
+  TUTTI_HOST_DEVICE bool completion_fields_valid(const CompletionQueueEntry& entry) const noexcept {
+    return entry.sq_identifier == qid && entry.sq_head < depth;
+  }
+
+  /// Step 1: advances the SQ head ticket to a CQE's SQ Head Pointer (slots before it were fetched
+  /// by the controller and may be reused). A head beyond the announced tail is counted invalid and
+  /// ignored. `order`: release for a single CQE; relaxed when the caller fences the batch.
+  TUTTI_HOST_DEVICE void advance_submission_head(std::uint16_t sq_head_pointer, accel::MemoryOrder order) const noexcept {
+    SubmitterAtomic<std::uint64_t> head(state->sq_head_ticket);
+    const std::uint64_t old_head = head.load(accel::MemoryOrder::relaxed);
+    const std::uint64_t advance = (sq_head_pointer + depth - old_head % depth) % depth;
+    const std::uint64_t announced = SubmitterAtomic<std::uint64_t>(state->sq_doorbell_ticket).load(accel::MemoryOrder::acquire);
+    // Release (here or by the caller's fence): the controller's fetch of those slots happened
+    // before their reuse.
+    if (old_head + advance <= announced) head.store(old_head + advance, order);
+    else count(state->invalid_completions);
+  }
+
+  /// Step 2: finds the command slot of the CQE's CID; when it is in flight with that generation,
+  /// copies the completion into it (not yet visible to the waiter). A CID out of range or not in
+  /// flight with that generation is a stale completion: counted, never delivered.
+  TUTTI_HOST_DEVICE Delivery stage_completion(const CompletionQueueEntry& entry) const noexcept {
+    Delivery d;
+    const std::uint16_t cid = entry.command_identifier();
+    d.index = cid_index(cid);
+    d.generation = cid_generation(cid);
+    if (d.index >= cid_capacity) {
+      count(state->stale_completions);
+      return d;
+    }
+    // Acquire: pairs with the allocator's release of in_flight (the previous owner's read of the
+    // slot's completion happened before we overwrite it).
+    const std::uint32_t current = SubmitterAtomic<std::uint32_t>(slots[d.index].state).load(accel::MemoryOrder::acquire);
+    if (current == encode_state(d.generation, CommandState::in_flight)) {
+      slots[d.index].completion = entry;
+      d.publish = true;
+    } else if (current == encode_state(d.generation, CommandState::abandoned)) {
+      d.publish = true;  // publish_completion's CAS fails and frees the CID
+    } else {
+      count(state->stale_completions);
+    }
+    return d;
+  }
+
+  /// Step 3: makes a staged completion visible (in_flight -> completed). `order`: acq_rel for a
+  /// single CQE; relaxed after the caller's release fence over the batch. When the waiter
+  /// abandoned the command meanwhile, the CID is freed now (release_slot).
+  TUTTI_HOST_DEVICE void publish_completion(const Delivery& d, accel::MemoryOrder order) const noexcept {
+    if (!d.publish) return;
+    SubmitterAtomic<std::uint32_t> slot_state(slots[d.index].state);
+    std::uint32_t expected = encode_state(d.generation, CommandState::in_flight);
+    if (slot_state.compare_exchange_strong(expected, encode_state(d.generation, CommandState::completed), order)) return;
+    if (expected != encode_state(d.generation, CommandState::abandoned)) {
+      count(state->stale_completions);
+      return;
+    }
+    count(state->abandoned_completions);
+    release_slot(d.index, d.generation);
+  }
+
+  /// Frees a command slot (state first, keeping its generation, then the bitmap bit, so the next
+  /// allocator starts from this generation).
+  TUTTI_HOST_DEVICE void release_slot(std::uint32_t index, std::uint32_t generation) const noexcept {
+    SubmitterAtomic<std::uint32_t>(slots[index].state).store(encode_state(generation, CommandState::free), accel::MemoryOrder::release);
+    SubmitterAtomic<std::uint32_t>(cid_bitmap[index / 32]).fetch_and(~(1u << (index % 32)), accel::MemoryOrder::release);
+  }
+
+  /// Adds to a statistics counter of QueuePairState (relaxed: counters order nothing).
+  TUTTI_HOST_DEVICE static void count(std::uint64_t& counter, std::uint64_t n = 1) noexcept {
+    SubmitterAtomic<std::uint64_t>(counter).fetch_add(n, accel::MemoryOrder::relaxed);
   }
 
  private:
@@ -360,243 +488,13 @@ struct QueuePair {
     return bit;
   }
 
-  TUTTI_HOST_DEVICE void release_slot(std::uint32_t index, std::uint32_t generation) const noexcept {
-    // Order: the slot becomes free (keeping its generation) before its bitmap bit is cleared,
-    // so the next allocator starts from this generation.
-    QueueAtomic<std::uint32_t>(slots[index].state).store(encode_state(generation, CommandState::free), accel::MemoryOrder::release);
-    QueueAtomic<std::uint32_t>(cid_bitmap[index / 32]).fetch_and(~(1u << (index % 32)), accel::MemoryOrder::release);
-  }
-
-  /// Routes one CQE (under the CQ lock) to its command slot and advances the SQ head ticket.
+  /// Delivers one CQE: the three steps above, each with its own ordering.
   TUTTI_HOST_DEVICE void deliver(const CompletionQueueEntry& entry) const noexcept {
-    if (entry.sq_identifier != qid || entry.sq_head >= depth) {
-      QueueAtomic<std::uint64_t>(state->invalid_completions).fetch_add(1, accel::MemoryOrder::relaxed);
-    } else {
-      QueueAtomic<std::uint64_t> head(state->sq_head_ticket);
-      const std::uint64_t old_head = head.load(accel::MemoryOrder::relaxed);
-      const std::uint64_t advance = (entry.sq_head + depth - old_head % depth) % depth;
-      const std::uint64_t announced = QueueAtomic<std::uint64_t>(state->sq_doorbell_ticket).load(accel::MemoryOrder::acquire);
-      if (old_head + advance <= announced) {
-        // Release: the controller's fetch of those slots happened before their reuse.
-        head.store(old_head + advance, accel::MemoryOrder::release);
-      } else {
-        QueueAtomic<std::uint64_t>(state->invalid_completions).fetch_add(1, accel::MemoryOrder::relaxed);
-      }
-    }
-    const std::uint16_t cid = entry.command_identifier();
-    const std::uint32_t index = cid_index(cid);
-    if (index >= cid_capacity) {
-      QueueAtomic<std::uint64_t>(state->stale_completions).fetch_add(1, accel::MemoryOrder::relaxed);
-      return;
-    }
-    const std::uint32_t generation = cid_generation(cid);
-    QueueAtomic<std::uint32_t> slot_state(slots[index].state);
-    const std::uint32_t current = slot_state.load(accel::MemoryOrder::acquire);
-    if (current == encode_state(generation, CommandState::in_flight)) {
-      slots[index].completion = entry;
-      std::uint32_t expected = current;
-      // Release: the completion bytes before the state change the waiter acquires.
-      if (slot_state.compare_exchange_strong(expected, encode_state(generation, CommandState::completed), accel::MemoryOrder::acq_rel))
-        return;
-      // The waiter abandoned it meanwhile.
-    } else if (current != encode_state(generation, CommandState::abandoned)) {
-      QueueAtomic<std::uint64_t>(state->stale_completions).fetch_add(1, accel::MemoryOrder::relaxed);
-      return;
-    }
-    QueueAtomic<std::uint64_t>(state->abandoned_completions).fetch_add(1, accel::MemoryOrder::relaxed);
-    release_slot(index, generation);
+    if (completion_fields_valid(entry)) advance_submission_head(entry.sq_head, accel::MemoryOrder::release);
+    else count(state->invalid_completions);
+    publish_completion(stage_completion(entry), accel::MemoryOrder::acq_rel);
   }
 };
-
-// ----- warp-parallel doorbell and reap ---------------------------------------------------------
-// The protocols of QueuePair::ring_submission_doorbell / reap_completions (same locks, same
-// state, same statistics, interoperable with threads using those), with the per-entry scan done
-// by the 32 lanes of a warp at once and ONE memory fence per batch instead of one or more
-// system-scope release/acquire operations per entry. Measured on an H200, the per-entry serial
-// path costs about 3 us per CQE from a GPU (each system-scope release is a MEMBAR.SYS): see
-// docs/gpu.md. Warp-collective (accel/warp.hpp): all lanes call convergently; on the host a warp
-// is one lane and these behave as the serial functions.
-
-/// Number of consecutive set bits of `bits` from bit 0 (32 when all are set).
-TUTTI_HOST_DEVICE TUTTI_FORCEINLINE constexpr std::uint32_t trailing_ones(std::uint32_t bits) noexcept {
-  std::uint32_t count = 0;
-  while (count < 32 && (bits >> count & 1u) != 0) ++count;
-  return count;
-}
-
-/// Announces every ready SQ entry after the last announced one with ONE SQ tail doorbell write
-/// (warp-collective, accel/warp.hpp; the protocol of QueuePair::ring_submission_doorbell, whose comment proves
-/// that no entry is stranded: the same seq_cst lock, unlock and re-check are kept). Lanes read
-/// 32 ready words at once with relaxed loads; the system fence inside mmio_store32 (fence.sc.sys)
-/// orders the SQE bytes those words publish before the doorbell store. Returns the entries
-/// announced (same value in every lane; 0 when another thread holds the doorbell lock: that
-/// thread announces ours). Terminates: every pass that continues announced at least one entry.
-TUTTI_HOST_DEVICE inline std::uint32_t warp_ring_submission_doorbell(const QueuePair& queue) noexcept {
-  const std::uint32_t lane = accel::lane_id();
-  const std::uint32_t lanes = accel::warp_lanes();
-  QueueAtomic<std::uint32_t> lock(queue.state->sq_doorbell_lock);
-  QueueAtomic<std::uint64_t> announced_ticket(queue.state->sq_doorbell_ticket);
-  std::uint32_t announced = 0;
-  for (;;) {
-    std::uint32_t locked = 0;
-    if (lane == 0) {
-      std::uint32_t expected = 0;
-      locked = lock.compare_exchange_strong(expected, 1, accel::MemoryOrder::seq_cst) ? 1u : 0u;
-    }
-    if (accel::warp_broadcast(locked, 0) == 0) return announced;
-    std::uint64_t start = 0;
-    if (lane == 0) start = announced_ticket.load(accel::MemoryOrder::relaxed);
-    start = accel::warp_broadcast(start, 0);
-    std::uint64_t end = start;
-    for (;;) {
-      const std::uint64_t room = queue.depth - 1 - (end - start);
-      const std::uint64_t window = room < lanes ? room : lanes;
-      if (window == 0) break;
-      const std::uint64_t ticket = end + lane;
-      const bool ready = lane < window &&
-          QueueAtomic<std::uint64_t>(queue.sq_ready[ticket % queue.depth]).load(accel::MemoryOrder::relaxed) == ticket + 1;
-      const std::uint32_t run = trailing_ones(accel::warp_ballot(ready));
-      end += run < window ? run : window;
-      if (run < window) break;
-    }
-    if (lane == 0) {
-      if (end != start) {
-        announced_ticket.store(end, accel::MemoryOrder::relaxed);
-        accel::mmio_store32(queue.sq_tail_doorbell, static_cast<std::uint32_t>(end % queue.depth));  // one write for the run
-        QueueAtomic<std::uint64_t>(queue.state->doorbell_writes).fetch_add(1, accel::MemoryOrder::relaxed);
-      }
-      lock.store(0, accel::MemoryOrder::seq_cst);
-    }
-    announced += static_cast<std::uint32_t>(end - start);
-    std::uint32_t again = 0;
-    if (lane == 0)
-      again = QueueAtomic<std::uint64_t>(queue.sq_ready[end % queue.depth]).load(accel::MemoryOrder::seq_cst) == end + 1;
-    if (accel::warp_broadcast(again, 0) == 0) return announced;
-  }
-}
-
-/// Consumes up to `max_entries` new CQEs if lane 0 wins the CQ try-lock (else returns 0), with
-/// the 32 lanes reading 32 CQEs at once (warp-collective; the protocol of
-/// QueuePair::reap_completions). Per batch: lanes load dword 3 of consecutive CQ slots (relaxed)
-/// and compare the Phase Tag with the one expected for that slot's pass; the leading run of
-/// matches is the batch; ONE acquire fence (system scope) orders the reads of dwords 0-2 after
-/// it; each lane delivers its CQE to its command slot by CID and generation (completion bytes,
-/// then ONE release fence for the batch, then a relaxed CAS in_flight -> completed), stale and
-/// abandoned CIDs handled as QueuePair::deliver does; the SQ head ticket is advanced from the
-/// newest CQE of the batch (SQ Head Pointers only grow in CQ order); lane 0 writes the CQ head
-/// doorbell once for everything reaped. Returns the CQEs consumed (same value in every lane).
-TUTTI_HOST_DEVICE inline std::uint32_t warp_reap_completions(const QueuePair& queue,
-                                                              std::uint32_t max_entries = 0xffffffffu) noexcept {
-  using accel::MemoryOrder;
-  const std::uint32_t lane = accel::lane_id();
-  const std::uint32_t lanes = accel::warp_lanes();
-  QueuePairState& state = *queue.state;
-  std::uint32_t locked = 0, head = 0, phase = 0;
-  if (lane == 0) {
-    std::uint32_t expected = 0;
-    if (QueueAtomic<std::uint32_t>(state.cq_lock).compare_exchange_strong(expected, 1, MemoryOrder::acquire)) {
-      locked = 1;
-      head = state.cq_head;
-      phase = state.cq_phase;
-    }
-  }
-  if (accel::warp_broadcast(locked, 0) == 0) return 0;
-  head = accel::warp_broadcast(head, 0);
-  phase = accel::warp_broadcast(phase, 0);
-  std::uint32_t consumed = 0;
-  while (consumed < max_entries) {
-    std::uint32_t window = queue.depth - 1 < lanes ? queue.depth - 1 : lanes;
-    if (max_entries - consumed < window) window = max_entries - consumed;
-    const std::uint32_t position = head + lane;  // < 2 * depth
-    const std::uint32_t slot = position < queue.depth ? position : position - queue.depth;
-    const std::uint32_t expected_phase = position < queue.depth ? phase : phase ^ 1u;  // the tag inverts each pass
-    CompletionQueueEntry entry{};
-    bool valid = false;
-    if (lane < window) {
-      entry.dw3 = QueueAtomic<std::uint32_t>(queue.cq[slot].dw3).load(MemoryOrder::relaxed);
-      valid = entry.status().phase() == expected_phase;
-    }
-    const std::uint32_t run = trailing_ones(accel::warp_ballot(valid));
-    const std::uint32_t count = run < window ? run : window;
-    if (count == 0) break;
-    // Acquire: dwords 0-2 of every CQE of the batch were written before its dword 3.
-    accel::fence(accel::ThreadScope::system, MemoryOrder::acquire);
-    const bool mine = lane < count;
-    bool publish = false;
-    std::uint32_t index = 0, generation = 0;
-    if (mine) {
-      const CompletionQueueEntry& source = queue.cq[slot];
-      entry.dw0 = source.dw0;
-      entry.dw1 = source.dw1;
-      entry.sq_head = source.sq_head;
-      entry.sq_identifier = source.sq_identifier;
-      const bool sq_fields_ok = entry.sq_identifier == queue.qid && entry.sq_head < queue.depth;
-      if (!sq_fields_ok)
-        QueueAtomic<std::uint64_t>(state.invalid_completions).fetch_add(1, MemoryOrder::relaxed);
-      if (lane == count - 1 && sq_fields_ok) {  // newest CQE: advance the SQ head ticket
-        QueueAtomic<std::uint64_t> sq_head(state.sq_head_ticket);
-        const std::uint64_t old_head = sq_head.load(MemoryOrder::relaxed);
-        const std::uint64_t advance = (entry.sq_head + queue.depth - old_head % queue.depth) % queue.depth;
-        const std::uint64_t announced =
-            QueueAtomic<std::uint64_t>(state.sq_doorbell_ticket).load(MemoryOrder::relaxed);
-        if (old_head + advance <= announced) sq_head.store(old_head + advance, MemoryOrder::relaxed);
-        else QueueAtomic<std::uint64_t>(state.invalid_completions).fetch_add(1, MemoryOrder::relaxed);
-      }
-      const std::uint16_t cid = entry.command_identifier();
-      index = queue.cid_index(cid);
-      generation = queue.cid_generation(cid);
-      if (index >= queue.cid_capacity) {
-        QueueAtomic<std::uint64_t>(state.stale_completions).fetch_add(1, MemoryOrder::relaxed);
-      } else {
-        const std::uint32_t current = QueueAtomic<std::uint32_t>(queue.slots[index].state).load(MemoryOrder::relaxed);
-        if (current == QueuePair::encode_state(generation, CommandState::in_flight)) {
-          queue.slots[index].completion = entry;
-          publish = true;
-        } else if (current == QueuePair::encode_state(generation, CommandState::abandoned)) {
-          publish = true;  // the CAS below fails and frees the CID
-        } else {
-          QueueAtomic<std::uint64_t>(state.stale_completions).fetch_add(1, MemoryOrder::relaxed);
-        }
-      }
-    }
-    // Release, once for the batch: completion bytes (and the SQ head ticket, whose reuse of SQ
-    // slots the controller's CQE allowed) before the state words the waiters acquire.
-    accel::fence(accel::ThreadScope::system, MemoryOrder::release);
-    if (publish) {
-      QueueAtomic<std::uint32_t> slot_state(queue.slots[index].state);
-      std::uint32_t expected = QueuePair::encode_state(generation, CommandState::in_flight);
-      if (!slot_state.compare_exchange_strong(expected, QueuePair::encode_state(generation, CommandState::completed),
-                                              MemoryOrder::relaxed)) {
-        if (expected == QueuePair::encode_state(generation, CommandState::abandoned)) {
-          // The waiter gave up: free the CID (state first, keeping the generation, then the bitmap bit).
-          QueueAtomic<std::uint64_t>(state.abandoned_completions).fetch_add(1, MemoryOrder::relaxed);
-          slot_state.store(QueuePair::encode_state(generation, CommandState::free), MemoryOrder::release);
-          QueueAtomic<std::uint32_t>(queue.cid_bitmap[index / 32]).fetch_and(~(1u << (index % 32)), MemoryOrder::release);
-        } else {
-          QueueAtomic<std::uint64_t>(state.stale_completions).fetch_add(1, MemoryOrder::relaxed);
-        }
-      }
-    }
-    consumed += count;
-    head += count;
-    if (head >= queue.depth) {
-      head -= queue.depth;
-      phase ^= 1u;
-    }
-    if (count < window) break;
-  }
-  accel::warp_sync();  // every lane has read its CQEs before the head doorbell lets the controller reuse them
-  if (lane == 0) {
-    if (consumed != 0) {
-      state.cq_head = head;
-      state.cq_phase = phase;
-      QueueAtomic<std::uint64_t>(state.completions_reaped).fetch_add(consumed, MemoryOrder::relaxed);
-      accel::mmio_store32(queue.cq_head_doorbell, head);  // one CQ head doorbell write for the batch
-    }
-    QueueAtomic<std::uint32_t>(state.cq_lock).store(0, MemoryOrder::release);
-  }
-  return consumed;
-}
 
 /// Number of CID index bits for `capacity` command slots (at least 1, at most 15).
 TUTTI_HOST_DEVICE constexpr std::uint32_t cid_index_bits_for(std::uint32_t capacity) noexcept {

@@ -5,9 +5,9 @@
 // Execution model (docs/local-nvme.md): submit() takes a slot of the bounded batch pool
 // (Options::max_batches_in_flight; RESOURCE_EXHAUSTED beyond it), stages one RequestState per
 // request in the slot's pinned memory and enqueues on Options::stream ONE copy of them into the
-// slot's device memory, ONE accel::launch over them (one logical thread per request; host threads
-// in the host profile, GPU threads in the CUDA profile when the DataPath is used from code nvcc
-// compiles) and ONE copy of the kernels' RequestReports back, then waits once
+// slot's device memory, ONE launch over them (one logical thread per request; host threads in the
+// host profile, GPU threads in the CUDA profile, from host-compiled and nvcc-compiled callers
+// alike: launch.hpp) and ONE copy of the kernels' RequestReports back, then waits once
 // (accel::synchronize, bounded by command_timeout_ns): each thread resolves its LBAs by binary
 // search over the target's extents, splits the request at extent boundaries and at the command size limit
 // (MDTS, 65536 LBAs), takes queue credits (backpressure: RESOURCE_EXHAUSTED, never blocking),
@@ -23,9 +23,14 @@
 // L2 extents, the queues' shared state and credits) lives in mapped pinned host memory
 // (accel::Placement::mapped_host), the queues and doorbells must be GPU-writable (the soft controller in
 // accelerator_mode; for a PCIe controller the BAR's doorbell page registered with cudaHostRegister(IoMemory)), and
-// MemoryKind::DEVICE regions are mapped with Controller::dma_map_device. A host-compiled (.cpp)
-// translation unit of the CUDA profile gets UNSUPPORTED from submit and progress
-// (accel/launch_unavailable.hpp).
+// MemoryKind::DEVICE regions are mapped with Controller::dma_map_device. The launches are compiled
+// once, in libtutti_cuda (path/local_nvme/launch.hpp), so .cpp and .cu users of the DataPath in one
+// program run the same GPU kernels.
+//
+// Retries: a command that completes with a status nvme::classify calls retry (DNR clear) is sent
+// again, at most kMaxCommandAttempts times in all and never past its deadline (NVMe Base 2.0,
+// 4.2.3); every other error status fails its request. RequestCompletion::retries and
+// commands_retried() count them.
 //
 // Timeouts and memory safety: a command not completed within Options::command_timeout_ns is
 // aborted (Base 2.0, 5.1); its request completes with TIMEOUT once the controller answers, or

@@ -3,7 +3,7 @@
 //   - QueueSet: N NVMe queue pairs (rings, doorbells, nvme::QueuePair shared state, command
 //     slots, CID bitmaps) plus the null controller's per-queue state, all in device memory
 //     (cudaMalloc) or all in host memory, initialised as nvme::QueuePairStorage does;
-//   - GpuNullController: launches path::gpu::null_controller_kernel on its own stream with its
+//   - GpuNullController: launches test::null_controller_kernel (tests/support/null_controller.hpp) on its own stream with its
 //     control words in mapped pinned host memory, waits until it runs, stops it.
 // Not library code: the DataPath owns its queues through libnvm. Errors throw std::runtime_error
 // (tests and benchmarks only).
@@ -23,7 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <tutti/nvme/queue.hpp>
-#include <tutti/path/gpu/null_controller.hpp>
+#include "null_controller.hpp"  // tests/support
 
 namespace tutti::gpu_test {
 
@@ -111,7 +111,7 @@ class QueueSet {
     ready_ = Buffer(m, sizeof(std::uint64_t) * q * depth);
     slots_ = Buffer(m, sizeof(nvme::CommandSlot) * q * cid_capacity_);
     bitmap_ = Buffer(m, sizeof(std::uint32_t) * q * words_);
-    controller_state_ = Buffer(m, sizeof(path::gpu::NullControllerState) * q);
+    controller_state_ = Buffer(m, sizeof(test::NullControllerState) * q);
     std::vector<nvme::QueuePairState> states(q);
     for (auto& s : states) s.cq_phase = 1;  // first pass expects Phase Tag 1
     state_.upload(states.data(), sizeof(nvme::QueuePairState) * q);
@@ -119,9 +119,9 @@ class QueueSet {
     for (std::uint32_t i = 0; i < q; ++i)
       for (std::uint32_t bit = cid_capacity_; bit < words_ * 32; ++bit) bitmap[i * words_ + bit / 32] |= 1u << (bit % 32);
     bitmap_.upload(bitmap.data(), bitmap.size() * sizeof(std::uint32_t));
-    std::vector<path::gpu::NullControllerState> cstates(q);
-    for (auto& s : cstates) s.drop_command = path::gpu::kNoDrop;
-    controller_state_.upload(cstates.data(), sizeof(path::gpu::NullControllerState) * q);
+    std::vector<test::NullControllerState> cstates(q);
+    for (auto& s : cstates) s.drop_command = test::kNoDrop;
+    controller_state_.upload(cstates.data(), sizeof(test::NullControllerState) * q);
 
     host_queues_.resize(q);
     host_controllers_.resize(q);
@@ -141,19 +141,19 @@ class QueueSet {
       v.sq_ready = ready_.as<std::uint64_t>() + static_cast<std::size_t>(i) * depth;
       v.slots = slots_.as<nvme::CommandSlot>() + static_cast<std::size_t>(i) * cid_capacity_;
       v.cid_bitmap = bitmap_.as<std::uint32_t>() + static_cast<std::size_t>(i) * words_;
-      path::gpu::NullControllerQueue& c = host_controllers_[i];
+      test::NullControllerQueue& c = host_controllers_[i];
       c.sq = v.sq;
       c.cq = v.cq;
       c.sq_tail_doorbell = v.sq_tail_doorbell;
       c.cq_head_doorbell = v.cq_head_doorbell;
       c.depth = depth;
       c.qid = v.qid;
-      c.state = controller_state_.as<path::gpu::NullControllerState>() + i;
+      c.state = controller_state_.as<test::NullControllerState>() + i;
     }
     queue_views_ = Buffer(m, sizeof(nvme::QueuePair) * q);
     queue_views_.upload(host_queues_.data(), sizeof(nvme::QueuePair) * q);
-    controller_views_ = Buffer(m, sizeof(path::gpu::NullControllerQueue) * q);
-    controller_views_.upload(host_controllers_.data(), sizeof(path::gpu::NullControllerQueue) * q);
+    controller_views_ = Buffer(m, sizeof(test::NullControllerQueue) * q);
+    controller_views_.upload(host_controllers_.data(), sizeof(test::NullControllerQueue) * q);
   }
 
   std::uint32_t queue_count() const { return config_.queue_count; }
@@ -161,15 +161,15 @@ class QueueSet {
   std::uint32_t cid_capacity() const { return cid_capacity_; }
   /// Queue views in the set's memory (a device array for kernels).
   const nvme::QueuePair* queues() const { return queue_views_.as<const nvme::QueuePair>(); }
-  const path::gpu::NullControllerQueue* controllers() const { return controller_views_.as<const path::gpu::NullControllerQueue>(); }
+  const test::NullControllerQueue* controllers() const { return controller_views_.as<const test::NullControllerQueue>(); }
   /// The views themselves, in host memory (they point into the set's memory).
   const std::vector<nvme::QueuePair>& host_queues() const { return host_queues_; }
-  const std::vector<path::gpu::NullControllerQueue>& host_controllers() const { return host_controllers_; }
+  const std::vector<test::NullControllerQueue>& host_controllers() const { return host_controllers_; }
 
   /// Makes the controller of queue `index` drop the completion of the `command`-th SQE it consumes.
   void drop_completion(std::uint32_t index, std::uint64_t command) {
     controller_state_.upload(&command, sizeof(command),
-                             sizeof(path::gpu::NullControllerState) * index + offsetof(path::gpu::NullControllerState, drop_command));
+                             sizeof(test::NullControllerState) * index + offsetof(test::NullControllerState, drop_command));
   }
   /// Snapshots (call while nothing runs on the set).
   std::vector<nvme::QueuePairState> queue_states() const {
@@ -177,9 +177,9 @@ class QueueSet {
     state_.download(out.data(), sizeof(nvme::QueuePairState) * out.size());
     return out;
   }
-  std::vector<path::gpu::NullControllerState> controller_states() const {
-    std::vector<path::gpu::NullControllerState> out(config_.queue_count);
-    controller_state_.download(out.data(), sizeof(path::gpu::NullControllerState) * out.size());
+  std::vector<test::NullControllerState> controller_states() const {
+    std::vector<test::NullControllerState> out(config_.queue_count);
+    controller_state_.download(out.data(), sizeof(test::NullControllerState) * out.size());
     return out;
   }
 
@@ -190,7 +190,7 @@ class QueueSet {
   std::uint32_t words_ = 0;
   Buffer sq_, cq_, doorbells_, state_, ready_, slots_, bitmap_, controller_state_, queue_views_, controller_views_;
   std::vector<nvme::QueuePair> host_queues_;
-  std::vector<path::gpu::NullControllerQueue> host_controllers_;
+  std::vector<test::NullControllerQueue> host_controllers_;
 };
 
 /// The GPU-resident null controller of a QueueSet (device memory): a persistent kernel of
@@ -199,7 +199,7 @@ class GpuNullController {
  public:
   /// relay_stop: the stop word is relayed into GPU memory by warp 0 (NullControllerSettings::
   /// stop_relay) instead of read from mapped host memory by every warp.
-  GpuNullController(const QueueSet& set, std::uint32_t warps = 0, path::gpu::NullControllerSettings settings = {},
+  GpuNullController(const QueueSet& set, std::uint32_t warps = 0, test::NullControllerSettings settings = {},
                     bool relay_stop = true) {
     if (relay_stop && settings.stop_relay == nullptr) {
       TUTTI_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&relay_), sizeof(std::uint32_t)));
@@ -215,7 +215,7 @@ class GpuNullController {
     const std::uint32_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
     const std::uint32_t threads = (warps < kWarpsPerBlock ? warps : kWarpsPerBlock) * 32;
     warps_ = blocks * (threads / 32);
-    path::gpu::null_controller_kernel<<<blocks, threads, 0, stream_>>>(set.controllers(), set.queue_count(), device_control_, settings);
+    test::null_controller_kernel<<<blocks, threads, 0, stream_>>>(set.controllers(), set.queue_count(), device_control_, settings);
     TUTTI_CUDA_CHECK(cudaGetLastError());
     // Wait (bounded: 5 s) until every controller warp is resident and polling.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -245,8 +245,8 @@ class GpuNullController {
   std::uint32_t warps() const { return warps_; }
 
  private:
-  path::gpu::NullControllerControl* control_ = nullptr;
-  path::gpu::NullControllerControl* device_control_ = nullptr;
+  test::NullControllerControl* control_ = nullptr;
+  test::NullControllerControl* device_control_ = nullptr;
   std::uint32_t* relay_ = nullptr;  ///< the relayed stop word in GPU memory, or null
   cudaStream_t stream_ = nullptr;
   std::uint32_t warps_ = 0;

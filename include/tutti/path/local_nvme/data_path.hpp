@@ -80,6 +80,10 @@ class LocalNvmeDataPath {
   std::uint64_t max_command_bytes() const noexcept { return engine_->max_command_bytes; }
   /// NVMe Abort commands sent so far.
   std::uint64_t aborts_sent() const noexcept { return engine_->aborts_sent.load(); }
+  /// Commands sent again after a retryable NVMe status (nvme::classify: retry, DNR clear; at most
+  /// kMaxCommandAttempts attempts per command, never past its deadline), over every completed
+  /// request so far; each request's share is RequestCompletion::retries. Thread-safe (an atomic).
+  std::uint64_t commands_retried() const noexcept { return engine_->commands_retried.load(); }
   /// Progress kernels launched so far by progress() over all batches (one per step; see
   /// Options::poll_kernel_budget_ns). Thread-safe (an atomic counter).
   std::uint64_t poll_kernel_launches() const noexcept { return engine_->poll_kernel_launches.load(); }
@@ -184,8 +188,7 @@ class LocalNvmeDataPath {
   /// slots have grown to the batch sizes in use). States: OK (accepted), the rejections of
   /// staging.hpp's `rejection`, RESOURCE_EXHAUSTED when max_batches_in_flight batches are alive
   /// (backpressure: every request of the submit is rejected, nothing runs) or a slot cannot grow
-  /// to n requests, the launch's error (UNSUPPORTED from a host-compiled translation unit of the
-  /// CUDA profile), or the wait's error (TIMEOUT / DEVICE_ERROR: the slot is then abandoned to the
+  /// to n requests, the launch's error (DEVICE_ERROR when CUDA refuses it), or the wait's error (TIMEOUT / DEVICE_ERROR: the slot is then abandoned to the
   /// kernel, never reused or freed, and stays counted in max_batches_in_flight).
   batch submit(std::span<const PathRequest<LocalNvmeDataPath>> requests, std::span<Status> states) {
     const std::size_t n = requests.size();
@@ -355,6 +358,7 @@ class LocalNvmeDataPath {
           continue;
         }
         completions[i] = completion_of(e, slot.staged[i], report, i, *slot.signals[i]);
+        e.commands_retried.fetch_add(report.retries, std::memory_order_relaxed);
         slot.reported[i] = 1;
         any_new = true;
       }

@@ -46,6 +46,9 @@ struct Engine {
   std::atomic<std::uint64_t> next_queue{0};
   ZombieList zombies;
   std::atomic<std::uint64_t> aborts_sent{0};
+  /// Commands sent again after a retryable status (kernels.hpp, may_retry), counted when their
+  /// request's completion is reported.
+  std::atomic<std::uint64_t> commands_retried{0};
   std::atomic<std::uint64_t> poll_kernel_launches{0};
   std::shared_ptr<BatchPool> pool = std::make_shared<BatchPool>();
   std::shared_ptr<TargetCache> target_cache;  ///< shared with open targets and live batches
@@ -91,6 +94,11 @@ struct Engine {
       return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the kernels' queue views");
     }
     for (std::size_t i = 0; i < engine->queues.size(); ++i) engine->device_queues[i] = engine->queues[i]->device();
+    // Admission (docs/local-nvme.md): a request takes min(its commands, request_window) credits in
+    // one step and a queue pair never has more than depth - 1, so a larger window could never be
+    // admitted ("resubmit later" forever). The window adapts to what the queues can ever give.
+    for (const auto& q : engine->queues)
+      engine->options.request_window = std::min(engine->options.request_window, q->info.depth - 1);
     return Result<std::unique_ptr<Engine>>(std::move(engine));
   }
 

@@ -1,21 +1,25 @@
 // The local_nvme DataPath's per-request device work, written as kernel functions over
-// tutti/accel/ primitives and tutti/nvme/queue.hpp, so the same code runs on host threads (host
-// profile, accel::launch on the HostThreadPool) and on GPU threads (CUDA profile, launched from
-// code nvcc compiles; the batch's RequestState, CommandRecord and RequestReport arrays then live
-// in device memory, as are the registration's page tables and the target handle cache's L1; the
-// extents' L2 copy and the queue state are in mapped pinned host memory).
+// tutti/accel/ primitives and the warp submission protocol (tutti/nvme/warp_queue.hpp), so the
+// same code runs on host threads (host profile, accel::launch on the HostThreadPool) and on GPU
+// threads (CUDA profile, launched by libtutti_cuda: path/local_nvme/launch.hpp; the batch's
+// RequestState, CommandRecord and RequestReport arrays then live in device memory, as do the
+// registration's page tables and the target handle cache's L1; the extents' L2 copy and the queue
+// state are in mapped pinned host memory).
 //
 // One logical thread owns one request; the queue work is warp-collective (accel/warp.hpp; on the
 // host a warp is one lane):
 //  - AdmitKernel (the submit kernel): admit_request resolves the request's first LBAs by binary
-//    search over the target's extents, counts the commands it needs up to its window, takes that
-//    many credits from its queue (backpressure: RESOURCE_EXHAUSTED when the queue lacks them);
-//    then warp_issue_commands issues the warp's first commands (one SQ reservation and one
-//    doorbell write per queue pair and warp);
-//  - PollKernel (the progress kernel): warp_reap reaps the warp's CQs by Phase Tag; poll_request
-//    takes the request's completions and marks commands past their deadline as timed out (the
-//    host then sends NVMe Abort); warp_issue_commands issues further commands while bytes remain;
-//    finish_if_idle marks the request done when nothing of it is in flight.
+//    search over the target's extents, counts the commands it needs up to its window (at most the
+//    queue's depth - 1: create adapts it), takes that many credits from its queue (backpressure:
+//    RESOURCE_EXHAUSTED when other requests hold them); then warp_issue_commands issues the warp's
+//    first commands through nvme::warp_submit (one SQ reservation and one doorbell write per queue
+//    pair and warp);
+//  - PollKernel (the progress kernel): warp_reap (nvme::warp_reap) reaps the warp's CQs by Phase
+//    Tag; poll_request takes the request's completions, sends a command whose status is retryable
+//    (nvme::classify, DNR clear) again while it has attempts and time left (may_retry), fails the
+//    request on any other error, and marks commands past their deadline as timed out (the host
+//    then sends NVMe Abort); warp_issue_commands issues retries and further commands while bytes
+//    remain; finish_if_idle marks the request done when nothing of it is in flight.
 // Clocks: every deadline is set and compared by the kernels with accel::timer_ns() (on a GPU,
 // %globaltimer, which is not the host's clock); the host never writes the kernels' state: it
 // reads each request's RequestReport after a kernel, sends the Abort for records marked
@@ -36,12 +40,18 @@
 #include <tutti/nvme/commands.hpp>
 #include <tutti/nvme/opcodes.hpp>
 #include <tutti/nvme/queue.hpp>
+#include <tutti/nvme/status.hpp>
+#include <tutti/nvme/warp_queue.hpp>
 #include <tutti/path/local_nvme/prp_table.hpp>
 
 namespace tutti::local_nvme {
 
 /// Most commands one request keeps in flight at once (its window), and thus credits it holds.
 inline constexpr std::uint32_t kMaxWindow = 64;
+/// Most SQEs one command is sent as: the first attempt and at most two retries (docs/local-nvme.md,
+/// "Retries"). A command completed with a status nvme::classify calls retry (DNR clear) is sent
+/// again while it has attempts left and its deadline has not passed.
+inline constexpr std::uint32_t kMaxCommandAttempts = 3;
 
 /// The device-resident target handle: what a submitting thread needs of an open file.
 struct DeviceTarget {
@@ -58,28 +68,32 @@ struct DeviceTarget {
 /// One queue pair as the kernels see it: the ring view and its credit counter.
 struct DeviceQueue {
   nvme::QueuePair queue;          ///< rings, doorbells, CID slots (nvme/queue.hpp)
-  std::uint32_t* credits = nullptr;  ///< free command credits (<= depth - 1); system-scope atomic
+  std::uint32_t* credits = nullptr;  ///< free command credits (<= depth - 1); nvme::kSubmitterScope atomic
 };
 
 /// Per-command bookkeeping inside a request's window.
-enum class CommandPhase : std::uint32_t {
+enum class CommandPhase : std::uint8_t {
   free = 0,        ///< record unused
   in_flight = 1,   ///< SQE submitted, completion pending, deadline = issue time + command timeout
   timed_out = 2,   ///< deadline passed: the host sends an NVMe Abort (Base 2.0, 5.1) before the next poll
   abort_sent = 3,  ///< Abort sent (set by the next poll); deadline = that poll's time + abort timeout
   zombie = 4,      ///< no completion even after Abort: handed to the DataPath's zombie list
+  retry = 5,       ///< completed with a retryable status (DNR clear): sent again by the next issue step
 };
 
-/// One NVMe command of a request: where it reads or writes, its CID and deadline. 40 bytes,
-/// trivially copyable; `max_window` of them per request live in the batch.
+/// One NVMe command of a request: where it reads or writes, its CID, deadline and attempts. 40
+/// bytes, trivially copyable; `max_window` of them per request live in the batch.
 struct CommandRecord {
-  std::uint64_t deadline_ns = 0;   ///< accel::timer_ns() value after which the command is late
+  std::uint64_t deadline_ns = 0;   ///< accel::timer_ns() value after which the command is late (kept across retries)
   std::uint64_t starting_lba = 0;  ///< SLBA (CDW10-11), LBAs of the namespace
   std::uint64_t bytes = 0;         ///< bytes the command transfers (NLB + 1 LBAs; 0 for Flush)
   std::uint64_t file_offset = 0;   ///< file byte the command starts at (for messages)
-  std::uint16_t cid = 0;           ///< Command Identifier with generation (nvme/queue.hpp)
+  std::uint16_t cid = 0;           ///< Command Identifier with generation of the latest attempt (nvme/queue.hpp)
+  std::uint8_t attempts = 0;       ///< SQEs sent for this command so far (1..kMaxCommandAttempts)
   CommandPhase phase = CommandPhase::free;
+  std::uint16_t last_status = 0;   ///< SCT << 8 | SC of the latest attempt's completion (0 before one)
 };
+static_assert(sizeof(CommandRecord) == 40);
 
 /// Outcome codes a kernel records (the host turns them into Status messages).
 enum class RequestOutcome : std::uint32_t {
@@ -87,7 +101,6 @@ enum class RequestOutcome : std::uint32_t {
   rejected_backpressure = 1,  ///< not accepted: queue credits exhausted
   rejected_alignment = 2,     ///< not accepted: offset/length not LBA aligned (and not the tail)
   rejected_memory_room = 3,   ///< not accepted: the tail's whole last LBA does not fit in memory
-  rejected_window = 4,        ///< not accepted: queue too shallow for even one command
   nvme_error = 5,             ///< a command completed with an NVMe error status
   timed_out = 6,              ///< a command missed its deadline (aborted, or zombie)
   controller_fatal = 7,       ///< CSTS.CFS or device gone while commands were in flight
@@ -121,6 +134,8 @@ struct RequestState {
   std::uint32_t in_flight = 0;
   std::uint32_t commands = 0;         ///< commands issued so far
   std::uint32_t zombies = 0;          ///< commands handed off without a completion
+  std::uint32_t retries = 0;          ///< SQEs sent again after a retryable status (kMaxCommandAttempts)
+  std::uint32_t pending_retries = 0;  ///< records in phase retry (sent by the next issue step)
   std::uint16_t nvme_status = 0;      ///< SCT << 8 | SC of the first failed command
   bool flush_issued = false;
   bool accepted = false;
@@ -141,6 +156,7 @@ struct RequestReport {
   std::uint64_t failed_file_offset = 0;  ///< RequestState::failed_file_offset
   std::uint32_t commands = 0;            ///< RequestState::commands
   std::uint32_t zombies = 0;             ///< RequestState::zombies
+  std::uint32_t retries = 0;             ///< RequestState::retries
   /// Records in phase timed_out (the host sends NVMe Abort) or zombie (the host takes them over):
   /// when non-zero the host copies this request's records back. The next poll kernel takes both
   /// phases as handled (timed_out -> abort_sent, zombie -> free): the host handles every such
@@ -157,7 +173,7 @@ namespace detail {
 
 /// Takes n command credits of a queue pair with one CAS loop; false (nothing taken) when fewer remain.
 TUTTI_HOST_DEVICE inline bool take_credits(std::uint32_t* credits, std::uint32_t n) noexcept {
-  accel::SystemAtomicRef<std::uint32_t> c(*credits);
+  nvme::SubmitterAtomic<std::uint32_t> c(*credits);  // shared only by the queue's submitters
   std::uint32_t current = c.load(accel::MemoryOrder::relaxed);
   while (current >= n)
     if (c.compare_exchange_strong(current, current - n, accel::MemoryOrder::acq_rel)) return true;
@@ -165,7 +181,7 @@ TUTTI_HOST_DEVICE inline bool take_credits(std::uint32_t* credits, std::uint32_t
 }
 /// Gives n credits back (completed commands, or a zombie whose completion finally arrived).
 TUTTI_HOST_DEVICE inline void return_credits(std::uint32_t* credits, std::uint32_t n) noexcept {
-  accel::SystemAtomicRef<std::uint32_t>(*credits).fetch_add(n, accel::MemoryOrder::acq_rel);
+  nvme::SubmitterAtomic<std::uint32_t>(*credits).fetch_add(n, accel::MemoryOrder::acq_rel);
 }
 
 /// The target's file changed under local_nvme (the host set DeviceTarget::changed): issue nothing more.
@@ -189,20 +205,54 @@ TUTTI_HOST_DEVICE inline bool split_at(const RequestState& r, std::uint64_t offs
   return true;
 }
 
-/// The commands a request can issue now: as many as free records and remaining bytes allow. Fills
-/// `sqes` (CID not yet set) and `record_of` (the record of each) and returns their count; nothing
-/// of the request changes except r.outcome on a planning error (no_extent, prp_error: the
-/// commands planned before it are still returned) or when its target changed (target_changed:
-/// nothing is planned). The records' fields are filled, their phase
-/// stays free until commit_commands. Nothing to issue for a request that is done, not accepted or
-/// failed.
+/// The SQE of a read or write piece: `bytes` at file byte `offset` (memory at the same distance
+/// from the request's start), SLBA `slba`. Returns false, with r.outcome set, when the memory
+/// range lies outside the registration (prp_error).
 /// SQEs: Read (NVM Command Set 1.0, 3.2.4) / Write (3.2.6) with SLBA in CDW10-11, NLB 0's based in
 /// CDW12 15:0, PRP1/PRP2 (Base 2.0, 4.3.1); Flush (NVM 1.0, 3.2.2; Base 2.0, 7.1) has no data.
+TUTTI_HOST_DEVICE inline bool build_sqe(RequestState& r, std::uint64_t offset, std::uint64_t bytes, std::uint64_t slba,
+                                        nvme::SubmissionQueueEntry& sqe) noexcept {
+  sqe = nvme::SubmissionQueueEntry{};
+  sqe.opcode = static_cast<std::uint8_t>(r.opcode);
+  sqe.nsid = r.target.nsid;
+  if (r.opcode == nvme::NvmOpcode::flush) return true;
+  const nvme::PrpBuild prp = r.memory.lookup(r.memory_offset + (offset - r.target_offset), bytes);
+  if (prp.status != StatusCode::OK) {
+    r.outcome = RequestOutcome::prp_error;
+    r.failed_file_offset = offset;
+    return false;
+  }
+  sqe.set_data_pointer_kind(nvme::DataPointerKind::prp);
+  sqe.data_pointer.prp.prp1 = prp.prp1;
+  sqe.data_pointer.prp.prp2 = prp.prp2;
+  sqe.cdw10 = static_cast<std::uint32_t>(slba);
+  sqe.cdw11 = static_cast<std::uint32_t>(slba >> 32);
+  sqe.cdw12 = nvme::ReadWriteFields::NLB::encode(0, static_cast<std::uint32_t>(bytes / r.target.lba_size - 1));
+  return true;
+}
+
+/// The commands a request can issue now: first every command waiting for a retry (phase retry,
+/// its SQE rebuilt from its record), then new pieces, as many as free records and remaining bytes
+/// allow. Fills `sqes` (CID not yet set) and `record_of` (the record of each) and returns their
+/// count; nothing of the request changes except r.outcome on a planning error (no_extent,
+/// prp_error: the commands planned before it are still returned) or when its target changed
+/// (target_changed: nothing is planned), and the fields of free records (their phase stays free
+/// until commit_commands). Nothing to issue for a request that is done, not accepted or failed.
 TUTTI_HOST_DEVICE inline std::uint32_t plan_commands(RequestState& r, nvme::SubmissionQueueEntry* sqes, std::uint32_t* record_of,
                                                      std::uint64_t& planned_bytes) noexcept {
   planned_bytes = r.issued_bytes;
   if (r.done || !r.accepted || r.outcome != RequestOutcome::ok) return 0;
   std::uint32_t n = 0;
+  if (r.pending_retries != 0 && target_changed(r.target)) {
+    r.outcome = RequestOutcome::target_changed;  // no retry either: what is in flight drains
+    return 0;
+  }
+  for (std::uint32_t k = 0; k < r.window && r.pending_retries != 0; ++k) {
+    CommandRecord& rec = r.records[k];
+    if (rec.phase != CommandPhase::retry) continue;
+    if (!build_sqe(r, rec.file_offset, rec.bytes, rec.starting_lba, sqes[n])) return n;
+    record_of[n++] = k;
+  }
   std::uint64_t planned = r.issued_bytes;
   const bool is_flush = r.opcode == nvme::NvmOpcode::flush;
   for (std::uint32_t k = 0; k < r.window && n < kMaxWindow; ++k) {
@@ -213,47 +263,30 @@ TUTTI_HOST_DEVICE inline std::uint32_t plan_commands(RequestState& r, nvme::Subm
       r.outcome = RequestOutcome::target_changed;  // what is in flight drains; finish_if_idle ends the request
       return 0;
     }
-    nvme::SubmissionQueueEntry sqe{};
-    sqe.opcode = static_cast<std::uint8_t>(r.opcode);
-    sqe.nsid = r.target.nsid;
     CommandRecord& rec = r.records[k];
     rec = CommandRecord{};
-    if (!is_flush) {
-      std::uint64_t bytes = 0, slba = 0;
-      const std::uint64_t offset = r.target_offset + planned;
-      if (!split_at(r, offset, r.transfer_length - planned, bytes, slba)) {
-        r.outcome = RequestOutcome::no_extent;
-        r.failed_file_offset = offset;
-        break;
-      }
-      const nvme::PrpBuild prp = r.memory.lookup(r.memory_offset + planned, bytes);
-      if (prp.status != StatusCode::OK) {
-        r.outcome = RequestOutcome::prp_error;
-        r.failed_file_offset = offset;
-        break;
-      }
-      sqe.set_data_pointer_kind(nvme::DataPointerKind::prp);
-      sqe.data_pointer.prp.prp1 = prp.prp1;
-      sqe.data_pointer.prp.prp2 = prp.prp2;
-      sqe.cdw10 = static_cast<std::uint32_t>(slba);
-      sqe.cdw11 = static_cast<std::uint32_t>(slba >> 32);
-      sqe.cdw12 = nvme::ReadWriteFields::NLB::encode(0, static_cast<std::uint32_t>(bytes / r.target.lba_size - 1));
-      rec.starting_lba = slba;
-      rec.bytes = bytes;
-      rec.file_offset = offset;
-      planned += bytes;
+    std::uint64_t bytes = 0, slba = 0;
+    const std::uint64_t offset = r.target_offset + planned;
+    if (!is_flush && !split_at(r, offset, r.transfer_length - planned, bytes, slba)) {
+      r.outcome = RequestOutcome::no_extent;
+      r.failed_file_offset = offset;
+      break;
     }
-    sqes[n] = sqe;
-    record_of[n] = k;
-    ++n;
+    if (!build_sqe(r, offset, bytes, slba, sqes[n])) break;
+    rec.starting_lba = slba;
+    rec.bytes = bytes;
+    rec.file_offset = is_flush ? 0 : offset;
+    planned += bytes;
+    record_of[n++] = k;
   }
   planned_bytes = planned;
   return n;
 }
 
 /// Puts n planned commands into the SQ slots [ticket, ticket + n) reserved for them: a CID each,
-/// the SQE written (its slot's ready word set), the record in flight with its deadline. The
-/// caller rings the SQ tail doorbell afterwards.
+/// the SQE written (its slot's ready word set), the record in flight. A new command's deadline
+/// starts now; a retried one keeps its first attempt's deadline. The caller rings the SQ tail
+/// doorbell afterwards.
 TUTTI_HOST_DEVICE inline void commit_commands(RequestState& r, const DeviceQueue& q, nvme::SubmissionQueueEntry* sqes,
                                               const std::uint32_t* record_of, std::uint32_t n, std::uint64_t ticket,
                                               std::uint64_t planned_bytes) noexcept {
@@ -264,63 +297,60 @@ TUTTI_HOST_DEVICE inline void commit_commands(RequestState& r, const DeviceQueue
     (void)q.queue.allocate_command_identifier(cid);
     sqes[i].command_identifier = cid;
     CommandRecord& rec = r.records[record_of[i]];
+    if (rec.phase == CommandPhase::retry) {
+      --r.pending_retries;
+      ++r.retries;
+    } else {
+      rec.deadline_ns = now + r.command_timeout_ns;
+      ++r.commands;
+    }
     rec.cid = cid;
-    rec.deadline_ns = now + r.command_timeout_ns;
+    ++rec.attempts;
     rec.phase = CommandPhase::in_flight;
     q.queue.write_submission(ticket + i, sqes[i]);
   }
   r.in_flight += n;
-  r.commands += n;
   r.issued_bytes = planned_bytes;
   if (r.opcode == nvme::NvmOpcode::flush) r.flush_issued = true;
 }
 
-/// Issues what plan_commands allows, warp-cooperatively (accel/warp.hpp; warp-collective: every
-/// lane of the warp calls it convergently, with its request or nullptr). Lanes whose requests use
-/// the same queue pair form a group: the group's last lane reserves the run of SQ slots for all
-/// of the group's commands with ONE atomic (reserve_submission_slots), each lane writes its own
-/// SQEs at its prefix-sum offset in the run, and after a warp barrier the warp rings that queue's
-/// SQ tail doorbell ONCE for the run (nvme::warp_ring_submission_doorbell; NVMe Base 2.0, 3.3.1:
-/// the tail doorbell announces every entry before it). Groups are served one after the other
-/// (one group per warp when the DataPath gives a warp's requests one queue pair). When the run
-/// does not fit in the SQ (credits make this rare), the group issues nothing now: the next poll
-/// plans again. Host profile: a warp is one lane, so this is reserve, write, ring for one request.
+/// The kernels' view of queue pair i, for the warp protocol (nvme/warp_queue.hpp).
+struct QueueOfDeviceQueues {
+  const DeviceQueue* queues;
+  TUTTI_HOST_DEVICE const nvme::QueuePair& operator()(std::uint32_t i) const noexcept { return queues[i].queue; }
+};
+
+/// Issues what plan_commands allows through the one warp submission protocol (nvme::warp_submit;
+/// warp-collective: every lane of the warp calls it convergently, with its request or nullptr):
+/// lanes whose requests use the same queue pair share ONE SQ reservation and ONE SQ tail doorbell
+/// write; each lane's commands get their CIDs and SQEs at its prefix-sum offset (commit_commands).
+/// When the SQ lacks room for the run (credits make this rare: they bound the commands of every
+/// request on a queue pair by depth - 1), the lanes issue nothing now and the next poll plans
+/// again. Host profile: a warp is one lane, so this is reserve, write, ring for one request.
 TUTTI_HOST_DEVICE inline void warp_issue_commands(RequestState* r, const DeviceQueue* queues) noexcept {
   nvme::SubmissionQueueEntry sqes[kMaxWindow];
   std::uint32_t record_of[kMaxWindow];
   std::uint64_t planned_bytes = 0;
   const std::uint32_t n = r != nullptr ? plan_commands(*r, sqes, record_of, planned_bytes) : 0;
   const std::uint32_t queue_index = r != nullptr ? r->queue_index : 0;
-  const std::uint32_t lane = accel::lane_id();
-  std::uint32_t pending = accel::warp_ballot(n != 0);
-  while (pending != 0) {
-    const std::uint32_t selected = accel::warp_broadcast(queue_index, accel::lowest_lane(pending));
-    const bool member = n != 0 && queue_index == selected && ((pending >> lane) & 1u) != 0;
-    const std::uint32_t group = accel::warp_ballot(member);
-    const std::uint32_t inclusive = accel::warp_inclusive_sum(member ? n : 0);
-    const std::uint32_t last = accel::highest_lane(group);
-    const std::uint32_t total = accel::warp_broadcast(inclusive, last);
-    const DeviceQueue& q = queues[selected];
-    std::uint64_t ticket = 0;
-    std::uint32_t reserved = 0;
-    if (lane == last) reserved = q.queue.reserve_submission_slots(total, ticket) ? 1u : 0u;  // ONE atomic for the run
-    reserved = accel::warp_broadcast(reserved, last);
-    ticket = accel::warp_broadcast(ticket, last);
-    if (reserved != 0) {
-      if (member) commit_commands(*r, q, sqes, record_of, n, ticket + (inclusive - n), planned_bytes);
-      accel::warp_sync();  // every SQE of the run written (ready words set) before the doorbell
-      nvme::warp_ring_submission_doorbell(q.queue);  // ONE SQ tail doorbell write for the run
-    }
-    pending &= ~group;
-  }
+  nvme::warp_submit(QueueOfDeviceQueues{queues}, queue_index, n, [&](std::uint64_t first_ticket) {
+    commit_commands(*r, queues[queue_index], sqes, record_of, n, first_ticket, planned_bytes);
+  });
 }
 
 /// Marks the request done when nothing of it is in flight and it issued everything (or failed),
-/// returning its credits except those of zombie commands.
+/// returning its credits except those of zombie commands. A failed request drops the retries it
+/// has not sent (it issues nothing more).
 TUTTI_HOST_DEVICE inline void finish_if_idle(RequestState& r, const DeviceQueue& q) noexcept {
   if (r.in_flight != 0 || r.done) return;
-  const bool all_issued = r.opcode == nvme::NvmOpcode::flush ? r.flush_issued : r.issued_bytes >= r.transfer_length;
-  if (r.outcome == RequestOutcome::ok && !all_issued) return;
+  if (r.outcome == RequestOutcome::ok) {
+    const bool all_issued = r.opcode == nvme::NvmOpcode::flush ? r.flush_issued : r.issued_bytes >= r.transfer_length;
+    if (!all_issued || r.pending_retries != 0) return;
+  } else if (r.pending_retries != 0) {
+    for (std::uint32_t k = 0; k < r.window; ++k)
+      if (r.records[k].phase == CommandPhase::retry) r.records[k].phase = CommandPhase::free;
+    r.pending_retries = 0;
+  }
   // Zombie commands keep their credit until their completion arrives (the DataPath returns it).
   return_credits(q.credits, r.window - r.zombies);
   r.window = 0;
@@ -375,6 +405,19 @@ TUTTI_HOST_DEVICE inline void admit_request(RequestState& r, const DeviceQueue& 
   r.accepted = true;
 }
 
+/// Whether a command that completed with `status` is sent again (NVMe Base 2.0, 4.2.3 "Status
+/// Field": a status with DNR clear may succeed if the same command is resubmitted): nvme::classify
+/// says retry (a transient status, DNR clear), the command was not aborted by us (an Abort's
+/// answer ends it), it has attempts left (kMaxCommandAttempts in all) and its deadline (first
+/// attempt + command_timeout_ns) has not passed, and the request has not failed. CRD (Command
+/// Retry Delay) is always 00b here: the host never enables Advanced Command Retry (Host Behavior
+/// Support, Base 2.0, 5.27.1.18), so the retry goes out at once.
+TUTTI_HOST_DEVICE inline bool may_retry(const RequestState& r, const CommandRecord& rec, nvme::StatusField status,
+                                        std::uint64_t now) noexcept {
+  return nvme::classify(status) == nvme::StatusDisposition::retry && rec.phase == CommandPhase::in_flight &&
+         rec.attempts < kMaxCommandAttempts && now < rec.deadline_ns && r.outcome == RequestOutcome::ok;
+}
+
 /// The progress kernel's per-request step, after the warp reaped the CQ: takes this request's
 /// completions, marks commands past their deadline. `now` from accel::timer_ns() on the side the
 /// kernel runs (the clock the deadlines were set with). `check_controller`: also read CSTS (an
@@ -400,19 +443,39 @@ TUTTI_HOST_DEVICE inline void poll_request(RequestState& r, const DeviceQueue& q
   for (std::uint32_t k = 0; k < r.window; ++k) {
     CommandRecord& rec = r.records[k];
     if (rec.phase == CommandPhase::free || rec.phase == CommandPhase::zombie) continue;
+    if (rec.phase == CommandPhase::retry) {
+      // Waiting to be sent again (the SQ had no room in the last issue step). Past its deadline it
+      // fails with the status that asked for the retry: a retry never outlives the deadline.
+      if (now >= rec.deadline_ns) {
+        rec.phase = CommandPhase::free;
+        --r.pending_retries;
+        if (r.outcome == RequestOutcome::ok) {
+          r.outcome = RequestOutcome::nvme_error;
+          r.nvme_status = rec.last_status;
+          r.failed_lba = rec.starting_lba;
+          r.failed_file_offset = rec.file_offset;
+        }
+      }
+      continue;
+    }
     nvme::CompletionQueueEntry cqe{};
     if (q.queue.take_completion(rec.cid, cqe)) {
       const nvme::StatusField status = cqe.status();
+      rec.last_status = static_cast<std::uint16_t>(status.status_code_type() << 8 | status.status_code());
+      --r.in_flight;
       if (status.success()) {
         r.confirmed_bytes += rec.bytes;
+      } else if (may_retry(r, rec, status, now)) {
+        rec.phase = CommandPhase::retry;  // the issue step of this pass sends it again
+        ++r.pending_retries;
+        continue;
       } else if (r.outcome == RequestOutcome::ok) {
         r.outcome = rec.phase == CommandPhase::abort_sent ? RequestOutcome::timed_out : RequestOutcome::nvme_error;
-        r.nvme_status = static_cast<std::uint16_t>(status.status_code_type() << 8 | status.status_code());
+        r.nvme_status = rec.last_status;
         r.failed_lba = rec.starting_lba;
         r.failed_file_offset = rec.file_offset;
       }
       rec.phase = CommandPhase::free;
-      --r.in_flight;
       continue;
     }
     if (rec.phase == CommandPhase::in_flight && now >= rec.deadline_ns) {
@@ -435,7 +498,7 @@ TUTTI_HOST_DEVICE inline void poll_request(RequestState& r, const DeviceQueue& q
     // stays mapped until the queue is deleted) and the request fails.
     for (std::uint32_t k = 0; k < r.window; ++k) {
       CommandRecord& rec = r.records[k];
-      if (rec.phase == CommandPhase::free || rec.phase == CommandPhase::zombie) continue;
+      if (rec.phase == CommandPhase::free || rec.phase == CommandPhase::zombie || rec.phase == CommandPhase::retry) continue;
       rec.phase = CommandPhase::zombie;
       --r.in_flight;
       ++r.zombies;
@@ -463,6 +526,7 @@ TUTTI_HOST_DEVICE inline void write_report(const RequestState& r, RequestReport&
   report.failed_file_offset = r.failed_file_offset;
   report.commands = r.commands;
   report.zombies = r.zombies;
+  report.retries = r.retries;
   report.needs_host = records_needing_host(r);
   report.outcome = r.outcome;
   report.nvme_status = r.nvme_status;
@@ -472,17 +536,11 @@ TUTTI_HOST_DEVICE inline void write_report(const RequestState& r, RequestReport&
 }
 
 /// Reaps the CQs of the warp's requests (warp-collective; `r` null for lanes without a pending
-/// request): lanes are grouped by queue pair and the warp reaps each group's CQ together by Phase
-/// Tag with ONE CQ head doorbell write per reaped batch (nvme::warp_reap_completions).
+/// request): nvme::warp_reap, lanes grouped by queue pair, ONE CQ head doorbell write per reaped
+/// batch.
 TUTTI_HOST_DEVICE inline void warp_reap(const RequestState* r, const DeviceQueue* queues) noexcept {
   const bool waiting = r != nullptr && r->accepted && !r->done;
-  const std::uint32_t queue_index = waiting ? r->queue_index : 0;
-  std::uint32_t pending = accel::warp_ballot(waiting);
-  while (pending != 0) {
-    const std::uint32_t selected = accel::warp_broadcast(queue_index, accel::lowest_lane(pending));
-    nvme::warp_reap_completions(queues[selected].queue);
-    pending &= ~accel::warp_ballot(waiting && queue_index == selected);
-  }
+  (void)nvme::warp_reap(detail::QueueOfDeviceQueues{queues}, waiting ? r->queue_index : 0, waiting);
 }
 
 /// The submit kernel: logical thread i admits request i of `requests` (count entries) on

@@ -1,7 +1,15 @@
 // How the local_nvme DataPath launches its kernels (AdmitKernel, PollKernel: kernels.hpp) and
-// bounds its waits for them. Every launch is enqueued on Options::stream (accel::launch:
-// accel/launch_host.hpp in the host profile, accel/launch_cuda.hpp from code nvcc compiles in the
-// CUDA profile); every wait for it is accel::synchronize with kernel_wait_bound_ns.
+// bounds its waits for them. Every launch is enqueued on Options::stream; every wait for it is
+// accel::synchronize with kernel_wait_bound_ns.
+//
+// ONE definition of each launch per program (accel/config.hpp, TUTTI_PROFILE_NAMESPACE), whichever
+// compiler builds the caller, chosen by accel::kProfile in launch_over:
+//   host profile  accel::launch on the HostThreadPool (inline, header-only);
+//   cuda profile  launch_kernel, declared here and defined once in libtutti_cuda
+//                 (src/cuda/local_nvme_launch.cu, compiled by nvcc), so host-compiled (.cpp) and
+//                 nvcc-compiled (.cu) users of the DataPath in one program launch the same GPU
+//                 kernels (as liburing keeps its slow paths in queue.c and its fast paths inline in
+//                 liburing.h). The host profile never calls (or defines) launch_kernel.
 // Units: ns. Thread-safety: reentrant (the stream orders the work).
 #pragma once
 
@@ -9,11 +17,23 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <tutti/accel/config.hpp>
 #include <tutti/accel/primitives.hpp>
 #include <tutti/core/status.hpp>
+#include <tutti/path/local_nvme/kernels.hpp>
 #include <tutti/path/local_nvme/options.hpp>
 
 namespace tutti::local_nvme {
+inline namespace TUTTI_PROFILE_NAMESPACE {
+
+/// cuda profile: one launch of the submit kernel (AdmitKernel) or the progress kernel (PollKernel)
+/// over config.blocks x config.threads_per_block logical threads, on config.stream, asynchronous
+/// (wait with accel::synchronize). Errors: INVALID_ARGUMENT for an empty grid, DEVICE_ERROR when
+/// CUDA refuses the launch (with its error text). Defined in libtutti_cuda only.
+Status launch_kernel(const accel::LaunchConfig& config, const AdmitKernel& kernel);
+Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel);
+
+}  // namespace TUTTI_PROFILE_NAMESPACE
 
 /// How long a wait for work just enqueued on Options::stream may take, ns: command_timeout_ns
 /// plus the polling budget of `poll_kernels` poll kernels of this DataPath queued ahead of it
@@ -26,16 +46,19 @@ inline std::uint64_t kernel_wait_bound_ns(const Options& options, std::uint64_t 
 }
 
 /// One launch of `kernel` (AdmitKernel / PollKernel: they skip threads at or past n) over n
-/// logical threads, Options::threads_per_block per block, on Options::stream. Errors: the
-/// launch's (UNSUPPORTED from a host-compiled translation unit of the CUDA profile,
-/// DEVICE_ERROR).
+/// logical threads, Options::threads_per_block per block, on Options::stream. Errors: the launch's
+/// (INVALID_ARGUMENT for an empty grid; DEVICE_ERROR when CUDA refuses it).
 template <class Kernel>
 Status launch_over(const Options& options, std::size_t n, const Kernel& kernel) {
   if (n == 0) return Status::success();
   const std::uint32_t tpb = options.threads_per_block;
   const accel::LaunchConfig config{static_cast<std::uint32_t>((n + tpb - 1) / tpb), tpb,
                                    options.stream.native_handle()};
-  return accel::launch(config, kernel);
+  if constexpr (accel::kProfile == accel::Profile::cuda) {
+    return launch_kernel(config, kernel);  // libtutti_cuda
+  } else {
+    return accel::launch(config, kernel);  // the host profile's inline launch
+  }
 }
 
 /// Takes one poll launch off the DataPath's count of poll kernels in flight when its wait is over.

@@ -51,6 +51,10 @@ struct Options {
   /// Budget of each admin command (Abort), ns.
   std::uint64_t admin_timeout_ns = kDefaultAdminTimeoutNs;
   /// Commands one request keeps in flight at once (1..kMaxWindow); more are issued as they complete.
+  /// A request takes this many queue credits at once (or fewer when it needs fewer commands), and a
+  /// queue pair has depth - 1 credits in all: create lowers a larger value to the smallest created
+  /// queue's depth - 1, so every request can be admitted on an idle queue pair (docs/local-nvme.md,
+  /// "Admission"); options() then reports the lowered value.
   std::uint32_t request_window = kDefaultRequestWindow;
   /// Logical threads (requests) per block of the submit and poll launches; in the CUDA profile a
   /// multiple of 32 (whole warps).

@@ -3,7 +3,7 @@
 // flight: Base 2.0, 3.3.1.5, a full queue has one empty slot), and the kernels' view of both
 // (DeviceQueue, kernels.hpp).
 // Units: entries and commands. Thread-safety: created once by create(); the queue memory then
-// follows nvme/queue.hpp's rules, credits are system-scope atomics.
+// follows nvme/queue.hpp's rules, credits are nvme::kSubmitterScope atomics.
 #pragma once
 
 #include <cstdint>

@@ -106,6 +106,7 @@ inline RequestCompletion completion_of(const Engine& engine, const RequestState&
   c.request_index = i;
   c.done = true;
   c.commands = report.commands;
+  c.retries = report.retries;
   c.device_status = report.nvme_status;
   c.confirmed_bytes = std::min(report.confirmed_bytes, r.length);
   const Queue& q = *engine.queues[r.queue_index];

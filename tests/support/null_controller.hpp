@@ -27,9 +27,9 @@
 
 #include <tutti/accel/primitives.hpp>
 #include <tutti/nvme/commands.hpp>
-#include <tutti/path/gpu/warp.hpp>
+#include <tutti/accel/warp.hpp>
 
-namespace tutti::path::gpu {
+namespace tutti::test {
 
 /// Controller-side state of one queue pair, owned by the servicing warp or thread. Zero-initialise,
 /// then set drop_command (kNoDrop for none). 8-byte aligned.
@@ -119,7 +119,7 @@ struct NullControllerQueue {
   }
 
   /// Advances the controller state past `batch`. One thread, after every post() of the batch is
-  /// done (in a warp: after warp_sync()).
+  /// done (in a warp: after accel::warp_sync()).
   TUTTI_HOST_DEVICE void retire(const Batch& batch) const noexcept {
     if (batch.count == 0) return;
     const std::uint32_t dropped = batch.drop_offset < batch.count ? 1u : 0u;
@@ -132,18 +132,18 @@ struct NullControllerQueue {
   /// One service step by a whole warp (device: 32 lanes post in parallel; host: the thread alone).
   /// Warp-collective (warp.hpp contract). Returns the SQEs consumed (same value in every lane).
   TUTTI_HOST_DEVICE std::uint32_t service(std::uint32_t max_count = 1024) const noexcept {
-    const std::uint32_t lane = lane_id();
-    const std::uint32_t lanes = warp_lanes();
+    const std::uint32_t lane = accel::lane_id();
+    const std::uint32_t lanes = accel::warp_lanes();
     Batch batch;
     if (lane == 0) batch = claim(max_count);
-    batch.sq_head = warp_broadcast(batch.sq_head, 0);
-    batch.cq_tail = warp_broadcast(batch.cq_tail, 0);
-    batch.count = warp_broadcast(batch.count, 0);
-    batch.drop_offset = warp_broadcast(batch.drop_offset, 0);
+    batch.sq_head = accel::warp_broadcast(batch.sq_head, 0);
+    batch.cq_tail = accel::warp_broadcast(batch.cq_tail, 0);
+    batch.count = accel::warp_broadcast(batch.count, 0);
+    batch.drop_offset = accel::warp_broadcast(batch.drop_offset, 0);
     // bar.warp.sync orders lane 0's doorbell read and acquire fence before the other lanes' SQE reads.
-    warp_sync();
+    accel::warp_sync();
     for (std::uint32_t i = lane; i < batch.count; i += lanes) post(batch, i);
-    warp_sync();  // every post() of the batch done before lane 0 retires it
+    accel::warp_sync();  // every post() of the batch done before lane 0 retires it
     if (lane == 0) retire(batch);
     return batch.count;
   }
@@ -175,7 +175,7 @@ TUTTI_HOST_DEVICE inline void run_null_controller(const NullControllerQueue* que
                                                   std::uint32_t first, std::uint32_t stride,
                                                   NullControllerControl* control,
                                                   const NullControllerSettings& settings) noexcept {
-  const std::uint32_t lane = lane_id();
+  const std::uint32_t lane = accel::lane_id();
   if (lane == 0) accel::SystemAtomicRef<std::uint32_t>(control->running_warps).fetch_add(1, accel::MemoryOrder::relaxed);
   const std::uint64_t deadline = accel::deadline_after(settings.budget_ns);
   std::uint64_t next_stop_poll = 0;  // lane 0's: when control->stop is read next
@@ -204,7 +204,7 @@ TUTTI_HOST_DEVICE inline void run_null_controller(const NullControllerQueue* que
       }
       if (leave == 0 && now >= deadline) leave = 2;
     }
-    leave = warp_broadcast(leave, 0);
+    leave = accel::warp_broadcast(leave, 0);
     if (leave == 2 && lane == 0)
       accel::SystemAtomicRef<std::uint32_t>(control->deadline_exits).fetch_add(1, accel::MemoryOrder::relaxed);
     if (leave != 0) return;
@@ -219,10 +219,10 @@ TUTTI_HOST_DEVICE inline void run_null_controller(const NullControllerQueue* que
 /// control->running_warps equals the grid's warp count. blockDim.x: a multiple of 32.
 static __global__ void null_controller_kernel(const NullControllerQueue* queues, std::uint32_t queue_count,
                                        NullControllerControl* control, NullControllerSettings settings) {
-  const std::uint32_t warps_per_block = blockDim.x / kDeviceWarpSize;
-  const std::uint32_t warp = blockIdx.x * warps_per_block + threadIdx.x / kDeviceWarpSize;
+  const std::uint32_t warps_per_block = blockDim.x / accel::kDeviceWarpSize;
+  const std::uint32_t warp = blockIdx.x * warps_per_block + threadIdx.x / accel::kDeviceWarpSize;
   run_null_controller(queues, queue_count, warp, gridDim.x * warps_per_block, control, settings);
 }
 #endif
 
-}  // namespace tutti::path::gpu
+}  // namespace tutti::test
