@@ -27,6 +27,11 @@ if ! pkg-config --exists liburing liburiparser fmt nlohmann_json libxxhash lmdb 
   export PKG_CONFIG_PATH=$tutti_prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$tutti_prefix/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
   export CMAKE_PREFIX_PATH=$tutti_prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
   export LD_LIBRARY_PATH=$tutti_prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # The prefix's headers are system headers, as they are in /usr/include on Debian: GCC then ignores the
+  # -I pkg-config gives for the same folder and reports no warnings from inside fmt (GCC 13 finds
+  # -Wdangling-reference and -Warray-bounds false positives in fmt 9, fatal under -Dwerror=true).
+  export CPLUS_INCLUDE_PATH=$tutti_prefix/usr/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}
+  export C_INCLUDE_PATH=$tutti_prefix/usr/include${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}
   # No pkg-config on the machine: use the carried pkgconf (meson reads $PKG_CONFIG).
   if ! command -v pkg-config >/dev/null && [ -x "$tutti_prefix/usr/bin/pkgconf" ]; then
     export PKG_CONFIG=$tutti_prefix/usr/bin/pkgconf
