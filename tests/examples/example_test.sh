@@ -100,6 +100,7 @@ while IFS= read -r label; do
   esac
   if grep -q "^  device         : " "$dir/out.txt"; then  # cuda build, KV slots in GPU memory: its own baselines
     [ "$label" = "pread 1 thread" ] && label="pread\+memcpy"
+    [ "$label" = "compute" ] && label="GPU compute"
     [ "$label" = "pread [0-9]+ thr" ] && continue
   fi
   grep -qE "^  $label +: " "$dir/out.txt" ||

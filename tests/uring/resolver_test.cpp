@@ -152,7 +152,7 @@ TEST_CASE("an open that cannot get its tail descriptor (EMFILE) fails RESOURCE_E
     opened = resolver.resolve("file://" + path, {.writable = true});
   }
   REQUIRE(opened.code() == StatusCode::RESOURCE_EXHAUSTED);
-  const std::string& message = opened.status().message();
+  const std::string message = opened.status().message();  // a copy: status() returns a temporary
   CHECK(message.find("Too many open files (EMFILE)") != std::string::npos);
   CHECK(message.find("tail descriptor of '" + path + "'") != std::string::npos);
   CHECK(message.find("/proc not mounted") == std::string::npos);
