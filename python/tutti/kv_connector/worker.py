@@ -135,6 +135,12 @@ class Worker:
         if missing:
             raise ConfigError(f"register_kv_caches: no KV cache for layer {missing[0]!r} "
                               f"({len(missing)} of {len(self.layers)} layers missing)")
+        on_gpu = [name for name in self.layers if kv_caches[name].device.type == "cuda"]
+        accelerator = tutti.build_info()["accelerator"]
+        if on_gpu and accelerator != "cuda":
+            raise ConfigError(f"register_kv_caches: layer {on_gpu[0]!r} is a CUDA tensor and this tutti is the "
+                              f"{accelerator} build, which moves host memory only; install the CUDA build: "
+                              "pip install ./python -Csetup-args=-Daccelerator=cuda")
         if self.recorder:
             self.recorder.register(self, kv_caches)
         geometry = [self._geometry(name, kv_caches[name]) for name in self.layers]
