@@ -43,6 +43,24 @@ void* operator new(std::size_t bytes) { return counted_allocation(bytes, alignof
 void* operator new[](std::size_t bytes) { return counted_allocation(bytes, alignof(std::max_align_t)); }
 void* operator new(std::size_t bytes, std::align_val_t a) { return counted_allocation(bytes, static_cast<std::size_t>(a)); }
 void* operator new[](std::size_t bytes, std::align_val_t a) { return counted_allocation(bytes, static_cast<std::size_t>(a)); }
+// The nothrow forms too (memfs allocates its files with new (std::nothrow) T[]): every allocation then comes
+// from malloc and goes back to free, which AddressSanitizer's alloc-dealloc check requires.
+void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
+  try {
+    return counted_allocation(bytes, alignof(std::max_align_t));
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept {
+  try {
+    return counted_allocation(bytes, alignof(std::max_align_t));
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
