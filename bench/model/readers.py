@@ -91,6 +91,10 @@ class _GatedReader:
     """wait_layer / drain over the gates of the current run."""
 
     gates: _LayerGates | None = None
+    label = ""  # the reader's name in a timeout's message
+
+    def wait_layer(self, layer: int) -> None:
+        self.gates.wait(layer, self.timeout_s, self.label)
 
     def drain(self) -> None:
         """After a failed run: waits until every layer is done or the run failed (bounded)."""
@@ -99,6 +103,17 @@ class _GatedReader:
                 self.gates.events[layer].wait(self.timeout_s)
             if getattr(self, "pool", None) is not None:
                 self.pool.idle(self.timeout_s)
+
+
+class _PooledReader(_GatedReader):
+    """A reader whose layers are chunks read by a _ChunkPool (self.pool): one task per chunk of io_bytes."""
+
+    def start(self, blocks: int) -> None:
+        per_layer = [_chunks(blocks, self.slot_bytes, self.io_bytes)] * self.layers
+        self.gates = self.pool.start(self.layers, per_layer)
+
+    def finish(self) -> dict:
+        return {}
 
 
 class _ChunkPool:
@@ -361,10 +376,11 @@ class _CuFileCtypes:
         return "?"
 
 
-class CuFileReader(_GatedReader):
+class CuFileReader(_PooledReader):
     """cuFileRead from `queue_depth` threads into the registered destination tensors."""
 
     name = "cufile"
+    label = "cuFile"
 
     def __init__(self, directory: str, layers: int, slot_bytes: int, io_bytes: int, queue_depth: int,
                  timeout_s: float, config_dir: str):
@@ -445,16 +461,6 @@ class CuFileReader(_GatedReader):
                                   f"{offset + done}")
             done += n
 
-    def start(self, blocks: int) -> None:
-        per_layer = [_chunks(blocks, self.slot_bytes, self.io_bytes)] * self.layers
-        self.gates = self.pool.start(self.layers, per_layer)
-
-    def wait_layer(self, layer: int) -> None:
-        self.gates.wait(layer, self.timeout_s, "cuFile")
-
-    def finish(self) -> dict:
-        return {}
-
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
@@ -480,6 +486,7 @@ class KvikioReader(_GatedReader):
     layer's gate when its future completes."""
 
     name = "kvikio"
+    label = "KvikIO"
 
     def __init__(self, directory: str, layers: int, slot_bytes: int, io_bytes: int, queue_depth: int,
                  timeout_s: float):
@@ -527,9 +534,6 @@ class KvikioReader(_GatedReader):
                 return
             self.gates.done(layer)
 
-    def wait_layer(self, layer: int) -> None:
-        self.gates.wait(layer, self.timeout_s, "KvikIO")
-
     def finish(self) -> dict:
         self.waiter.join(timeout=self.timeout_s)
         return {}
@@ -544,12 +548,13 @@ class KvikioReader(_GatedReader):
         self.files = []
 
 
-class PreadReader(_GatedReader):
+class PreadReader(_PooledReader):
     """os.preadv (O_DIRECT) into a pinned buffer per thread, then a copy into the destination on a
     CUDA stream of that thread, synchronized before the buffer is reused. On the CPU the read goes
     straight into the destination (no copy)."""
 
     name = "pread"
+    label = "pread"
 
     def __init__(self, directory: str, layers: int, slot_bytes: int, io_bytes: int, threads: int, timeout_s: float):
         self.directory, self.layers, self.slot_bytes = directory, layers, slot_bytes
@@ -589,16 +594,6 @@ class PreadReader(_GatedReader):
             self.streams[worker].synchronize()
         else:
             _pread_full(self.fds[layer], destination.numpy(), offset)
-
-    def start(self, blocks: int) -> None:
-        per_layer = [_chunks(blocks, self.slot_bytes, self.io_bytes)] * self.layers
-        self.gates = self.pool.start(self.layers, per_layer)
-
-    def wait_layer(self, layer: int) -> None:
-        self.gates.wait(layer, self.timeout_s, "pread")
-
-    def finish(self) -> dict:
-        return {}
 
     def close(self) -> None:
         if self.pool is not None:
