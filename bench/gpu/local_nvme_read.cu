@@ -122,14 +122,15 @@ class Verifier {
     if (counters_ == nullptr || cudaMemcpy(counters_, host, sizeof host, cudaMemcpyHostToDevice) != cudaSuccess)
       return bytes;
     count_mismatches<<<1024, 256>>>(static_cast<const std::uint8_t*>(device), bytes, counters_, counters_ + 1);
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess || cudaMemcpy(host, counters_, sizeof host,
-                                                                                   cudaMemcpyDeviceToHost) != cudaSuccess) {
+    if (const cudaError_t e = cudaGetLastError();
+        e != cudaSuccess || cudaMemcpy(host, counters_, sizeof host, cudaMemcpyDeviceToHost) != cudaSuccess) {
       std::fprintf(stderr, "%s: the verification kernel failed (%s): every byte counted as differing\n", what.c_str(),
                    cudaGetErrorString(e != cudaSuccess ? e : cudaGetLastError()));
       return bytes;
     }
     if (host[0] != 0)
-      std::fprintf(stderr, "%s: %llu bytes differ from the file, the first at offset %llu\n", what.c_str(), host[0], host[1]);
+      std::fprintf(stderr, "%s: %llu bytes differ from the file, the first at offset %llu\n", what.c_str(), host[0],
+                   host[1]);
     return host[0];
   }
 
@@ -169,7 +170,8 @@ void run_local_nvme(Row& row, Path& path, Path::open_target& target, Path::regis
   for (std::uint64_t offset = 0; offset < file_bytes;) {
     std::vector<PathRequest<Path>> requests;
     for (std::uint64_t i = 0; i < options.batch && offset < file_bytes; ++i, offset += request_bytes)
-      requests.push_back(PathRequest<Path>{Direction::READ, &registration, view, offset, &target, offset, request_bytes});
+      requests.push_back(
+          PathRequest<Path>{Direction::READ, &registration, view, offset, &target, offset, request_bytes});
     std::vector<Status> states(requests.size());
     auto b = path.submit(requests, states);
     std::vector<RequestCompletion> completions(requests.size());
@@ -239,9 +241,12 @@ void run_bounce(Row& row, const std::string& file, void* device, std::uint64_t f
 std::string json_string(const std::string& text) {
   std::string out = "\"";
   for (const char c : text) {
-    if (c == '"' || c == '\\') out += {'\\', c};
-    else if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-    else out += c;
+    if (c == '"' || c == '\\')
+      out += {'\\', c};
+    else if (static_cast<unsigned char>(c) < 0x20)
+      out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+    else
+      out += c;
   }
   return out + "\"";
 }
@@ -250,7 +255,8 @@ std::string json_string(const std::string& text) {
 
 int main(int argc, char** argv) {
   Options options;
-  if (const int status = tutti::bench::gpu::parse_local_nvme_read_options(argc, argv, options); status != -1) return status;
+  if (const int status = tutti::bench::gpu::parse_local_nvme_read_options(argc, argv, options); status != -1)
+    return status;
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::fprintf(stderr, "no CUDA device: skipping (exit 77)\n");
@@ -265,8 +271,8 @@ int main(int argc, char** argv) {
   std::size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess || file_bytes > free_bytes / 2) {
     std::fprintf(stderr, "%s: --file-mib = %llu needs %llu bytes of GPU memory; the limit is half the free %zu bytes\n",
-                 kProgram, static_cast<unsigned long long>(options.file_mib), static_cast<unsigned long long>(file_bytes),
-                 free_bytes);
+                 kProgram, static_cast<unsigned long long>(options.file_mib),
+                 static_cast<unsigned long long>(file_bytes), free_bytes);
     return 2;
   }
   std::string name = options.dir + "/tutti-bench-gpu-lnvme-XXXXXX";
@@ -341,7 +347,8 @@ int main(int argc, char** argv) {
     std::vector<Status> states(requests.size());
     auto b = path->submit(requests, states);
     std::vector<RequestCompletion> completions(requests.size());
-    if (const Status s = path->progress(b, completions, kTimeoutNs); !s.is_ok()) abandon("local_nvme warm-up progress", s);
+    if (const Status s = path->progress(b, completions, kTimeoutNs); !s.is_ok())
+      abandon("local_nvme warm-up progress", s);
     for (std::size_t i = 0; i < requests.size(); ++i)
       if (!states[i].is_ok() || !completions[i].status.is_ok() || completions[i].confirmed_bytes != 4096) {
         std::fprintf(stderr, "local_nvme warm-up request %zu failed: %s / %s\n", i, states[i].to_string().c_str(),
@@ -358,15 +365,17 @@ int main(int argc, char** argv) {
   std::string cufile_description;
   auto cufile = bench::gpu_read::open_cufile(memory->data(), file_bytes, cufile_description);
 
-  std::printf("GPU: %s, CUDA runtime %d, driver API %d; file %s, %llu MiB, written just before (page cache warm for "
-              "pread and the soft controller; uring and cuFile read it with O_DIRECT)\n",
-              properties.name, runtime_version, driver_version, file.c_str(),
-              static_cast<unsigned long long>(options.file_mib));
-  std::printf("local_nvme: soft controller with %u workers, %u I/O queue pairs of depth 1024, batches of up to %u "
-              "requests, poll kernel budget %llu ns; uring: queue depth %u; cuFile: %u threads; pread: %u threads; best of "
-              "%u passes\n",
-              options.workers, options.queues, options.batch, static_cast<unsigned long long>(options.poll_budget_ns),
-              options.uring_queue_depth, options.cufile_threads, options.workers, options.repeat);
+  std::printf(
+      "GPU: %s, CUDA runtime %d, driver API %d; file %s, %llu MiB, written just before (page cache warm for "
+      "pread and the soft controller; uring and cuFile read it with O_DIRECT)\n",
+      properties.name, runtime_version, driver_version, file.c_str(),
+      static_cast<unsigned long long>(options.file_mib));
+  std::printf(
+      "local_nvme: soft controller with %u workers, %u I/O queue pairs of depth 1024, batches of up to %u "
+      "requests, poll kernel budget %llu ns; uring: queue depth %u; cuFile: %u threads; pread: %u threads; best of "
+      "%u passes\n",
+      options.workers, options.queues, options.batch, static_cast<unsigned long long>(options.poll_budget_ns),
+      options.uring_queue_depth, options.cufile_threads, options.workers, options.repeat);
   std::printf("cuFile: %s\n", cufile_description.c_str());
   std::printf("THIS MEASURES THE SOFT CONTROLLER EMULATION (host workers + bounce copies), not an SSD.\n");
   std::vector<Row> rows;
@@ -374,9 +383,9 @@ int main(int argc, char** argv) {
   auto add = [&](Row r) {  // printed as soon as measured, so a run cut short still shows its rows
     failures += r.errors + r.mismatched_bytes;
     std::printf("%-50s request=%-8llu %9.3f GiB/s %11.0f requests/s  %8.3f s  errors=%llu mismatched_bytes=%llu%s%s\n",
-                r.path.c_str(), static_cast<unsigned long long>(r.request_bytes), r.gib_per_second(), r.requests_per_second(),
-                r.seconds, static_cast<unsigned long long>(r.errors), static_cast<unsigned long long>(r.mismatched_bytes),
-                r.note.empty() ? "" : "  ", r.note.c_str());
+                r.path.c_str(), static_cast<unsigned long long>(r.request_bytes), r.gib_per_second(),
+                r.requests_per_second(), r.seconds, static_cast<unsigned long long>(r.errors),
+                static_cast<unsigned long long>(r.mismatched_bytes), r.note.empty() ? "" : "  ", r.note.c_str());
     std::fflush(stdout);
     rows.push_back(std::move(r));
   };
@@ -399,14 +408,15 @@ int main(int argc, char** argv) {
   };
   auto cell = [](double v) { return v > 0 ? fmt::format("{:.2f}", v) : std::string("-"); };
   auto ratio = [](double a, double b) { return a > 0 && b > 0 ? fmt::format("{:.2f}", a / b) : std::string("-"); };
-  std::printf("\n| request | local_nvme GiB/s | uring GiB/s | cuFile GiB/s | pread + cudaMemcpy GiB/s | local_nvme / uring | "
-              "local_nvme / cuFile | local_nvme / pread | uring / cuFile |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| request | local_nvme GiB/s | uring GiB/s | cuFile GiB/s | pread + cudaMemcpy GiB/s | local_nvme / uring | "
+      "local_nvme / cuFile | local_nvme / pread | uring / cuFile |\n|---|---|---|---|---|---|---|---|---|\n");
   for (const std::uint64_t request : sizes) {
     const double l = rate(request, "tutti local_nvme"), u = rate(request, "tutti uring"), c = rate(request, "cuFile"),
                  p = rate(request, "pread");
-    std::printf("| %llu KiB | %s | %s | %s | %s | %s | %s | %s | %s |\n", static_cast<unsigned long long>(request >> 10),
-                cell(l).c_str(), cell(u).c_str(), cell(c).c_str(), cell(p).c_str(), ratio(l, u).c_str(), ratio(l, c).c_str(),
-                ratio(l, p).c_str(), ratio(u, c).c_str());
+    std::printf("| %llu KiB | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+                static_cast<unsigned long long>(request >> 10), cell(l).c_str(), cell(u).c_str(), cell(c).c_str(),
+                cell(p).c_str(), ratio(l, u).c_str(), ratio(l, c).c_str(), ratio(l, p).c_str(), ratio(u, c).c_str());
   }
   std::printf("%s\n", failures == 0 ? "every pass verified byte for byte: 0 errors, 0 mismatched bytes"
                                     : "FAILED: requests failed or bytes differ (see above)");
@@ -414,22 +424,27 @@ int main(int argc, char** argv) {
   (void)path->unregister_memory(*registration);
   if (!options.json.empty()) {
     if (FILE* f = std::fopen(options.json.c_str(), "w")) {
-      std::fprintf(f, "{\"gpu\": %s, \"cuda_runtime_version\": %d, \"cuda_driver_api_version\": %d, \"file_bytes\": %llu, "
-                      "\"workers\": %u, \"queues\": %u, \"batch\": %u, \"poll_kernel_budget_ns\": %llu, \"uring_queue_depth\": %u, \"cufile_threads\": %u, "
-                      "\"repeat\": %u, \"cufile\": %s, \"all_verified\": %s, \"rows\": [\n",
+      std::fprintf(f,
+                   "{\"gpu\": %s, \"cuda_runtime_version\": %d, \"cuda_driver_api_version\": %d, \"file_bytes\": %llu, "
+                   "\"workers\": %u, \"queues\": %u, \"batch\": %u, \"poll_kernel_budget_ns\": %llu, "
+                   "\"uring_queue_depth\": %u, \"cufile_threads\": %u, "
+                   "\"repeat\": %u, \"cufile\": %s, \"all_verified\": %s, \"rows\": [\n",
                    json_string(properties.name).c_str(), runtime_version, driver_version,
                    static_cast<unsigned long long>(file_bytes), options.workers, options.queues, options.batch,
-                   static_cast<unsigned long long>(options.poll_budget_ns), options.uring_queue_depth, options.cufile_threads, options.repeat, json_string(cufile_description).c_str(),
+                   static_cast<unsigned long long>(options.poll_budget_ns), options.uring_queue_depth,
+                   options.cufile_threads, options.repeat, json_string(cufile_description).c_str(),
                    failures == 0 ? "true" : "false");
       for (std::size_t i = 0; i < rows.size(); ++i)
-        std::fprintf(f, "  {\"path\": %s, \"request_bytes\": %llu, \"bytes\": %llu, \"requests\": %llu, \"seconds\": %.6f, "
-                        "\"gib_per_second\": %.4f, \"requests_per_second\": %.1f, \"errors\": %llu, \"mismatched_bytes\": %llu, "
-                        "\"note\": %s}%s\n",
-                     json_string(rows[i].path).c_str(), static_cast<unsigned long long>(rows[i].request_bytes),
-                     static_cast<unsigned long long>(rows[i].bytes), static_cast<unsigned long long>(rows[i].requests),
-                     rows[i].seconds, rows[i].gib_per_second(), rows[i].requests_per_second(),
-                     static_cast<unsigned long long>(rows[i].errors), static_cast<unsigned long long>(rows[i].mismatched_bytes),
-                     json_string(rows[i].note).c_str(), i + 1 < rows.size() ? "," : "");
+        std::fprintf(
+            f,
+            "  {\"path\": %s, \"request_bytes\": %llu, \"bytes\": %llu, \"requests\": %llu, \"seconds\": %.6f, "
+            "\"gib_per_second\": %.4f, \"requests_per_second\": %.1f, \"errors\": %llu, \"mismatched_bytes\": %llu, "
+            "\"note\": %s}%s\n",
+            json_string(rows[i].path).c_str(), static_cast<unsigned long long>(rows[i].request_bytes),
+            static_cast<unsigned long long>(rows[i].bytes), static_cast<unsigned long long>(rows[i].requests),
+            rows[i].seconds, rows[i].gib_per_second(), rows[i].requests_per_second(),
+            static_cast<unsigned long long>(rows[i].errors), static_cast<unsigned long long>(rows[i].mismatched_bytes),
+            json_string(rows[i].note).c_str(), i + 1 < rows.size() ? "," : "");
       std::fprintf(f, "]}\n");
       std::fclose(f);
     } else {

@@ -81,8 +81,8 @@ Row measure_uring(const std::string& file, void* device, std::uint64_t file_byte
       }
       if (!result->status.is_ok() || result->confirmed_bytes != result->requested_bytes) {
         if (row.errors == 0)
-          std::fprintf(stderr, "uring IO failed: %s (%llu of %llu bytes confirmed)\n", result->status.to_string().c_str(),
-                       static_cast<unsigned long long>(result->confirmed_bytes),
+          std::fprintf(stderr, "uring IO failed: %s (%llu of %llu bytes confirmed)\n",
+                       result->status.to_string().c_str(), static_cast<unsigned long long>(result->confirmed_bytes),
                        static_cast<unsigned long long>(result->requested_bytes));
         row.errors += std::max<std::size_t>(result->failed_requests.size(), 1);
       }
@@ -110,7 +110,7 @@ class CufileSession {
 };
 
 std::unique_ptr<CufileSession, void (*)(CufileSession*)> open_cufile(void* device, std::uint64_t bytes,
-                                                                    std::string& description) {
+                                                                     std::string& description) {
   std::unique_ptr<CufileSession, void (*)(CufileSession*)> none(nullptr, [](CufileSession* s) { delete s; });
   cufile::Driver::Options options;
   options.device = 0;
@@ -137,13 +137,14 @@ std::unique_ptr<CufileSession, void (*)(CufileSession*)> open_cufile(void* devic
           }};
 }
 
-Row measure_cufile(CufileSession& session, const std::string& file, std::uint64_t file_bytes, std::uint64_t request_bytes,
-                   std::uint32_t threads, const PassFrame& frame) {
+Row measure_cufile(CufileSession& session, const std::string& file, std::uint64_t file_bytes,
+                   std::uint64_t request_bytes, std::uint32_t threads, const PassFrame& frame) {
   const std::string name = "cuFile (compat mode, cufile_reader.hpp)";
   std::string note = session.buffer->registered() ? "cuFileBufRegister'ed destination" : "unregistered destination";
   auto opened = cufile::File::open(file, true);
   if (!opened) {  // compat mode also takes a page-cache descriptor: say so, and use it
-    std::fprintf(stderr, "cuFile with O_DIRECT refused (%s); trying without O_DIRECT\n", opened.status().to_string().c_str());
+    std::fprintf(stderr, "cuFile with O_DIRECT refused (%s); trying without O_DIRECT\n",
+                 opened.status().to_string().c_str());
     note += "; O_DIRECT refused (" + opened.status().to_string() + "), page-cache descriptor";
     opened = cufile::File::open(file, false);
   }

@@ -81,13 +81,13 @@ class CufileSession;
 /// otherwise which mode cuFile runs in (DriverInfo::describe()). Without TUTTI_HAVE_CUFILE: null,
 /// "not built ...".
 std::unique_ptr<CufileSession, void (*)(CufileSession*)> open_cufile(void* device, std::uint64_t bytes,
-                                                                    std::string& description);
+                                                                     std::string& description);
 
 /// cuFile reading the whole file in request_bytes ranges with `threads` synchronous cuFileRead
 /// calls in flight (bench/support/cufile_reader.hpp; O_DIRECT, or a page-cache descriptor when
 /// cuFile refuses O_DIRECT, said in the note). cufile::read returns only after every read it
 /// started has returned. A file cuFile refuses is one error and a note.
-Row measure_cufile(CufileSession& session, const std::string& file, std::uint64_t file_bytes, std::uint64_t request_bytes,
-                   std::uint32_t threads, const PassFrame& frame);
+Row measure_cufile(CufileSession& session, const std::string& file, std::uint64_t file_bytes,
+                   std::uint64_t request_bytes, std::uint32_t threads, const PassFrame& frame);
 
 }  // namespace tutti::bench::gpu_read

@@ -33,9 +33,9 @@ class NullService {
 };
 
 struct NullServiceSettings {
-  bool relay_stop = true;               ///< GPU: warp 0 relays the stop word into GPU memory (docs/gpu.md)
-  std::uint64_t stop_poll_ns = 100'000; ///< NullControllerSettings::stop_poll_interval_ns
-  std::uint32_t host_threads = 1;       ///< host profile: servicing threads
+  bool relay_stop = true;                ///< GPU: warp 0 relays the stop word into GPU memory (docs/gpu.md)
+  std::uint64_t stop_poll_ns = 100'000;  ///< NullControllerSettings::stop_poll_interval_ns
+  std::uint32_t host_threads = 1;        ///< host profile: servicing threads
 };
 
 /// Starts servicing `views` (views of queues in agent memory: NullNvmeController::controller_view).

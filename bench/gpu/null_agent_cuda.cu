@@ -28,11 +28,12 @@ class GpuNullService final : public NullService {
     cudaFree(relay_);
   }
   Status start(const std::vector<test::NullControllerQueue>& views, const NullServiceSettings& s) {
-    TUTTI_RETURN_IF_ERROR(cuda_status(cudaMalloc(reinterpret_cast<void**>(&views_), views.size() * sizeof(views[0])), "cudaMalloc"));
+    TUTTI_RETURN_IF_ERROR(
+        cuda_status(cudaMalloc(reinterpret_cast<void**>(&views_), views.size() * sizeof(views[0])), "cudaMalloc"));
     TUTTI_RETURN_IF_ERROR(cuda_status(
         cudaMemcpy(views_, views.data(), views.size() * sizeof(views[0]), cudaMemcpyHostToDevice), "cudaMemcpy"));
-    TUTTI_RETURN_IF_ERROR(cuda_status(cudaHostAlloc(reinterpret_cast<void**>(&control_), sizeof(*control_), cudaHostAllocMapped),
-                                      "cudaHostAlloc"));
+    TUTTI_RETURN_IF_ERROR(cuda_status(
+        cudaHostAlloc(reinterpret_cast<void**>(&control_), sizeof(*control_), cudaHostAllocMapped), "cudaHostAlloc"));
     *control_ = test::NullControllerControl{};
     test::NullControllerControl* device_control = nullptr;
     TUTTI_RETURN_IF_ERROR(cuda_status(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_control), control_, 0),
@@ -40,7 +41,8 @@ class GpuNullService final : public NullService {
     test::NullControllerSettings settings;
     settings.stop_poll_interval_ns = s.stop_poll_ns;
     if (s.relay_stop) {
-      TUTTI_RETURN_IF_ERROR(cuda_status(cudaMalloc(reinterpret_cast<void**>(&relay_), sizeof(std::uint32_t)), "cudaMalloc"));
+      TUTTI_RETURN_IF_ERROR(
+          cuda_status(cudaMalloc(reinterpret_cast<void**>(&relay_), sizeof(std::uint32_t)), "cudaMalloc"));
       TUTTI_RETURN_IF_ERROR(cuda_status(cudaMemset(relay_, 0, sizeof(std::uint32_t)), "cudaMemset"));
       settings.stop_relay = relay_;
     }

@@ -17,14 +17,16 @@ std::uint32_t agent_units() { return std::max(1u, std::thread::hardware_concurre
 namespace {
 class HostNullService final : public NullService {
  public:
-  HostNullService(std::vector<test::NullControllerQueue> views, const NullServiceSettings& s) : views_(std::move(views)) {
+  HostNullService(std::vector<test::NullControllerQueue> views, const NullServiceSettings& s)
+      : views_(std::move(views)) {
     test::NullControllerSettings settings;
     settings.budget_ns = 600'000'000'000ull;  // 10 minutes: stop() ends it
     settings.stop_poll_interval_ns = s.stop_poll_ns;
     const std::uint32_t threads = std::max(1u, std::min<std::uint32_t>(s.host_threads, views_.size()));
     for (std::uint32_t i = 0; i < threads; ++i)
       threads_.emplace_back([this, i, threads, settings] {
-        test::run_null_controller(views_.data(), static_cast<std::uint32_t>(views_.size()), i, threads, &control_, settings);
+        test::run_null_controller(views_.data(), static_cast<std::uint32_t>(views_.size()), i, threads, &control_,
+                                  settings);
       });
   }
   ~HostNullService() override { stop(); }

@@ -64,7 +64,9 @@ class AgentBuffer {
   AgentBuffer& operator=(const AgentBuffer&) = delete;
   ~AgentBuffer() { accel::free_device(data_); }
   template <class T>
-  T* as() const noexcept { return static_cast<T*>(data_); }
+  T* as() const noexcept {
+    return static_cast<T*>(data_);
+  }
   std::size_t size() const noexcept { return bytes_; }
 
  private:
@@ -107,9 +109,11 @@ class NullNvmeController final : public nvme::Controller {
     std::scoped_lock lock(mutex_);
     std::uint16_t qid = 1;
     while (queues_.count(qid) != 0) ++qid;
-    if (qid > kMaxQueuePairs) return error(StatusCode::RESOURCE_EXHAUSTED, "null controller: {} queue pairs in use", kMaxQueuePairs);
+    if (qid > kMaxQueuePairs)
+      return error(StatusCode::RESOURCE_EXHAUSTED, "null controller: {} queue pairs in use", kMaxQueuePairs);
     Queue q;
-    auto rings = AgentBuffer::allocate(depth * (sizeof(nvme::SubmissionQueueEntry) + sizeof(nvme::CompletionQueueEntry)));
+    auto rings =
+        AgentBuffer::allocate(depth * (sizeof(nvme::SubmissionQueueEntry) + sizeof(nvme::CompletionQueueEntry)));
     if (!rings) return rings.status().with_context("null controller: queue rings");
     auto words = AgentBuffer::allocate(4096);  // doorbells at 0 and 64, CSTS at 128, controller state at 1024
     if (!words) return words.status().with_context("null controller: doorbells");
@@ -123,7 +127,8 @@ class NullNvmeController final : public nvme::Controller {
     q.info.qid = qid;
     q.info.depth = depth;
     q.info.submission_queue = q.rings.as<nvme::SubmissionQueueEntry>();
-    q.info.completion_queue = reinterpret_cast<nvme::CompletionQueueEntry*>(q.rings.as<char>() + depth * sizeof(nvme::SubmissionQueueEntry));
+    q.info.completion_queue =
+        reinterpret_cast<nvme::CompletionQueueEntry*>(q.rings.as<char>() + depth * sizeof(nvme::SubmissionQueueEntry));
     q.info.submission_queue_tail_doorbell = reinterpret_cast<volatile std::uint32_t*>(q.words.as<char>());
     q.info.completion_queue_head_doorbell = reinterpret_cast<volatile std::uint32_t*>(q.words.as<char>() + 64);
     q.info.controller_status = reinterpret_cast<const volatile std::uint32_t*>(q.words.as<char>() + 128);
@@ -162,7 +167,8 @@ class NullNvmeController final : public nvme::Controller {
   }
   Status dma_unmap(std::uint64_t id) override {
     std::scoped_lock lock(mutex_);
-    return mappings_.erase(id) != 0 ? Status::success() : error(StatusCode::NOT_FOUND, "null controller: no mapping {}", id);
+    return mappings_.erase(id) != 0 ? Status::success()
+                                    : error(StatusCode::NOT_FOUND, "null controller: no mapping {}", id);
   }
   Result<nvme::DmaBuffer> allocate_dma_buffer(std::size_t length) override {
     if (length == 0) return error(StatusCode::INVALID_ARGUMENT, "null controller: allocate_dma_buffer of 0 bytes");
@@ -202,8 +208,8 @@ class NullNvmeController final : public nvme::Controller {
   Result<nvme::DmaMapping> map(void* address, std::size_t length, nvme::DmaMemoryKind kind) {
     const auto at = reinterpret_cast<std::uintptr_t>(address);
     if (address == nullptr || length == 0 || at % 4096 != 0 || length % 4096 != 0)
-      return error(StatusCode::INVALID_ARGUMENT, "null controller: dma_map({}, {} bytes) needs 4096-aligned, non-empty memory",
-                   address, length);
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "null controller: dma_map({}, {} bytes) needs 4096-aligned, non-empty memory", address, length);
     std::scoped_lock lock(mutex_);
     nvme::DmaMapping m;
     m.id = ++next_id_;
@@ -242,9 +248,10 @@ struct NullNamespaceResolver {
     std::uint64_t bytes = 0;
     const char* first = query == std::string_view::npos ? nullptr : uri.data() + query + 7;
     const auto [end, ec] = first ? std::from_chars(first, uri.data() + uri.size(), bytes) : std::from_chars_result{};
-    if (uri.substr(0, prefix.size()) != prefix || first == nullptr || ec != std::errc{} || end != uri.data() + uri.size() ||
-        bytes == 0 || bytes % 4096 != 0)
-      return error(StatusCode::INVALID_ARGUMENT, "'{}': expected null://NAME?bytes=N, N a positive multiple of 4096", uri);
+    if (uri.substr(0, prefix.size()) != prefix || first == nullptr || ec != std::errc{} ||
+        end != uri.data() + uri.size() || bytes == 0 || bytes % 4096 != 0)
+      return error(StatusCode::INVALID_ARGUMENT, "'{}': expected null://NAME?bytes=N, N a positive multiple of 4096",
+                   uri);
     local_file::Target t;
     t.path = std::string(uri);
     t.extents = {local_file::Extent{0, 0, bytes}};

@@ -60,11 +60,11 @@ using NullRuntime = StorageRuntime<NullBackend>;
 constexpr std::uint64_t kSecond = 1'000'000'000;
 
 struct Row {
-  std::string path;              ///< "runtime", "raw", "raw (state in mapped host memory)"
-  std::uint32_t agents = 0;      ///< submitter threads (runtime), warps or threads (raw)
-  std::uint32_t batch = 0;       ///< requests per submit (runtime), commands per round per agent (raw)
+  std::string path;          ///< "runtime", "raw", "raw (state in mapped host memory)"
+  std::uint32_t agents = 0;  ///< submitter threads (runtime), warps or threads (raw)
+  std::uint32_t batch = 0;   ///< requests per submit (runtime), commands per round per agent (raw)
   std::uint32_t queues = 0;
-  std::uint64_t commands = 0;    ///< completed and checked
+  std::uint64_t commands = 0;  ///< completed and checked
   double seconds = 0;
   double commands_per_second = 0;
   double p50_us = 0, p99_us = 0, max_us = 0;  ///< per batch (runtime) or per round (raw)
@@ -97,7 +97,8 @@ std::uint64_t controller_completions(const NullNvmeController& controller, const
   for (std::uint16_t qid : qids) {
     test::NullControllerState state{};
     const test::NullControllerQueue view = controller.controller_view(qid);
-    if (view.state != nullptr && accel::copy_from_device(&state, view.state, sizeof(state)).is_ok()) posted += state.cq_tail;
+    if (view.state != nullptr && accel::copy_from_device(&state, view.state, sizeof(state)).is_ok())
+      posted += state.cq_tail;
   }
   return posted;
 }
@@ -150,7 +151,8 @@ Row run_runtime(const Options& o, std::uint32_t batch, void* stream) {
   std::vector<std::vector<IoRequest>> requests(o.submitters);
   for (std::uint32_t t = 0; t < o.submitters; ++t)
     for (std::uint32_t i = 0; i < batch; ++i)
-      requests[t].push_back(IoRequest{Direction::READ, memory[t], std::uint64_t{i} * 4096, *target, std::uint64_t{i} * 4096, 4096});
+      requests[t].push_back(
+          IoRequest{Direction::READ, memory[t], std::uint64_t{i} * 4096, *target, std::uint64_t{i} * 4096, 4096});
   const std::uint64_t batches_per_submitter =
       std::max<std::uint64_t>(4, o.commands / (std::uint64_t{batch} * o.submitters));
 
@@ -164,7 +166,7 @@ Row run_runtime(const Options& o, std::uint32_t batch, void* stream) {
   if (!service) {
     note_error(best, service.status().to_string());
   } else {
-    std::uint64_t counted = 0;  // commands checked over all runs, for the controller cross-check
+    std::uint64_t counted = 0;                       // commands checked over all runs, for the controller cross-check
     for (std::uint32_t r = 0; r <= o.repeat; ++r) {  // run 0 warms up (the batch pool grows) and is not reported
       Row row = best;
       row.commands = 0;
@@ -202,8 +204,8 @@ Row run_runtime(const Options& o, std::uint32_t batch, void* stream) {
                 partial[t].commands += batch;
             }
             (void)runtime.release(outcome.io);
-            latencies[t].push_back(
-                static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(ended - began).count()));
+            latencies[t].push_back(static_cast<std::uint64_t>(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(ended - began).count()));
           }
         });
       for (auto& thread : threads) thread.join();
@@ -236,7 +238,8 @@ Row run_runtime(const Options& o, std::uint32_t batch, void* stream) {
     if (exits != 0) note_error(best, fmt::format("{} null controller agents ran out of budget", exits));
     const std::uint64_t posted = controller_completions(controller, qids);
     if (posted != counted)
-      note_error(best, fmt::format("the null controller posted {} completions for {} commands counted", posted, counted));
+      note_error(best,
+                 fmt::format("the null controller posted {} completions for {} commands counted", posted, counted));
     best.doorbells_per_command = counted == 0 ? 0 : static_cast<double>(doorbells) / static_cast<double>(counted);
   }
   for (std::uint32_t t = 0; t < o.submitters; ++t) (void)runtime.unregister_memory(memory[t]);
@@ -285,8 +288,10 @@ struct RawQueues {
       v.cid_index_bits = nvme::cid_index_bits_for(depth);
       v.state = reinterpret_cast<nvme::QueuePairState*>(base);
       v.sq_ready = reinterpret_cast<std::uint64_t*>(base + sizeof(nvme::QueuePairState));
-      v.slots = reinterpret_cast<nvme::CommandSlot*>(base + sizeof(nvme::QueuePairState) + depth * sizeof(std::uint64_t));
-      v.cid_bitmap = reinterpret_cast<std::uint32_t*>(reinterpret_cast<char*>(v.slots) + depth * sizeof(nvme::CommandSlot));
+      v.slots =
+          reinterpret_cast<nvme::CommandSlot*>(base + sizeof(nvme::QueuePairState) + depth * sizeof(std::uint64_t));
+      v.cid_bitmap =
+          reinterpret_cast<std::uint32_t*>(reinterpret_cast<char*>(v.slots) + depth * sizeof(nvme::CommandSlot));
       // Memory starts zeroed: an empty queue, except the first Phase Tag expected (1) and the
       // bitmap bits past the capacity.
       nvme::QueuePairState state{};
@@ -350,7 +355,8 @@ Row run_raw(const Options& o, std::uint32_t agents, std::uint32_t per_block, boo
     note_error(best, "no memory for the raw rows' records");
     return best;
   }
-  auto service = bench::gpu::start_null_service(views, bench::gpu::NullServiceSettings{o.stop_relay != 0, o.stop_poll_ns, 1});
+  auto service =
+      bench::gpu::start_null_service(views, bench::gpu::NullServiceSettings{o.stop_relay != 0, o.stop_poll_ns, 1});
   if (!service) {
     note_error(best, service.status().to_string());
     return best;
@@ -392,7 +398,8 @@ Row run_raw(const Options& o, std::uint32_t agents, std::uint32_t per_block, boo
     for (std::uint64_t c = 0; c < commands; ++c) {
       const test::RawCommandRecord& rec = got[c];
       if (rec.status != static_cast<std::uint32_t>(StatusCode::OK) || rec.completions != 1 || rec.echo_ok != 1) {
-        note_error(row, fmt::format("command {}: status {}, {} completions, echo {}", c, rec.status, rec.completions, rec.echo_ok));
+        note_error(row, fmt::format("command {}: status {}, {} completions, echo {}", c, rec.status, rec.completions,
+                                    rec.echo_ok));
         continue;
       }
       if (c % (std::uint64_t{lanes} * per_lane) == 0) rounds.push_back(rec.wait_ns);  // one sample per round
@@ -413,17 +420,20 @@ Row run_raw(const Options& o, std::uint32_t agents, std::uint32_t per_block, boo
   const std::uint32_t exits = service.value()->stop();
   if (exits != 0) note_error(best, fmt::format("{} null controller agents ran out of budget", exits));
   const std::uint64_t posted = controller_completions(controller, qids);
-  if (posted != counted) note_error(best, fmt::format("the null controller posted {} completions for {} commands", posted, counted));
-  best.doorbells_per_command = counted == 0 ? 0 : static_cast<double>(queues.doorbell_writes()) / static_cast<double>(counted);
+  if (posted != counted)
+    note_error(best, fmt::format("the null controller posted {} completions for {} commands", posted, counted));
+  best.doorbells_per_command =
+      counted == 0 ? 0 : static_cast<double>(queues.doorbell_writes()) / static_cast<double>(counted);
   return best;
 }
 
 void print_row(const Row& r) {
-  std::printf("%-34s agents=%-5u batch=%-6u queues=%-4u commands=%-10llu %8.3f s %10.3f M commands/s  "
-              "latency p50 %9.1f us p99 %9.1f us max %9.1f us  doorbells/cmd=%.3f errors=%llu%s%s\n",
-              r.path.c_str(), r.agents, r.batch, r.queues, static_cast<unsigned long long>(r.commands), r.seconds,
-              r.commands_per_second / 1e6, r.p50_us, r.p99_us, r.max_us, r.doorbells_per_command,
-              static_cast<unsigned long long>(r.errors), r.errors ? " first: " : "", r.first_error.c_str());
+  std::printf(
+      "%-34s agents=%-5u batch=%-6u queues=%-4u commands=%-10llu %8.3f s %10.3f M commands/s  "
+      "latency p50 %9.1f us p99 %9.1f us max %9.1f us  doorbells/cmd=%.3f errors=%llu%s%s\n",
+      r.path.c_str(), r.agents, r.batch, r.queues, static_cast<unsigned long long>(r.commands), r.seconds,
+      r.commands_per_second / 1e6, r.p50_us, r.p99_us, r.max_us, r.doorbells_per_command,
+      static_cast<unsigned long long>(r.errors), r.errors ? " first: " : "", r.first_error.c_str());
   std::fflush(stdout);
 }
 
@@ -445,9 +455,10 @@ int main(int argc, char** argv) {
   }
   const std::uint32_t units = tutti::bench::gpu::agent_units();
   std::printf("agents: %s\n", tutti::bench::gpu::agent_description().c_str());
-  std::printf("4 KiB Read commands against the null controller (no data moves), queue depth %u, %u queue pairs, "
-              "%llu commands per measured run, best of %u after a warm-up run\n",
-              o.depth, o.queues, static_cast<unsigned long long>(o.commands), o.repeat);
+  std::printf(
+      "4 KiB Read commands against the null controller (no data moves), queue depth %u, %u queue pairs, "
+      "%llu commands per measured run, best of %u after a warm-up run\n",
+      o.depth, o.queues, static_cast<unsigned long long>(o.commands), o.repeat);
   void* stream = tutti::bench::gpu::create_stream();
   std::vector<Row> rows;
   for (std::uint32_t batch : o.batch_sizes) {
@@ -473,12 +484,15 @@ int main(int argc, char** argv) {
   std::uint64_t errors = 0;
   for (const Row& r : rows) {
     errors += r.errors;
-    if (r.path == "runtime") best_runtime = std::max(best_runtime, r.commands_per_second);
-    else if (r.path == "raw") best_raw = std::max(best_raw, r.commands_per_second);
+    if (r.path == "runtime")
+      best_runtime = std::max(best_runtime, r.commands_per_second);
+    else if (r.path == "raw")
+      best_raw = std::max(best_raw, r.commands_per_second);
   }
-  std::printf("ratio: best runtime (local_nvme DataPath through the runtime API) / best raw queue protocol = %.3f "
-              "(%.3f / %.3f M commands/s)\n",
-              best_raw > 0 ? best_runtime / best_raw : 0.0, best_runtime / 1e6, best_raw / 1e6);
+  std::printf(
+      "ratio: best runtime (local_nvme DataPath through the runtime API) / best raw queue protocol = %.3f "
+      "(%.3f / %.3f M commands/s)\n",
+      best_raw > 0 ? best_runtime / best_raw : 0.0, best_runtime / 1e6, best_raw / 1e6);
   if (!o.json.empty()) {
     nlohmann::json j = {{"agents", tutti::bench::gpu::agent_description()},
                         {"profile", tutti::accel::kProfile == tutti::accel::Profile::cuda ? "cuda" : "host"},
@@ -487,10 +501,18 @@ int main(int argc, char** argv) {
                         {"ratio_runtime_to_raw", best_raw > 0 ? best_runtime / best_raw : 0.0},
                         {"rows", nlohmann::json::array()}};
     for (const Row& r : rows)
-      j["rows"].push_back({{"path", r.path}, {"agents", r.agents}, {"batch", r.batch}, {"queues", r.queues},
-                           {"commands", r.commands}, {"seconds", r.seconds}, {"commands_per_second", r.commands_per_second},
-                           {"latency_p50_us", r.p50_us}, {"latency_p99_us", r.p99_us}, {"latency_max_us", r.max_us},
-                           {"doorbells_per_command", r.doorbells_per_command}, {"errors", r.errors},
+      j["rows"].push_back({{"path", r.path},
+                           {"agents", r.agents},
+                           {"batch", r.batch},
+                           {"queues", r.queues},
+                           {"commands", r.commands},
+                           {"seconds", r.seconds},
+                           {"commands_per_second", r.commands_per_second},
+                           {"latency_p50_us", r.p50_us},
+                           {"latency_p99_us", r.p99_us},
+                           {"latency_max_us", r.max_us},
+                           {"doorbells_per_command", r.doorbells_per_command},
+                           {"errors", r.errors},
                            {"first_error", r.first_error}});
     if (FILE* f = std::fopen(o.json.c_str(), "w")) {
       std::fputs(j.dump(2).c_str(), f);

@@ -118,8 +118,10 @@ struct Memory {
     }
   }
   ~Memory() {
-    if (device) accel::free_device(data);
-    else std::free(data);
+    if (device)
+      accel::free_device(data);
+    else
+      std::free(data);
   }
   MemoryView view() const { return {data, size, device ? MemoryKind::DEVICE : MemoryKind::HOST, device ? 0 : -1}; }
   std::uint8_t* data;

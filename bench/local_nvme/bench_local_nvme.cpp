@@ -199,13 +199,10 @@ void BM_RequestCostNull(benchmark::State& state) {
       if (!c.status.is_ok()) return state.SkipWithError(c.status.to_string().c_str());
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
-  state.counters["ns_per_request"] =
-      benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate |
-                                                         benchmark::Counter::kInvert);
+  state.counters["ns_per_request"] = benchmark::Counter(
+      static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
-BENCHMARK(BM_RequestCostNull)
-    ->Args({4096, 1})->Args({4096, 64})->Args({524288, 1})->Args({524288, 64})
-    ->UseRealTime();
+BENCHMARK(BM_RequestCostNull)->Args({4096, 1})->Args({4096, 64})->Args({524288, 1})->Args({524288, 64})->UseRealTime();
 
 /// Resolves any "null://" URI to a 4 GiB target mapped 1:1 onto the null controller's namespace.
 struct NullExtentResolver {
@@ -305,9 +302,10 @@ void BM_ReadFilesFio(benchmark::State& state) {
   if (!img.ok) return state.SkipWithError("needs root (ext4 image on a loop device)");
   std::string files;
   for (const auto& p : img.big_paths) files += (files.empty() ? "" : ":") + p;
-  const std::string command = "fio --name=read --ioengine=io_uring --direct=1 --rw=read --bs=512k --iodepth=32 "
-                              "--numjobs=1 --size=" + std::to_string(kBigFiles * kBigFileBytes) +
-                              " --filename=" + files + " --output-format=json 2>/dev/null";
+  const std::string command =
+      "fio --name=read --ioengine=io_uring --direct=1 --rw=read --bs=512k --iodepth=32 "
+      "--numjobs=1 --size=" +
+      std::to_string(kBigFiles * kBigFileBytes) + " --filename=" + files + " --output-format=json 2>/dev/null";
   for (auto _ : state) {
     FILE* p = popen(command.c_str(), "r");
     std::string out;

@@ -52,9 +52,9 @@ NullController& null_controller() {
 void create_queue(const benchmark::State&) {
   NullController& c = null_controller();
   c.info = *c.controller->create_io_queue_pair(kQueueDepth);
-  c.storage = std::make_unique<nvme::QueuePairStorage>(c.info.submission_queue, c.info.completion_queue, c.info.submission_queue_tail_doorbell,
-                                                       c.info.completion_queue_head_doorbell, c.info.controller_status, c.info.depth,
-                                                       c.info.qid, kQueueDepth);
+  c.storage = std::make_unique<nvme::QueuePairStorage>(
+      c.info.submission_queue, c.info.completion_queue, c.info.submission_queue_tail_doorbell,
+      c.info.completion_queue_head_doorbell, c.info.controller_status, c.info.depth, c.info.qid, kQueueDepth);
 }
 
 void delete_queue(const benchmark::State&) {
@@ -93,18 +93,29 @@ void BM_QueuePathNull(benchmark::State& state) {
   }
   for (auto cid : in_flight) (void)q.wait_for_completion(cid, 10'000'000'000ull);
   state.SetItemsProcessed(state.iterations());
-  state.counters["commands_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["commands_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   // Seconds per command over all threads (Google Benchmark sums thread iterations and averages
   // thread wall time), printed with an SI prefix: "1.1us" = 1100 ns/command.
-  state.counters["time_per_command"] =
-      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["time_per_command"] = benchmark::Counter(static_cast<double>(state.iterations()),
+                                                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
-BENCHMARK(BM_QueuePathNull)->ArgName("qd")->Arg(1)->Arg(32)->Arg(256)->Threads(1)->Threads(2)
-    ->Setup(create_queue)->Teardown(delete_queue)->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_QueuePathNull)
+    ->ArgName("qd")
+    ->Arg(1)
+    ->Arg(32)
+    ->Arg(256)
+    ->Threads(1)
+    ->Threads(2)
+    ->Setup(create_queue)
+    ->Teardown(delete_queue)
+    ->UseRealTime()
+    ->MinTime(1.0);
 
 struct Table {
   explicit Table(bool contiguous) : bus(1024), list(static_cast<std::uint8_t*>(std::aligned_alloc(4096, 64 * 1024))) {
-    for (std::size_t i = 0; i < bus.size(); ++i) bus[i] = 0x10'0000'0000ull + (contiguous ? i : (bus.size() - i) * 3) * 4096;
+    for (std::size_t i = 0; i < bus.size(); ++i)
+      bus[i] = 0x10'0000'0000ull + (contiguous ? i : (bus.size() - i) * 3) * 4096;
   }
   ~Table() { std::free(list); }
   nvme::PageTableView view() const { return nvme::PageTableView{bus.data(), bus.size(), 4096}; }

@@ -15,7 +15,8 @@ namespace tutti::bench {
 
 inline const CLI::Validator kDecimal(
     [](std::string& text) -> std::string {
-      const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+      const bool digits =
+          !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
       const bool leading_zero = text.size() > 1 && text[0] == '0';  // CLI11 would read it as octal
       return digits && !leading_zero ? std::string()
                                      : "'" + text + "' is not a decimal number (digits 0-9, no leading zero)";
@@ -33,7 +34,7 @@ inline int parse_flags(CLI::App& app, int argc, char** argv) {
   return -1;
 }
 
-inline const CLI::Validator kNotEmpty([](std::string& text) -> std::string { return text.empty() ? "must not be empty" : ""; },
-                                      "NOT EMPTY");
+inline const CLI::Validator kNotEmpty(
+    [](std::string& text) -> std::string { return text.empty() ? "must not be empty" : ""; }, "NOT EMPTY");
 
 }  // namespace tutti::bench

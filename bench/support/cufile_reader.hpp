@@ -90,24 +90,17 @@ inline Status status_of(CUfileError_t result, std::string_view call) {
     case CU_FILE_DEVICE_NOT_SUPPORTED:
     case CU_FILE_INVALID_FILE_TYPE:
     case CU_FILE_INVALID_FILE_OPEN_FLAG:
-    case CU_FILE_IO_DISABLED:
-      code = StatusCode::UNSUPPORTED;
-      break;
+    case CU_FILE_IO_DISABLED: code = StatusCode::UNSUPPORTED; break;
     case CU_FILE_INVALID_VALUE:
     case CU_FILE_CUDA_POINTER_INVALID:
     case CU_FILE_CUDA_MEMORY_TYPE_INVALID:
     case CU_FILE_CUDA_POINTER_RANGE_ERROR:
     case CU_FILE_MEMORY_ALREADY_REGISTERED:
-    case CU_FILE_HANDLE_ALREADY_REGISTERED:
-      code = StatusCode::INVALID_ARGUMENT;
-      break;
+    case CU_FILE_HANDLE_ALREADY_REGISTERED: code = StatusCode::INVALID_ARGUMENT; break;
     case CU_FILE_NOMEM_ERROR:
     case CU_FILE_GPU_MEMORY_PINNING_FAILED:
-    case CU_FILE_INVALID_MAPPING_SIZE:
-      code = StatusCode::RESOURCE_EXHAUSTED;
-      break;
-    default:
-      break;
+    case CU_FILE_INVALID_MAPPING_SIZE: code = StatusCode::RESOURCE_EXHAUSTED; break;
+    default: break;
   }
   if (result.err == CU_FILE_CUDA_DRIVER_ERROR)  // CUresult by number: naming it would need libcuda at link time
     return error(code, "{} failed: {} (CUresult {})", call, cufileop_status_error(result.err),
@@ -147,8 +140,8 @@ struct DriverInfo {
   bool force_compat_mode = false;   ///< CUFILE_PARAM_FORCE_COMPAT_MODE in effect.
   unsigned nvfs_major_version = 0;  ///< CUfileDrvProps_t::nvfs.major_version (0 without nvidia-fs).
   unsigned nvfs_minor_version = 0;
-  Mode mode = Mode::COMPAT;         ///< COMPAT unless nvidia-fs is loaded and compat is not forced.
-  std::string config_json;          ///< CUFILE_ENV_PATH_JSON in effect ("" = the default /etc/cufile.json).
+  Mode mode = Mode::COMPAT;  ///< COMPAT unless nvidia-fs is loaded and compat is not forced.
+  std::string config_json;   ///< CUFILE_ENV_PATH_JSON in effect ("" = the default /etc/cufile.json).
 
   /// One line for logs and benchmark output, e.g.
   /// "cuFile 1.15, compat mode (nvidia-fs not loaded; allow_compat_mode = true), config /etc/cufile.json".
@@ -271,14 +264,16 @@ class File {
       const StatusCode code = e == EINVAL && direct ? StatusCode::UNSUPPORTED : tutti::status_code_of_errno(e);
       return error(code, "open '{}'{}: {}", path, direct ? " with O_DIRECT" : "", file::errno_text(e));
     }
-    struct stat st{};
-    if (::fstat(f->fd_, &st) != 0) return error(StatusCode::DEVICE_ERROR, "fstat '{}': {}", path, file::errno_text(errno));
+    struct stat st {};
+    if (::fstat(f->fd_, &st) != 0)
+      return error(StatusCode::DEVICE_ERROR, "fstat '{}': {}", path, file::errno_text(errno));
     if (!S_ISREG(st.st_mode)) return error(StatusCode::INVALID_ARGUMENT, "'{}' is not a regular file", path);
     f->size_ = static_cast<std::uint64_t>(st.st_size);
     CUfileDescr_t descriptor{};
     descriptor.type = CU_FILE_HANDLE_TYPE_OPAQUE_FD;
     descriptor.handle.fd = f->fd_;
-    Status registered = status_of(cuFileHandleRegister(&f->handle_, &descriptor), fmt::format("cuFileHandleRegister('{}')", path));
+    Status registered =
+        status_of(cuFileHandleRegister(&f->handle_, &descriptor), fmt::format("cuFileHandleRegister('{}')", path));
     if (registered.code() == StatusCode::DEVICE_ERROR)  // CU_FILE_HANDLE_NOT_REGISTERED and kin
       registered = registered.with_context(
           "cuFile reads the block device's udev properties (ID_FS_USAGE ...) even in compat mode and refuses the "
@@ -362,15 +357,15 @@ struct Range {
 
 struct ReadOptions {
   static constexpr std::uint32_t kMaxThreads = 256;
-  std::uint32_t threads = 16;                     ///< Reads in flight (worker threads), 1..kMaxThreads.
-  std::uint64_t timeout_ns = 60'000'000'000ull;   ///< Budget for the whole call; > 0.
-  int device = 0;                                 ///< CUDA device made current in each worker.
+  std::uint32_t threads = 16;                    ///< Reads in flight (worker threads), 1..kMaxThreads.
+  std::uint64_t timeout_ns = 60'000'000'000ull;  ///< Budget for the whole call; > 0.
+  int device = 0;                                ///< CUDA device made current in each worker.
 };
 
 struct ReadReport {
-  std::uint64_t bytes = 0;          ///< Bytes that arrived (every range completed: the sum of their bytes).
-  std::uint64_t ranges = 0;         ///< Ranges completed.
-  std::uint64_t elapsed_ns = 0;     ///< Wall time of the call, from the first read to the last.
+  std::uint64_t bytes = 0;       ///< Bytes that arrived (every range completed: the sum of their bytes).
+  std::uint64_t ranges = 0;      ///< Ranges completed.
+  std::uint64_t elapsed_ns = 0;  ///< Wall time of the call, from the first read to the last.
   double seconds() const noexcept { return static_cast<double>(elapsed_ns) / 1e9; }
   /// 10^9 bytes per second.
   double gigabytes_per_second() const noexcept {
@@ -385,8 +380,8 @@ inline Status validate(const DeviceBuffer& buffer, const Range& r, std::size_t i
   if (r.bytes > static_cast<std::uint64_t>(SSIZE_MAX))
     return error(StatusCode::INVALID_ARGUMENT, "ranges[{}].bytes = {} exceeds {}", index, r.bytes, SSIZE_MAX);
   if (r.device_offset > buffer.bytes() || r.bytes > buffer.bytes() - r.device_offset)
-    return error(StatusCode::OUT_OF_RANGE, "ranges[{}]: device_offset {} + bytes {} exceeds the buffer's {} bytes", index,
-                 r.device_offset, r.bytes, buffer.bytes());
+    return error(StatusCode::OUT_OF_RANGE, "ranges[{}]: device_offset {} + bytes {} exceeds the buffer's {} bytes",
+                 index, r.device_offset, r.bytes, buffer.bytes());
   if (r.file_offset > r.file->size() || r.bytes > r.file->size() - r.file_offset)
     return error(StatusCode::OUT_OF_RANGE, "ranges[{}]: file_offset {} + bytes {} exceeds the size {} of '{}'", index,
                  r.file_offset, r.bytes, r.file->size(), r.file->path());
@@ -421,7 +416,8 @@ inline Result<ReadReport> read(const DeviceBuffer& buffer, std::span<const Range
     stop.store(true);
   };
   auto worker = [&] {
-    if (Status s = cuda_status_of(cudaSetDevice(options.device), "cudaSetDevice"); !s.is_ok()) return fail(std::move(s));
+    if (Status s = cuda_status_of(cudaSetDevice(options.device), "cudaSetDevice"); !s.is_ok())
+      return fail(std::move(s));
     while (!stop.load(std::memory_order_relaxed)) {
       const std::size_t i = next.fetch_add(1);
       if (i >= ranges.size()) return;
@@ -431,8 +427,9 @@ inline Result<ReadReport> read(const DeviceBuffer& buffer, std::span<const Range
       const Range& r = ranges[i];
       std::uint64_t moved = 0;
       while (moved < r.bytes) {
-        const ssize_t got = cuFileRead(r.file->handle(), buffer.base(), static_cast<size_t>(r.bytes - moved),
-                                       static_cast<off_t>(r.file_offset + moved), static_cast<off_t>(r.device_offset + moved));
+        const ssize_t got =
+            cuFileRead(r.file->handle(), buffer.base(), static_cast<size_t>(r.bytes - moved),
+                       static_cast<off_t>(r.file_offset + moved), static_cast<off_t>(r.device_offset + moved));
         const int saved_errno = errno;
         auto what = [&] {  // formatted only on failure
           return fmt::format("cuFileRead of {} bytes at offset {} of '{}' into device offset {}", r.bytes - moved,

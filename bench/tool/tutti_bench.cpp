@@ -70,7 +70,7 @@ struct Results {
   double seconds = 0;
   std::uint64_t verified_read_bytes = 0, verified_written_bytes = 0, mismatched_blocks = 0;
   double verify_seconds = 0;
-  double submit_seconds = 0;            // wall time inside StorageRuntime::submit
+  double submit_seconds = 0;             // wall time inside StorageRuntime::submit
   std::uint64_t submitted_requests = 0;  // requests handed to submit (rejected ones included)
   std::vector<double> latencies_us;
   double percentile(double p) {
@@ -179,7 +179,8 @@ tutti::Result<Results> run(Runtime& rt, const Config& c, const std::vector<std::
     return tutti::error(tutti::StatusCode::RESOURCE_EXHAUSTED, "--memory pinned: mlock of {} bytes failed: {}",
                         memory_bytes, std::strerror(errno));
   }
-  auto memory = rt.register_memory({buffer, memory_bytes, c.memory == "pinned" ? tutti::MemoryKind::PINNED_HOST : tutti::MemoryKind::HOST});
+  auto memory = rt.register_memory(
+      {buffer, memory_bytes, c.memory == "pinned" ? tutti::MemoryKind::PINNED_HOST : tutti::MemoryKind::HOST});
   if (!memory) {
     std::free(buffer);
     return memory.status();
@@ -269,8 +270,8 @@ tutti::Result<Results> run(Runtime& rt, const Config& c, const std::vector<std::
         pattern::fill_pattern(memory_at, file, block * c.block_size, c.block_size, stamps.next());
       else if (c.verify)  // bytes a read does not deliver never pass the check
         std::memset(memory_at, pattern::kPoisonByte, c.block_size);
-      pending.push_back({read ? tutti::Direction::READ : tutti::Direction::WRITE, *memory, std::uint64_t{slot} * c.block_size,
-                         targets[file], block * c.block_size, c.block_size});
+      pending.push_back({read ? tutti::Direction::READ : tutti::Direction::WRITE, *memory,
+                         std::uint64_t{slot} * c.block_size, targets[file], block * c.block_size, c.block_size});
       pending_issued.push_back({slot, file, block, read});
     }
     if (!pending.empty()) {
@@ -360,18 +361,32 @@ tutti::Result<Results> run(Runtime& rt, const Config& c, const std::vector<std::
 int main(int argc, char** argv) {
   Config c;
   CLI::App app{"tutti-bench: fio-like load for Tutti backends; prints a table row and writes JSON"};
-  app.add_option("--backend", c.backend, "uring or memfs")->check(CLI::IsMember({"uring", "memfs"}))->capture_default_str();
+  app.add_option("--backend", c.backend, "uring or memfs")
+      ->check(CLI::IsMember({"uring", "memfs"}))
+      ->capture_default_str();
   app.add_option("--dir", c.dir, "Directory for the benchmark files (file backends)");
   app.add_option("--pattern", c.pattern, "seq or rand")->check(CLI::IsMember({"seq", "rand"}))->capture_default_str();
-  app.add_option("--rw", c.rw, "read, write or mix")->check(CLI::IsMember({"read", "write", "mix"}))->capture_default_str();
-  app.add_option("--read-percent", c.read_percent, "Reads in a mix, percent")->check(CLI::Range(0u, 100u))->capture_default_str();
-  app.add_option("--block-size", c.block_size, "Bytes per request (multiple of 4096)")->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))->capture_default_str();
+  app.add_option("--rw", c.rw, "read, write or mix")
+      ->check(CLI::IsMember({"read", "write", "mix"}))
+      ->capture_default_str();
+  app.add_option("--read-percent", c.read_percent, "Reads in a mix, percent")
+      ->check(CLI::Range(0u, 100u))
+      ->capture_default_str();
+  app.add_option("--block-size", c.block_size, "Bytes per request (multiple of 4096)")
+      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))
+      ->capture_default_str();
   app.add_option("--batch", c.batch, "Requests per submit")->check(CLI::Range(1u, 8192u))->capture_default_str();
-  app.add_option("--queue-depth", c.queue_depth, "Requests in flight")->check(CLI::Range(1u, 65536u))->capture_default_str();
+  app.add_option("--queue-depth", c.queue_depth, "Requests in flight")
+      ->check(CLI::Range(1u, 65536u))
+      ->capture_default_str();
   app.add_option("--files", c.files, "Number of files")->check(CLI::Range(1u, 4096u))->capture_default_str();
-  app.add_option("--file-size", c.file_size, "Bytes per file")->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 40))->capture_default_str();
+  app.add_option("--file-size", c.file_size, "Bytes per file")
+      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 40))
+      ->capture_default_str();
   app.add_option("--seconds", c.seconds, "Duration")->check(CLI::Range(0.1, 3600.0))->capture_default_str();
-  app.add_option("--memory", c.memory, "host or pinned")->check(CLI::IsMember({"host", "pinned"}))->capture_default_str();
+  app.add_option("--memory", c.memory, "host or pinned")
+      ->check(CLI::IsMember({"host", "pinned"}))
+      ->capture_default_str();
   app.add_option("--json", c.json_path, "Write results as JSON to this file");
   app.add_flag("--drop-caches,!--no-drop-caches", c.drop_caches, "Drop the page cache before the run (root only)");
   app.add_flag("--verify,!--no-verify", c.verify,
@@ -379,7 +394,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (c.block_size % 4096 != 0 || c.file_size % c.block_size != 0) {
-    fmt::print(stderr, "error: --block-size = {} must be a multiple of 4096 and divide --file-size = {}\n", c.block_size, c.file_size);
+    fmt::print(stderr, "error: --block-size = {} must be a multiple of 4096 and divide --file-size = {}\n",
+               c.block_size, c.file_size);
     return 2;
   }
   if (c.batch > c.queue_depth) {
@@ -404,7 +420,8 @@ int main(int argc, char** argv) {
     }
     if (c.drop_caches && std::system("sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null") != 0)
       fmt::print(stderr, "note: --drop-caches: /proc/sys/vm/drop_caches is not writable; the page cache was kept\n");
-    for (std::uint32_t f = 0; f < c.files; ++f) uris.push_back(file_uri(fs::path(c.dir) / fmt::format("bench-{}.dat", f)));
+    for (std::uint32_t f = 0; f < c.files; ++f)
+      uris.push_back(file_uri(fs::path(c.dir) / fmt::format("bench-{}.dat", f)));
     auto rt = tutti::make_uring_runtime();
     results = rt ? run(*rt, c, uris) : tutti::Result<Results>(rt.status());
   }
@@ -416,8 +433,8 @@ int main(int argc, char** argv) {
   const double mbps = static_cast<double>(r.bytes) / r.seconds / 1e6;
   const double iops = static_cast<double>(r.requests) / r.seconds;
   const double p50 = r.percentile(50), p99 = r.percentile(99), p999 = r.percentile(99.9);
-  fmt::print("{:<8} {:<5} {:<5} {:>8} {:>6} {:>6} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7}\n", "backend", "pat", "rw", "bs", "qd",
-             "batch", "MB/s", "IOPS", "p50_us", "p99_us", "p99.9_us", "errors");
+  fmt::print("{:<8} {:<5} {:<5} {:>8} {:>6} {:>6} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7}\n", "backend", "pat", "rw",
+             "bs", "qd", "batch", "MB/s", "IOPS", "p50_us", "p99_us", "p99.9_us", "errors");
   fmt::print("{:<8} {:<5} {:<5} {:>8} {:>6} {:>6} {:>10.1f} {:>10.0f} {:>9.1f} {:>9.1f} {:>9.1f} {:>7}{}\n", c.backend,
              c.pattern, c.rw, c.block_size, c.queue_depth, c.batch, mbps, iops, p50, p99, p999, r.errors,
              r.mismatched_blocks > 0 ? "  VERIFY FAILED" : "");
@@ -426,21 +443,37 @@ int main(int argc, char** argv) {
   fmt::print("submit: {:.0f} ns per request inside StorageRuntime::submit ({} requests in {:.3f} s)\n", submit_ns,
              r.submitted_requests, r.submit_seconds);
   if (c.verify)
-    fmt::print("verify: {} bytes read and checked, {} bytes written and read back, {} mismatched 4096-byte blocks "
-               "({:.3f} s of checking in the {:.3f} s run)\n",
-               r.verified_read_bytes, r.verified_written_bytes, r.mismatched_blocks, r.verify_seconds, r.seconds);
+    fmt::print(
+        "verify: {} bytes read and checked, {} bytes written and read back, {} mismatched 4096-byte blocks "
+        "({:.3f} s of checking in the {:.3f} s run)\n",
+        r.verified_read_bytes, r.verified_written_bytes, r.mismatched_blocks, r.verify_seconds, r.seconds);
   else
     fmt::print("verify: off (--no-verify): MB/s counts bytes the runtime confirmed, not checked\n");
   if (!c.json_path.empty()) {
-    nlohmann::json j = {{"backend", c.backend}, {"pattern", c.pattern}, {"rw", c.rw}, {"block_size", c.block_size},
-                        {"queue_depth", c.queue_depth}, {"batch", c.batch}, {"files", c.files}, {"file_size", c.file_size},
-                        {"memory", c.memory}, {"seconds", r.seconds}, {"bytes", r.bytes}, {"requests", r.requests},
-                        {"commands", r.commands}, {"rejected", r.rejected}, {"errors", r.errors}, {"mb_per_s", mbps},
-                        {"iops", iops}, {"latency_us", {{"p50", p50}, {"p99", p99}, {"p99.9", p999}}},
-                        {"submit_ns_per_request", submit_ns}, {"verify", c.verify},
+    nlohmann::json j = {{"backend", c.backend},
+                        {"pattern", c.pattern},
+                        {"rw", c.rw},
+                        {"block_size", c.block_size},
+                        {"queue_depth", c.queue_depth},
+                        {"batch", c.batch},
+                        {"files", c.files},
+                        {"file_size", c.file_size},
+                        {"memory", c.memory},
+                        {"seconds", r.seconds},
+                        {"bytes", r.bytes},
+                        {"requests", r.requests},
+                        {"commands", r.commands},
+                        {"rejected", r.rejected},
+                        {"errors", r.errors},
+                        {"mb_per_s", mbps},
+                        {"iops", iops},
+                        {"latency_us", {{"p50", p50}, {"p99", p99}, {"p99.9", p999}}},
+                        {"submit_ns_per_request", submit_ns},
+                        {"verify", c.verify},
                         {"verified_read_bytes", r.verified_read_bytes},
                         {"verified_written_bytes", r.verified_written_bytes},
-                        {"mismatched_blocks", r.mismatched_blocks}, {"verify_seconds", r.verify_seconds}};
+                        {"mismatched_blocks", r.mismatched_blocks},
+                        {"verify_seconds", r.verify_seconds}};
     std::ofstream(c.json_path) << j.dump(2) << "\n";
   }
   return r.errors == 0 && r.mismatched_blocks == 0 ? 0 : 1;

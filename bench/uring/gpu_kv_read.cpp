@@ -116,14 +116,16 @@ std::vector<std::uint64_t> make_contents(std::uint64_t bytes) {
 }
 
 void write_files(const Settings& s, const std::vector<std::uint64_t>& contents) {
-  if (::mkdir(s.dir.c_str(), 0755) != 0 && errno != EEXIST) die(fmt::format("mkdir {}: {}", s.dir, std::strerror(errno)));
+  if (::mkdir(s.dir.c_str(), 0755) != 0 && errno != EEXIST)
+    die(fmt::format("mkdir {}: {}", s.dir, std::strerror(errno)));
   const auto* bytes = reinterpret_cast<const char*>(contents.data());
   for (std::uint64_t l = 0; l < s.layers; ++l) {
     const std::string path = s.layer_path(l);
     const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) die(fmt::format("create {}: {}", path, std::strerror(errno)));
     for (std::uint64_t done = 0; done < s.layer_bytes();) {
-      const ssize_t n = ::pwrite(fd, bytes + l * s.layer_bytes() + done, s.layer_bytes() - done, static_cast<off_t>(done));
+      const ssize_t n =
+          ::pwrite(fd, bytes + l * s.layer_bytes() + done, s.layer_bytes() - done, static_cast<off_t>(done));
       if (n <= 0) die(fmt::format("write {}: {}", path, std::strerror(errno)));
       done += static_cast<std::uint64_t>(n);
     }
@@ -211,7 +213,8 @@ PassResult run_uring(const Settings& s, const std::vector<Unit>& order, void* de
     std::vector<tutti::IoRequest> requests;
     for (; next < order.size() && requests.size() < per_submit; ++next) {
       const Unit& u = order[next];
-      requests.push_back({tutti::Direction::READ, *memory, u.layer * s.layer_bytes() + u.offset, targets[u.layer], u.offset, u.bytes});
+      requests.push_back(
+          {tutti::Direction::READ, *memory, u.layer * s.layer_bytes() + u.offset, targets[u.layer], u.offset, u.bytes});
     }
     if (requests.empty()) return;
     auto outcome = runtime.submit(requests);
@@ -249,7 +252,8 @@ PassResult run_cufile(const Settings& s, const std::vector<Unit>& order, void* d
   for (std::uint64_t l = 0; l < s.layers; ++l) {
     auto f = cf::File::open(s.layer_path(l), direct);
     if (!f && direct && l == 0) {  // compat mode also takes a page-cache descriptor: say so, and use it
-      std::fprintf(stderr, "cuFile with O_DIRECT refused (%s); trying without O_DIRECT\n", f.status().to_string().c_str());
+      std::fprintf(stderr, "cuFile with O_DIRECT refused (%s); trying without O_DIRECT\n",
+                   f.status().to_string().c_str());
       r.note = "O_DIRECT refused (" + f.status().to_string() + "), page-cache descriptors; ";
       direct = false;
       f = cf::File::open(s.layer_path(l), direct);
@@ -269,7 +273,8 @@ PassResult run_cufile(const Settings& s, const std::vector<Unit>& order, void* d
   }
   r.note += (*buffer)->registered() ? "cuFileBufRegister'ed destination" : "unregistered destination";
   std::vector<cf::Range> ranges;
-  for (const Unit& u : order) ranges.push_back({files[u.layer].get(), u.offset, u.layer * s.layer_bytes() + u.offset, u.bytes});
+  for (const Unit& u : order)
+    ranges.push_back({files[u.layer].get(), u.offset, u.layer * s.layer_bytes() + u.offset, u.bytes});
   // Slices of the order, so the pass can stop at --pass-seconds between them.
   const std::size_t slice = std::max<std::size_t>(s.cufile_threads * 16, ranges.size() / 32);
   cf::ReadOptions read_options;
@@ -315,7 +320,8 @@ PassResult run_pread(const Settings& s, const std::vector<Unit>& order, void* de
       break;
     }
     check(cudaMemcpy(static_cast<char*>(device) + u.layer * s.layer_bytes() + u.offset, pinned, u.bytes,
-                     cudaMemcpyHostToDevice), "cudaMemcpy");
+                     cudaMemcpyHostToDevice),
+          "cudaMemcpy");
     r.bytes += u.bytes;
   }
   r.seconds = seconds_since(start);
@@ -332,36 +338,60 @@ int main(int argc, char** argv) {
   Settings s;
   // CLI11 checks every number against its range before the conversion can wrap: "-4096" is not a
   // size, and 2^32 + 2 is not a queue depth (both once slipped through strtoull and a 32-bit cast).
-  CLI::App app{"gpu_kv_read: a KV-sized working set from files into GPU memory, through the uring DataPath, cuFile "
-               "and pread + cudaMemcpy, every pass verified byte for byte"};
-  app.add_option("--dir", s.dir, "folder for the layer files (created)")->check(tutti::bench::kNotEmpty)->capture_default_str();
-  app.add_option("--layers", s.layers, "layer files")->check(tutti::bench::kDecimal)->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000}))->capture_default_str();
+  CLI::App app{
+      "gpu_kv_read: a KV-sized working set from files into GPU memory, through the uring DataPath, cuFile "
+      "and pread + cudaMemcpy, every pass verified byte for byte"};
+  app.add_option("--dir", s.dir, "folder for the layer files (created)")
+      ->check(tutti::bench::kNotEmpty)
+      ->capture_default_str();
+  app.add_option("--layers", s.layers, "layer files")
+      ->check(tutti::bench::kDecimal)
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000}))
+      ->capture_default_str();
   app.add_option("--tensors-per-layer", s.tensors_per_layer, "tensors per layer file")
-      ->check(tutti::bench::kDecimal)->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20))->capture_default_str();
+      ->check(tutti::bench::kDecimal)
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--tensor-bytes", s.tensor_bytes, "bytes per tensor (a multiple of 4096)")
-      ->check(tutti::bench::kDecimal)->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))->capture_default_str();
-  app.add_option("--block-bytes", s.block_bytes, "bytes per block of the random-block shape (a multiple of 4096 dividing --tensor-bytes)")
-      ->check(tutti::bench::kDecimal)->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))->capture_default_str();
-  app.add_option("--queue-depth", s.queue_depth, "uring requests in flight")->check(tutti::bench::kDecimal)->check(CLI::Range(2u, 32768u))->capture_default_str();
-  app.add_option("--cufile-threads", s.cufile_threads, "cuFile reader threads")->check(tutti::bench::kDecimal)->check(CLI::Range(1u, 256u))->capture_default_str();
+      ->check(tutti::bench::kDecimal)
+      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--block-bytes", s.block_bytes,
+                 "bytes per block of the random-block shape (a multiple of 4096 dividing --tensor-bytes)")
+      ->check(tutti::bench::kDecimal)
+      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--queue-depth", s.queue_depth, "uring requests in flight")
+      ->check(tutti::bench::kDecimal)
+      ->check(CLI::Range(2u, 32768u))
+      ->capture_default_str();
+  app.add_option("--cufile-threads", s.cufile_threads, "cuFile reader threads")
+      ->check(tutti::bench::kDecimal)
+      ->check(CLI::Range(1u, 256u))
+      ->capture_default_str();
   std::uint32_t pass_seconds = static_cast<std::uint32_t>(s.pass_seconds);  // whole seconds: no NaN, no fractions
   app.add_option("--pass-seconds", pass_seconds, "time bound of one pass, s")
-      ->check(tutti::bench::kDecimal)->check(CLI::Range(1u, 86400u))->capture_default_str();
+      ->check(tutti::bench::kDecimal)
+      ->check(CLI::Range(1u, 86400u))
+      ->capture_default_str();
   app.add_option("--json", s.json, "write the results as JSON here");
   app.add_flag("--keep-files", s.keep_files, "keep the layer files");
   if (const int status = tutti::bench::parse_flags(app, argc, argv); status != -1) return status;
   s.pass_seconds = pass_seconds;
   if (s.tensor_bytes % 4096 != 0 || s.block_bytes % 4096 != 0 || s.tensor_bytes % s.block_bytes != 0) {
-    std::fprintf(stderr, "gpu_kv_read: --tensor-bytes = %llu and --block-bytes = %llu must be multiples of 4096 with the "
-                 "block dividing the tensor\n", static_cast<unsigned long long>(s.tensor_bytes),
-                 static_cast<unsigned long long>(s.block_bytes));
+    std::fprintf(stderr,
+                 "gpu_kv_read: --tensor-bytes = %llu and --block-bytes = %llu must be multiples of 4096 with the "
+                 "block dividing the tensor\n",
+                 static_cast<unsigned long long>(s.tensor_bytes), static_cast<unsigned long long>(s.block_bytes));
     return 2;
   }
 
   // The working set lives in host memory (contents, verification copy) and in one cudaMalloc.
   if (s.total_bytes() > (std::uint64_t{1} << 40)) {
-    std::fprintf(stderr, "gpu_kv_read: the working set (--layers x --tensors-per-layer x --tensor-bytes = %llu bytes) exceeds "
-                 "the limit of 1 TiB\n", static_cast<unsigned long long>(s.total_bytes()));
+    std::fprintf(stderr,
+                 "gpu_kv_read: the working set (--layers x --tensors-per-layer x --tensor-bytes = %llu bytes) exceeds "
+                 "the limit of 1 TiB\n",
+                 static_cast<unsigned long long>(s.total_bytes()));
     return 2;
   }
   const auto contents = make_contents(s.total_bytes());
@@ -406,13 +436,15 @@ int main(int argc, char** argv) {
   out["cufile"] = "not built (no libcufile / cufile.h in this toolkit)";
   std::printf("cuFile: not built (no libcufile / cufile.h in this toolkit)\n");
 #endif
-  std::printf("GPU %s, CUDA runtime %d, %llu layers x %llu x %llu-byte tensors = %llu bytes in %s, queue depth %u, "
-              "cuFile threads %u\n",
-              prop.name, runtime_version, static_cast<unsigned long long>(s.layers),
-              static_cast<unsigned long long>(s.tensors_per_layer), static_cast<unsigned long long>(s.tensor_bytes),
-              static_cast<unsigned long long>(s.total_bytes()), s.dir.c_str(), s.queue_depth, s.cufile_threads);
-  std::printf("| shape | cache | uring GB/s | cuFile GB/s | pread+cudaMemcpy GB/s | uring / cuFile | uring / pread |\n"
-              "|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "GPU %s, CUDA runtime %d, %llu layers x %llu x %llu-byte tensors = %llu bytes in %s, queue depth %u, "
+      "cuFile threads %u\n",
+      prop.name, runtime_version, static_cast<unsigned long long>(s.layers),
+      static_cast<unsigned long long>(s.tensors_per_layer), static_cast<unsigned long long>(s.tensor_bytes),
+      static_cast<unsigned long long>(s.total_bytes()), s.dir.c_str(), s.queue_depth, s.cufile_threads);
+  std::printf(
+      "| shape | cache | uring GB/s | cuFile GB/s | pread+cudaMemcpy GB/s | uring / cuFile | uring / pread |\n"
+      "|---|---|---|---|---|---|---|\n");
 
   bool all_ok = true;
   nlohmann::json passes = nlohmann::json::array();
@@ -455,7 +487,8 @@ int main(int argc, char** argv) {
                           {"verified", r.verified},
                           {"error", r.error},
                           {"note", r.note}});
-        if (!r.note.empty()) std::fprintf(stderr, "%s %s %s: %s\n", r.method.c_str(), shape.c_str(), cache, r.note.c_str());
+        if (!r.note.empty())
+          std::fprintf(stderr, "%s %s %s: %s\n", r.method.c_str(), shape.c_str(), cache, r.note.c_str());
         results.push_back(r);
       }
       auto gbps = [&](const char* method) {  // 0 for a failed or missing pass: no ratio from it
@@ -479,8 +512,9 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  std::printf("(* = the pass stopped at --pass-seconds; GB/s over the bytes it read. failed = an IO error or a "
-              "verification failure: GB/s over the bytes the runtime confirmed before it, not a figure to use)\n");
+  std::printf(
+      "(* = the pass stopped at --pass-seconds; GB/s over the bytes it read. failed = an IO error or a "
+      "verification failure: GB/s over the bytes the runtime confirmed before it, not a figure to use)\n");
   out["passes"] = passes;
   out["all_verified"] = all_ok;
   if (!s.json.empty()) {

@@ -62,7 +62,7 @@ struct Settings {
 struct Figures {
   double bytes_per_second = 0;
   double iops = 0;
-  double cpu_us_per_io = 0;  ///< user + system CPU time per request, in microseconds
+  double cpu_us_per_io = 0;             ///< user + system CPU time per request, in microseconds
   std::uint64_t verified_bytes = 0;     ///< bytes read and checked against the pattern (uring side)
   std::uint64_t mismatched_blocks = 0;  ///< 4096-byte blocks that did not hold the pattern
 };
@@ -132,8 +132,8 @@ Figures run_uring(const Settings& s, std::uint64_t block, bool random_offsets) {
     std::exit(1);
   }
   const std::uint64_t buffer_bytes = block * s.iodepth;
-  std::unique_ptr<std::byte, void (*)(void*)> buffer(
-      static_cast<std::byte*>(std::aligned_alloc(4096, buffer_bytes)), std::free);
+  std::unique_ptr<std::byte, void (*)(void*)> buffer(static_cast<std::byte*>(std::aligned_alloc(4096, buffer_bytes)),
+                                                     std::free);
   auto memory = runtime.register_memory({buffer.get(), buffer_bytes, tutti::MemoryKind::HOST, -1});
   if (!memory) {
     std::fprintf(stderr, "register_memory: %s\n", memory.status().to_string().c_str());
@@ -188,8 +188,7 @@ Figures run_uring(const Settings& s, std::uint64_t block, bool random_offsets) {
     ring.pop_front();
     auto result = runtime.wait(oldest.io, 30'000'000'000ull);
     if (!result || !result->status.is_ok()) {
-      std::fprintf(stderr, "wait: %s\n",
-                   (result ? result->status : result.status()).to_string().c_str());
+      std::fprintf(stderr, "wait: %s\n", (result ? result->status : result.status()).to_string().c_str());
       std::exit(1);
     }
     if (s.verify) {
@@ -271,13 +270,20 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "option %s needs a value\n", key.c_str());
       return 2;
     }
-    if (key == "--file") s.file = argv[i + 1];
-    else if (key == "--size") s.size = number(argv[i + 1]);
-    else if (key == "--iodepth") s.iodepth = static_cast<std::uint32_t>(number(argv[i + 1]));
-    else if (key == "--seconds") s.seconds = static_cast<std::uint32_t>(number(argv[i + 1]));
-    else if (key == "--batch") s.batch = static_cast<std::uint32_t>(number(argv[i + 1]));
-    else if (key == "--fio") s.fio = argv[i + 1];
-    else if (key == "--repeat") s.repeat = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(number(argv[i + 1])));
+    if (key == "--file")
+      s.file = argv[i + 1];
+    else if (key == "--size")
+      s.size = number(argv[i + 1]);
+    else if (key == "--iodepth")
+      s.iodepth = static_cast<std::uint32_t>(number(argv[i + 1]));
+    else if (key == "--seconds")
+      s.seconds = static_cast<std::uint32_t>(number(argv[i + 1]));
+    else if (key == "--batch")
+      s.batch = static_cast<std::uint32_t>(number(argv[i + 1]));
+    else if (key == "--fio")
+      s.fio = argv[i + 1];
+    else if (key == "--repeat")
+      s.repeat = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(number(argv[i + 1])));
     else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       return 2;
@@ -291,7 +297,8 @@ int main(int argc, char** argv) {
   std::printf("file %s, %llu bytes, iodepth %u, %u s per run, median of %u runs each, uring batch %u, cold cache: %s\n",
               s.file.c_str(), static_cast<unsigned long long>(s.size), s.iodepth, s.seconds, s.repeat, s.batch,
               geteuid() == 0 ? "drop_caches before each run" : "no (not root)");
-  std::printf("| workload | uring MB/s | uring IOPS | fio MB/s | fio IOPS | uring / fio | uring CPU us/IO | fio CPU us/IO |\n");
+  std::printf(
+      "| workload | uring MB/s | uring IOPS | fio MB/s | fio IOPS | uring / fio | uring CPU us/IO | fio CPU us/IO |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> commands;
   std::uint64_t verified = 0, mismatched = 0;
@@ -318,10 +325,11 @@ int main(int argc, char** argv) {
   }
   for (const auto& c : commands) std::printf("fio command: %s\n", c.c_str());
   if (s.verify)
-    std::printf("verify: uring side: %llu bytes read and checked against the file's pattern, %llu mismatched "
-                "4096-byte blocks%s; fio's reads are not checked (fio verifies only data it wrote itself)\n",
-                static_cast<unsigned long long>(verified), static_cast<unsigned long long>(mismatched),
-                mismatched ? " -> VERIFY FAILED" : "");
+    std::printf(
+        "verify: uring side: %llu bytes read and checked against the file's pattern, %llu mismatched "
+        "4096-byte blocks%s; fio's reads are not checked (fio verifies only data it wrote itself)\n",
+        static_cast<unsigned long long>(verified), static_cast<unsigned long long>(mismatched),
+        mismatched ? " -> VERIFY FAILED" : "");
   else
     std::printf("verify: off (--no-verify): uring MB/s counts confirmed bytes, not checked bytes\n");
   return mismatched == 0 ? 0 : 1;

@@ -54,8 +54,8 @@ inline tutti::Result<std::vector<tutti::FileDescriptor>> open_layer_files(const 
 inline tutti::Status pread_tensor(int fd, std::byte* slot, std::uint32_t index, const Shape& shape,
                                   std::uint32_t layer) {
   const std::uint64_t offset = shape.tensor_offset(index / 2, index % 2);
-  const ssize_t n = ::pread(fd, slot + std::uint64_t{index} * shape.tensor_bytes, shape.tensor_bytes,
-                            static_cast<off_t>(offset));
+  const ssize_t n =
+      ::pread(fd, slot + std::uint64_t{index} * shape.tensor_bytes, shape.tensor_bytes, static_cast<off_t>(offset));
   if (n < 0) return tutti::status_from_errno(errno, fmt::format("pread layer {} offset {}", layer, offset));
   if (n != static_cast<ssize_t>(shape.tensor_bytes))
     return tutti::error(tutti::StatusCode::DATA_LOSS, "pread of layer {} offset {} returned {} of {} bytes", layer,

@@ -158,8 +158,7 @@ class DataDirLock {
   tutti::Status acquire(const fs::path& dir) {
     const fs::path path = dir / kFileName;
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      return tutti::status_from_errno(errno, fmt::format("--data-dir: lock file '{}'", path.string()));
+    if (fd_ < 0) return tutti::status_from_errno(errno, fmt::format("--data-dir: lock file '{}'", path.string()));
     if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return tutti::Status::success();
     const int err = errno;
     ::close(fd_);
@@ -232,7 +231,8 @@ inline FileSystemInfo describe_filesystem(const fs::path& dir, int depth = 0) {
     if (!(in >> id >> parent >> numbers >> root >> mount_point)) continue;
     if (numbers != fmt::format("{}:{}", major(st.st_dev), minor(st.st_dev))) continue;
     std::string field;
-    while (in >> field && field != "-") {}
+    while (in >> field && field != "-") {
+    }
     std::string type, source;
     if (!(in >> type >> source)) continue;
     mount_point = detail::unescape_mountinfo(mount_point);

@@ -33,8 +33,8 @@ struct Shape {
   std::uint32_t layers = 80;
   std::uint32_t context_tokens = 4096;
   std::uint32_t chunk_tokens = 256;
-  std::uint32_t hit_percent = 75;             ///< Share of the prefix's chunks found in the cache.
-  std::uint64_t tensor_bytes = 512 * 1024;    ///< One K or V tensor of one chunk of one layer.
+  std::uint32_t hit_percent = 75;           ///< Share of the prefix's chunks found in the cache.
+  std::uint64_t tensor_bytes = 512 * 1024;  ///< One K or V tensor of one chunk of one layer.
 
   std::uint32_t chunks() const { return (context_tokens + chunk_tokens - 1) / chunk_tokens; }
   std::uint32_t hit_chunks() const { return static_cast<std::uint32_t>(std::uint64_t{chunks()} * hit_percent / 100); }
@@ -60,7 +60,8 @@ struct Shape {
 /// Word i (0-based) of a tensor is splitmix64's output for state seed + (i + 1) * 0x9e3779b97f4a7c15; the
 /// CUDA build's fill kernel (gpu_compute.cu) produces the same bytes on the GPU from the same seed.
 inline std::uint64_t tensor_seed(std::uint32_t layer, std::uint32_t chunk, std::uint32_t kind, std::uint64_t salt = 0) {
-  return (std::uint64_t{layer} << 40) ^ (std::uint64_t{chunk} << 8) ^ kind ^ 0x7475747469ULL ^ (salt * 0xd1b54a32d192ed03ULL);
+  return (std::uint64_t{layer} << 40) ^ (std::uint64_t{chunk} << 8) ^ kind ^ 0x7475747469ULL ^
+         (salt * 0xd1b54a32d192ed03ULL);
 }
 
 /// Fills `out` with the deterministic content of one tensor (a splitmix64 stream seeded by its

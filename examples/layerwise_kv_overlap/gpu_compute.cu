@@ -127,13 +127,13 @@ struct Gpu::State {
   cudaEvent_t verification_done[2] = {nullptr, nullptr};
   cudaEvent_t drained[2] = {nullptr, nullptr};
   cudaEvent_t calibration[2] = {nullptr, nullptr};  // timing events of calibrate()
-  cudaEvent_t pipeline_start = nullptr;              // mark_start()
+  cudaEvent_t pipeline_start = nullptr;             // mark_start()
   bool started = false;
   std::vector<cudaEvent_t> layer_start, layer_end;
   std::vector<bool> layer_ran;
   bool leak = false;  // set when the device did not drain: its memory is never freed
 #if defined(TUTTI_HAVE_CUFILE)
-  std::unique_ptr<tutti::bench::cufile::Driver> cufile_driver;        // destroyed after the buffer
+  std::unique_ptr<tutti::bench::cufile::Driver> cufile_driver;  // destroyed after the buffer
   std::unique_ptr<tutti::bench::cufile::DeviceBuffer> cufile_buffer;
 #endif
 };
@@ -147,9 +147,12 @@ Gpu::~Gpu() {
   if (!synchronize(10'000'000'000ULL).is_ok()) s.leak = true;  // never free memory a kernel may still use
   for (cudaEvent_t e : s.layer_start) (void)cudaEventDestroy(e);
   for (cudaEvent_t e : s.layer_end) (void)cudaEventDestroy(e);
-  for (cudaEvent_t e : s.verification_done) if (e) (void)cudaEventDestroy(e);
-  for (cudaEvent_t e : s.drained) if (e) (void)cudaEventDestroy(e);
-  for (cudaEvent_t e : s.calibration) if (e) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : s.verification_done)
+    if (e) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : s.drained)
+    if (e) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : s.calibration)
+    if (e) (void)cudaEventDestroy(e);
   if (s.pipeline_start) (void)cudaEventDestroy(s.pipeline_start);
   if (s.cublas) (void)cublasDestroy(s.cublas);
   if (!s.leak) {
@@ -347,12 +350,12 @@ tutti::Result<GemmFigures> Gpu::calibrate(std::uint32_t cached_chunks) {
   }
   const float alpha = 1.0f, beta = 0.0f;
   auto gemm = [&] {
-    return cublas_status(cublasGemmEx(s.cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(c.hidden),
-                                      static_cast<int>(c.tokens), static_cast<int>(c.hidden), &alpha, s.w, CUDA_R_16F,
-                                      static_cast<int>(c.hidden), s.a, CUDA_R_16F, static_cast<int>(c.hidden), &beta,
-                                      s.c, CUDA_R_16F, static_cast<int>(c.hidden), CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT),
-                         "cublasGemmEx");
+    return cublas_status(
+        cublasGemmEx(s.cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(c.hidden), static_cast<int>(c.tokens),
+                     static_cast<int>(c.hidden), &alpha, s.w, CUDA_R_16F, static_cast<int>(c.hidden), s.a, CUDA_R_16F,
+                     static_cast<int>(c.hidden), &beta, s.c, CUDA_R_16F, static_cast<int>(c.hidden), CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
   };
   for (int i = 0; i < 3; ++i) TUTTI_RETURN_IF_ERROR(gemm());  // warm-up: cuBLAS heuristics, clocks
   constexpr int kRuns = 20;
@@ -366,12 +369,12 @@ tutti::Result<GemmFigures> Gpu::calibrate(std::uint32_t cached_chunks) {
   const double flops = 2.0 * c.tokens * static_cast<double>(c.hidden) * c.hidden;
   figures.mlp_tflops = figures.mlp_gemm_ms > 0 ? flops / (figures.mlp_gemm_ms * 1e-3) / 1e12 : 0;
   const double target_ms = static_cast<double>(c.compute_ns) / 1e6;
-  s.repetitions = c.compute_ns == 0 ? 0 : static_cast<std::uint32_t>(std::max(1.0, std::round(target_ms / figures.mlp_gemm_ms)));
+  s.repetitions =
+      c.compute_ns == 0 ? 0 : static_cast<std::uint32_t>(std::max(1.0, std::round(target_ms / figures.mlp_gemm_ms)));
   figures.repetitions = s.repetitions;
   figures.head_elements = s.head_elements;
-  figures.flops_per_layer =
-      static_cast<std::uint64_t>(flops) * s.repetitions +
-      (s.head_elements ? 2ULL * c.tokens * c.chunk_tokens * s.head_elements * cached_chunks : 0);
+  figures.flops_per_layer = static_cast<std::uint64_t>(flops) * s.repetitions +
+                            (s.head_elements ? 2ULL * c.tokens * c.chunk_tokens * s.head_elements * cached_chunks : 0);
   return figures;
 }
 

@@ -33,20 +33,20 @@ namespace layerwise::gpu {
 /// In both modes the layer's recomputed (missed) K/V tensors are produced by a fill kernel first.
 struct ComputeConfig {
   bool use_gemm = true;
-  std::uint64_t compute_ns = 2'000'000;  ///< Target time of one layer's compute, ns.
-  std::uint32_t tokens = 1024;           ///< Rows of the MLP GEMM and of Q (new tokens of the step).
-  std::uint32_t hidden = 8192;           ///< Model hidden size (elements), multiple of 8.
-  std::uint32_t chunk_tokens = 256;      ///< Tokens per chunk (rows of one K tensor).
+  std::uint64_t compute_ns = 2'000'000;     ///< Target time of one layer's compute, ns.
+  std::uint32_t tokens = 1024;              ///< Rows of the MLP GEMM and of Q (new tokens of the step).
+  std::uint32_t hidden = 8192;              ///< Model hidden size (elements), multiple of 8.
+  std::uint32_t chunk_tokens = 256;         ///< Tokens per chunk (rows of one K tensor).
   std::uint64_t tensor_bytes = 512 * 1024;  ///< Bytes of one K or V tensor.
 };
 
 /// What calibrate() measured.
 struct GemmFigures {
-  std::uint32_t repetitions = 0;          ///< MLP GEMMs per layer.
-  double mlp_gemm_ms = 0;                 ///< One MLP GEMM, ms (mean of the calibration runs).
-  double mlp_tflops = 0;                  ///< Its rate, 10^12 FLOP/s (2 * tokens * hidden^2 per GEMM).
-  std::uint32_t head_elements = 0;        ///< Columns of one K tensor as fp16; 0: no attention GEMM.
-  std::uint64_t flops_per_layer = 0;      ///< FLOPs one layer's GEMMs perform.
+  std::uint32_t repetitions = 0;      ///< MLP GEMMs per layer.
+  double mlp_gemm_ms = 0;             ///< One MLP GEMM, ms (mean of the calibration runs).
+  double mlp_tflops = 0;              ///< Its rate, 10^12 FLOP/s (2 * tokens * hidden^2 per GEMM).
+  std::uint32_t head_elements = 0;    ///< Columns of one K tensor as fp16; 0: no attention GEMM.
+  std::uint64_t flops_per_layer = 0;  ///< FLOPs one layer's GEMMs perform.
 };
 
 /// CUDA devices usable by this process (cudaGetDeviceCount); 0 when none or when the call fails.

@@ -39,8 +39,8 @@ namespace layerwise {
 
 /// What the GPU build measures beyond Report.
 struct GpuReport {
-  std::string device;             ///< Gpu::description().
-  gpu::GemmFigures gemm;          ///< Calibration of the MLP GEMM (GEMM mode).
+  std::string device;     ///< Gpu::description().
+  gpu::GemmFigures gemm;  ///< Calibration of the MLP GEMM (GEMM mode).
   bool use_gemm = true;
   std::uint64_t gpu_compute_ns = 0;  ///< Sum over layers of the compute stream's time (events).
   /// Host thread's time in reads.drain() (it waits for read(L) while the GPU may still compute L-1);
@@ -53,8 +53,8 @@ struct GpuReport {
     PhaseStats stats;
   };
   std::vector<CufileRun> cufile_runs;
-  std::string cufile_mode;        ///< cufile_reader.hpp's DriverInfo::describe(): compat or GPUDirect.
-  std::string cufile_error;       ///< Why the cuFile baseline did not run; empty when it ran.
+  std::string cufile_mode;   ///< cufile_reader.hpp's DriverInfo::describe(): compat or GPUDirect.
+  std::string cufile_error;  ///< Why the cuFile baseline did not run; empty when it ran.
 };
 
 /// Hashes device slots on a helper thread after an asynchronous copy to pinned host memory. Two host
@@ -281,7 +281,8 @@ class GpuPipeline {
         if (ranges.empty()) continue;
         auto ns = gpu_.cufile_read(paths[l], ranges, threads, settings_.io_timeout_ns);
         if (!ns) {
-          gpu_report.cufile_error = ns.status().with_context(fmt::format("{} thread(s), layer {}", threads, l)).to_string();
+          gpu_report.cufile_error =
+              ns.status().with_context(fmt::format("{} thread(s), layer {}", threads, l)).to_string();
           gpu_.cufile_close();
           return tutti::Status::success();
         }
@@ -421,8 +422,8 @@ class GpuPipeline {
   const Checksums& checksums_;
   std::uint64_t hit_tensors_;
   std::uint64_t miss_tensors_;
-  std::byte* reads_ = nullptr;   // device: 2 slots of hit_tensors_ tensors
-  std::byte* writes_ = nullptr;  // device: 2 slots of miss_tensors_ tensors
+  std::byte* reads_ = nullptr;                               // device: 2 slots of hit_tensors_ tensors
+  std::byte* writes_ = nullptr;                              // device: 2 slots of miss_tensors_ tensors
   std::array<std::byte*, 2> verify_host_{nullptr, nullptr};  // pinned
   std::byte* written_host_ = nullptr;                        // pinned
   std::byte* bounce_ = nullptr;                              // pinned, one tensor

@@ -71,8 +71,9 @@ struct Options {
   std::string pread_label = "pread 1 thread";
   std::string pread_note = "O_DIRECT, one request at a time, same tensors, same memory";
 #if defined(LAYERWISE_GPU)
-  std::string memory = "auto";  ///< device: KV slots in GPU memory; host: the host profile's pipeline; auto: see --memory
-  std::string compute = "gemm";    ///< gemm (cuBLAS) or sleep (a kernel spinning compute_ms)
+  std::string memory =
+      "auto";  ///< device: KV slots in GPU memory; host: the host profile's pipeline; auto: see --memory
+  std::string compute = "gemm";  ///< gemm (cuBLAS) or sleep (a kernel spinning compute_ms)
   std::uint32_t gemm_tokens = 1024;
   std::uint32_t hidden = 8192;
   int accelerator = 0;
@@ -128,8 +129,9 @@ void print_header(const Options& o, const DataPlace& place) {
                            : fmt::format("{} runs (--repeat {}): figures are median [min-max] over the runs", o.repeat,
                                          o.repeat));
   if (o.backend == "nvme-soft")
-    fmt::print("  note           : nvme-soft is the software NVMe controller (pread/pwrite on an image file): its "
-               "figures measure the emulation, not an NVMe drive\n");
+    fmt::print(
+        "  note           : nvme-soft is the software NVMe controller (pread/pwrite on an image file): its "
+        "figures measure the emulation, not an NVMe drive\n");
   if (o.model.kv_heads)
     fmt::print("  model          : {}: {}\n", o.model.name, o.model.describe());
   else
@@ -153,9 +155,10 @@ void print_header(const Options& o, const DataPlace& place) {
              s.layers, format_bytes(s.layer_file_bytes()), place.dir.string(), place.filesystem.describe(),
              o.backend == "nvme-soft" ? ", inside an ext4 image under nvme-soft/" : "");
   if (!place.filesystem.ram_backed.empty())
-    fmt::print("  warning        : '{}' is on {}: {}, so the figures below measure memory, not a disk; pick a folder "
-               "on a disk with --data-dir\n",
-               place.dir.string(), place.filesystem.describe(), place.filesystem.ram_backed);
+    fmt::print(
+        "  warning        : '{}' is on {}: {}, so the figures below measure memory, not a disk; pick a folder "
+        "on a disk with --data-dir\n",
+        place.dir.string(), place.filesystem.describe(), place.filesystem.ram_backed);
   std::fflush(stdout);  // before the progress lines on stderr, also when stdout is a file or a pipe
 }
 
@@ -211,9 +214,10 @@ void print_report(const Options& o, const std::vector<Report>& runs, const Bound
   const Report& r = runs[median_run(runs)];
   const Report checks = all_checks(runs);
   if (runs.size() > 1)
-    fmt::print("  (GB/s, ms and ratios: median [min-max] over {} runs; time split, overlap and per layer: the run with "
-               "the median pipeline time)\n",
-               runs.size());
+    fmt::print(
+        "  (GB/s, ms and ratios: median [min-max] over {} runs; time split, overlap and per layer: the run with "
+        "the median pipeline time)\n",
+        runs.size());
   fmt::print("  restore only   : {} GB/s, {:.1f} MiB in {} ms  ({} requests, {} device commands{})\n",
              format_spread(spread_over(runs, [](const Report& x) { return x.restore_only.gigabytes_per_second(); }), 2),
              mib(r.restore_only.bytes),
@@ -241,22 +245,26 @@ void print_report(const Options& o, const std::vector<Report>& runs, const Bound
   if (bound.compute_name == std::string_view("compute")) {  // the host profile's simulated compute
     const double asked = o.compute_ms, took = ms(r.compute_ns) / s.layers,
                  produce = ms(r.compute_produce_ns) / s.layers;
-    fmt::print("  compute        : simulated on the host, per layer: produce the missed chunks' K/V ({}, {:.2f} ms), "
-               "then sleep until --compute-ms {:.2f} has passed: took {:.2f} ms{}\n",
-               format_bytes(std::uint64_t{s.miss_chunks()} * 2 * s.tensor_bytes), produce, asked, took,
-               compute_note(asked, produce, took));
+    fmt::print(
+        "  compute        : simulated on the host, per layer: produce the missed chunks' K/V ({}, {:.2f} ms), "
+        "then sleep until --compute-ms {:.2f} has passed: took {:.2f} ms{}\n",
+        format_bytes(std::uint64_t{s.miss_chunks()} * 2 * s.tensor_bytes), produce, asked, took,
+        compute_note(asked, produce, took));
   }
-  fmt::print("  time split     : compute {:.2f} ms, waiting for reads {:.2f} ms, waiting for writes {:.2f} ms, verify "
-             "{:.2f} ms\n",
-             ms(r.compute_ns), ms(r.read_stall_ns), ms(r.write_stall_ns), ms(r.verify_ns));
+  fmt::print(
+      "  time split     : compute {:.2f} ms, waiting for reads {:.2f} ms, waiting for writes {:.2f} ms, verify "
+      "{:.2f} ms\n",
+      ms(r.compute_ns), ms(r.read_stall_ns), ms(r.write_stall_ns), ms(r.verify_ns));
   // Share of the read time hidden: restore alone takes R; inside the pipeline compute waited S for reads.
-  const double hidden = r.restore_only.ns ? 1.0 - static_cast<double>(r.read_stall_ns) / static_cast<double>(r.restore_only.ns) : 0.0;
+  const double hidden =
+      r.restore_only.ns ? 1.0 - static_cast<double>(r.read_stall_ns) / static_cast<double>(r.restore_only.ns) : 0.0;
   if (r.restore_only.bytes == 0)
     fmt::print("  overlap        : n/a (no cached chunks to read: --hit-percent 0)\n");
   else
-    fmt::print("  overlap        : compute waited {:.2f} ms for reads that take {:.2f} ms alone: {:.0f}% of the read "
-               "time was hidden behind compute and writes\n",
-               ms(r.read_stall_ns), ms(r.restore_only.ns), 100.0 * std::clamp(hidden, 0.0, 1.0));
+    fmt::print(
+        "  overlap        : compute waited {:.2f} ms for reads that take {:.2f} ms alone: {:.0f}% of the read "
+        "time was hidden behind compute and writes\n",
+        ms(r.read_stall_ns), ms(r.restore_only.ns), 100.0 * std::clamp(hidden, 0.0, 1.0));
   fmt::print("  per layer      : {}\n", layer_bound_line(bound));
   if (o.settings.verify)
     fmt::print(
@@ -269,7 +277,10 @@ void print_report(const Options& o, const std::vector<Report>& runs, const Bound
 }
 
 nlohmann::json phase_json(const PhaseStats& p) {
-  return nlohmann::json{{"bytes", p.bytes}, {"requests", p.requests}, {"commands", p.commands}, {"ns", p.ns},
+  return nlohmann::json{{"bytes", p.bytes},
+                        {"requests", p.requests},
+                        {"commands", p.commands},
+                        {"ns", p.ns},
                         {"gb_per_s", p.gigabytes_per_second()}};
 }
 
@@ -433,38 +444,44 @@ BoundFigures gpu_bound_figures(const Options& o, const Report& r, const GpuRepor
 /// The GPU build's lines of the summary: the device, the compute, the cuFile baseline.
 void print_gpu_report(const Options& o, const Report& r, const GpuReport& g) {
   const Shape& s = o.settings.shape;
-  fmt::print("  device         : {}, accelerator {}; KV slots in device memory (accel::allocate_device)\n", g.device, o.accelerator);
+  fmt::print("  device         : {}, accelerator {}; KV slots in device memory (accel::allocate_device)\n", g.device,
+             o.accelerator);
   if (g.use_gemm) {
-    fmt::print("  compute        : per layer {}{} x GEMM [{} x {}] x [{} x {}] fp16 (fp32 accumulate, cuBLAS); one GEMM "
-               "{:.3f} ms = {:.0f} TFLOP/s\n",
-               g.gemm.head_elements ? fmt::format("attention over {} cached K tensors ([{} x {}] x [{} x {}]^T) + ",
-                                                  s.hit_chunks(), o.gemm_tokens, g.gemm.head_elements, s.chunk_tokens,
-                                                  g.gemm.head_elements)
-                                    : std::string(),
-               g.gemm.repetitions, o.gemm_tokens, o.hidden, o.hidden, o.hidden, g.gemm.mlp_gemm_ms, g.gemm.mlp_tflops);
+    fmt::print(
+        "  compute        : per layer {}{} x GEMM [{} x {}] x [{} x {}] fp16 (fp32 accumulate, cuBLAS); one GEMM "
+        "{:.3f} ms = {:.0f} TFLOP/s\n",
+        g.gemm.head_elements
+            ? fmt::format("attention over {} cached K tensors ([{} x {}] x [{} x {}]^T) + ", s.hit_chunks(),
+                          o.gemm_tokens, g.gemm.head_elements, s.chunk_tokens, g.gemm.head_elements)
+            : std::string(),
+        g.gemm.repetitions, o.gemm_tokens, o.hidden, o.hidden, o.hidden, g.gemm.mlp_gemm_ms, g.gemm.mlp_tflops);
     const double achieved = g.gpu_compute_ns ? static_cast<double>(g.gemm.flops_per_layer) * s.layers /
                                                    static_cast<double>(g.gpu_compute_ns) / 1e3
                                              : 0.0;
-    fmt::print("  GPU compute    : {:.2f} ms on the compute stream over {} layers ({:.3f} ms per layer, {:.0f} TFLOP/s "
-               "in the pipeline), GPU busy {:.0f}% of the pipeline\n",
-               ms(g.gpu_compute_ns), s.layers, ms(g.gpu_compute_ns) / s.layers, achieved,
-               r.pipeline_ns ? 100.0 * static_cast<double>(g.gpu_compute_ns) / static_cast<double>(r.pipeline_ns) : 0.0);
+    fmt::print(
+        "  GPU compute    : {:.2f} ms on the compute stream over {} layers ({:.3f} ms per layer, {:.0f} TFLOP/s "
+        "in the pipeline), GPU busy {:.0f}% of the pipeline\n",
+        ms(g.gpu_compute_ns), s.layers, ms(g.gpu_compute_ns) / s.layers, achieved,
+        r.pipeline_ns ? 100.0 * static_cast<double>(g.gpu_compute_ns) / static_cast<double>(r.pipeline_ns) : 0.0);
   } else {
     fmt::print("  GPU compute    : {:.2f} ms of a spin kernel over {} layers (--compute sleep, {:.2f} ms per layer)\n",
                ms(g.gpu_compute_ns), s.layers, o.compute_ms);
   }
-  fmt::print("  waits          : 'waiting for reads' is the compute stream's idle time before each layer (CUDA events); "
-             "the host thread spent {:.2f} ms waiting for reads to complete\n",
-             ms(g.host_read_wait_ns));
+  fmt::print(
+      "  waits          : 'waiting for reads' is the compute stream's idle time before each layer (CUDA events); "
+      "the host thread spent {:.2f} ms waiting for reads to complete\n",
+      ms(g.host_read_wait_ns));
   for (const auto& run : g.cufile_runs)
     if (run.stats.ns && r.restore_only.ns)
-      fmt::print("  {:<15}: {:8.1f} MiB in {:8.2f} ms = {:6.2f} GB/s  (cuFileRead, {} in flight, same tensors, same device "
-                 "slots)  -> tutti/cuFile = {:.2f}x\n",
-                 fmt::format("cuFile {} thr", run.threads), static_cast<double>(run.stats.bytes) / (1 << 20),
-                 ms(run.stats.ns), run.stats.gigabytes_per_second(), run.threads,
-                 r.restore_only.gigabytes_per_second() / run.stats.gigabytes_per_second());
+      fmt::print(
+          "  {:<15}: {:8.1f} MiB in {:8.2f} ms = {:6.2f} GB/s  (cuFileRead, {} in flight, same tensors, same device "
+          "slots)  -> tutti/cuFile = {:.2f}x\n",
+          fmt::format("cuFile {} thr", run.threads), static_cast<double>(run.stats.bytes) / (1 << 20), ms(run.stats.ns),
+          run.stats.gigabytes_per_second(), run.threads,
+          r.restore_only.gigabytes_per_second() / run.stats.gigabytes_per_second());
   if (!g.cufile_mode.empty()) fmt::print("  cuFile mode    : {}\n", g.cufile_mode);
-  if (!g.cufile_error.empty()) fmt::print("  cuFile         : {}: {}\n", g.cufile_runs.empty() ? "not measured" : "stopped", g.cufile_error);
+  if (!g.cufile_error.empty())
+    fmt::print("  cuFile         : {}: {}\n", g.cufile_runs.empty() ? "not measured" : "stopped", g.cufile_error);
 }
 
 nlohmann::json gpu_json(const Options& o, const Report& r, const GpuReport& g) {
@@ -472,17 +489,17 @@ nlohmann::json gpu_json(const Options& o, const Report& r, const GpuReport& g) {
                             {"gpu_compute_ns", g.gpu_compute_ns},
                             {"host_read_wait_ns", g.host_read_wait_ns}};
   if (g.use_gemm)
-    compute.update({{"tokens", o.gemm_tokens},
-                    {"hidden", o.hidden},
-                    {"head_elements", g.gemm.head_elements},
-                    {"mlp_gemms_per_layer", g.gemm.repetitions},
-                    {"mlp_gemm_ms", g.gemm.mlp_gemm_ms},
-                    {"mlp_tflops", g.gemm.mlp_tflops},
-                    {"flops_per_layer", g.gemm.flops_per_layer},
-                    {"pipeline_tflops", g.gpu_compute_ns ? static_cast<double>(g.gemm.flops_per_layer) *
-                                                               o.settings.shape.layers /
-                                                               static_cast<double>(g.gpu_compute_ns) / 1e3
-                                                         : 0.0}});
+    compute.update(
+        {{"tokens", o.gemm_tokens},
+         {"hidden", o.hidden},
+         {"head_elements", g.gemm.head_elements},
+         {"mlp_gemms_per_layer", g.gemm.repetitions},
+         {"mlp_gemm_ms", g.gemm.mlp_gemm_ms},
+         {"mlp_tflops", g.gemm.mlp_tflops},
+         {"flops_per_layer", g.gemm.flops_per_layer},
+         {"pipeline_tflops", g.gpu_compute_ns ? static_cast<double>(g.gemm.flops_per_layer) * o.settings.shape.layers /
+                                                    static_cast<double>(g.gpu_compute_ns) / 1e3
+                                              : 0.0}});
   nlohmann::json cufile = {{"mode", g.cufile_mode}, {"runs", nlohmann::json::array()}};
   if (!g.cufile_error.empty()) cufile["error"] = g.cufile_error;
   for (const auto& run : g.cufile_runs) {
@@ -606,11 +623,13 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
   const fs::path base = dir / "nvme-soft", image = base / "disk.img", mount_point = base / "mnt";
   std::error_code ec;
   fs::create_directories(mount_point, ec);
-  const std::uint64_t image_bytes = (shape.layers * shape.layer_file_bytes() * 5 / 4 + (std::uint64_t{64} << 20)) / 4096 * 4096;
+  const std::uint64_t image_bytes =
+      (shape.layers * shape.layer_file_bytes() * 5 / 4 + (std::uint64_t{64} << 20)) / 4096 * 4096;
   if (!fs::exists(image) || fs::file_size(image) != image_bytes) {
     fs::remove(image, ec);
-    if (!shell(fmt::format("truncate -s {} '{}' && mkfs.ext4 -q -F -b 4096 -E lazy_itable_init=0,lazy_journal_init=0 '{}'",
-                           image_bytes, image.string(), image.string()))) {
+    if (!shell(
+            fmt::format("truncate -s {} '{}' && mkfs.ext4 -q -F -b 4096 -E lazy_itable_init=0,lazy_journal_init=0 '{}'",
+                        image_bytes, image.string(), image.string()))) {
       fmt::print(stderr, "error: could not create the ext4 image '{}' (truncate, mkfs.ext4)\n", image.string());
       return kExitFailed;
     }
@@ -686,23 +705,27 @@ std::optional<int> check_data_dir(const Options& o, DataPlace& place, DataDirLoc
   const fs::path& dir = place.dir;
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
-    fmt::print(stderr, "error: INVALID_ARGUMENT: --data-dir '{}' is not a directory: give a folder (created when "
-                       "missing) for the layer files\n",
+    fmt::print(stderr,
+               "error: INVALID_ARGUMENT: --data-dir '{}' is not a directory: give a folder (created when "
+               "missing) for the layer files\n",
                dir.string());
     return kExitRefused;
   }
   fs::create_directories(dir, ec);
-  if (ec) return fail_with(tutti::status_from_errno(ec.value(), fmt::format("--data-dir '{}': cannot create the "
-                                                                                   "folder", dir.string())),
-                           kExitRefused);
+  if (ec)
+    return fail_with(tutti::status_from_errno(ec.value(), fmt::format("--data-dir '{}': cannot create the "
+                                                                      "folder",
+                                                                      dir.string())),
+                     kExitRefused);
   if (auto s = lock.acquire(dir); !s.is_ok()) return fail_with(s, kExitRefused);
   place.filesystem = describe_filesystem(dir);
   if (o.backend == "uring") {  // the files are read and written with O_DIRECT: say so before anything else
     auto probe = tutti::file::FileResolver{}.resolve(file_uri(dir / DataDirLock::kFileName), {});
     if (!probe && probe.code() == tutti::StatusCode::UNSUPPORTED) {
-      fmt::print(stderr, "error: UNSUPPORTED: --data-dir '{}' is on {}, which does not support O_DIRECT; the uring "
-                         "backend reads and writes the layer files with O_DIRECT: pick a folder on a disk file system "
-                         "(ext4, xfs, btrfs) with --data-dir\n",
+      fmt::print(stderr,
+                 "error: UNSUPPORTED: --data-dir '{}' is on {}, which does not support O_DIRECT; the uring "
+                 "backend reads and writes the layer files with O_DIRECT: pick a folder on a disk file system "
+                 "(ext4, xfs, btrfs) with --data-dir\n",
                  dir.string(), place.filesystem.describe());
       return kExitRefused;
     }
@@ -714,9 +737,10 @@ std::optional<int> check_data_dir(const Options& o, DataPlace& place, DataDirLoc
   const std::uint64_t data_bytes = data_set_bytes(shape);
   const std::uint64_t reusable = fs::exists(dir / "manifest.json") ? data_bytes : 0;  // rewritten in place
   if (data_bytes + data_bytes / 4 > space.available + reusable) {
-    fmt::print(stderr, "error: RESOURCE_EXHAUSTED: the data set needs about {} ({} bytes and a quarter more) in "
-                       "--data-dir '{}', which has {} available: free space there, pick another folder with "
-                       "--data-dir, or shrink the data set (--model, --layers, --context-tokens)\n",
+    fmt::print(stderr,
+               "error: RESOURCE_EXHAUSTED: the data set needs about {} ({} bytes and a quarter more) in "
+               "--data-dir '{}', which has {} available: free space there, pick another folder with "
+               "--data-dir, or shrink the data set (--model, --layers, --context-tokens)\n",
                format_bytes(data_bytes + data_bytes / 4), data_bytes, dir.string(), format_bytes(space.available));
     return kExitRefused;
   }
@@ -739,11 +763,13 @@ int main(int argc, char** argv) {
   std::string model_name = "llama-3-70b";
   std::uint32_t kv_heads = 0, head_dim = 0;
   std::string dtype;
-  CLI::App app{"Restore a prefix's KV cache from files layer by layer, overlapped with compute: "
-               "read(L+1) || compute(L) || write(L-1). Every tensor read and written is verified."};
-  app.footer("Exit codes: 0 every tensor verified (or --prepare-only done); 1 a tensor did not match its checksum; 2 "
-             "refused before the run (a bad option, shape or data folder: the message names it); 3 the run failed (an "
-             "IO error, a timeout). docs/kv-cache.md explains the summary.");
+  CLI::App app{
+      "Restore a prefix's KV cache from files layer by layer, overlapped with compute: "
+      "read(L+1) || compute(L) || write(L-1). Every tensor read and written is verified."};
+  app.footer(
+      "Exit codes: 0 every tensor verified (or --prepare-only done); 1 a tensor did not match its checksum; 2 "
+      "refused before the run (a bad option, shape or data folder: the message names it); 3 the run failed (an "
+      "IO error, a timeout). docs/kv-cache.md explains the summary.");
   using tutti::bench::kDecimal;
   app.add_option(
          "--model", model_name,
@@ -752,27 +778,40 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(models.model_names()))
       ->capture_default_str();
   CLI::Option* layers_option = app.add_option("--layers", shape.layers, "Model layers (default: the model's)")
-                                   ->check(kDecimal)->check(CLI::Range(1u, 1024u));
+                                   ->check(kDecimal)
+                                   ->check(CLI::Range(1u, 1024u));
   CLI::Option* kv_heads_option = app.add_option("--kv-heads", kv_heads, "KV heads per layer (default: the model's)")
-                                     ->check(kDecimal)->check(CLI::Range(1u, 4096u));
+                                     ->check(kDecimal)
+                                     ->check(CLI::Range(1u, 4096u));
   CLI::Option* head_dim_option = app.add_option("--head-dim", head_dim, "Elements per head (default: the model's)")
-                                     ->check(kDecimal)->check(CLI::Range(1u, 65536u));
-  CLI::Option* dtype_option = app.add_option("--dtype", dtype, fmt::format("KV element type (default: the model's): {}",
-                                                                           joined(models.dtype_names())))
-                                  ->check(CLI::IsMember(models.dtype_names()));
+                                     ->check(kDecimal)
+                                     ->check(CLI::Range(1u, 65536u));
+  CLI::Option* dtype_option =
+      app.add_option("--dtype", dtype,
+                     fmt::format("KV element type (default: the model's): {}", joined(models.dtype_names())))
+          ->check(CLI::IsMember(models.dtype_names()));
   app.add_option("--context-tokens", shape.context_tokens, "Prefix length in tokens")
-      ->check(kDecimal)->check(CLI::Range(1u, 1u << 24))->capture_default_str();
+      ->check(kDecimal)
+      ->check(CLI::Range(1u, 1u << 24))
+      ->capture_default_str();
   app.add_option("--tokens-per-block,--chunk-tokens", shape.chunk_tokens,
                  "Tokens per KV block: the unit stored and restored (one K and one V tensor per layer), a chunk in "
                  "the summary")
-      ->check(kDecimal)->check(CLI::Range(1u, 1u << 20))->capture_default_str();
+      ->check(kDecimal)
+      ->check(CLI::Range(1u, 1u << 20))
+      ->capture_default_str();
   app.add_option("--hit-percent", shape.hit_percent, "Share of the prefix's chunks found in the cache")
-      ->check(kDecimal)->check(CLI::Range(0u, 100u))->capture_default_str();
+      ->check(kDecimal)
+      ->check(CLI::Range(0u, 100u))
+      ->capture_default_str();
   app.add_option("--tensor-bytes", shape.tensor_bytes,
                  "Bytes of one K or V tensor of one chunk and layer, given directly instead of tokens per block x KV "
                  "heads x head dim x dtype bytes (multiple of 4096)")
-      ->check(kDecimal)->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))
-      ->excludes(kv_heads_option)->excludes(head_dim_option)->excludes(dtype_option);
+      ->check(kDecimal)
+      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))
+      ->excludes(kv_heads_option)
+      ->excludes(head_dim_option)
+      ->excludes(dtype_option);
   app.add_option(
          "--compute-ms", o.compute_ms,
          "Compute time per layer in milliseconds. Host: produce the missed chunks' K/V, then sleep out the "
@@ -781,11 +820,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--repeat", o.repeat,
                  "Runs of the measured phases (restore, baselines, pipeline); figures print as median [min-max]")
-      ->check(kDecimal)->check(CLI::Range(1u, 100u))->capture_default_str();
+      ->check(kDecimal)
+      ->check(CLI::Range(1u, 100u))
+      ->capture_default_str();
   app.add_option("--backend", o.backend,
                  "Backend: uring (io_uring + O_DIRECT, any file system), nvme-soft (FIEMAP + NVMe queues of the "
                  "software NVMe controller, on an ext4 image it loop-mounts; root) or memfs (host memory)")
-      ->check(CLI::IsMember({"uring", "nvme-soft", "memfs"}))->capture_default_str();
+      ->check(CLI::IsMember({"uring", "nvme-soft", "memfs"}))
+      ->capture_default_str();
   app.add_option("--data-dir", o.data_dir,
                  "Folder of the layer files, created when missing (default: $TMPDIR/tutti-layerwise-kv, or "
                  "/var/tmp/tutti-layerwise-kv without TMPDIR); one run at a time per folder")
@@ -797,13 +839,17 @@ int main(int argc, char** argv) {
   // A switch and its negation as two flags ("--NAME" sets `value`, "--no-NAME" clears it; giving both is an
   // error): one flag "--NAME,!--no-NAME" would show as "--NAME,--no-NAME{false}" in --help, which reads
   // like a default of off. Each help text states the real default.
-  auto add_switch = [&app](const std::string& name, bool& value, const std::string& on_help, const std::string& off_help) {
-    CLI::Option* on = app.add_flag_callback("--" + name, [&value] { value = true; }, on_help);
-    CLI::Option* off = app.add_flag_callback("--no-" + name, [&value] { value = false; }, off_help);
+  auto add_switch = [&app](const std::string& name, bool& value, const std::string& on_help,
+                           const std::string& off_help) {
+    CLI::Option* on = app.add_flag_callback(
+        "--" + name, [&value] { value = true; }, on_help);
+    CLI::Option* off = app.add_flag_callback(
+        "--no-" + name, [&value] { value = false; }, off_help);
     on->excludes(off);
   };
   add_switch("verify", o.settings.verify, "Verify every tensor read and written (default: on)", "Skip verification");
-  add_switch("drop-caches", o.drop_caches, "Drop the page cache between phases (root only; default: on when run as root)",
+  add_switch("drop-caches", o.drop_caches,
+             "Drop the page cache between phases (root only; default: on when run as root)",
              "Keep the page cache between phases");
   add_switch("pread-baseline", o.pread_baseline,
              "Measure pread with 1 thread and with as many threads as Tutti keeps requests in flight, in the same "
@@ -814,16 +860,23 @@ int main(int argc, char** argv) {
                  "Where the KV slots live: device (GPU memory, compute on the GPU; uring and nvme-soft backends), "
                  "host (the host profile's pipeline) or auto (device for uring and nvme-soft when a CUDA device is "
                  "present, else host)")
-      ->check(CLI::IsMember({"auto", "device", "host"}))->capture_default_str();
+      ->check(CLI::IsMember({"auto", "device", "host"}))
+      ->capture_default_str();
   app.add_option("--compute", o.compute,
                  "Per-layer compute on the GPU: gemm (cuBLAS GEMMs repeated to about --compute-ms) or sleep (a kernel "
                  "spinning --compute-ms)")
-      ->check(CLI::IsMember({"gemm", "sleep"}))->capture_default_str();
+      ->check(CLI::IsMember({"gemm", "sleep"}))
+      ->capture_default_str();
   app.add_option("--gemm-tokens", o.gemm_tokens, "Rows (new tokens) of the per-layer GEMMs")
-      ->check(CLI::Range(1u, 1u << 16))->capture_default_str();
-  app.add_option("--hidden", o.hidden, "Hidden size of the MLP GEMM [tokens x hidden] x [hidden x hidden] (multiple of 8)")
-      ->check(CLI::Range(8u, 1u << 16))->capture_default_str();
-  app.add_option("--accelerator", o.accelerator, "CUDA device ordinal")->check(CLI::Range(0, 1023))->capture_default_str();
+      ->check(CLI::Range(1u, 1u << 16))
+      ->capture_default_str();
+  app.add_option("--hidden", o.hidden,
+                 "Hidden size of the MLP GEMM [tokens x hidden] x [hidden x hidden] (multiple of 8)")
+      ->check(CLI::Range(8u, 1u << 16))
+      ->capture_default_str();
+  app.add_option("--accelerator", o.accelerator, "CUDA device ordinal")
+      ->check(CLI::Range(0, 1023))
+      ->capture_default_str();
   add_switch("cufile-baseline", o.cufile_baseline,
              "Measure cuFile (cuFileRead into the same device slots) in the same run (default: on)",
              "Skip the cuFile baseline");
@@ -841,8 +894,9 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "note: no CUDA device found: the KV slots live in host memory (--memory host)\n");
   }
   if (o.memory == "device" && o.backend == "memfs")
-    return refuse("--memory device needs --backend uring or nvme-soft (memfs moves host memory only); use --memory "
-                  "host");
+    return refuse(
+        "--memory device needs --backend uring or nvme-soft (memfs moves host memory only); use --memory "
+        "host");
   if (o.memory == "device" && o.hidden % 8 != 0)
     return refuse(fmt::format("--hidden = {} must be a multiple of 8", o.hidden));
 #endif
@@ -938,7 +992,8 @@ int main(int argc, char** argv) {
         for (std::uint32_t c = 0; c < shape.chunks(); ++c)
           for (std::uint32_t k = 0; k < 2; ++k) {
             fill_tensor(std::span(tensor.data, tensor.size), l, c, k);
-            TUTTI_RETURN_IF_ERROR(window.submit({{tutti::Direction::WRITE, *memory, 0, *target, shape.tensor_offset(c, k), shape.tensor_bytes}}));
+            TUTTI_RETURN_IF_ERROR(window.submit(
+                {{tutti::Direction::WRITE, *memory, 0, *target, shape.tensor_offset(c, k), shape.tensor_bytes}}));
             TUTTI_RETURN_IF_ERROR(window.drain());
             progress.update(written += shape.tensor_bytes);
           }
@@ -958,9 +1013,10 @@ int main(int argc, char** argv) {
   const fs::path& dir = place.dir;
   if (o.prepare_only) {
     if (auto s = prepare_files(shape, dir); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
-    fmt::print("  prepared       : {} layer files, {}, in '{}'; a run with the same shape options and --data-dir uses "
-               "them as they are (manifest.json records the shape)\n",
-               shape.layers, format_bytes(data_bytes), dir.string());
+    fmt::print(
+        "  prepared       : {} layer files, {}, in '{}'; a run with the same shape options and --data-dir uses "
+        "them as they are (manifest.json records the shape)\n",
+        shape.layers, format_bytes(data_bytes), dir.string());
     return kExitVerified;
   }
   if (o.backend == "nvme-soft") return run_nvme_soft(o, place);

@@ -50,12 +50,12 @@ struct PhaseStats {
 /// Everything the example measures in one run (one repetition of --repeat). Not thread-safe: a helper
 /// thread fills a Report of its own, which the driving thread adds with merge_checks.
 struct Report {
-  PhaseStats restore_only;     ///< All cached tensors read through the runtime, no compute.
+  PhaseStats restore_only;  ///< All cached tensors read through the runtime, no compute.
   /// Most requests the runtime had accepted and not yet completed during restore_only: the queue depth
   /// Tutti kept, which the queue-depth-matched pread baseline gives itself as threads.
   std::uint64_t restore_max_in_flight = 0;
-  PhaseStats pread_baseline;   ///< The same tensors through plain pread into the same memory, 1 thread.
-  PhaseStats pread_parallel;   ///< The same again from pread_parallel_threads threads (host profile).
+  PhaseStats pread_baseline;  ///< The same tensors through plain pread into the same memory, 1 thread.
+  PhaseStats pread_parallel;  ///< The same again from pread_parallel_threads threads (host profile).
   std::uint32_t pread_parallel_threads = 0;
   PhaseStats pipeline_reads;
   PhaseStats pipeline_writes;
@@ -76,7 +76,8 @@ struct Report {
 
   /// Counts one tensor checked by source `phase` (a mismatch is counted too, and the first 8 are named
   /// "<phase> layer L chunk C K|V"). Every check goes through here, so verified_tensors is the true count.
-  void count_tensor(bool matched, std::string_view phase, std::uint32_t layer, std::uint32_t chunk, std::uint32_t kind) {
+  void count_tensor(bool matched, std::string_view phase, std::uint32_t layer, std::uint32_t chunk,
+                    std::uint32_t kind) {
     ++verified_tensors;
     add_source(phase, 1);
     if (matched) return;
@@ -97,7 +98,8 @@ struct Report {
   /// "restore 1920, pread 1920, pipeline 1920, written 640": what each source checked.
   std::string checks_by_source() const {
     std::string out;
-    for (const auto& [source, count] : verified_by_source) out += fmt::format("{}{} {}", out.empty() ? "" : ", ", source, count);
+    for (const auto& [source, count] : verified_by_source)
+      out += fmt::format("{}{} {}", out.empty() ? "" : ", ", source, count);
     return out.empty() ? "none" : out;
   }
 
@@ -122,12 +124,12 @@ enum class Bound { COMPUTE, READS, WRITES };
 struct BoundFigures {
   std::uint32_t layers = 1;
   std::string_view compute_name = "compute";  ///< How the summary names the compute ("GPU compute").
-  std::uint64_t pipeline_ns = 0;        ///< Wall time of read(L+1) || compute(L) || write(L-1) over all layers.
-  std::uint64_t compute_ns = 0;         ///< Time the compute ran.
-  std::uint64_t compute_waited_ns = 0;  ///< Time the compute waited for IO, reads and writes together.
-  std::uint64_t read_wait_ns = 0;       ///< Time the thread driving the pipeline waited for reads to complete,
-  std::uint64_t write_wait_ns = 0;      ///< and for writes: which IO the compute waited for.
-  std::uint64_t restore_alone_ns = 0;   ///< The same reads with no compute (restore only), for reference.
+  std::uint64_t pipeline_ns = 0;              ///< Wall time of read(L+1) || compute(L) || write(L-1) over all layers.
+  std::uint64_t compute_ns = 0;               ///< Time the compute ran.
+  std::uint64_t compute_waited_ns = 0;        ///< Time the compute waited for IO, reads and writes together.
+  std::uint64_t read_wait_ns = 0;             ///< Time the thread driving the pipeline waited for reads to complete,
+  std::uint64_t write_wait_ns = 0;            ///< and for writes: which IO the compute waited for.
+  std::uint64_t restore_alone_ns = 0;         ///< The same reads with no compute (restore only), for reference.
 };
 
 /// Compute-bound when the compute waited for IO at most a tenth of its own time (IO stretched the
@@ -162,8 +164,10 @@ inline std::string layer_bound_line(const BoundFigures& f) {
       "restore alone {:.2f} ms, {} {:.2f} ms, pipeline {:.2f} ms: {}-bound: compute waited {:.2f} ms for IO, {} ({}); "
       "the pipeline's thread waited {:.2f} ms for reads, {:.2f} ms for writes",
       per_layer_ms(f.restore_alone_ns), f.compute_name, per_layer_ms(f.compute_ns), per_layer_ms(f.pipeline_ns),
-      bound == Bound::COMPUTE ? "compute" : bound == Bound::READS ? "read" : "write", per_layer_ms(f.compute_waited_ns),
-      share,
+      bound == Bound::COMPUTE ? "compute"
+      : bound == Bound::READS ? "read"
+                              : "write",
+      per_layer_ms(f.compute_waited_ns), share,
       bound == Bound::COMPUTE ? "10% or less: IO hides behind compute" : "more than 10%: IO stretched the pipeline",
       per_layer_ms(f.read_wait_ns), per_layer_ms(f.write_wait_ns));
 }
@@ -199,8 +203,9 @@ inline void check_cached_layer(const std::byte* slot, std::uint32_t layer, const
   std::uint64_t index = 0;
   for (std::uint32_t c = 0; c < shape.hit_chunks(); ++c)
     for (std::uint32_t k = 0; k < 2; ++k, ++index)
-      report.count_tensor(checksum(std::span(slot + index * shape.tensor_bytes, shape.tensor_bytes)) == sums.at(layer, c, k),
-                          phase, layer, c, k);
+      report.count_tensor(
+          checksum(std::span(slot + index * shape.tensor_bytes, shape.tensor_bytes)) == sums.at(layer, c, k), phase,
+          layer, c, k);
 }
 
 /// Checks the missed tensors of `layer` as read back from the files (chunk-major, K then V, host
@@ -380,7 +385,8 @@ class Pipeline {
       TUTTI_RETURN_IF_ERROR(window.drain());
       if (verifying.valid()) verifying.wait();  // read(L+1) reuses the slot of layer L-1
       if (layer + 1 < layers()) TUTTI_RETURN_IF_ERROR(window.submit(read_requests(layer + 1)));
-      verifying = std::async(std::launch::async, [this, layer, &verified] { verify_layer(layer, "restore", verified); });
+      verifying =
+          std::async(std::launch::async, [this, layer, &verified] { verify_layer(layer, "restore", verified); });
     }
     report.restore_only = window.stats();
     report.restore_only.ns = elapsed_ns(start);  // IO only: the last layer's hashing is not counted

@@ -68,8 +68,8 @@ Result<std::unique_ptr<SnvmeController>> SnvmeController::open(std::string_view 
   // ABI version and capabilities first: nothing else is trusted before these match.
   if (info.hdr.abi_version != SNVME_ABI_VERSION) {
     ::close(fd);
-    return error(StatusCode::UNSUPPORTED, "{}: driver ABI version {} but libnvm speaks {}", path,
-                 info.hdr.abi_version, SNVME_ABI_VERSION);
+    return error(StatusCode::UNSUPPORTED, "{}: driver ABI version {} but libnvm speaks {}", path, info.hdr.abi_version,
+                 SNVME_ABI_VERSION);
   }
   if ((info.caps & kRequiredCaps) != kRequiredCaps) {
     ::close(fd);
@@ -125,7 +125,8 @@ Status SnvmeController::bring_up(const BringUpOptions& options) {
 
   ControllerIdentity id = ControllerIdentity::from_identify(controller, namespace_data, options.nsid);
   if (id.lba_size != (1u << ns->lba_shift) || id.namespace_size_lbas != ns->nsze)
-    return error(StatusCode::DEVICE_ERROR, "Identify Namespace {} (LBA {} bytes, NSZE {}) disagrees with the driver's (LBA {}, NSZE {})",
+    return error(StatusCode::DEVICE_ERROR,
+                 "Identify Namespace {} (LBA {} bytes, NSZE {}) disagrees with the driver's (LBA {}, NSZE {})",
                  options.nsid, id.lba_size, id.namespace_size_lbas, 1u << ns->lba_shift, ns->nsze);
   id.max_data_transfer_bytes = info.max_transfer;
   id.memory_page_size = info.page_size;
@@ -213,7 +214,8 @@ Status SnvmeController::destroy_ring_locked(std::uint16_t qid, Ring& ring) {
 Status SnvmeController::delete_io_queue_pair(std::uint16_t qid) {
   std::lock_guard lock(mutex_);
   auto it = rings_.find(qid);
-  if (it == rings_.end()) return error(StatusCode::NOT_FOUND, "qid = {} is not a queue pair of this controller object", qid);
+  if (it == rings_.end())
+    return error(StatusCode::NOT_FOUND, "qid = {} is not a queue pair of this controller object", qid);
   Status st = destroy_ring_locked(qid, it->second);
   rings_.erase(it);
   return st;
@@ -222,8 +224,8 @@ Status SnvmeController::delete_io_queue_pair(std::uint16_t qid) {
 Result<DmaMapping> SnvmeController::dma_map_locked(void* host_address, std::size_t length) {
   const auto addr = reinterpret_cast<std::uintptr_t>(host_address);
   if (host_address == nullptr || length == 0 || addr % kPage != 0 || length % kPage != 0)
-    return error(StatusCode::INVALID_ARGUMENT, "host_address = {:#x}, length = {}: both must be non-zero multiples of {}",
-                 addr, length, kPage);
+    return error(StatusCode::INVALID_ARGUMENT,
+                 "host_address = {:#x}, length = {}: both must be non-zero multiples of {}", addr, length, kPage);
   DmaMapping m;
   m.bus_addresses.resize(length / kPage);
   auto arg = with_header<snvme_dma_map>();
@@ -286,7 +288,8 @@ Result<DmaBuffer> SnvmeController::allocate_dma_buffer(std::size_t length) {
 Status SnvmeController::free_dma_buffer(std::uint64_t id) {
   std::lock_guard lock(mutex_);
   auto it = buffers_.find(id);
-  if (it == buffers_.end()) return error(StatusCode::NOT_FOUND, "id = {} is not a DmaBuffer of this controller object", id);
+  if (it == buffers_.end())
+    return error(StatusCode::NOT_FOUND, "id = {} is not a DmaBuffer of this controller object", id);
   auto arg = with_header<snvme_dma_unmap>();
   arg.map_id = it->second.map_id;
   Status st;

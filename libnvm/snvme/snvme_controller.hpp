@@ -110,7 +110,7 @@ class SnvmeController final : public Controller {
   ControllerIdentity identity_{};
   volatile std::uint8_t* doorbells_ = nullptr;
   std::size_t doorbell_bytes_ = 0;
-  const void* status_page_ = nullptr;  // snvme_status, read-only; null without SNVME_CAP_STATUS
+  const void* status_page_ = nullptr;        // snvme_status, read-only; null without SNVME_CAP_STATUS
   std::map<std::uint16_t, Ring> rings_;      // by QID
   std::map<std::uint64_t, Buffer> buffers_;  // allocate_dma_buffer, by map id
 };

@@ -62,16 +62,20 @@ class RegisterController final : public Controller {
   Status bring_up(const BringUpOptions& options) override {
     std::lock_guard lock(mutex_);
     if (options.admin_queue_depth < 2 || options.admin_queue_depth > 4096)
-      return error(StatusCode::INVALID_ARGUMENT, "admin_queue_depth = {} is outside 2..4096", options.admin_queue_depth);
+      return error(StatusCode::INVALID_ARGUMENT, "admin_queue_depth = {} is outside 2..4096",
+                   options.admin_queue_depth);
     if (options.io_queue_pairs_requested == 0 || options.io_queue_pairs_requested == 0xffff)
       return error(StatusCode::INVALID_ARGUMENT, "io_queue_pairs_requested = {} is outside 1..65534",
                    options.io_queue_pairs_requested);
     if (options.nsid == 0 || options.nsid == 0xffffffffu)
       return error(StatusCode::INVALID_ARGUMENT, "nsid = {} is not a valid namespace identifier", options.nsid);
-    if (controller_status_locked().device_gone()) return error(StatusCode::DEVICE_ERROR, "CSTS reads all ones: device gone");
+    if (controller_status_locked().device_gone())
+      return error(StatusCode::DEVICE_ERROR, "CSTS reads all ones: device gone");
     brought_up_ = false;
     const ControllerCapabilities cap = read_capabilities();
-    const std::uint64_t ready_timeout = options.ready_timeout_ns != 0 ? options.ready_timeout_ns : std::max<std::uint64_t>(cap.timeout_ns(), 500'000'000);
+    const std::uint64_t ready_timeout = options.ready_timeout_ns != 0
+                                            ? options.ready_timeout_ns
+                                            : std::max<std::uint64_t>(cap.timeout_ns(), 500'000'000);
 
     // 1. Disable and wait for CSTS.RDY = 0 (this also clears a fatal status).
     write_register(kRegisterCc, 0);
@@ -104,7 +108,8 @@ class RegisterController final : public Controller {
     const std::uint32_t dstrd = static_cast<std::uint32_t>(ControllerCapabilities::DSTRD::decode(cap.raw));
     admin_ = std::make_unique<nvme::QueuePairStorage>(
         static_cast<nvme::SubmissionQueueEntry*>(admin_sq_memory_.host_address),
-        static_cast<nvme::CompletionQueueEntry*>(admin_cq_memory_.host_address), doorbell(nvme::submission_queue_tail_doorbell_offset(0, dstrd)),
+        static_cast<nvme::CompletionQueueEntry*>(admin_cq_memory_.host_address),
+        doorbell(nvme::submission_queue_tail_doorbell_offset(0, dstrd)),
         doorbell(nvme::completion_queue_head_doorbell_offset(0, dstrd)), bar0() + kRegisterCsts, depth, 0);
     brought_up_ = true;  // the admin queue works from here
 
@@ -160,7 +165,8 @@ class RegisterController final : public Controller {
     std::lock_guard lock(mutex_);
     if (!brought_up_) return error(StatusCode::NOT_READY, "create_io_queue_pair: controller not brought up");
     if (depth < 2 || depth > identity_.max_queue_entries)
-      return error(StatusCode::INVALID_ARGUMENT, "depth = {} is outside 2..{} (CAP.MQES + 1)", depth, identity_.max_queue_entries);
+      return error(StatusCode::INVALID_ARGUMENT, "depth = {} is outside 2..{} (CAP.MQES + 1)", depth,
+                   identity_.max_queue_entries);
     std::uint16_t qid = 0;
     for (std::size_t i = 1; i < io_qid_in_use_.size(); ++i)
       if (!io_qid_in_use_[i]) {
@@ -190,7 +196,8 @@ class RegisterController final : public Controller {
     create_cq.cdw10 = nvme::CreateQueueFields::QSIZE::encode(nvme::CreateQueueFields::QID::encode(0, qid), depth - 1);
     create_cq.cdw11 = nvme::CreateQueueFields::PC::encode(0, 1);
     auto cq_done = submit_admin_locked(create_cq, admin_timeout_ns_);
-    Status status = cq_done ? check_completion(*cq_done, fmt::format("Create I/O Completion Queue {}", qid)) : cq_done.status();
+    Status status =
+        cq_done ? check_completion(*cq_done, fmt::format("Create I/O Completion Queue {}", qid)) : cq_done.status();
     if (!status.is_ok()) {
       (void)transport_->free_dma_buffer(pair.sq_memory.id);
       (void)transport_->free_dma_buffer(pair.cq_memory.id);
@@ -202,7 +209,8 @@ class RegisterController final : public Controller {
     create_sq.cdw10 = nvme::CreateQueueFields::QSIZE::encode(nvme::CreateQueueFields::QID::encode(0, qid), depth - 1);
     create_sq.cdw11 = nvme::CreateQueueFields::CQID::encode(nvme::CreateQueueFields::PC::encode(0, 1), qid);
     auto sq_done = submit_admin_locked(create_sq, admin_timeout_ns_);
-    status = sq_done ? check_completion(*sq_done, fmt::format("Create I/O Submission Queue {}", qid)) : sq_done.status();
+    status =
+        sq_done ? check_completion(*sq_done, fmt::format("Create I/O Submission Queue {}", qid)) : sq_done.status();
     if (!status.is_ok()) {
       (void)delete_queue_locked(AdminOpcode::delete_io_completion_queue, qid);
       (void)transport_->free_dma_buffer(pair.sq_memory.id);
@@ -214,8 +222,10 @@ class RegisterController final : public Controller {
     info.depth = depth;
     info.submission_queue = static_cast<nvme::SubmissionQueueEntry*>(pair.sq_memory.host_address);
     info.completion_queue = static_cast<nvme::CompletionQueueEntry*>(pair.cq_memory.host_address);
-    info.submission_queue_tail_doorbell = doorbell(nvme::submission_queue_tail_doorbell_offset(qid, identity_.doorbell_stride));
-    info.completion_queue_head_doorbell = doorbell(nvme::completion_queue_head_doorbell_offset(qid, identity_.doorbell_stride));
+    info.submission_queue_tail_doorbell =
+        doorbell(nvme::submission_queue_tail_doorbell_offset(qid, identity_.doorbell_stride));
+    info.completion_queue_head_doorbell =
+        doorbell(nvme::completion_queue_head_doorbell_offset(qid, identity_.doorbell_stride));
     info.controller_status = bar0() + kRegisterCsts;
     info.doorbell_stride = identity_.doorbell_stride;
     info.submission_queue_bus_address = pair.sq_memory.bus_address;
@@ -230,7 +240,9 @@ class RegisterController final : public Controller {
     return delete_io_queue_pair_locked(qid);
   }
 
-  Result<DmaMapping> dma_map(void* host_address, std::size_t length) override { return transport_->dma_map(host_address, length); }
+  Result<DmaMapping> dma_map(void* host_address, std::size_t length) override {
+    return transport_->dma_map(host_address, length);
+  }
   Result<DmaMapping> dma_map_device(void* device_address, std::size_t length) override {
     return transport_->dma_map_device(device_address, length);
   }
@@ -238,7 +250,8 @@ class RegisterController final : public Controller {
   Result<DmaBuffer> allocate_dma_buffer(std::size_t length) override { return transport_->allocate_dma_buffer(length); }
   Status free_dma_buffer(std::uint64_t id) override { return transport_->free_dma_buffer(id); }
 
-  Result<nvme::CompletionQueueEntry> submit_admin(const nvme::SubmissionQueueEntry& command, std::uint64_t timeout_ns) override {
+  Result<nvme::CompletionQueueEntry> submit_admin(const nvme::SubmissionQueueEntry& command,
+                                                  std::uint64_t timeout_ns) override {
     std::lock_guard lock(mutex_);
     return submit_admin_locked(command, timeout_ns);
   }
@@ -286,7 +299,8 @@ class RegisterController final : public Controller {
     }
   }
 
-  Result<nvme::CompletionQueueEntry> submit_admin_locked(const nvme::SubmissionQueueEntry& request, std::uint64_t timeout_ns) {
+  Result<nvme::CompletionQueueEntry> submit_admin_locked(const nvme::SubmissionQueueEntry& request,
+                                                         std::uint64_t timeout_ns) {
     nvme::SubmissionQueueEntry command = request;
     if (!brought_up_ || !admin_) return error(StatusCode::NOT_READY, "admin command before a successful bring_up");
     const nvme::QueuePair& queue = admin_->queue();
@@ -304,8 +318,10 @@ class RegisterController final : public Controller {
     queue.abandon(cid);
     const std::string_view name = nvme::admin_opcode_name(command.opcode);
     if (waited.status == StatusCode::TIMEOUT)
-      return error(StatusCode::TIMEOUT, "admin command {} (CID {}) did not complete within {} ns", name, cid, timeout_ns);
-    return error(StatusCode::DEVICE_ERROR, "admin command {} (CID {}): controller fatal status or device gone", name, cid);
+      return error(StatusCode::TIMEOUT, "admin command {} (CID {}) did not complete within {} ns", name, cid,
+                   timeout_ns);
+    return error(StatusCode::DEVICE_ERROR, "admin command {} (CID {}): controller fatal status or device gone", name,
+                 cid);
   }
 
   Status identify_locked(const DmaBuffer& buffer, const BringUpOptions& options) {
@@ -322,7 +338,8 @@ class RegisterController final : public Controller {
 
     std::memset(buffer.host_address, 0, 4096);
     identify.nsid = options.nsid;
-    identify.cdw10 = nvme::IdentifyFields::CNS::encode(0, static_cast<std::uint32_t>(nvme::IdentifyCns::namespace_data));
+    identify.cdw10 =
+        nvme::IdentifyFields::CNS::encode(0, static_cast<std::uint32_t>(nvme::IdentifyCns::namespace_data));
     done = submit_admin_locked(identify, options.admin_timeout_ns);
     if (!done) return done.status().with_context("Identify Namespace");
     if (nvme::is(done->status(), nvme::GenericStatus::invalid_namespace_or_format))
@@ -334,22 +351,26 @@ class RegisterController final : public Controller {
 
     nvme::SubmissionQueueEntry features{};
     features.opcode = static_cast<std::uint8_t>(AdminOpcode::set_features);
-    features.cdw10 = nvme::FeatureFields::FID::encode(0, static_cast<std::uint32_t>(nvme::FeatureIdentifier::number_of_queues));
+    features.cdw10 =
+        nvme::FeatureFields::FID::encode(0, static_cast<std::uint32_t>(nvme::FeatureIdentifier::number_of_queues));
     const std::uint32_t requested = options.io_queue_pairs_requested - 1u;  // 0's based
-    features.cdw11 = nvme::NumberOfQueuesFields::NCQR::encode(nvme::NumberOfQueuesFields::NSQR::encode(0, requested), requested);
+    features.cdw11 =
+        nvme::NumberOfQueuesFields::NCQR::encode(nvme::NumberOfQueuesFields::NSQR::encode(0, requested), requested);
     done = submit_admin_locked(features, options.admin_timeout_ns);
     if (!done) return done.status().with_context("Set Features - Number of Queues");
     TUTTI_RETURN_IF_ERROR(check_completion(*done, "Set Features - Number of Queues"));
 
     ControllerIdentity identity = ControllerIdentity::from_identify(controller, namespace_data, options.nsid);
     if (identity.lba_size == 0 || identity.namespace_size_lbas == 0)
-      return error(StatusCode::DEVICE_ERROR, "Identify Namespace {}: no usable LBA format (FLBAS {:#x}, NLBAF {}) or NSZE 0",
-                   options.nsid, namespace_data.flbas, namespace_data.nlbaf);
-    identity.max_data_transfer_bytes = controller.max_data_transfer_bytes(read_capabilities().memory_page_size_minimum());
-    identity.io_submission_queues_allocated =
-        static_cast<std::uint16_t>(std::min<std::uint32_t>(nvme::NumberOfQueuesFields::NSQR::decode(done->dw0) + 1u, options.io_queue_pairs_requested));
-    identity.io_completion_queues_allocated =
-        static_cast<std::uint16_t>(std::min<std::uint32_t>(nvme::NumberOfQueuesFields::NCQR::decode(done->dw0) + 1u, options.io_queue_pairs_requested));
+      return error(StatusCode::DEVICE_ERROR,
+                   "Identify Namespace {}: no usable LBA format (FLBAS {:#x}, NLBAF {}) or NSZE 0", options.nsid,
+                   namespace_data.flbas, namespace_data.nlbaf);
+    identity.max_data_transfer_bytes =
+        controller.max_data_transfer_bytes(read_capabilities().memory_page_size_minimum());
+    identity.io_submission_queues_allocated = static_cast<std::uint16_t>(std::min<std::uint32_t>(
+        nvme::NumberOfQueuesFields::NSQR::decode(done->dw0) + 1u, options.io_queue_pairs_requested));
+    identity.io_completion_queues_allocated = static_cast<std::uint16_t>(std::min<std::uint32_t>(
+        nvme::NumberOfQueuesFields::NCQR::decode(done->dw0) + 1u, options.io_queue_pairs_requested));
     identity_ = std::move(identity);
     return Status::success();
   }

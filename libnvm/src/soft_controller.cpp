@@ -44,10 +44,10 @@ namespace {
 using nvme::AdminOpcode;
 using nvme::CommandSpecificStatus;
 using nvme::GenericStatus;
+using nvme::make_status;
 using nvme::MediaStatus;
 using nvme::NvmOpcode;
 using nvme::StatusField;
-using nvme::make_status;
 
 constexpr std::uint64_t kPage = 4096;  // the only memory page size supported (CAP.MPSMIN = MPSMAX = 0)
 constexpr std::uint32_t kBatch = 64;   // SQEs fetched from one SQ before looking at the next
@@ -118,7 +118,7 @@ struct Region {
   std::uint8_t* host = nullptr;
   std::vector<std::uint32_t> host_page_of_bus_page;  // empty: identity (contiguous)
   std::vector<std::uint32_t> bus_page_of_host_page;
-  std::uint32_t queue_users = 0;  // admin/I/O queues living in this region
+  std::uint32_t queue_users = 0;            // admin/I/O queues living in this region
   MemoryOwner owner = MemoryOwner::caller;  // how unmap frees the memory
   DmaMemoryKind kind = DmaMemoryKind::host;
 };
@@ -139,22 +139,22 @@ class BusSpace {
     const char* what = device ? "dma_map_device" : "dma_map";
     const char* address_name = device ? "device_address" : "host_address";
     if (host_address == nullptr || length == 0)
-      return error(StatusCode::INVALID_ARGUMENT, "{}: {} = {} and length = {} must be non-null and non-zero", what, address_name,
-                   host_address, length);
+      return error(StatusCode::INVALID_ARGUMENT, "{}: {} = {} and length = {} must be non-null and non-zero", what,
+                   address_name, host_address, length);
     const auto start = reinterpret_cast<std::uintptr_t>(host_address);
     if (start % kPage != 0 || length % kPage != 0)
-      return error(StatusCode::INVALID_ARGUMENT, "{}: {} = {:#x} and length = {} must be multiples of {} bytes", what, address_name,
-                   start, length, kPage);
+      return error(StatusCode::INVALID_ARGUMENT, "{}: {} = {:#x} and length = {} must be multiples of {} bytes", what,
+                   address_name, start, length, kPage);
     if (start + length < start)
-      return error(StatusCode::INVALID_ARGUMENT, "{}: {} = {:#x} + length = {} wraps around the address space", what, address_name,
-                   start, length);
+      return error(StatusCode::INVALID_ARGUMENT, "{}: {} = {:#x} + length = {} wraps around the address space", what,
+                   address_name, start, length);
     // The length cannot be checked against the memory behind the address, but a region larger than
     // any allocation accel/ hands out is a caller's bug (a negative length cast to size_t, a size in
     // the wrong unit); accepting it would build a page table of length / 4096 entries and let commands
     // DMA past the real allocation.
     if (length > accel::kMaxAllocationBytes)
-      return error(StatusCode::INVALID_ARGUMENT, "{}: length = {} exceeds the limit of {} bytes per mapping", what, length,
-                   accel::kMaxAllocationBytes);
+      return error(StatusCode::INVALID_ARGUMENT, "{}: length = {} exceeds the limit of {} bytes per mapping", what,
+                   length, accel::kMaxAllocationBytes);
     std::unique_lock lock(mutex);
     auto next = host_ranges_.lower_bound(start);
     if ((next != host_ranges_.end() && next->first < start + length) ||
@@ -202,7 +202,8 @@ class BusSpace {
     if (by_id == base_of_id_.end()) return error(StatusCode::NOT_FOUND, "dma_unmap: no mapping with id = {}", id);
     auto it = regions_.find(by_id->second);
     if (it->second.queue_users != 0)
-      return error(StatusCode::BUSY, "dma_unmap: {} controller queue(s) live in mapping {}", it->second.queue_users, id);
+      return error(StatusCode::BUSY, "dma_unmap: {} controller queue(s) live in mapping {}", it->second.queue_users,
+                   id);
     const Unmapped owned{it->second.owner != MemoryOwner::caller ? it->second.host : nullptr, it->second.owner};
     host_ranges_.erase(reinterpret_cast<std::uintptr_t>(it->second.host));
     base_of_id_.erase(by_id);
@@ -217,7 +218,8 @@ class BusSpace {
       const Region* region = find_locked(bus);
       if (region == nullptr) return false;
       const std::uint64_t bus_page = (bus - region->bus_base) / kPage;
-      const std::uint64_t host_page = region->host_page_of_bus_page.empty() ? bus_page : region->host_page_of_bus_page[bus_page];
+      const std::uint64_t host_page =
+          region->host_page_of_bus_page.empty() ? bus_page : region->host_page_of_bus_page[bus_page];
       const std::uint64_t offset = bus % kPage;
       const std::uint64_t chunk = std::min(length, kPage - offset);
       std::uint8_t* host = region->host + host_page * kPage + offset;
@@ -257,7 +259,8 @@ class BusSpace {
   /// Adjusts the queue-user count of the region holding `bus` (caller holds the unique lock).
   void add_queue_user_locked(std::uint64_t bus, int delta) {
     Region* region = const_cast<Region*>(find_locked(bus));
-    if (region != nullptr) region->queue_users = static_cast<std::uint32_t>(static_cast<int>(region->queue_users) + delta);
+    if (region != nullptr)
+      region->queue_users = static_cast<std::uint32_t>(static_cast<int>(region->queue_users) + delta);
   }
 
   ~BusSpace() {
@@ -372,10 +375,10 @@ struct SoftController::Impl {
   std::uint64_t next_fault_id = 1;
 
   struct AtomicCounters {
-    std::atomic<std::uint64_t> admin_commands{0}, io_commands{0}, read_commands{0}, write_commands{0}, flush_commands{0},
-        write_zeroes_commands{0}, dataset_management_commands{0}, bytes_read{0}, bytes_written{0}, device_bytes_read{0},
-        device_bytes_written{0}, errors{0}, dma_faults{0},
-        invalid_doorbell_writes{0}, injected_faults{0}, aborted_commands{0}, completions_posted{0};
+    std::atomic<std::uint64_t> admin_commands{0}, io_commands{0}, read_commands{0}, write_commands{0},
+        flush_commands{0}, write_zeroes_commands{0}, dataset_management_commands{0}, bytes_read{0}, bytes_written{0},
+        device_bytes_read{0}, device_bytes_written{0}, errors{0}, dma_faults{0}, invalid_doorbell_writes{0},
+        injected_faults{0}, aborted_commands{0}, completions_posted{0};
   } counters;
   mutable std::mutex errors_mutex;
   std::map<std::uint16_t, std::uint64_t> errors_by_status;
@@ -442,8 +445,8 @@ struct SoftController::Impl {
     StatusField status = entry.status();
     status.raw = StatusField::P::encode(status.raw, static_cast<std::uint16_t>(cq.phase));
     // Release: dwords 0-2 are visible before dword 3 carries the new Phase Tag.
-    std::atomic_ref<std::uint32_t>(slot.dw3).store(nvme::CompletionQueueEntry::make_dw3(entry.command_identifier(), status),
-                                                   std::memory_order_release);
+    std::atomic_ref<std::uint32_t>(slot.dw3).store(
+        nvme::CompletionQueueEntry::make_dw3(entry.command_identifier(), status), std::memory_order_release);
     if (++cq.tail == cq.size) {
       cq.tail = 0;
       cq.phase ^= 1u;
@@ -485,12 +488,14 @@ struct SoftController::Impl {
 
   /// Decodes the SQE's data pointer for `length` bytes and translates it to host spans.
   /// Caller holds bus.mutex (shared). Returns the status to complete with on failure.
-  StatusField map_data(const nvme::SubmissionQueueEntry& sqe, std::uint64_t length, std::vector<HostSpan>& spans, bool admin) {
+  StatusField map_data(const nvme::SubmissionQueueEntry& sqe, std::uint64_t length, std::vector<HostSpan>& spans,
+                       bool admin) {
     if (admin && sqe.data_pointer_kind() != nvme::DataPointerKind::prp)
       return make_status(GenericStatus::invalid_field_in_command, true);  // admin commands use PRPs (PCIe)
     const soft::DecodeResult decoded = soft::decode_data_pointer(
-        sqe, length, decode_limits(),
-        [this](std::uint64_t bus_address, void* destination, std::size_t bytes) { return bus.read_locked(bus_address, destination, bytes); });
+        sqe, length, decode_limits(), [this](std::uint64_t bus_address, void* destination, std::size_t bytes) {
+          return bus.read_locked(bus_address, destination, bytes);
+        });
     if (!decoded.status.success()) {
       if (decoded.dma_fault) counters.dma_faults.fetch_add(1, std::memory_order_relaxed);
       return decoded.status;
@@ -559,31 +564,34 @@ struct SoftController::Impl {
   }
 
   // ----- I/O commands --------------------------------------------------------------------------
-  bool lba_range_ok(std::uint64_t slba, std::uint64_t nlb) const { return slba < namespace_size && nlb <= namespace_size - slba; }
+  bool lba_range_ok(std::uint64_t slba, std::uint64_t nlb) const {
+    return slba < namespace_size && nlb <= namespace_size - slba;
+  }
 
   StatusField execute_io(const nvme::SubmissionQueueEntry& sqe, const Staging& staging) {
     const auto opcode = static_cast<NvmOpcode>(sqe.opcode);
-    if (nvme::SubmissionQueueEntry::Fuse::decode(sqe.flags) != 0) return make_status(GenericStatus::invalid_field_in_command, true);
+    if (nvme::SubmissionQueueEntry::Fuse::decode(sqe.flags) != 0)
+      return make_status(GenericStatus::invalid_field_in_command, true);
     switch (opcode) {
       case NvmOpcode::read:
-      case NvmOpcode::write:
-        return execute_read_write(sqe, opcode == NvmOpcode::write, staging);
+      case NvmOpcode::write: return execute_read_write(sqe, opcode == NvmOpcode::write, staging);
       case NvmOpcode::flush:
-        if (sqe.nsid != 1 && sqe.nsid != 0xffffffffu) return make_status(GenericStatus::invalid_namespace_or_format, true);
+        if (sqe.nsid != 1 && sqe.nsid != 0xffffffffu)
+          return make_status(GenericStatus::invalid_namespace_or_format, true);
         if (!config.null_mode && !sync()) return make_status(MediaStatus::write_fault, true);
         counters.flush_commands.fetch_add(1, std::memory_order_relaxed);
         return kSuccess;
-      case NvmOpcode::write_zeroes:
-        return execute_write_zeroes(sqe);
-      case NvmOpcode::dataset_management:
-        return execute_dataset_management(sqe);
+      case NvmOpcode::write_zeroes: return execute_write_zeroes(sqe);
+      case NvmOpcode::dataset_management: return execute_dataset_management(sqe);
     }
     return make_status(GenericStatus::invalid_command_opcode, true);
   }
 
   StatusField transfer_host_span(const HostSpan& span, std::uint64_t offset, bool write) {
     const bool ok = write ? pwrite_all(span.host, span.length, offset) : pread_all(span.host, span.length, offset);
-    if (!ok) return write ? make_status(MediaStatus::write_fault, true) : make_status(MediaStatus::unrecovered_read_error, true);
+    if (!ok)
+      return write ? make_status(MediaStatus::write_fault, true)
+                   : make_status(MediaStatus::unrecovered_read_error, true);
     return kSuccess;
   }
 
@@ -595,11 +603,14 @@ struct SoftController::Impl {
     for (std::uint64_t done = 0; done < span.length;) {
       const std::uint64_t chunk = std::min(span.length - done, staging.size);
       if (write) {
-        if (!copy_from_span(span, staging.data, done, chunk)) return make_status(GenericStatus::data_transfer_error, true);
+        if (!copy_from_span(span, staging.data, done, chunk))
+          return make_status(GenericStatus::data_transfer_error, true);
         if (!pwrite_all(staging.data, chunk, offset + done)) return make_status(MediaStatus::write_fault, true);
       } else {
-        if (!pread_all(staging.data, chunk, offset + done)) return make_status(MediaStatus::unrecovered_read_error, true);
-        if (!copy_to_span(span, done, staging.data, chunk)) return make_status(GenericStatus::data_transfer_error, true);
+        if (!pread_all(staging.data, chunk, offset + done))
+          return make_status(MediaStatus::unrecovered_read_error, true);
+        if (!copy_to_span(span, done, staging.data, chunk))
+          return make_status(GenericStatus::data_transfer_error, true);
       }
       done += chunk;
     }
@@ -614,7 +625,7 @@ struct SoftController::Impl {
     const std::uint64_t bytes = nlb * lba_size();
     if (config.max_data_transfer_bytes != 0 && bytes > config.max_data_transfer_bytes)
       return make_status(GenericStatus::invalid_field_in_command, true);  // exceeds MDTS (Base 2.0, 5.17.2.1 MDTS)
-    std::shared_lock lock(bus.mutex);  // no unmap while this transfer runs
+    std::shared_lock lock(bus.mutex);                                     // no unmap while this transfer runs
     std::vector<HostSpan> spans;
     const StatusField mapped = map_data(sqe, bytes, spans, false);
     if (!mapped.success()) return mapped;
@@ -622,14 +633,17 @@ struct SoftController::Impl {
       std::uint64_t offset = slba * lba_size();
       std::uint64_t device_bytes = 0;
       for (const HostSpan& span : spans) {
-        const StatusField moved = span.device ? transfer_device_span(span, offset, write, staging) : transfer_host_span(span, offset, write);
+        const StatusField moved =
+            span.device ? transfer_device_span(span, offset, write, staging) : transfer_host_span(span, offset, write);
         if (!moved.success()) return moved;
         if (span.device) device_bytes += span.length;
         offset += span.length;
       }
-      if (write && nvme::ReadWriteFields::FUA::decode(sqe.cdw12) != 0 && !sync()) return make_status(MediaStatus::write_fault, true);
+      if (write && nvme::ReadWriteFields::FUA::decode(sqe.cdw12) != 0 && !sync())
+        return make_status(MediaStatus::write_fault, true);
       (write ? counters.bytes_written : counters.bytes_read).fetch_add(bytes, std::memory_order_relaxed);
-      (write ? counters.device_bytes_written : counters.device_bytes_read).fetch_add(device_bytes, std::memory_order_relaxed);
+      (write ? counters.device_bytes_written : counters.device_bytes_read)
+          .fetch_add(device_bytes, std::memory_order_relaxed);
     }
     (write ? counters.write_commands : counters.read_commands).fetch_add(1, std::memory_order_relaxed);
     return kSuccess;
@@ -642,14 +656,17 @@ struct SoftController::Impl {
     if (!lba_range_ok(slba, nlb)) return make_status(GenericStatus::lba_out_of_range, true);
     if (!config.null_mode) {
       if (!zero_range(slba * lba_size(), nlb * lba_size())) return make_status(MediaStatus::write_fault, true);
-      if (nvme::ReadWriteFields::FUA::decode(sqe.cdw12) != 0 && !sync()) return make_status(MediaStatus::write_fault, true);
+      if (nvme::ReadWriteFields::FUA::decode(sqe.cdw12) != 0 && !sync())
+        return make_status(MediaStatus::write_fault, true);
     }
     counters.write_zeroes_commands.fetch_add(1, std::memory_order_relaxed);
     return kSuccess;
   }
 
   bool zero_range(std::uint64_t offset, std::uint64_t length) {
-    if (::fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(length)) == 0) return true;
+    if (::fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                    static_cast<off_t>(length)) == 0)
+      return true;
     return write_zeroes_at(offset, length);
   }
 
@@ -727,12 +744,8 @@ struct SoftController::Impl {
         case SoftFaultRule::Action::delay_completion:
           sq.held.push_back(HeldCommand{sqe, accel::deadline_after(fault.rule.delay_ns)});
           return;
-        case SoftFaultRule::Action::lose_completion:
-          sq.held.push_back(HeldCommand{sqe, kNever});
-          return;
-        case SoftFaultRule::Action::controller_fatal:
-          set_fatal();
-          return;
+        case SoftFaultRule::Action::lose_completion: sq.held.push_back(HeldCommand{sqe, kNever}); return;
+        case SoftFaultRule::Action::controller_fatal: set_fatal(); return;
       }
     }
     const StatusField status = execute_io(sqe, staging);
@@ -845,8 +858,8 @@ struct SoftController::Impl {
     const std::uint32_t sq_size = nvme::AdminQueueAttributes::ASQS::decode(aqa.raw) + 1;
     const std::uint32_t cq_size = nvme::AdminQueueAttributes::ACQS::decode(aqa.raw) + 1;
     // A torn or unsupported configuration is a Controller Fatal Status, never a crash.
-    bool valid = CC::MPS::decode(cc.raw) == 0 && CC::CSS::decode(cc.raw) == 0 && CC::AMS::decode(cc.raw) == 0 && sq_size >= 2 &&
-                 cq_size >= 2 && asq % kPage == 0 && acq % kPage == 0;
+    bool valid = CC::MPS::decode(cc.raw) == 0 && CC::CSS::decode(cc.raw) == 0 && CC::AMS::decode(cc.raw) == 0 &&
+                 sq_size >= 2 && cq_size >= 2 && asq % kPage == 0 && acq % kPage == 0;
     std::unique_lock lock(bus.mutex);
     nvme::SubmissionQueueEntry* sq_base = nullptr;
     nvme::CompletionQueueEntry* cq_base = nullptr;
@@ -937,7 +950,8 @@ struct SoftController::Impl {
   }
 
   StatusField execute_admin(const nvme::SubmissionQueueEntry& sqe, std::uint32_t& dw0) {
-    if (nvme::SubmissionQueueEntry::Fuse::decode(sqe.flags) != 0) return make_status(GenericStatus::invalid_field_in_command, true);
+    if (nvme::SubmissionQueueEntry::Fuse::decode(sqe.flags) != 0)
+      return make_status(GenericStatus::invalid_field_in_command, true);
     switch (static_cast<AdminOpcode>(sqe.opcode)) {
       case AdminOpcode::identify: return identify(sqe);
       case AdminOpcode::set_features: return set_features(sqe, dw0);
@@ -972,8 +986,10 @@ struct SoftController::Impl {
     c.sqes = 0x66;
     c.cqes = 0x44;
     c.nn = 1;
-    c.oncs = nvme::IdentifyController::OncsBits::WriteZeroes::encode(nvme::IdentifyController::OncsBits::DatasetManagement::encode(0, 1), 1);
-    c.vwc = nvme::IdentifyController::VwcBits::Present::encode(0, 1);  // the backing file's page cache is a volatile write cache: Flush makes data durable
+    c.oncs = nvme::IdentifyController::OncsBits::WriteZeroes::encode(
+        nvme::IdentifyController::OncsBits::DatasetManagement::encode(0, 1), 1);
+    c.vwc = nvme::IdentifyController::VwcBits::Present::encode(
+        0, 1);  // the backing file's page cache is a volatile write cache: Flush makes data durable
     c.sgls = nvme::IdentifyController::SglsBits::SglSupport::encode(0, 1);  // SGLs, any byte alignment
     return c;
   }
@@ -1011,7 +1027,8 @@ struct SoftController::Impl {
   }
 
   StatusField set_features(const nvme::SubmissionQueueEntry& sqe, std::uint32_t& dw0) {
-    if (nvme::FeatureFields::FID::decode(sqe.cdw10) != static_cast<std::uint32_t>(nvme::FeatureIdentifier::number_of_queues))
+    if (nvme::FeatureFields::FID::decode(sqe.cdw10) !=
+        static_cast<std::uint32_t>(nvme::FeatureIdentifier::number_of_queues))
       return make_status(GenericStatus::invalid_field_in_command, true);
     if (!io_sqs.empty() || !io_cqs.empty()) return make_status(GenericStatus::command_sequence_error, true);
     const std::uint32_t nsqr = nvme::NumberOfQueuesFields::NSQR::decode(sqe.cdw11);
@@ -1024,26 +1041,31 @@ struct SoftController::Impl {
   }
 
   std::uint32_t number_of_queues_dw0() const {
-    return nvme::NumberOfQueuesFields::NCQR::encode(nvme::NumberOfQueuesFields::NSQR::encode(0, queues_allocated - 1), queues_allocated - 1);
+    return nvme::NumberOfQueuesFields::NCQR::encode(nvme::NumberOfQueuesFields::NSQR::encode(0, queues_allocated - 1),
+                                                    queues_allocated - 1);
   }
 
   StatusField get_features(const nvme::SubmissionQueueEntry& sqe, std::uint32_t& dw0) {
-    if (nvme::FeatureFields::FID::decode(sqe.cdw10) != static_cast<std::uint32_t>(nvme::FeatureIdentifier::number_of_queues))
+    if (nvme::FeatureFields::FID::decode(sqe.cdw10) !=
+        static_cast<std::uint32_t>(nvme::FeatureIdentifier::number_of_queues))
       return make_status(GenericStatus::invalid_field_in_command, true);
     dw0 = number_of_queues_dw0();
     return kSuccess;
   }
 
   /// Common checks of Create I/O CQ / SQ; on success `base` is the queue memory.
-  StatusField check_create(const nvme::SubmissionQueueEntry& sqe, std::uint64_t entry_size, std::uint16_t& qid, std::uint32_t& size,
-                           void*& base) {
+  StatusField check_create(const nvme::SubmissionQueueEntry& sqe, std::uint64_t entry_size, std::uint16_t& qid,
+                           std::uint32_t& size, void*& base) {
     using F = nvme::CreateQueueFields;
     qid = static_cast<std::uint16_t>(F::QID::decode(sqe.cdw10));
     size = F::QSIZE::decode(sqe.cdw10) + 1;
     if (qid == 0 || qid > queues_allocated) return make_status(CommandSpecificStatus::invalid_queue_identifier, true);
-    if (size < 2 || size > config.max_queue_entries) return make_status(CommandSpecificStatus::invalid_queue_size, true);
-    if (F::PC::decode(sqe.cdw11) == 0) return make_status(GenericStatus::invalid_field_in_command, true);  // CAP.CQR = 1
-    if (sqe.data_pointer_kind() != nvme::DataPointerKind::prp) return make_status(GenericStatus::invalid_field_in_command, true);
+    if (size < 2 || size > config.max_queue_entries)
+      return make_status(CommandSpecificStatus::invalid_queue_size, true);
+    if (F::PC::decode(sqe.cdw11) == 0)
+      return make_status(GenericStatus::invalid_field_in_command, true);  // CAP.CQR = 1
+    if (sqe.data_pointer_kind() != nvme::DataPointerKind::prp)
+      return make_status(GenericStatus::invalid_field_in_command, true);
     const std::uint64_t prp1 = sqe.data_pointer.prp.prp1;
     if (prp1 % kPage != 0) return make_status(GenericStatus::prp_offset_invalid, true);
     std::shared_lock lock(bus.mutex);
@@ -1187,10 +1209,12 @@ struct SoftController::Impl {
   }
 
   StatusField get_log_page(const nvme::SubmissionQueueEntry& sqe) {
-    if (nvme::GetLogPageFields::LID::decode(sqe.cdw10) != static_cast<std::uint32_t>(nvme::LogPageIdentifier::smart_health))
+    if (nvme::GetLogPageFields::LID::decode(sqe.cdw10) !=
+        static_cast<std::uint32_t>(nvme::LogPageIdentifier::smart_health))
       return make_status(CommandSpecificStatus::invalid_log_page, true);
-    const std::uint64_t dwords =
-        ((std::uint64_t{nvme::GetLogPageFields::NUMDU::decode(sqe.cdw11)} << 16) | nvme::GetLogPageFields::NUMDL::decode(sqe.cdw10)) + 1;
+    const std::uint64_t dwords = ((std::uint64_t{nvme::GetLogPageFields::NUMDU::decode(sqe.cdw11)} << 16) |
+                                  nvme::GetLogPageFields::NUMDL::decode(sqe.cdw10)) +
+                                 1;
     if (dwords * 4 > 4096) return make_status(GenericStatus::invalid_field_in_command, true);
     std::vector<std::uint8_t> page(dwords * 4, 0);
     nvme::SmartHealthLog log{};
@@ -1215,13 +1239,16 @@ Result<std::shared_ptr<SoftController>> SoftController::create(const SoftControl
   if (config.max_queue_entries < 2 || config.max_queue_entries > 65536)
     return error(StatusCode::INVALID_ARGUMENT, "max_queue_entries = {} is outside 2..65536", config.max_queue_entries);
   if (config.max_io_queue_pairs == 0 || config.max_io_queue_pairs == 0xffff)
-    return error(StatusCode::INVALID_ARGUMENT, "max_io_queue_pairs = {} is outside 1..65534", config.max_io_queue_pairs);
+    return error(StatusCode::INVALID_ARGUMENT, "max_io_queue_pairs = {} is outside 1..65534",
+                 config.max_io_queue_pairs);
   const std::uint32_t mdts = config.max_data_transfer_bytes;
   if (mdts != 0 && (mdts < 4096 || (mdts & (mdts - 1)) != 0))
-    return error(StatusCode::INVALID_ARGUMENT, "max_data_transfer_bytes = {} must be 0 or a power of two >= 4096", mdts);
+    return error(StatusCode::INVALID_ARGUMENT, "max_data_transfer_bytes = {} must be 0 or a power of two >= 4096",
+                 mdts);
   if (config.worker_threads == 0 || config.worker_threads > 64)
     return error(StatusCode::INVALID_ARGUMENT, "worker_threads = {} is outside 1..64", config.worker_threads);
-  if (config.doorbell_stride > 15) return error(StatusCode::INVALID_ARGUMENT, "doorbell_stride = {} is outside 0..15", config.doorbell_stride);
+  if (config.doorbell_stride > 15)
+    return error(StatusCode::INVALID_ARGUMENT, "doorbell_stride = {} is outside 0..15", config.doorbell_stride);
   if (config.max_sgl_descriptors == 0) return error(StatusCode::INVALID_ARGUMENT, "max_sgl_descriptors must be >= 1");
 
   auto impl = std::make_unique<Impl>();
@@ -1234,10 +1261,11 @@ Result<std::shared_ptr<SoftController>> SoftController::create(const SoftControl
   } else {
     impl->fd = ::open(config.backing_path.c_str(), O_RDWR | O_CLOEXEC);
     if (impl->fd < 0)
-      return error(errno == ENOENT ? StatusCode::NOT_FOUND : StatusCode::UNSUPPORTED, "open {}: {}", config.backing_path,
-                   std::strerror(errno));
+      return error(errno == ENOENT ? StatusCode::NOT_FOUND : StatusCode::UNSUPPORTED, "open {}: {}",
+                   config.backing_path, std::strerror(errno));
     struct stat st {};
-    if (::fstat(impl->fd, &st) != 0) return error(StatusCode::UNSUPPORTED, "fstat {}: {}", config.backing_path, std::strerror(errno));
+    if (::fstat(impl->fd, &st) != 0)
+      return error(StatusCode::UNSUPPORTED, "fstat {}: {}", config.backing_path, std::strerror(errno));
     std::uint64_t bytes = 0;
     if (S_ISREG(st.st_mode)) {
       bytes = static_cast<std::uint64_t>(st.st_size);
@@ -1249,11 +1277,12 @@ Result<std::shared_ptr<SoftController>> SoftController::create(const SoftControl
     }
     const std::uint64_t available = bytes / config.lba_size;
     if (config.namespace_size_lbas > available)
-      return error(StatusCode::INVALID_ARGUMENT, "namespace_size_lbas = {} exceeds the {} LBAs of {} ({} bytes)", config.namespace_size_lbas,
-                   available, config.backing_path, bytes);
+      return error(StatusCode::INVALID_ARGUMENT, "namespace_size_lbas = {} exceeds the {} LBAs of {} ({} bytes)",
+                   config.namespace_size_lbas, available, config.backing_path, bytes);
     impl->namespace_size = config.namespace_size_lbas != 0 ? config.namespace_size_lbas : available;
     if (impl->namespace_size == 0)
-      return error(StatusCode::INVALID_ARGUMENT, "{} ({} bytes) holds no whole {}-byte LBA", config.backing_path, bytes, config.lba_size);
+      return error(StatusCode::INVALID_ARGUMENT, "{} ({} bytes) holds no whole {}-byte LBA", config.backing_path, bytes,
+                   config.lba_size);
   }
 
   // BAR0: registers + doorbells of the admin queue and every I/O queue pair.
@@ -1263,9 +1292,11 @@ Result<std::shared_ptr<SoftController>> SoftController::create(const SoftControl
     // Mapped pinned memory: GPU kernels ring the doorbells at the same address the workers poll.
     auto bar = accel::allocate_mapped_host(impl->bar_size);
     if (!bar) return bar.status().with_context("accelerator_mode BAR0");
-    impl->bar = std::unique_ptr<std::uint32_t[], BarFree>(static_cast<std::uint32_t*>(*bar), BarFree{MemoryOwner::mapped_host});
+    impl->bar =
+        std::unique_ptr<std::uint32_t[], BarFree>(static_cast<std::uint32_t*>(*bar), BarFree{MemoryOwner::mapped_host});
     // One pinned bounce buffer per worker, MDTS long (a command never needs more at once).
-    const std::uint64_t bounce = config.max_data_transfer_bytes != 0 ? config.max_data_transfer_bytes : kSoftDefaultBounceBufferBytes;
+    const std::uint64_t bounce =
+        config.max_data_transfer_bytes != 0 ? config.max_data_transfer_bytes : kSoftDefaultBounceBufferBytes;
     for (std::uint32_t i = 0; i < config.worker_threads; ++i) {
       auto buffer = accel::MappedHostBuffer::allocate(bounce);
       if (!buffer) return buffer.status().with_context("accelerator_mode bounce buffer");
@@ -1273,8 +1304,8 @@ Result<std::shared_ptr<SoftController>> SoftController::create(const SoftControl
       impl->workers.back()->bounce = std::move(*buffer);
     }
   } else {
-    impl->bar = std::unique_ptr<std::uint32_t[], BarFree>(static_cast<std::uint32_t*>(std::aligned_alloc(kPage, impl->bar_size)),
-                                                          BarFree{MemoryOwner::aligned});
+    impl->bar = std::unique_ptr<std::uint32_t[], BarFree>(
+        static_cast<std::uint32_t*>(std::aligned_alloc(kPage, impl->bar_size)), BarFree{MemoryOwner::aligned});
     if (!impl->bar) return error(StatusCode::RESOURCE_EXHAUSTED, "BAR0 allocation of {} bytes failed", impl->bar_size);
     std::memset(impl->bar.get(), 0, impl->bar_size);
   }
@@ -1318,9 +1349,11 @@ Result<DmaMapping> SoftController::map(void* host_address, std::size_t length) {
 Result<DmaMapping> SoftController::map_device(void* device_address, std::size_t length) {
   if (!impl_->config.accelerator_mode)
     return error(StatusCode::UNSUPPORTED,
-                 "dma_map_device({}, {} bytes): the soft controller reaches accelerator memory only with accelerator_mode = true",
+                 "dma_map_device({}, {} bytes): the soft controller reaches accelerator memory only with "
+                 "accelerator_mode = true",
                  device_address, length);
-  return impl_->bus.map(device_address, length, impl_->config.scatter_bus_pages, MemoryOwner::caller, DmaMemoryKind::device);
+  return impl_->bus.map(device_address, length, impl_->config.scatter_bus_pages, MemoryOwner::caller,
+                        DmaMemoryKind::device);
 }
 
 Status SoftController::unmap(std::uint64_t mapping_id) {
@@ -1421,7 +1454,9 @@ class SoftTransport final : public RegisterTransport {
   std::string_view kind() const noexcept override { return "soft"; }
   volatile std::uint32_t* bar0() noexcept override { return device_->bar0(); }
   std::size_t bar0_size() const noexcept override { return device_->bar0_size(); }
-  Result<DmaMapping> dma_map(void* host_address, std::size_t length) override { return device_->map(host_address, length); }
+  Result<DmaMapping> dma_map(void* host_address, std::size_t length) override {
+    return device_->map(host_address, length);
+  }
   Result<DmaMapping> dma_map_device(void* device_address, std::size_t length) override {
     return device_->map_device(device_address, length);
   }

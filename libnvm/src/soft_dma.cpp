@@ -112,10 +112,8 @@ DecodeResult decode_sgl(const nvme::SglDescriptor& sgl1, std::uint64_t length, c
       if (!add_data_block(sgl1)) return failure(GenericStatus::sgl_descriptor_type_invalid);
       return check_total();
     case Type::segment:
-    case Type::last_segment:
-      break;
-    default:
-      return failure(GenericStatus::sgl_descriptor_type_invalid);
+    case Type::last_segment: break;
+    default: return failure(GenericStatus::sgl_descriptor_type_invalid);
   }
 
   nvme::SglDescriptor pointer = sgl1;
@@ -146,8 +144,7 @@ DecodeResult decode_sgl(const nvme::SglDescriptor& sgl1, std::uint64_t length, c
           pointer = d;
           has_next = true;
           break;
-        default:
-          return failure(GenericStatus::sgl_descriptor_type_invalid);
+        default: return failure(GenericStatus::sgl_descriptor_type_invalid);
       }
       if (total > length) return failure(GenericStatus::data_sgl_length_invalid);
     }
@@ -157,15 +154,14 @@ DecodeResult decode_sgl(const nvme::SglDescriptor& sgl1, std::uint64_t length, c
   return check_total();
 }
 
-DecodeResult decode_data_pointer(const nvme::SubmissionQueueEntry& sqe, std::uint64_t length, const DecodeLimits& limits,
-                                 const BusReader& reader) {
+DecodeResult decode_data_pointer(const nvme::SubmissionQueueEntry& sqe, std::uint64_t length,
+                                 const DecodeLimits& limits, const BusReader& reader) {
   switch (sqe.data_pointer_kind()) {
     case nvme::DataPointerKind::prp:
       return decode_prp(sqe.data_pointer.prp.prp1, sqe.data_pointer.prp.prp2, length, limits, reader);
     case nvme::DataPointerKind::sgl_contiguous_metadata:
       return decode_sgl(sqe.data_pointer.sgl1, length, limits, reader);
-    default:
-      return failure(GenericStatus::invalid_field_in_command);
+    default: return failure(GenericStatus::invalid_field_in_command);
   }
 }
 

@@ -29,9 +29,9 @@ using BusReader = std::function<bool(std::uint64_t bus_address, void* destinatio
 
 /// Limits the decoder enforces.
 struct DecodeLimits {
-  std::uint32_t page_size = 4096;             ///< CC.MPS memory page size, bytes
-  bool sgl_supported = true;                  ///< Identify Controller SGLS 1:0 != 00b
-  std::uint32_t max_sgl_descriptors = 8192;   ///< descriptors walked per command (bounds loops)
+  std::uint32_t page_size = 4096;            ///< CC.MPS memory page size, bytes
+  bool sgl_supported = true;                 ///< Identify Controller SGLS 1:0 != 00b
+  std::uint32_t max_sgl_descriptors = 8192;  ///< descriptors walked per command (bounds loops)
 };
 
 /// Result of decoding: status Successful Completion with the segments, or the error status.
@@ -63,7 +63,7 @@ DecodeResult decode_sgl(const nvme::SglDescriptor& sgl1, std::uint64_t length, c
 
 /// Dispatches on PSDT: 00b PRP, 01b SGL; 10b (MPTR holds an SGL) and 11b give Invalid Field in
 /// Command (metadata is not supported).
-DecodeResult decode_data_pointer(const nvme::SubmissionQueueEntry& sqe, std::uint64_t length, const DecodeLimits& limits,
-                                 const BusReader& reader);
+DecodeResult decode_data_pointer(const nvme::SubmissionQueueEntry& sqe, std::uint64_t length,
+                                 const DecodeLimits& limits, const BusReader& reader);
 
 }  // namespace tutti::libnvm::soft

@@ -242,12 +242,8 @@ MemoryView view_of(nb::handle obj, nb::ndarray<>& array, std::uint64_t alignment
   view.address = array.data();
   view.size = array.nbytes();
   switch (array.device_type()) {
-    case nb::device::cpu::value:
-      view.kind = MemoryKind::HOST;
-      break;
-    case nb::device::cuda_host::value:
-      view.kind = MemoryKind::PINNED_HOST;
-      break;
+    case nb::device::cpu::value: view.kind = MemoryKind::HOST; break;
+    case nb::device::cuda_host::value: view.kind = MemoryKind::PINNED_HOST; break;
     case nb::device::cuda::value:
       view.kind = MemoryKind::DEVICE;
       view.accelerator_id = array.device_id();

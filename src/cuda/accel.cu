@@ -15,7 +15,8 @@ Status synchronize(void* stream, std::uint64_t timeout_ns) {
   for (;;) {
     const cudaError_t result = cudaStreamQuery(static_cast<cudaStream_t>(stream));
     if (result == cudaSuccess) return Status::success();
-    if (result != cudaErrorNotReady) return error(StatusCode::DEVICE_ERROR, "synchronize: {}", cudaGetErrorString(result));
+    if (result != cudaErrorNotReady)
+      return error(StatusCode::DEVICE_ERROR, "synchronize: {}", cudaGetErrorString(result));
     if (timer_ns() >= deadline)
       return error(StatusCode::TIMEOUT, "synchronize: the stream's work did not finish within {} ns", timeout_ns);
     backoff.pause();

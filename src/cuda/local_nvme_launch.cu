@@ -8,9 +8,13 @@
 namespace tutti::local_nvme {
 inline namespace TUTTI_PROFILE_NAMESPACE {
 
-Status launch_kernel(const accel::LaunchConfig& config, const AdmitKernel& kernel) { return accel::launch(config, kernel); }
+Status launch_kernel(const accel::LaunchConfig& config, const AdmitKernel& kernel) {
+  return accel::launch(config, kernel);
+}
 
-Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel) { return accel::launch(config, kernel); }
+Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel) {
+  return accel::launch(config, kernel);
+}
 
 }  // namespace TUTTI_PROFILE_NAMESPACE
 }  // namespace tutti::local_nvme

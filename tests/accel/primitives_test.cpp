@@ -10,9 +10,7 @@
 using namespace tutti;
 using namespace tutti::accel;
 
-TEST_CASE("the host profile is selected by meson") {
-  CHECK(kProfile == Profile::host);
-}
+TEST_CASE("the host profile is selected by meson") { CHECK(kProfile == Profile::host); }
 
 TEST_CASE("AtomicRef performs the read-modify-write operations") {
   alignas(8) std::uint64_t value = 5;

@@ -11,9 +11,9 @@
 #include <tutti/tutti.hpp>
 
 using namespace tutti;
+using tutti::testing::Faults;
 using tutti::testing::FaultyBackend;
 using tutti::testing::FaultyDataPath;
-using tutti::testing::Faults;
 
 namespace {
 constexpr std::uint64_t kSecond = 1'000'000'000;
@@ -58,7 +58,8 @@ TEST_CASE("zero-length READ and WRITE are INVALID_ARGUMENT naming length") {
 
 TEST_CASE("null, stale and foreign handles are rejected") {
   Fixture f;
-  expect(f.one({Direction::READ, {}, 0, f.target, 0, 512}), StatusCode::INVALID_ARGUMENT, "requests[0].memory is a null");
+  expect(f.one({Direction::READ, {}, 0, f.target, 0, 512}), StatusCode::INVALID_ARGUMENT,
+         "requests[0].memory is a null");
   expect(f.one({Direction::READ, f.mem, 0, {}, 0, 512}), StatusCode::INVALID_ARGUMENT, "requests[0].target is a null");
 
   auto closed = *f.rt.open("memfs://closed?size=4096");
@@ -106,8 +107,7 @@ TEST_CASE("the tail rule: an unaligned length may end at the end of the target w
   // 10000 = 19 * 512 + 272: a request for the last 272 bytes ends at the end of the target.
   CHECK(f.one({Direction::READ, f.mem, 0, f.target, 9728, 272}).is_ok());
   // Room is needed for the whole last unit: 512 bytes from memory_offset 16384 - 300 do not fit.
-  expect(f.one({Direction::READ, f.mem, 16384 - 300, f.target, 9728, 272}), StatusCode::OUT_OF_RANGE,
-         "aligned unit");
+  expect(f.one({Direction::READ, f.mem, 16384 - 300, f.target, 9728, 272}), StatusCode::OUT_OF_RANGE, "aligned unit");
 }
 
 TEST_CASE("FLUSH takes only a target; WRITE needs a writable target; bad directions are rejected") {
@@ -115,15 +115,14 @@ TEST_CASE("FLUSH takes only a target; WRITE needs a writable target; bad directi
   CHECK(f.one({Direction::FLUSH, {}, 0, f.target, 0, 0}).is_ok());
   expect(f.one({Direction::FLUSH, f.mem, 0, f.target, 0, 512}), StatusCode::INVALID_ARGUMENT, "FLUSH");
   expect(f.one({Direction::WRITE, f.mem, 0, f.readonly, 0, 512}), StatusCode::INVALID_ARGUMENT, "read-only");
-  expect(f.one({static_cast<Direction>(9), f.mem, 0, f.target, 0, 512}), StatusCode::INVALID_ARGUMENT,
-         "direction = 9");
+  expect(f.one({static_cast<Direction>(9), f.mem, 0, f.target, 0, 512}), StatusCode::INVALID_ARGUMENT, "direction = 9");
 }
 
 TEST_CASE("a batch with invalid requests runs only the valid ones, and nothing of the invalid ones") {
   Fixture f;
   std::memset(f.memory, 0x77, sizeof(f.memory));
   std::vector<IoRequest> batch{{Direction::WRITE, f.mem, 0, f.target, 0, 512},
-                               {Direction::WRITE, f.mem, 0, f.target, 600, 512},  // misaligned: rejected
+                               {Direction::WRITE, f.mem, 0, f.target, 600, 512},        // misaligned: rejected
                                {Direction::WRITE, f.mem, 0, f.target, 9728, 512 * 2}};  // past the end
   auto outcome = f.rt.submit(batch);
   CHECK(outcome.accepted == 1);
@@ -136,7 +135,7 @@ TEST_CASE("a batch with invalid requests runs only the valid ones, and nothing o
   auto r = f.rt.submit(read);
   REQUIRE(f.rt.wait(r.io, kSecond).is_ok());
   CHECK(back[0] == std::byte{0x77});
-  CHECK(back[600] == std::byte{0});   // rejected write did not land
+  CHECK(back[600] == std::byte{0});  // rejected write did not land
   CHECK(back[9727] == std::byte{0});
 }
 
@@ -161,23 +160,23 @@ TEST_CASE("unknown schemes and malformed URIs are INVALID_ARGUMENT naming the pr
     StatusCode code;
     const char* words;
   };
-  for (const Case& c : {Case{"", StatusCode::INVALID_ARGUMENT, "empty"},
-                        Case{"memfs-no-marker", StatusCode::INVALID_ARGUMENT, "'://'"},
-                        Case{"s3://bucket/key", StatusCode::INVALID_ARGUMENT, "no backend serves"},
-                        Case{"memfs://x?size=%zz", StatusCode::INVALID_ARGUMENT, "percent-encoding"},
-                        Case{"memfs://x?size=12abc", StatusCode::INVALID_ARGUMENT, "not a decimal number"},
-                        Case{"memfs://x?size=", StatusCode::INVALID_ARGUMENT, "not a decimal number"},
-                        Case{"memfs://x?size=0", StatusCode::INVALID_ARGUMENT, "outside 1.."},
-                        Case{"memfs://x?size=99999999999999999999", StatusCode::INVALID_ARGUMENT, "not a decimal"},
-                        Case{"memfs://x?color=red", StatusCode::INVALID_ARGUMENT, "unknown query key 'color'"},
-                        Case{"memfs://?size=1", StatusCode::INVALID_ARGUMENT, "name length 0"},
-                        Case{"memfs://a%20b?size=1", StatusCode::INVALID_ARGUMENT, "[A-Za-z0-9._-]"},
-                        Case{"memfs://x/y?size=1", StatusCode::INVALID_ARGUMENT, "no path"},
-                        Case{"memfs://a:99?size=10", StatusCode::INVALID_ARGUMENT, "no user info, port or fragment"},
-                        Case{"memfs://user@b?size=10", StatusCode::INVALID_ARGUMENT, "no user info, port or fragment"},
-                        Case{"memfs://c?size=10#frag", StatusCode::INVALID_ARGUMENT, "no user info, port or fragment"},
-                        Case{"memfs://c?size=10&size=20", StatusCode::INVALID_ARGUMENT, "more than once"},
-                        Case{"memfs://never-created", StatusCode::NOT_FOUND, "does not exist"}}) {
+  for (const Case& c :
+       {Case{"", StatusCode::INVALID_ARGUMENT, "empty"}, Case{"memfs-no-marker", StatusCode::INVALID_ARGUMENT, "'://'"},
+        Case{"s3://bucket/key", StatusCode::INVALID_ARGUMENT, "no backend serves"},
+        Case{"memfs://x?size=%zz", StatusCode::INVALID_ARGUMENT, "percent-encoding"},
+        Case{"memfs://x?size=12abc", StatusCode::INVALID_ARGUMENT, "not a decimal number"},
+        Case{"memfs://x?size=", StatusCode::INVALID_ARGUMENT, "not a decimal number"},
+        Case{"memfs://x?size=0", StatusCode::INVALID_ARGUMENT, "outside 1.."},
+        Case{"memfs://x?size=99999999999999999999", StatusCode::INVALID_ARGUMENT, "not a decimal"},
+        Case{"memfs://x?color=red", StatusCode::INVALID_ARGUMENT, "unknown query key 'color'"},
+        Case{"memfs://?size=1", StatusCode::INVALID_ARGUMENT, "name length 0"},
+        Case{"memfs://a%20b?size=1", StatusCode::INVALID_ARGUMENT, "[A-Za-z0-9._-]"},
+        Case{"memfs://x/y?size=1", StatusCode::INVALID_ARGUMENT, "no path"},
+        Case{"memfs://a:99?size=10", StatusCode::INVALID_ARGUMENT, "no user info, port or fragment"},
+        Case{"memfs://user@b?size=10", StatusCode::INVALID_ARGUMENT, "no user info, port or fragment"},
+        Case{"memfs://c?size=10#frag", StatusCode::INVALID_ARGUMENT, "no user info, port or fragment"},
+        Case{"memfs://c?size=10&size=20", StatusCode::INVALID_ARGUMENT, "more than once"},
+        Case{"memfs://never-created", StatusCode::NOT_FOUND, "does not exist"}}) {
     CAPTURE(c.uri);
     auto opened = rt.open(c.uri);
     CHECK(opened.code() == c.code);

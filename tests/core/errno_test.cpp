@@ -30,7 +30,8 @@ TEST_CASE("status_from_errno carries the context and the errno text with its sym
 TEST_CASE("open_error names the call, the path and the access asked for") {
   const Status ro = open_error("open", "/mnt/ro/kv", true, EROFS);
   CHECK(ro.code() == StatusCode::INVALID_ARGUMENT);
-  CHECK(ro.message() == "open '/mnt/ro/kv' for reading and writing (OpenOptions::writable): Read-only file system (EROFS)");
+  CHECK(ro.message() ==
+        "open '/mnt/ro/kv' for reading and writing (OpenOptions::writable): Read-only file system (EROFS)");
   const Status missing = open_error("stat", "/nope", false, ENOENT);
   CHECK(missing.code() == StatusCode::NOT_FOUND);
   CHECK(missing.message() == "stat '/nope' for reading: No such file or directory (ENOENT)");

@@ -8,9 +8,9 @@
 #include <tutti/tutti.hpp>
 
 using namespace tutti;
+using tutti::testing::Faults;
 using tutti::testing::FaultyBackend;
 using tutti::testing::FaultyDataPath;
-using tutti::testing::Faults;
 
 namespace {
 constexpr std::uint64_t kSecond = 1'000'000'000;

@@ -22,9 +22,9 @@
 
 using namespace tutti;
 using tutti::testing::FilesystemType;
-using tutti::testing::ScratchFilesystem;
 using tutti::testing::require_ok;
 using tutti::testing::run_command;
+using tutti::testing::ScratchFilesystem;
 
 namespace {
 
@@ -126,7 +126,8 @@ TEST_CASE("a symlink loop (ELOOP), a name too long (ENAMETOOLONG) and a director
   REQUIRE(::symlink(c.c_str(), a.c_str()) == 0);
   REQUIRE(::symlink(a.c_str(), c.c_str()) == 0);
   check_both(b, a, false, StatusCode::INVALID_ARGUMENT, "(ELOOP)");
-  check_both(b, fs->path(std::string(300, 'n')), false, StatusCode::INVALID_ARGUMENT, "File name too long (ENAMETOOLONG)");
+  check_both(b, fs->path(std::string(300, 'n')), false, StatusCode::INVALID_ARGUMENT,
+             "File name too long (ENAMETOOLONG)");
   const std::string directory = fs->path("directory");
   REQUIRE(::mkdir(directory.c_str(), 0755) == 0);
   check_both(b, directory, true, StatusCode::INVALID_ARGUMENT, "not a regular file");

@@ -13,9 +13,9 @@
 #include <tutti/tutti.hpp>
 
 using namespace tutti;
+using tutti::testing::Faults;
 using tutti::testing::FaultyBackend;
 using tutti::testing::FaultyDataPath;
-using tutti::testing::Faults;
 
 namespace {
 constexpr std::uint64_t kSecond = 1'000'000'000;
@@ -280,7 +280,7 @@ TEST_CASE("open_batch returns one result per URI in input order and failures do 
   MemfsRuntime rt = testing::require_ok(make_memfs_runtime());
   std::vector<std::string> uris;
   for (int i = 0; i < 50; ++i) uris.push_back("memfs://batch" + std::to_string(i) + "?size=4096");
-  uris[7] = "memfs://missing";       // NOT_FOUND: no size to create it
+  uris[7] = "memfs://missing";        // NOT_FOUND: no size to create it
   uris[20] = "memfs://bad?size=abc";  // INVALID_ARGUMENT
   uris[33] = "ftp://x";               // unknown scheme
   auto results = rt.open_batch(uris);

@@ -24,8 +24,9 @@ thread_local std::uint64_t allocations = 0;
 
 void* counted_allocation(std::size_t bytes, std::size_t alignment) {
   if (counting) ++allocations;
-  void* p = alignment <= alignof(std::max_align_t) ? std::malloc(bytes ? bytes : 1)
-                                                   : std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
+  void* p = alignment <= alignof(std::max_align_t)
+                ? std::malloc(bytes ? bytes : 1)
+                : std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
@@ -41,8 +42,12 @@ struct NotCounted {
 
 void* operator new(std::size_t bytes) { return counted_allocation(bytes, alignof(std::max_align_t)); }
 void* operator new[](std::size_t bytes) { return counted_allocation(bytes, alignof(std::max_align_t)); }
-void* operator new(std::size_t bytes, std::align_val_t a) { return counted_allocation(bytes, static_cast<std::size_t>(a)); }
-void* operator new[](std::size_t bytes, std::align_val_t a) { return counted_allocation(bytes, static_cast<std::size_t>(a)); }
+void* operator new(std::size_t bytes, std::align_val_t a) {
+  return counted_allocation(bytes, static_cast<std::size_t>(a));
+}
+void* operator new[](std::size_t bytes, std::align_val_t a) {
+  return counted_allocation(bytes, static_cast<std::size_t>(a));
+}
 // The nothrow forms too (memfs allocates its files with new (std::nothrow) T[]): every allocation then comes
 // from malloc and goes back to free, which AddressSanitizer's alloc-dealloc check requires.
 void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {

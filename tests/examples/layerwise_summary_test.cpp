@@ -154,7 +154,7 @@ TEST_CASE("a spread is the median with the smallest and largest value, printed m
   CHECK(spread_of({4.0, 1.0, 3.0, 2.0}).median == doctest::Approx(2.5));  // an even count: the middle two's mean
   CHECK(format_spread(spread_of({0.95}), 2) == "0.95");                   // one run: no brackets
   CHECK(spread_of({}).runs == 0);
-  CHECK(median_index({30.0, 10.0, 20.0}) == 2);  // the run whose value is the median
+  CHECK(median_index({30.0, 10.0, 20.0}) == 2);    // the run whose value is the median
   CHECK(median_index({4.0, 1.0, 3.0, 2.0}) == 3);  // an even count: the lower middle (2.0)
 }
 
@@ -195,8 +195,9 @@ TEST_CASE("progress on a terminal is one bar redrawn in place at most ten times 
   std::string text;
   for (int c; (c = std::fgetc(out)) != EOF;) text += static_cast<char>(c);
   std::fclose(out);
-  CHECK(text == "\rwriting [####################....................] 2/4"
-                "\rwriting [########################################] 4/4\n");
+  CHECK(text ==
+        "\rwriting [####################....................] 2/4"
+        "\rwriting [########################################] 4/4\n");
 }
 
 TEST_CASE("byte counts print in binary units") {
@@ -279,7 +280,7 @@ TEST_CASE("the example's data set is laid out as the KV block store lays out a s
   shape.tensor_bytes = 65536;
   tutti::kv::Namespace ns;
   ns.layers = 3;
-  ns.piece_bytes = {65536, 65536};  // K and V of one block of one layer
+  ns.piece_bytes = {65536, 65536};                                                // K and V of one block of one layer
   auto store = tutti::kv::Layout::compute(ns, std::uint64_t{4} * 3 * 2 * 65536);  // room for the 4 chunks
   REQUIRE(store);
   CHECK(store->slots == shape.chunks());
@@ -305,7 +306,7 @@ TEST_CASE("preparing a folder writes the shape's files and removes layer files i
   shape.context_tokens = 1024;
   shape.chunk_tokens = 256;
   shape.tensor_bytes = 4096;
-  std::ofstream(dir / "layer-000.kv") << "a format-2 file";     // the old naming
+  std::ofstream(dir / "layer-000.kv") << "a format-2 file";  // the old naming
   std::ofstream(dir / "layer-00007.kv") << "a layer of another shape";
   std::ofstream(dir / "notes.txt") << "not ours";
   REQUIRE(prepare_files(shape, dir).is_ok());

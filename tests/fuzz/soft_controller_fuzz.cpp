@@ -46,8 +46,9 @@ struct Harness {
     auto pair = controller->create_io_queue_pair(16);
     if (!pair) std::abort();
     info = *pair;
-    storage = std::make_unique<nvme::QueuePairStorage>(info.submission_queue, info.completion_queue, info.submission_queue_tail_doorbell,
-                                                       info.completion_queue_head_doorbell, info.controller_status, info.depth, info.qid);
+    storage = std::make_unique<nvme::QueuePairStorage>(
+        info.submission_queue, info.completion_queue, info.submission_queue_tail_doorbell,
+        info.completion_queue_head_doorbell, info.controller_status, info.depth, info.qid);
     region = static_cast<std::uint8_t*>(std::aligned_alloc(4096, kRegionBytes));
     auto mapped = controller->dma_map(region, kRegionBytes);
     if (!mapped) std::abort();
@@ -88,10 +89,8 @@ bool admin_opcode_allowed(std::uint8_t opcode) {
     case nvme::AdminOpcode::identify:
     case nvme::AdminOpcode::get_features:
     case nvme::AdminOpcode::get_log_page:
-    case nvme::AdminOpcode::abort:
-      return true;
-    default:
-      return false;  // queue and feature changes would break the harness state between inputs
+    case nvme::AdminOpcode::abort: return true;
+    default: return false;  // queue and feature changes would break the harness state between inputs
   }
 }
 
@@ -120,12 +119,13 @@ std::string run_one(const std::uint8_t* data, std::size_t size) {
   const std::uint64_t length = 1 + (sqe.cdw12 & 0xffff) * 512ull;
   libnvm::soft::DecodeLimits limits;
   limits.max_sgl_descriptors = 1024;
-  const auto decoded = libnvm::soft::decode_data_pointer(sqe, length, limits, [&](std::uint64_t bus, void* destination, std::size_t bytes) {
-    const void* host = h.device->translate(bus, bytes);
-    if (host == nullptr) return false;
-    std::memcpy(destination, host, bytes);
-    return true;
-  });
+  const auto decoded = libnvm::soft::decode_data_pointer(sqe, length, limits,
+                                                         [&](std::uint64_t bus, void* destination, std::size_t bytes) {
+                                                           const void* host = h.device->translate(bus, bytes);
+                                                           if (host == nullptr) return false;
+                                                           std::memcpy(destination, host, bytes);
+                                                           return true;
+                                                         });
   if (decoded.status.success()) {
     std::uint64_t total = 0;
     for (const auto& segment : decoded.segments) total += segment.length;

@@ -37,7 +37,8 @@ static __global__ void atomics_kernel(AtomicCounters* counters, std::uint32_t* s
   accel::DeviceAtomicRef<std::uint32_t>(counters->device_sum).fetch_add(1, MemoryOrder::relaxed);
   accel::SystemAtomicRef<std::uint32_t>(*system_counter).fetch_add(1, MemoryOrder::relaxed);
   std::uint32_t expected = 0;
-  if (accel::DeviceAtomicRef<std::uint32_t>(counters->cas_flag).compare_exchange_strong(expected, 1, MemoryOrder::acq_rel))
+  if (accel::DeviceAtomicRef<std::uint32_t>(counters->cas_flag)
+          .compare_exchange_strong(expected, 1, MemoryOrder::acq_rel))
     accel::DeviceAtomicRef<std::uint32_t>(counters->cas_winners).fetch_add(1, MemoryOrder::relaxed);
   const unsigned long long mine = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x + 1;
   const unsigned long long previous =
@@ -53,8 +54,8 @@ static __global__ void atomics_kernel(AtomicCounters* counters, std::uint32_t* s
 
 struct Mailbox {
   std::uint32_t data[64];
-  std::uint32_t sequence;   ///< flag: round number published
-  std::uint32_t consumed;   ///< round number acknowledged
+  std::uint32_t sequence;  ///< flag: round number published
+  std::uint32_t consumed;  ///< round number acknowledged
   std::uint32_t mismatches;
   std::uint32_t timeouts;
 };
@@ -71,7 +72,10 @@ static __global__ void message_passing_kernel(Mailbox* box, std::uint32_t rounds
   for (std::uint32_t round = 1; round <= rounds; ++round) {
     if (blockIdx.x == 0) {
       while (consumed.load(MemoryOrder::relaxed) != round - 1) {
-        if (accel::timer_ns() > deadline) { ++box->timeouts; return; }
+        if (accel::timer_ns() > deadline) {
+          ++box->timeouts;
+          return;
+        }
       }
       accel::fence(scope, MemoryOrder::acquire);
       volatile std::uint32_t* data = box->data;  // volatile: one store per word, in program order
@@ -80,11 +84,15 @@ static __global__ void message_passing_kernel(Mailbox* box, std::uint32_t rounds
       sequence.store(round, MemoryOrder::relaxed);
     } else {
       while (sequence.load(MemoryOrder::relaxed) != round) {
-        if (accel::timer_ns() > deadline) { ++box->timeouts; return; }
+        if (accel::timer_ns() > deadline) {
+          ++box->timeouts;
+          return;
+        }
       }
       accel::fence(scope, MemoryOrder::acquire);
       for (std::uint32_t i = 0; i < 64; ++i)
-        if (accel::DeviceAtomicRef<std::uint32_t>(box->data[i]).load(MemoryOrder::relaxed) != round * 64 + i) ++box->mismatches;
+        if (accel::DeviceAtomicRef<std::uint32_t>(box->data[i]).load(MemoryOrder::relaxed) != round * 64 + i)
+          ++box->mismatches;
       accel::fence(scope, MemoryOrder::release);
       consumed.store(round, MemoryOrder::relaxed);
     }
@@ -96,7 +104,7 @@ static __global__ void message_passing_kernel(Mailbox* box, std::uint32_t rounds
 struct TimerReport {
   unsigned long long backwards;  ///< consecutive reads that went backwards (must be 0)
   unsigned long long start_ns, end_ns;
-  unsigned long long distinct;   ///< distinct values seen by thread 0 (resolution)
+  unsigned long long distinct;  ///< distinct values seen by thread 0 (resolution)
 };
 
 static __global__ void timer_kernel(TimerReport* report, std::uint64_t spin_ns) {
@@ -121,10 +129,10 @@ static __global__ void timer_kernel(TimerReport* report, std::uint64_t spin_ns) 
 // ----- backoff ---------------------------------------------------------------------------------
 
 struct BackoffReport {
-  unsigned long long pauses_ns;     ///< time for `pauses` Backoff::pause() calls
-  unsigned long long poll_ns;       ///< time a deadline-bounded poll of a flag that never changes took
-  std::uint32_t sleeping_after;     ///< pause() calls until sleeping() became true
-  std::uint32_t flag;               ///< never set
+  unsigned long long pauses_ns;  ///< time for `pauses` Backoff::pause() calls
+  unsigned long long poll_ns;    ///< time a deadline-bounded poll of a flag that never changes took
+  std::uint32_t sleeping_after;  ///< pause() calls until sleeping() became true
+  std::uint32_t flag;            ///< never set
 };
 
 static __global__ void backoff_kernel(BackoffReport* report, accel::Backoff::Settings settings, std::uint32_t pauses,
@@ -159,7 +167,9 @@ static __global__ void mmio_kernel(volatile std::uint32_t* doorbell, const volat
 
 struct FillFunctor {
   std::uint32_t* out;
-  __device__ void operator()(accel::ThreadIndex index) const { out[index.global()] = index.block * 1000 + index.thread; }
+  __device__ void operator()(accel::ThreadIndex index) const {
+    out[index.global()] = index.block * 1000 + index.thread;
+  }
 };
 
 template <class T>
@@ -216,7 +226,8 @@ TEST_CASE("timer_ns (%globaltimer) never goes backwards and counts nanoseconds o
   const auto host_start = std::chrono::steady_clock::now();
   timer_kernel<<<132, 128>>>(report.as<TimerReport>(), kSpinNs);
   TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
-  const double host_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - host_start).count();
+  const double host_ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - host_start).count();
   TimerReport result{};
   report.download(&result, sizeof(result));
   const double device_ns = static_cast<double>(result.end_ns - result.start_ns);

@@ -16,9 +16,10 @@ const char* host_unit_compiler();
 /// Reads [offset, offset + length) of `target` into `memory` (registered as `registration`) in
 /// `requests` equal requests, one submit and progress until done (60 s), from host-compiled code.
 /// Returns the submit's first rejection or progress's error; `completions` gets one per request.
-Status read_from_host_compiled_unit(local_nvme::LocalNvmeDataPath& path, local_nvme::LocalNvmeDataPath::open_target& target,
-                                    local_nvme::LocalNvmeDataPath::registered_memory& registration, const MemoryView& memory,
-                                    std::uint64_t offset, std::uint64_t length, std::uint32_t requests,
-                                    std::vector<RequestCompletion>& completions);
+Status read_from_host_compiled_unit(local_nvme::LocalNvmeDataPath& path,
+                                    local_nvme::LocalNvmeDataPath::open_target& target,
+                                    local_nvme::LocalNvmeDataPath::registered_memory& registration,
+                                    const MemoryView& memory, std::uint64_t offset, std::uint64_t length,
+                                    std::uint32_t requests, std::vector<RequestCompletion>& completions);
 
 }  // namespace tutti::gpu_test

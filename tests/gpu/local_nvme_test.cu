@@ -194,7 +194,8 @@ struct Rig {
 /// `blocks` file blocks scattered over the namespace in reverse order, `run` blocks per extent.
 std::vector<local_file::Extent> reversed_extents(std::uint64_t blocks, std::uint64_t run) {
   std::vector<local_file::Extent> out;
-  for (std::uint64_t b = 0; b < blocks; b += run) out.push_back({b * 4096, (blocks - b - run) * 4096 + (1 << 20), run * 4096});
+  for (std::uint64_t b = 0; b < blocks; b += run)
+    out.push_back({b * 4096, (blocks - b - run) * 4096 + (1 << 20), run * 4096});
   return out;
 }
 
@@ -221,7 +222,8 @@ TEST_CASE("reads of a real file over scattered extents land in GPU memory byte f
   // Both page tables the kernels read per command are in device memory (no PCIe read per lookup).
   const local_nvme::PrpTable* table = registration.prp_table();
   REQUIRE(table != nullptr);
-  for (const void* page_table : {static_cast<const void*>(table->pages.bus_addresses), static_cast<const void*>(table->lists.bus_addresses)}) {
+  for (const void* page_table :
+       {static_cast<const void*>(table->pages.bus_addresses), static_cast<const void*>(table->lists.bus_addresses)}) {
     cudaPointerAttributes attributes{};
     REQUIRE(cudaPointerGetAttributes(&attributes, page_table) == cudaSuccess);
     CHECK(attributes.type == cudaMemoryTypeDevice);
@@ -230,13 +232,19 @@ TEST_CASE("reads of a real file over scattered extents land in GPU memory byte f
   CHECK(table->lists.page_count == 2 * table->list_pages);
   // Lengths from one block to 2 MiB (PRP lists of both variants, MDTS splits), one per request,
   // at scattered file offsets and at memory offsets that are not page aligned (dword aligned).
-  struct Piece { std::uint64_t file_offset, length, memory_offset; };
-  const std::vector<Piece> pieces = {{0, 4096, 0},           {4096, 8192, 4096 * 3 + 4},   {65536, 65536 * 3, 300 * 4096},
-                                     {1 << 20, 2 << 20, 1 << 22}, {7 << 20, 1 << 20, 7 << 20}};
+  struct Piece {
+    std::uint64_t file_offset, length, memory_offset;
+  };
+  const std::vector<Piece> pieces = {{0, 4096, 0},
+                                     {4096, 8192, 4096 * 3 + 4},
+                                     {65536, 65536 * 3, 300 * 4096},
+                                     {1 << 20, 2 << 20, 1 << 22},
+                                     {7 << 20, 1 << 20, 7 << 20}};
   std::vector<PathRequest<Path>> requests;
   std::vector<std::uint64_t> lengths;
   for (const auto& p : pieces) {
-    requests.push_back(rig.request(Direction::READ, registration, memory, p.memory_offset, target, p.file_offset, p.length));
+    requests.push_back(
+        rig.request(Direction::READ, registration, memory, p.memory_offset, target, p.file_offset, p.length));
     lengths.push_back(p.length);
   }
   auto [states, completions] = rig.run(requests);
@@ -255,7 +263,8 @@ TEST_CASE("the cuda profile's poll kernel budget defaults to 1 ms") {
   CHECK(Path::Options::kDefaultPollKernelBudgetNs == 1'000'000u);
 }
 
-TEST_CASE("the poll kernel polls on the GPU: one launch for a batch of many waves with a budget, one per pass without") {
+TEST_CASE(
+    "the poll kernel polls on the GPU: one launch for a batch of many waves with a budget, one per pass without") {
   // 96 requests (3 warps) of 8 commands of 4 KiB each with a window of 2: at least 4 passes per
   // request. With a 1 s budget the warps poll on %globaltimer until done: ONE launch. With budget
   // 0 every pass is a launch: at least 4 (3 more than one, as every request needs 4 passes).
@@ -336,7 +345,8 @@ TEST_CASE("batches of 1 to 8192 requests across 64 queue pairs complete and land
     std::vector<std::uint64_t> lengths(n, 4096);
     // Request i reads file block (i * 3) % blocks into memory block i: a permutation when n <= blocks.
     for (std::uint64_t i = 0; i < n; ++i)
-      requests.push_back(rig.request(Direction::READ, registration, memory, i * 4096, target, (i * 3 % blocks) * 4096, 4096));
+      requests.push_back(
+          rig.request(Direction::READ, registration, memory, i * 4096, target, (i * 3 % blocks) * 4096, 4096));
     auto [states, completions] = rig.run(requests);
     check_all_ok(states, completions, lengths);
     const auto landed = memory.read(0, n * 4096);
@@ -365,7 +375,8 @@ TEST_CASE("a shallow queue pair wraps its SQ and CQ many times") {
   // per batch (a second would exceed the 7 credits), 64 batches: 256 commands, 32 passes of the
   // 8-entry rings.
   for (std::uint64_t k = 0; k < 64; ++k) {
-    auto [states, completions] = rig.run({rig.request(Direction::READ, registration, memory, k * 16384, target, k * 16384, 16384)});
+    auto [states, completions] =
+        rig.run({rig.request(Direction::READ, registration, memory, k * 16384, target, k * 16384, 16384)});
     check_all_ok(states, completions, {16384});
     REQUIRE(completions[0].commands == 4);
   }
@@ -390,18 +401,20 @@ TEST_CASE("an injected NVMe error becomes DEVICE_ERROR with its status; the othe
   rig.device->inject_fault(rule);
   std::vector<PathRequest<Path>> requests;
   for (std::uint64_t i = 0; i < 4; ++i)
-    requests.push_back(rig.request(Direction::READ, registration, memory, i * 64 * 4096, target, i * 64 * 4096, 64 * 4096));
+    requests.push_back(
+        rig.request(Direction::READ, registration, memory, i * 64 * 4096, target, i * 64 * 4096, 64 * 4096));
   auto [states, completions] = rig.run(requests);
   for (auto& s : states) REQUIRE(s.is_ok());
   CHECK(completions[0].status.is_ok());
   CHECK(completions[1].status.code() == StatusCode::DEVICE_ERROR);  // LBA 100 is in request 1
-  CHECK(completions[1].device_status == (2u << 8 | 0x81u));          // Unrecovered Read Error
+  CHECK(completions[1].device_status == (2u << 8 | 0x81u));         // Unrecovered Read Error
   CHECK(completions[2].status.is_ok());
   CHECK(completions[3].status.is_ok());
   CHECK(memory.read(0, 64 * 4096) == rig.expected(extents, 0, 64 * 4096));
 }
 
-TEST_CASE("a retryable NVMe status is sent again by the GPU kernels, at most 3 times; DNR or a non-retryable status fails") {
+TEST_CASE(
+    "a retryable NVMe status is sent again by the GPU kernels, at most 3 times; DNR or a non-retryable status fails") {
   // The command covering LBA 100 (request 1) gets the injected status on its first `fires`
   // attempts (0: every attempt); nvme::classify decides in the poll kernel, on the GPU.
   struct Case {
@@ -416,8 +429,8 @@ TEST_CASE("a retryable NVMe status is sent again by the GPU kernels, at most 3 t
        nvme::make_status(nvme::GenericStatus::namespace_not_ready, false), 2, true, 2},
       {"Namespace Not Ready on every attempt: fails after 3 attempts",
        nvme::make_status(nvme::GenericStatus::namespace_not_ready, false), 0, false, 2},
-      {"Namespace Not Ready with DNR set: fails at once", nvme::make_status(nvme::GenericStatus::namespace_not_ready, true),
-       0, false, 0},
+      {"Namespace Not Ready with DNR set: fails at once",
+       nvme::make_status(nvme::GenericStatus::namespace_not_ready, true), 0, false, 0},
       {"Unrecovered Read Error, DNR clear (not transient): fails at once",
        nvme::make_status(nvme::MediaStatus::unrecovered_read_error, false), 0, false, 0},
   };
@@ -438,7 +451,8 @@ TEST_CASE("a retryable NVMe status is sent again by the GPU kernels, at most 3 t
     rig.device->inject_fault(rule);
     std::vector<PathRequest<Path>> requests;
     for (std::uint64_t i = 0; i < 4; ++i)
-      requests.push_back(rig.request(Direction::READ, registration, memory, i * 64 * 4096, target, i * 64 * 4096, 64 * 4096));
+      requests.push_back(
+          rig.request(Direction::READ, registration, memory, i * 64 * 4096, target, i * 64 * 4096, 64 * 4096));
     auto [states, completions] = rig.run(requests);
     for (auto& s : states) REQUIRE(s.is_ok());
     CHECK(completions[1].retries == c.retries);
@@ -450,7 +464,8 @@ TEST_CASE("a retryable NVMe status is sent again by the GPU kernels, at most 3 t
       CHECK(completions[1].confirmed_bytes == 64u * 4096);
     } else {
       CHECK(completions[1].status.code() == StatusCode::DEVICE_ERROR);
-      CHECK(completions[1].device_status == (static_cast<std::uint32_t>(c.status.status_code_type()) << 8 | c.status.status_code()));
+      CHECK(completions[1].device_status ==
+            (static_cast<std::uint32_t>(c.status.status_code_type()) << 8 | c.status.status_code()));
     }
     for (std::size_t i : {0u, 2u, 3u}) {
       CHECK(completions[i].status.is_ok());
@@ -479,8 +494,8 @@ TEST_CASE("host-compiled and nvcc-compiled users of local_nvme in one program bo
   const std::uint64_t half = 512 * 4096;
   const std::uint64_t launches = rig.path->poll_kernel_launches();
   std::vector<RequestCompletion> from_host;
-  const Status host_status = tutti::gpu_test::read_from_host_compiled_unit(*rig.path, target, registration, memory.view(),
-                                                                            0, half, 64, from_host);
+  const Status host_status = tutti::gpu_test::read_from_host_compiled_unit(*rig.path, target, registration,
+                                                                           memory.view(), 0, half, 64, from_host);
   REQUIRE_MESSAGE(host_status.is_ok(), host_status.to_string());
   REQUIRE(from_host.size() == 64);
   for (const RequestCompletion& c : from_host) {
@@ -552,7 +567,8 @@ TEST_CASE("DEVICE memory needs a controller that can map it: UNSUPPORTED without
   ::unlink(backing.c_str());
 }
 
-TEST_CASE("the caller's stream carries the batch copies and kernels; the batch pool bounds live batches and is reused") {
+TEST_CASE(
+    "the caller's stream carries the batch copies and kernels; the batch pool bounds live batches and is reused") {
   // A stream the caller owns (non-blocking: no implicit ordering with the legacy default stream).
   cudaStream_t stream = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
@@ -648,7 +664,8 @@ TEST_CASE("the target handle cache: more targets than L1 holds, read in rotating
     auto read_target = [&](std::size_t k) {
       std::vector<PathRequest<Path>> rs;
       for (std::uint64_t i = 0; i < 16; ++i)
-        rs.push_back(rig.request(Direction::READ, registration, memory, k * kBytes + i * 16384, targets[k], i * 16384, 16384));
+        rs.push_back(
+            rig.request(Direction::READ, registration, memory, k * kBytes + i * 16384, targets[k], i * 16384, 16384));
       auto [states, completions] = rig.run(rs);
       check_all_ok(states, completions, std::vector<std::uint64_t>(16, 16384));
     };
@@ -685,7 +702,8 @@ TEST_CASE("the target handle cache: more targets than L1 holds, read in rotating
     // A live batch pins all four entries: a fifth target cannot evict them and is read from its L2
     // (mapped pinned host) copy by the GPU, byte for byte.
     std::vector<PathRequest<Path>> pinning;
-    for (std::size_t k : {8, 9, 10, 11}) pinning.push_back(rig.request(Direction::READ, registration, memory, k * kBytes, targets[k], 0, 4096));
+    for (std::size_t k : {8, 9, 10, 11})
+      pinning.push_back(rig.request(Direction::READ, registration, memory, k * kBytes, targets[k], 0, 4096));
     std::vector<Status> pin_states(pinning.size());
     std::optional<Path::batch> live(rig.path->submit(pinning, pin_states));
     std::vector<RequestCompletion> pin_completions(pinning.size());

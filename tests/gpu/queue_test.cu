@@ -15,11 +15,11 @@
 #include "gpu_queues.hpp"
 
 using tutti::StatusCode;
-using tutti::gpu_test::RawDriverArgs;
-using tutti::gpu_test::RawCommandRecord;
 using tutti::gpu_test::GpuNullController;
 using tutti::gpu_test::QueueSet;
 using tutti::gpu_test::QueueSetConfig;
+using tutti::gpu_test::RawCommandRecord;
+using tutti::gpu_test::RawDriverArgs;
 
 namespace {
 
@@ -167,7 +167,8 @@ TEST_CASE("blocks get disjoint queues while there are at least as many queues as
   const RunResult run = run_commands(set, shape);
   check_all_completed_once(set, run);
   std::vector<std::set<std::uint32_t>> blocks_of_queue(64);
-  for (std::uint32_t w = 0; w < run.warp_queue.size(); ++w) blocks_of_queue.at(run.warp_queue[w]).insert(w / shape.warps_per_block);
+  for (std::uint32_t w = 0; w < run.warp_queue.size(); ++w)
+    blocks_of_queue.at(run.warp_queue[w]).insert(w / shape.warps_per_block);
   for (std::uint32_t q = 0; q < 64; ++q) {
     CAPTURE(q);
     CHECK(blocks_of_queue[q].size() == 1);  // one block per queue, and every queue used
@@ -193,7 +194,7 @@ TEST_CASE("blocks get disjoint queues while there are at least as many queues as
 
 TEST_CASE("a lost completion becomes TIMEOUT after the %globaltimer budget and the rest complete") {
   QueueSet set(QueueSetConfig{1, 1024, 0, tutti::gpu_test::MemoryKind::device});
-  set.drop_completion(0, 5);  // the 6th SQE the controller consumes gets no CQE
+  set.drop_completion(0, 5);                          // the 6th SQE the controller consumes gets no CQE
   constexpr std::uint64_t kWaitBudgetNs = 2'000'000;  // 2 ms
   const RunResult run = run_commands(set, RunShape{1, 1, 64, kWaitBudgetNs});
   std::size_t timeouts = 0, ok = 0;

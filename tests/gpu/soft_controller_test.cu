@@ -31,12 +31,12 @@ using namespace tutti;
 namespace {
 
 constexpr std::uint32_t kLba = 4096;
-constexpr std::uint64_t kFileBytes = 32u << 20;       // 8192 LBAs
-constexpr std::uint32_t kCommands = 256;               // per phase (reads, then writes)
-constexpr std::uint32_t kLbasPerCommand = 16;          // 64 KiB: PRP1 + a PRP list of 15 entries
+constexpr std::uint64_t kFileBytes = 32u << 20;  // 8192 LBAs
+constexpr std::uint32_t kCommands = 256;         // per phase (reads, then writes)
+constexpr std::uint32_t kLbasPerCommand = 16;    // 64 KiB: PRP1 + a PRP list of 15 entries
 constexpr std::uint64_t kCommandBytes = std::uint64_t{kLbasPerCommand} * kLba;
 constexpr std::uint64_t kPhaseBytes = kCommands * kCommandBytes;  // 16 MiB
-constexpr std::uint32_t kQueueDepth = 64;               // < threads: the SQ fills and wraps around
+constexpr std::uint32_t kQueueDepth = 64;                         // < threads: the SQ fills and wraps around
 constexpr std::uint32_t kNotRun = 0xffffffffu;
 
 /// What one command saw on the GPU.
@@ -48,12 +48,12 @@ struct CommandResult {
 };
 
 struct KernelArgs {
-  nvme::QueuePair queue;                          ///< rings and doorbells mapped, shared state in device memory
-  const nvme::SubmissionQueueEntry* commands;     ///< device array: SQEs with PRPs/SGLs, CID filled here
+  nvme::QueuePair queue;                       ///< rings and doorbells mapped, shared state in device memory
+  const nvme::SubmissionQueueEntry* commands;  ///< device array: SQEs with PRPs/SGLs, CID filled here
   std::uint32_t command_count;
-  CommandResult* results;                         ///< device array, one per command
-  std::uint64_t budget_ns;                        ///< whole kernel
-  std::uint64_t wait_budget_ns;                   ///< per wait_for_completion
+  CommandResult* results;        ///< device array, one per command
+  std::uint64_t budget_ns;       ///< whole kernel
+  std::uint64_t wait_budget_ns;  ///< per wait_for_completion
 };
 
 /// Thread t runs commands t, t + threads, ...: allocate a CID, submit (reserve + write + ring the
@@ -100,7 +100,9 @@ __global__ void soft_command_kernel(KernelArgs args) {
   }
 }
 
-void cuda_require(cudaError_t result, const char* what) { REQUIRE_MESSAGE(result == cudaSuccess, what << ": " << cudaGetErrorString(result)); }
+void cuda_require(cudaError_t result, const char* what) {
+  REQUIRE_MESSAGE(result == cudaSuccess, what << ": " << cudaGetErrorString(result));
+}
 
 /// A file of kFileBytes with a deterministic pattern on the machine's disk (not tmpfs when
 /// /var/tmp is on the root file system); removed on destruction.
@@ -180,11 +182,13 @@ struct GpuQueue {
 std::vector<CommandResult> run_on_gpu(const GpuQueue& queue, const std::vector<nvme::SubmissionQueueEntry>& commands) {
   auto sqes = accel::DeviceBuffer::allocate(sizeof(nvme::SubmissionQueueEntry) * commands.size());
   REQUIRE(sqes.is_ok());
-  REQUIRE(accel::copy_to_device(sqes->data(), commands.data(), sizeof(nvme::SubmissionQueueEntry) * commands.size()).is_ok());
+  REQUIRE(accel::copy_to_device(sqes->data(), commands.data(), sizeof(nvme::SubmissionQueueEntry) * commands.size())
+              .is_ok());
   std::vector<CommandResult> results(commands.size(), CommandResult{kNotRun, 0xffffu, 0, 0});
   auto device_results = accel::DeviceBuffer::allocate(sizeof(CommandResult) * results.size());
   REQUIRE(device_results.is_ok());
-  REQUIRE(accel::copy_to_device(device_results->data(), results.data(), sizeof(CommandResult) * results.size()).is_ok());
+  REQUIRE(
+      accel::copy_to_device(device_results->data(), results.data(), sizeof(CommandResult) * results.size()).is_ok());
   KernelArgs args{};
   args.queue = queue.view;
   args.commands = static_cast<const nvme::SubmissionQueueEntry*>(sqes->data());
@@ -197,7 +201,8 @@ std::vector<CommandResult> run_on_gpu(const GpuQueue& queue, const std::vector<n
   soft_command_kernel<<<4, 32>>>(args);
   cuda_require(cudaGetLastError(), "launch soft_command_kernel");
   cuda_require(cudaStreamSynchronize(nullptr), "soft_command_kernel");
-  REQUIRE(accel::copy_from_device(results.data(), device_results->data(), sizeof(CommandResult) * results.size()).is_ok());
+  REQUIRE(
+      accel::copy_from_device(results.data(), device_results->data(), sizeof(CommandResult) * results.size()).is_ok());
   return results;
 }
 
@@ -207,7 +212,8 @@ void check_results(const std::vector<CommandResult>& results) {
     const CommandResult& r = results[c];
     CAPTURE(c);
     CHECK(r.wait_status == static_cast<std::uint32_t>(StatusCode::OK));
-    CHECK_MESSAGE(r.nvme_status == 0, nvme::describe_status(nvme::StatusField{static_cast<std::uint16_t>(r.nvme_status)}));
+    CHECK_MESSAGE(r.nvme_status == 0,
+                  nvme::describe_status(nvme::StatusField{static_cast<std::uint16_t>(r.nvme_status)}));
     CHECK(r.cid_matches == 1);
     ok += r.wait_status == static_cast<std::uint32_t>(StatusCode::OK) && r.nvme_status == 0 ? 1 : 0;
     refusals += r.refusals;
@@ -218,7 +224,9 @@ void check_results(const std::vector<CommandResult>& results) {
 
 }  // namespace
 
-TEST_CASE("GPU threads submit Reads and Writes to the soft controller in accelerator mode; data moves between a file and GPU memory") {
+TEST_CASE(
+    "GPU threads submit Reads and Writes to the soft controller in accelerator mode; data moves between a file and GPU "
+    "memory") {
   PatternFile file;
   libnvm::SoftControllerConfig config;
   config.backing_path = file.path;
@@ -264,7 +272,8 @@ TEST_CASE("GPU threads submit Reads and Writes to the soft controller in acceler
       sqe.cdw10 = static_cast<std::uint32_t>(slba);
       sqe.cdw11 = static_cast<std::uint32_t>(slba >> 32);
       sqe.cdw12 = nvme::ReadWriteFields::NLB::encode(0, kLbasPerCommand - 1);
-      const nvme::DescriptorArea area{static_cast<std::uint8_t*>(lists->host_address) + c * 4096ull, lists->bus_address + c * 4096ull, 4096};
+      const nvme::DescriptorArea area{static_cast<std::uint8_t*>(lists->host_address) + c * 4096ull,
+                                      lists->bus_address + c * 4096ull, 4096};
       const nvme::PrpBuild built = nvme::build_prp(read_mapping->page_table(), c * kCommandBytes, kCommandBytes, area);
       REQUIRE(built.status == StatusCode::OK);
       sqe.data_pointer.prp.prp1 = built.prp1;
@@ -295,7 +304,8 @@ TEST_CASE("GPU threads submit Reads and Writes to the soft controller in acceler
       sqe.cdw10 = static_cast<std::uint32_t>(slba);
       sqe.cdw11 = static_cast<std::uint32_t>(slba >> 32);
       sqe.cdw12 = nvme::ReadWriteFields::NLB::encode(0, kLbasPerCommand - 1);
-      const nvme::DescriptorArea area{static_cast<std::uint8_t*>(lists->host_address) + c * 4096ull, lists->bus_address + c * 4096ull, 4096};
+      const nvme::DescriptorArea area{static_cast<std::uint8_t*>(lists->host_address) + c * 4096ull,
+                                      lists->bus_address + c * 4096ull, 4096};
       const nvme::SglBuild built = nvme::build_sgl(write_mapping->page_table(), c * kCommandBytes, kCommandBytes, area);
       REQUIRE(built.status == StatusCode::OK);
       sqe.set_data_pointer_kind(nvme::DataPointerKind::sgl_contiguous_metadata);
@@ -303,7 +313,8 @@ TEST_CASE("GPU threads submit Reads and Writes to the soft controller in acceler
     }
     check_results(run_on_gpu(queue, commands));
     CHECK(file.pread_back(first_lba * kLba, kPhaseBytes) == fresh);
-    CHECK(file.pread_back(0, kPhaseBytes) == std::vector<std::uint8_t>(file.bytes.begin(), file.bytes.begin() + kPhaseBytes));
+    CHECK(file.pread_back(0, kPhaseBytes) ==
+          std::vector<std::uint8_t>(file.bytes.begin(), file.bytes.begin() + kPhaseBytes));
     const auto counters = device->counters();
     CHECK(counters.device_bytes_written == kPhaseBytes);
     CHECK(counters.write_commands == kCommands);

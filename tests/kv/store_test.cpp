@@ -409,7 +409,8 @@ TEST_CASE("every bad input is refused with a message naming the field, the value
   expect(store->pin(views(repeated)), StatusCode::NOT_FOUND, {"keys[0]", "is not a visible block"});
 }
 
-TEST_CASE("a layer the runtime cannot take at once (a queue of 2) is resubmitted as requests complete; every block arrives") {
+TEST_CASE(
+    "a layer the runtime cannot take at once (a queue of 2) is resubmitted as requests complete; every block arrives") {
   testing::TempDirectory dir;
   uring::Options small;
   small.queue_depth = 2;

@@ -126,8 +126,8 @@ TEST_CASE("a 1 GiB sparse-then-filled file resolves without a cap on extent call
   auto sparse = resolver_for(*fs).resolve("file://" + path, {});
   CHECK(sparse.code() == StatusCode::DATA_LOSS);
   CHECK(sparse.status().message().find("file offset 0") != std::string::npos);
-  REQUIRE(tutti::testing::run_command(
-              fmt::format("dd if=/dev/zero of={} bs=8M count=128 conv=notrunc,fsync", path)).is_ok());
+  REQUIRE(tutti::testing::run_command(fmt::format("dd if=/dev/zero of={} bs=8M count=128 conv=notrunc,fsync", path))
+              .is_ok());
   auto r = resolver_for(*fs).resolve("file://" + path, {});
   REQUIRE_MESSAGE(r.is_ok(), r.status().to_string());
   CHECK(r->file_size == (1ull << 30));
@@ -226,8 +226,8 @@ TEST_CASE("a 512-byte LBA format resolves files on a 512-byte-sector loop device
 
 TEST_CASE("every fsync policy resolves a freshly written (dirty, delayed-allocation) file to its bytes") {
   auto fs = make_ext4(64 << 20);
-  for (auto policy : {local_file::FsyncPolicy::always, local_file::FsyncPolicy::writable_opens,
-                      local_file::FsyncPolicy::never}) {
+  for (auto policy :
+       {local_file::FsyncPolicy::always, local_file::FsyncPolicy::writable_opens, local_file::FsyncPolicy::never}) {
     const std::string path = fs->path(fmt::format("dirty{}", static_cast<int>(policy)));
     {
       const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);  // no fsync: dirty pages
@@ -273,8 +273,9 @@ bool immutable_flag(const std::string& path) {
 }
 }  // namespace
 
-TEST_CASE("the change guard: a resolved file is immutable while its target lives (with CAP_LINUX_IMMUTABLE), "
-          "watch_only leaves it mutable, and a target assigned over another releases the other's flag") {
+TEST_CASE(
+    "the change guard: a resolved file is immutable while its target lives (with CAP_LINUX_IMMUTABLE), "
+    "watch_only leaves it mutable, and a target assigned over another releases the other's flag") {
   auto fs = make_ext4(64 << 20);
   const std::string a = fs->path("a"), b = fs->path("b"), c = fs->path("c");
   for (const std::string& path : {a, b, c}) tutti::testing::write_pattern_file(path, 13, 8192);

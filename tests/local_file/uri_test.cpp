@@ -14,7 +14,7 @@ using namespace tutti;
 
 namespace {
 local_file::LocalFileResolver::Options options_for(dev_t device, std::optional<std::uint64_t> start = 0,
-                                          std::uint32_t lba_size = 4096) {
+                                                   std::uint32_t lba_size = 4096) {
   local_file::LocalFileResolver::Options o;
   o.device = device;
   o.partition_start_bytes = start;
@@ -109,7 +109,8 @@ TEST_CASE("find_extent is a binary search over sorted extents") {
   CHECK(local_file::find_extent(e.data(), 0, 0) == 0);
   std::vector<local_file::Extent> many;
   for (std::uint64_t i = 0; i < 100000; ++i) many.push_back({i * 4096, (100000 - i) * 4096, 4096});
-  for (std::uint64_t i = 0; i < 100000; i += 997) CHECK(local_file::find_extent(many.data(), many.size(), i * 4096 + 17) == i);
+  for (std::uint64_t i = 0; i < 100000; i += 997)
+    CHECK(local_file::find_extent(many.data(), many.size(), i * 4096 + 17) == i);
 }
 
 TEST_CASE("validate reports a gap as DATA_LOSS with its file offset and misalignment as INVALID_ARGUMENT") {

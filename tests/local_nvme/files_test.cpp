@@ -282,8 +282,8 @@ TEST_CASE("a 1 GiB sparse-then-filled file reads through NVMe with large request
   auto fs = make_ext4(1200ull << 20);
   const std::string path = fs->path("big");
   REQUIRE(tutti::testing::run_command(fmt::format("truncate -s 1G {}", path)).is_ok());
-  REQUIRE(tutti::testing::run_command(
-              fmt::format("dd if=/dev/urandom of={} bs=8M count=128 conv=notrunc,fsync", path)).is_ok());
+  REQUIRE(tutti::testing::run_command(fmt::format("dd if=/dev/urandom of={} bs=8M count=128 conv=notrunc,fsync", path))
+              .is_ok());
   auto stack = make_stack(*fs);
   auto& rt = *stack->runtime;
   Buffer buffer(32 << 20);
@@ -304,13 +304,15 @@ TEST_CASE("a 1 GiB sparse-then-filled file reads through NVMe with large request
   CHECK(rt.unregister_memory(*m).is_ok());
 }
 
-TEST_CASE("more files than the target handle cache's L1 holds read in rotating order, byte for byte, never re-resolved") {
+TEST_CASE(
+    "more files than the target handle cache's L1 holds read in rotating order, byte for byte, never re-resolved") {
   auto fs = make_ext4();
   constexpr int kFiles = 10;
   std::vector<std::string> paths;
   for (int i = 0; i < kFiles; ++i) paths.push_back(fs->path(fmt::format("layer{}", i)));
   for (int chunk = 0; chunk < 16; ++chunk)  // interleaved appends: every file has many extents
-    for (int i = 0; i < kFiles; ++i) tutti::testing::append_pattern(paths[i], 500 + i, std::uint64_t(chunk) * 8192, 8192);
+    for (int i = 0; i < kFiles; ++i)
+      tutti::testing::append_pattern(paths[i], 500 + i, std::uint64_t(chunk) * 8192, 8192);
   local_nvme::LocalNvmeDataPath::Options o;
   o.device_target_cache_entries = 3;
   auto stack = make_stack(*fs, 4096, o);
@@ -402,7 +404,8 @@ TEST_CASE("a fragmented ext4 file is read and written whole at queue depths 2, 8
       CHECK(read.commands >= extents);
       // Write whole with new bytes, then read through ext4 after a remount.
       ++round;
-      for (std::uint64_t i = 0; i < size; ++i) buffer.bytes()[i] = static_cast<std::uint8_t>(i * 13 + round * 7 + i / 4096);
+      for (std::uint64_t i = 0; i < size; ++i)
+        buffer.bytes()[i] = static_cast<std::uint8_t>(i * 13 + round * 7 + i / 4096);
       const std::vector<std::uint8_t> written(buffer.bytes(), buffer.bytes() + size);
       IoRequest w;
       w.direction = Direction::WRITE;

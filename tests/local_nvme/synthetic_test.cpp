@@ -76,9 +76,9 @@ struct Rig {
     return std::move(m.value());
   }
   PathRequest<Path> request(Direction d, Path::registered_memory& m, Buffer& b, std::uint64_t memory_offset,
-                                Path::open_target& t, std::uint64_t offset, std::uint64_t length) {
-    return PathRequest<Path>{d, &m, MemoryView{b.data, b.size, MemoryKind::HOST, -1}, memory_offset, &t, offset,
-                                 length};
+                            Path::open_target& t, std::uint64_t offset, std::uint64_t length) {
+    return PathRequest<Path>{d,      &m,    MemoryView{b.data, b.size, MemoryKind::HOST, -1}, memory_offset, &t,
+                             offset, length};
   }
   /// Submits and waits; returns the states and completions.
   std::pair<std::vector<Status>, std::vector<RequestCompletion>> run(const std::vector<PathRequest<Path>>& rs,
@@ -119,8 +119,8 @@ std::vector<local_file::Extent> reversed_chunks(std::uint64_t device_base, std::
   return out;
 }
 
-std::vector<std::uint8_t> expected_from_extents(Rig& rig, const std::vector<local_file::Extent>& e, std::uint64_t offset,
-                                                std::uint64_t length) {
+std::vector<std::uint8_t> expected_from_extents(Rig& rig, const std::vector<local_file::Extent>& e,
+                                                std::uint64_t offset, std::uint64_t length) {
   std::vector<std::uint8_t> out;
   for (const auto& x : e) {
     const std::uint64_t lo = std::max(offset, x.file_offset), hi = std::min(offset + length, x.file_end());
@@ -194,12 +194,14 @@ TEST_CASE("invalid options are rejected naming the field") {
   o = {};
   o.command_timeout_ns = 1'000'000;
   o.poll_kernel_budget_ns = 500'001;  // the host waits command_timeout_ns for a kernel: at most half of it
-  CHECK(Path::create(**c, o).status().message().find("poll_kernel_budget_ns = 500001 outside 0..500000") != std::string::npos);
+  CHECK(Path::create(**c, o).status().message().find("poll_kernel_budget_ns = 500001 outside 0..500000") !=
+        std::string::npos);
   o.poll_kernel_budget_ns = 500'000;
   CHECK(Path::create(**c, o).is_ok());
 }
 
-TEST_CASE("the progress kernel polls on the accelerator's clock: one launch per batch with a budget, one per pass without") {
+TEST_CASE(
+    "the progress kernel polls on the accelerator's clock: one launch per batch with a budget, one per pass without") {
   // One request of 32 commands (4 KiB each) with a window of 2: at most 2 complete per pass, so
   // a kernel that polls one pass needs at least 16 launches; one that polls until done needs one
   // (unless the 1 s budget runs out first).
@@ -272,16 +274,16 @@ TEST_CASE("prebuilt PRP lists serve every start page, both list variants and cha
   auto m = rig.map(buffer);
   std::vector<PathRequest<Path>> batch;
   // Command last pages e with e % 511 == 0 need variant 1; sweep start pages across 511 boundaries.
-  for (std::uint64_t start_page : {0ull, 1ull, 254ull, 255ull, 256ull, 510ull, 511ull, 766ull, 767ull, 1021ull,
-                                   1022ull, 1277ull, 2300ull, 2555ull, 2800ull}) {
+  for (std::uint64_t start_page : {0ull, 1ull, 254ull, 255ull, 256ull, 510ull, 511ull, 766ull, 767ull, 1021ull, 1022ull,
+                                   1277ull, 2300ull, 2555ull, 2800ull}) {
     std::memset(buffer.data, 0xEE, buffer.size);
     const std::uint64_t length = std::min<std::uint64_t>(1 << 20, buffer.size - start_page * 4096);
     const std::uint64_t file_offset = start_page * 8192;
     auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, start_page * 4096, t, file_offset, length)});
     REQUIRE_MESSAGE(done[0].status.is_ok(), done[0].status.to_string());
     auto expected = rig.device_bytes(file_offset, length);
-    CHECK_MESSAGE(std::equal(expected.begin(), expected.end(), buffer.bytes() + start_page * 4096),
-                  "start page ", start_page);
+    CHECK_MESSAGE(std::equal(expected.begin(), expected.end(), buffer.bytes() + start_page * 4096), "start page ",
+                  start_page);
   }
   CHECK(rig.device->counters().dma_faults == 0);
   CHECK(rig.path->unregister_memory(m).is_ok());
@@ -318,7 +320,8 @@ TEST_CASE("PrpTable: list pages scattered in bus space; every start page and len
   local_nvme::PrpTable table;
   table.list_pages = local_nvme::PrpTable::list_pages_for(kRegionPages, kPage);
   std::vector<std::uint64_t> list_pages(2 * table.list_pages);
-  for (std::uint64_t i = 0; i < list_pages.size(); ++i) list_pages[i] = (1ull << 41) + (list_pages.size() - i) * 5 * kPage;
+  for (std::uint64_t i = 0; i < list_pages.size(); ++i)
+    list_pages[i] = (1ull << 41) + (list_pages.size() - i) * 5 * kPage;
   table.pages = nvme::PageTableView{region.data(), kRegionPages, kPage};
   table.lists = nvme::PageTableView{list_pages.data(), list_pages.size(), kPage};
   std::vector<std::uint64_t> lists(list_pages.size() * kPage / 8, ~0ull);
@@ -340,7 +343,8 @@ TEST_CASE("PrpTable: list pages scattered in bus space; every start page and len
       CHECK(prp.prp1 == region[first] + offset % kPage);
       const auto walked = walk_prp(prp.prp1, prp.prp2, length, kPage, read_entry);
       REQUIRE(walked.size() == count);
-      for (std::uint64_t k = 0; k < count; ++k) CHECK_MESSAGE(walked[k] == region[first + k], "first ", first, " count ", count);
+      for (std::uint64_t k = 0; k < count; ++k)
+        CHECK_MESSAGE(walked[k] == region[first + k], "first ", first, " count ", count);
       if (count >= 3 && (first + count - 1) % 511 == 0) ++used_variant_1;
       ++checked;
     }
@@ -378,10 +382,12 @@ TEST_CASE("a DEVICE region (accelerator_mode) reads through the prebuilt lists, 
     const std::uint64_t pages = length / 4096, last = start_page + pages - 1;
     const std::uint64_t shift = table->shift(last % 511 == 0 ? 1 : 0);
     if ((start_page + 1 + shift) / 511 != (last + shift) / 511) ++chained;
-    auto [states, done] = rig.run({PathRequest<Path>{Direction::READ, &m, view, start_page * 4096, &t, file_offset, length}});
+    auto [states, done] =
+        rig.run({PathRequest<Path>{Direction::READ, &m, view, start_page * 4096, &t, file_offset, length}});
     REQUIRE_MESSAGE(done[0].status.is_ok(), done[0].status.to_string());
     auto expected = rig.device_bytes(file_offset, length);
-    CHECK_MESSAGE(std::equal(expected.begin(), expected.end(), buffer.bytes() + start_page * 4096), "start page ", start_page);
+    CHECK_MESSAGE(std::equal(expected.begin(), expected.end(), buffer.bytes() + start_page * 4096), "start page ",
+                  start_page);
   }
   CHECK(chained >= 2);  // start pages 400 and 1000 cross a list page
   CHECK(rig.device->counters().dma_faults == 0);
@@ -451,7 +457,7 @@ TEST_CASE("an injected media error on an LBA range fails only the requests that 
   rule.last_lba = 300;
   rule.max_fires = 0;
   rig.device->inject_fault(rule);
-  auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, 0, t, 0, 1 << 20),          // LBAs 0..255
+  auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, 0, t, 0, 1 << 20),              // LBAs 0..255
                                  rig.request(Direction::READ, m, buffer, 1 << 20, t, 1 << 20, 1 << 20),  // 256..511
                                  rig.request(Direction::READ, m, buffer, 2 << 20, t, 2 << 20, 64 << 10)});
   CHECK(done[0].status.is_ok());
@@ -587,14 +593,17 @@ TEST_CASE("backpressure: a full queue rejects requests with RESOURCE_EXHAUSTED a
   Buffer buffer(1 << 20);
   auto m = rig.map(buffer);
   std::vector<PathRequest<Path>> rs;
-  for (std::uint64_t i = 0; i < 8; ++i) rs.push_back(rig.request(Direction::READ, m, buffer, i * 4096, t, i * 4096, 4096));
+  for (std::uint64_t i = 0; i < 8; ++i)
+    rs.push_back(rig.request(Direction::READ, m, buffer, i * 4096, t, i * 4096, 4096));
   std::vector<Status> states(rs.size());
   const auto reads_before = rig.device->counters().read_commands;
   auto b = rig.path->submit(rs, states);
   std::size_t accepted = 0;
   for (auto& s : states) {
-    if (s.is_ok()) ++accepted;
-    else CHECK(s.code() == StatusCode::RESOURCE_EXHAUSTED);
+    if (s.is_ok())
+      ++accepted;
+    else
+      CHECK(s.code() == StatusCode::RESOURCE_EXHAUSTED);
   }
   CHECK(accepted == 3);
   std::vector<RequestCompletion> completions(rs.size());
@@ -621,7 +630,8 @@ TEST_CASE("the batch pool: a submit past max_batches_in_flight is rejected whole
   auto make = [&](std::uint64_t first, std::size_t count) {
     std::vector<PathRequest<Path>> rs;
     for (std::uint64_t i = 0; i < count; ++i)
-      rs.push_back(rig.request(Direction::READ, m, buffer, (first + i) * 4096 % (1 << 20), t, (first + i) * 4096, 4096));
+      rs.push_back(
+          rig.request(Direction::READ, m, buffer, (first + i) * 4096 % (1 << 20), t, (first + i) * 4096, 4096));
     return rs;
   };
   auto r1 = make(0, 8), r2 = make(8, 8), r3 = make(16, 8);
@@ -681,8 +691,9 @@ TEST_CASE("several threads submit and progress concurrently on shared queues") {
       for (int round = 0; round < 50; ++round) {
         std::vector<PathRequest<Path>> rs;
         for (std::uint64_t i = 0; i < 16; ++i)
-          rs.push_back(PathRequest<Path>{Direction::READ, &*reg, MemoryView{buffer.data, buffer.size, MemoryKind::HOST, -1},
-                                             i * 16384, &t, ((k * 50 + round) * 16 + i) % 2048 * 16384, 16384});
+          rs.push_back(PathRequest<Path>{Direction::READ, &*reg,
+                                         MemoryView{buffer.data, buffer.size, MemoryKind::HOST, -1}, i * 16384, &t,
+                                         ((k * 50 + round) * 16 + i) % 2048 * 16384, 16384});
         std::vector<Status> states(rs.size());
         auto b = rig.path->submit(rs, states);
         std::vector<RequestCompletion> completions(rs.size());
@@ -753,7 +764,8 @@ void read_whole_and_verify(Rig& rig, CachedTarget& t) {
 }
 
 /// (hits, misses, evictions, fallbacks, resident, pinned) of the Path's target cache.
-std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t, std::uint32_t, std::uint32_t> cache_counters(Rig& rig) {
+std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t, std::uint32_t, std::uint32_t> cache_counters(
+    Rig& rig) {
   const auto s = rig.path->target_cache_statistics();
   return {s.hits, s.misses, s.evictions, s.fallbacks, s.resident, s.pinned};
 }
@@ -807,7 +819,8 @@ TEST_CASE("target cache: one lookup per distinct target per submit; a batch pins
   std::vector<PathRequest<Path>> rs;
   for (std::uint64_t c = 0; c < 16; ++c)
     for (int k : {0, 1})
-      rs.push_back(rig.request(Direction::READ, m, buffer, k * targets[0].size + c * 16384, targets[k].open, c * 16384, 16384));
+      rs.push_back(
+          rig.request(Direction::READ, m, buffer, k * targets[0].size + c * 16384, targets[k].open, c * 16384, 16384));
   std::vector<Status> states(rs.size());
   std::optional<Path::batch> b1(rig.path->submit(rs, states));
   for (auto& s : states) REQUIRE_MESSAGE(s.is_ok(), s.to_string());
@@ -835,7 +848,8 @@ TEST_CASE("target cache: one lookup per distinct target per submit; a batch pins
   CHECK(rig.path->unregister_memory(m).is_ok());
 }
 
-TEST_CASE("target cache: a batch with more targets than L1 holds reads the rest from L2; big targets and entries = 0 too") {
+TEST_CASE(
+    "target cache: a batch with more targets than L1 holds reads the rest from L2; big targets and entries = 0 too") {
   SUBCASE("more distinct targets in one batch than entries") {
     Path::Options o;
     o.device_target_cache_entries = 2;
@@ -1025,18 +1039,18 @@ TEST_CASE("a retryable status is sent at most 3 times; DNR set or a non-retryabl
   struct Case {
     const char* what;
     nvme::StatusField status;
-    std::uint64_t fires;       // attempts that get the status
-    std::uint32_t retries;     // expected
+    std::uint64_t fires;    // attempts that get the status
+    std::uint32_t retries;  // expected
     std::uint16_t device_status;
   };
   const Case cases[] = {
-      {"retryable on every attempt: 3 attempts, then it fails", nvme::make_status(nvme::GenericStatus::namespace_not_ready, false),
-       0, 2, 0x082},
+      {"retryable on every attempt: 3 attempts, then it fails",
+       nvme::make_status(nvme::GenericStatus::namespace_not_ready, false), 0, 2, 0x082},
       {"retryable code with DNR set", nvme::make_status(nvme::GenericStatus::namespace_not_ready, true), 0, 0, 0x082},
-      {"not retryable (Unrecovered Read Error), DNR clear", nvme::make_status(nvme::MediaStatus::unrecovered_read_error, false),
-       0, 0, 0x281},
-      {"not retryable (LBA Out of Range), DNR clear", nvme::make_status(nvme::GenericStatus::lba_out_of_range, false), 0, 0,
-       0x080},
+      {"not retryable (Unrecovered Read Error), DNR clear",
+       nvme::make_status(nvme::MediaStatus::unrecovered_read_error, false), 0, 0, 0x281},
+      {"not retryable (LBA Out of Range), DNR clear", nvme::make_status(nvme::GenericStatus::lba_out_of_range, false),
+       0, 0, 0x080},
   };
   for (const Case& c : cases) {
     CAPTURE(c.what);
@@ -1071,7 +1085,8 @@ TEST_CASE("a retry is decided by status, DNR, attempts and the first attempt's d
   CHECK(may_retry(r, rec, retryable, 999));
   CHECK_FALSE(may_retry(r, rec, retryable, 1000));  // never past the command's deadline
   CHECK_FALSE(may_retry(r, rec, nvme::make_status(nvme::GenericStatus::namespace_not_ready, true), 0));  // DNR
-  CHECK_FALSE(may_retry(r, rec, nvme::make_status(nvme::GenericStatus::invalid_field_in_command, false), 0));  // not transient
+  CHECK_FALSE(
+      may_retry(r, rec, nvme::make_status(nvme::GenericStatus::invalid_field_in_command, false), 0));  // not transient
   rec.attempts = local_nvme::kMaxCommandAttempts;
   CHECK_FALSE(may_retry(r, rec, retryable, 0));  // attempts spent
   rec.attempts = 1;
@@ -1167,7 +1182,8 @@ TEST_CASE("a batch larger than a shallow queue's credits completes when its reje
     while (!pending.empty()) {
       REQUIRE(++rounds < 1000);  // bounded: every round admits at least one request
       std::vector<PathRequest<Path>> rs;
-      for (std::size_t i : pending) rs.push_back(rig.request(Direction::READ, m, buffer, i * 6 * 16384, t, i * 6 * 16384, 6 * 16384));
+      for (std::size_t i : pending)
+        rs.push_back(rig.request(Direction::READ, m, buffer, i * 6 * 16384, t, i * 6 * 16384, 6 * 16384));
       auto [states, done] = rig.run(rs);
       std::vector<std::size_t> again;
       for (std::size_t k = 0; k < pending.size(); ++k) {

@@ -35,7 +35,8 @@ struct FakeQueue {
     slot.sq_head = sq_head;
     slot.sq_identifier = sqid;
     status.raw = StatusField::P::encode(status.raw, static_cast<std::uint16_t>(phase));
-    accel::SystemAtomicRef<std::uint32_t>(slot.dw3).store(CompletionQueueEntry::make_dw3(cid, status), accel::MemoryOrder::release);
+    accel::SystemAtomicRef<std::uint32_t>(slot.dw3).store(CompletionQueueEntry::make_dw3(cid, status),
+                                                          accel::MemoryOrder::release);
     if (++cq_tail == cq.size()) {
       cq_tail = 0;
       phase ^= 1;
@@ -89,7 +90,7 @@ TEST_CASE("release_command_identifier frees a CID that never reached the SQ, onl
   REQUIRE_FALSE(q.allocate_command_identifier(extra));  // all 4 taken
   CHECK(q.release_command_identifier(cids[2]));
   CHECK_FALSE(q.release_command_identifier(cids[2]));  // already free: nothing changes
-  REQUIRE(q.allocate_command_identifier(extra));         // the released index is usable again
+  REQUIRE(q.allocate_command_identifier(extra));       // the released index is usable again
   CHECK(q.cid_index(extra) == q.cid_index(cids[2]));
   CHECK(q.cid_generation(extra) == q.cid_generation(cids[2]) + 1);
   // A CID whose completion was delivered is not in flight: release refuses, take_completion frees it.
@@ -254,7 +255,10 @@ TEST_CASE("many threads submit through one queue; a fake controller sees every S
         f.post(sqe.command_identifier, StatusField{0}, static_cast<std::uint16_t>(head));
         work = true;
       }
-      if (work) backoff.reset(); else backoff.pause();
+      if (work)
+        backoff.reset();
+      else
+        backoff.pause();
     }
   });
   std::atomic<int> failures{0};
@@ -266,14 +270,20 @@ TEST_CASE("many threads submit through one queue; a fake controller sees every S
         const std::uint64_t deadline = accel::deadline_after(10'000'000'000ull);
         while (!q.allocate_command_identifier(cid)) {
           q.reap_completions();
-          if (accel::timer_ns() > deadline) { ++failures; return; }
+          if (accel::timer_ns() > deadline) {
+            ++failures;
+            return;
+          }
         }
         SubmissionQueueEntry sqe{};
         sqe.command_identifier = cid;
         sqe.cdw10 = static_cast<std::uint32_t>(t * kPerThread + i);
         while (q.submit(sqe) != StatusCode::OK) {
           q.reap_completions();
-          if (accel::timer_ns() > deadline) { ++failures; return; }
+          if (accel::timer_ns() > deadline) {
+            ++failures;
+            return;
+          }
         }
         if (i % 4 == 3 || i == kPerThread - 1) {  // wait for every 4th: keeps several in flight
           if (q.wait_for_completion(cid, 10'000'000'000ull).status != StatusCode::OK) ++failures;
@@ -302,7 +312,8 @@ TEST_CASE("many threads submit through one queue; a fake controller sees every S
   MESSAGE("doorbell writes for ", kThreads * kPerThread, " SQEs: ", stats.doorbell_writes);
 }
 
-TEST_CASE("regression: completions keep matching after CID generations wrap (state kept more generation bits than the CID)") {
+TEST_CASE(
+    "regression: completions keep matching after CID generations wrap (state kept more generation bits than the CID)") {
   FakeQueue f(16, 8192);  // 13 index bits: only 3 generation bits, wraps every 8 reuses of a slot
   const QueuePair& q = f.q();
   for (int i = 0; i < 20000; ++i) {
@@ -394,9 +405,9 @@ TEST_CASE("warp_reap_completions delivers through the same steps as reap_complet
     for (int i = 0; i < 3; ++i) REQUIRE(q.submit(sqe) == StatusCode::OK);
     q.abandon(b);
     f.post(a, StatusField::make(0, 0x02, false), 1);  // Invalid Field in Command, delivered as is
-    f.post(b, StatusField{0}, 2);                      // abandoned: dropped, CID freed
-    f.post(0x0fff, StatusField{0}, 2);                 // no such CID: stale
-    f.post(c, StatusField{0}, 3, 9);                   // wrong SQ identifier: counted invalid, delivered
+    f.post(b, StatusField{0}, 2);                     // abandoned: dropped, CID freed
+    f.post(0x0fff, StatusField{0}, 2);                // no such CID: stale
+    f.post(c, StatusField{0}, 3, 9);                  // wrong SQ identifier: counted invalid, delivered
     CHECK(reap() == 4);
     CHECK(reap() == 0);
     CompletionQueueEntry cqe{};
@@ -409,7 +420,7 @@ TEST_CASE("warp_reap_completions delivers through the same steps as reap_complet
     CHECK(s.abandoned_completions == 1);
     CHECK(s.stale_completions == 1);
     CHECK(s.invalid_completions == 1);
-    CHECK(q.submissions_outstanding() == 1);  // the last valid SQ Head Pointer was 2
+    CHECK(q.submissions_outstanding() == 1);     // the last valid SQ Head Pointer was 2
     CHECK(accel::mmio_load32(&f.cq_head) == 4);  // one CQ head doorbell write for the batch
     return s.cq_head;
   };
@@ -421,8 +432,9 @@ TEST_CASE("the queue state keeps each party's words on its own 128-byte line, st
   CHECK(offsetof(QueuePairState, sq_reserved) / kQueueStateLineBytes !=
         offsetof(QueuePairState, sq_head_ticket) / kQueueStateLineBytes);
   for (const std::size_t lock : {offsetof(QueuePairState, sq_doorbell_lock), offsetof(QueuePairState, cq_lock)})
-    for (const std::size_t counter : {offsetof(QueuePairState, doorbell_writes), offsetof(QueuePairState, completions_reaped),
-                                      offsetof(QueuePairState, cid_hint), offsetof(QueuePairState, sq_reserved)})
+    for (const std::size_t counter :
+         {offsetof(QueuePairState, doorbell_writes), offsetof(QueuePairState, completions_reaped),
+          offsetof(QueuePairState, cid_hint), offsetof(QueuePairState, sq_reserved)})
       CHECK(lock / kQueueStateLineBytes != counter / kQueueStateLineBytes);
   FakeQueue f(8);
   CHECK(reinterpret_cast<std::uintptr_t>(f.q().state) % kQueueStateLineBytes == 0);

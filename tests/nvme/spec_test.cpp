@@ -40,10 +40,10 @@ TEST_CASE("SQE fields encode where the specification puts them") {
   sqe.flags = SubmissionQueueEntry::Fuse::encode(sqe.flags, 2);
   std::uint32_t cdw0 = 0;
   std::memcpy(&cdw0, &sqe, 4);
-  CHECK((cdw0 & 0xff) == 0x02);           // OPC 7:0
-  CHECK(((cdw0 >> 8) & 0x3) == 2);        // FUSE 9:8
-  CHECK(((cdw0 >> 14) & 0x3) == 1);       // PSDT 15:14
-  CHECK((cdw0 >> 16) == 0xbeef);          // CID 31:16
+  CHECK((cdw0 & 0xff) == 0x02);      // OPC 7:0
+  CHECK(((cdw0 >> 8) & 0x3) == 2);   // FUSE 9:8
+  CHECK(((cdw0 >> 14) & 0x3) == 1);  // PSDT 15:14
+  CHECK((cdw0 >> 16) == 0xbeef);     // CID 31:16
   sqe.cdw10 = 0x11223344;
   sqe.cdw11 = 0x55667788;
   CHECK(starting_lba(sqe) == 0x5566778811223344ull);

@@ -28,7 +28,8 @@ bool accelerator_available() {
     accel::free_mapped_host(*probe);
     return true;
   }
-  if (accel::kProfile == accel::Profile::host) FAIL("host profile allocate_mapped_host failed: " << probe.status().to_string());
+  if (accel::kProfile == accel::Profile::host)
+    FAIL("host profile allocate_mapped_host failed: " << probe.status().to_string());
   MESSAGE("skipped: no usable accelerator: " << probe.status().to_string());
   return false;
 }
@@ -52,11 +53,13 @@ struct DeviceRegion {
   }
   std::vector<std::uint8_t> download(std::uint64_t offset, std::uint64_t length) const {
     std::vector<std::uint8_t> out(length);
-    REQUIRE(accel::copy_from_device(out.data(), static_cast<const std::uint8_t*>(buffer.data()) + offset, length).is_ok());
+    REQUIRE(
+        accel::copy_from_device(out.data(), static_cast<const std::uint8_t*>(buffer.data()) + offset, length).is_ok());
     return out;
   }
   void upload(std::uint64_t offset, const std::vector<std::uint8_t>& bytes) {
-    REQUIRE(accel::copy_to_device(static_cast<std::uint8_t*>(buffer.data()) + offset, bytes.data(), bytes.size()).is_ok());
+    REQUIRE(
+        accel::copy_to_device(static_cast<std::uint8_t*>(buffer.data()) + offset, bytes.data(), bytes.size()).is_ok());
   }
   void fill(std::uint8_t value) { upload(0, std::vector<std::uint8_t>(buffer.size(), value)); }
 
@@ -66,8 +69,9 @@ struct DeviceRegion {
 
 /// A Read or Write of nlb LBAs at slba into `mapping` bytes at `offset`, PRPs or SGL, with the
 /// PRP list / SGL segments built in `area` (host-visible builder memory).
-nvme::SubmissionQueueEntry read_write(SoftFixture& f, const libnvm::DmaMapping& mapping, bool write, std::uint64_t slba, std::uint32_t nlb,
-                                      std::uint64_t offset, bool sgl, const nvme::DescriptorArea& area) {
+nvme::SubmissionQueueEntry read_write(SoftFixture& f, const libnvm::DmaMapping& mapping, bool write, std::uint64_t slba,
+                                      std::uint32_t nlb, std::uint64_t offset, bool sgl,
+                                      const nvme::DescriptorArea& area) {
   nvme::SubmissionQueueEntry sqe{};
   sqe.opcode = static_cast<std::uint8_t>(write ? nvme::NvmOpcode::write : nvme::NvmOpcode::read);
   sqe.nsid = 1;
@@ -166,7 +170,8 @@ TEST_CASE("accelerator mode: reads into and writes from device regions match the
           const std::uint64_t offset = (random() % ((region.buffer.size() - bytes) / 4)) * 4;  // dword aligned
           // Read: device bytes [offset, offset + bytes) equal the file; neighbours untouched.
           region.fill(0xa5);
-          const auto read = f.run(read_write(f, region.mapping, false, slba, nlb, offset, sgl, f.list_area.descriptor_area()));
+          const auto read =
+              f.run(read_write(f, region.mapping, false, slba, nlb, offset, sgl, f.list_area.descriptor_area()));
           REQUIRE_MESSAGE(read.status().success(), nvme::describe_status(read.status()));
           const auto landed = region.download(0, region.buffer.size());
           const auto expected = f.file.read(slba * lba, bytes);
@@ -176,7 +181,8 @@ TEST_CASE("accelerator mode: reads into and writes from device regions match the
           // Write: new device bytes land in the file.
           const auto fresh = pattern(bytes, static_cast<std::uint32_t>(i + 100));
           region.upload(offset, fresh);
-          const auto write = f.run(read_write(f, region.mapping, true, slba, nlb, offset, sgl, f.list_area.descriptor_area()));
+          const auto write =
+              f.run(read_write(f, region.mapping, true, slba, nlb, offset, sgl, f.list_area.descriptor_area()));
           REQUIRE(write.status().success());
           CHECK(f.file.read(slba * lba, bytes) == fresh);
           moved += bytes;
@@ -317,7 +323,7 @@ TEST_CASE("accelerator mode: map_device validates its arguments; unmap returns N
   auto mapped = f.controller->dma_map_device(base, 8192);
   REQUIRE(mapped.is_ok());
   CHECK(f.controller->dma_map_device(base + 4096, 8192).code() == StatusCode::INVALID_ARGUMENT);  // overlaps
-  CHECK(f.controller->dma_map(base, 4096).code() == StatusCode::INVALID_ARGUMENT);                // same memory, other kind
+  CHECK(f.controller->dma_map(base, 4096).code() == StatusCode::INVALID_ARGUMENT);  // same memory, other kind
   CHECK(f.controller->dma_unmap(mapped->id).is_ok());
   CHECK(f.controller->dma_unmap(mapped->id).code() == StatusCode::NOT_FOUND);
 

@@ -114,8 +114,9 @@ TEST_CASE("I/O queue pairs are created up to the allocated number and deleted") 
   REQUIRE(again.is_ok());
   CHECK(again->qid == 3);
   // The re-created queue works (phase starts at 1 again on fresh memory).
-  nvme::QueuePairStorage storage(again->submission_queue, again->completion_queue, again->submission_queue_tail_doorbell,
-                                 again->completion_queue_head_doorbell, again->controller_status, again->depth, again->qid);
+  nvme::QueuePairStorage storage(again->submission_queue, again->completion_queue,
+                                 again->submission_queue_tail_doorbell, again->completion_queue_head_doorbell,
+                                 again->controller_status, again->depth, again->qid);
   nvme::SubmissionQueueEntry flush{};
   flush.opcode = static_cast<std::uint8_t>(nvme::NvmOpcode::flush);
   flush.nsid = 1;
@@ -191,7 +192,8 @@ TEST_CASE("a torn admin queue configuration sets CSTS.CFS and bring-up reports D
   accel::mmio_store32(bar + 0x34 / 4, 0);
   accel::mmio_store32(bar + 0x14 / 4, 0x00460001);
   const std::uint64_t deadline = accel::deadline_after(kWait);
-  while (!nvme::ControllerStatus{accel::mmio_load32(bar + 0x1c / 4)}.fatal() && accel::timer_ns() < deadline) accel::shim::yield_thread();
+  while (!nvme::ControllerStatus{accel::mmio_load32(bar + 0x1c / 4)}.fatal() && accel::timer_ns() < deadline)
+    accel::shim::yield_thread();
   CHECK(nvme::ControllerStatus{accel::mmio_load32(bar + 0x1c / 4)}.fatal());
   CHECK((*device)->counters().dma_faults >= 1);
   // The driver's bring-up resets (clears CFS) and succeeds on a proper configuration.

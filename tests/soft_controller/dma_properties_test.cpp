@@ -34,7 +34,8 @@ struct FakeBus {
   nvme::DescriptorArea descriptor_area() { return nvme::DescriptorArea{area.data, area_bus, area.size}; }
   libnvm::soft::BusReader reader() {
     return [this](std::uint64_t address, void* destination, std::size_t length) {
-      if (address < area_bus || address - area_bus > area.size || length > area.size - (address - area_bus)) return false;
+      if (address < area_bus || address - area_bus > area.size || length > area.size - (address - area_bus))
+        return false;
       std::memcpy(destination, area.data + (address - area_bus), length);
       return true;
     };
@@ -160,7 +161,8 @@ TEST_CASE("property: random malformed PRP lists and SGLs give error statuses, ne
     libnvm::soft::DecodeLimits limits;
     limits.max_sgl_descriptors = 256;
     if (i % 2 == 0) {
-      const auto d = libnvm::soft::decode_prp(words[random() % 8], bus.area_bus + 8 * (random() % 600), length, limits, bus.reader());
+      const auto d = libnvm::soft::decode_prp(words[random() % 8], bus.area_bus + 8 * (random() % 600), length, limits,
+                                              bus.reader());
       errors += d.status.success() ? 0 : 1;
       if (d.status.success()) {
         std::uint64_t total = 0;
@@ -170,7 +172,9 @@ TEST_CASE("property: random malformed PRP lists and SGLs give error statuses, ne
     } else {
       nvme::SglDescriptor sgl1{};
       std::memcpy(&sgl1, bus.area.data + 16 * (random() % 32), sizeof sgl1);
-      if (random() % 2) sgl1 = nvme::SglDescriptor::make(nvme::SglDescriptorType::segment, bus.area_bus + 16 * (random() % 16), 16 * (1 + random() % 8));
+      if (random() % 2)
+        sgl1 = nvme::SglDescriptor::make(nvme::SglDescriptorType::segment, bus.area_bus + 16 * (random() % 16),
+                                         16 * (1 + random() % 8));
       const auto d = libnvm::soft::decode_sgl(sgl1, length, limits, bus.reader());
       errors += d.status.success() ? 0 : 1;
       CHECK(d.descriptors_walked <= limits.max_sgl_descriptors);
@@ -188,7 +192,8 @@ TEST_CASE("property: random malformed commands through the soft controller compl
   const std::uint64_t region_end = f.mapping.bus_addresses.back() + 4096;
   for (int i = 0; i < 600; ++i) {
     for (std::size_t w = 0; w < 512; ++w)
-      words[w] = random() % 2 ? f.mapping.bus_addresses[random() % f.mapping.bus_addresses.size()] + (random() % 3 == 0 ? random() % 4096 : 0)
+      words[w] = random() % 2 ? f.mapping.bus_addresses[random() % f.mapping.bus_addresses.size()] +
+                                    (random() % 3 == 0 ? random() % 4096 : 0)
                               : random();
     nvme::SubmissionQueueEntry sqe{};
     sqe.opcode = static_cast<std::uint8_t>(random() % 3 == 0 ? random() % 16 : (random() % 2 ? 1 : 2));
@@ -200,9 +205,10 @@ TEST_CASE("property: random malformed commands through the soft controller compl
       sqe.data_pointer.prp.prp1 = random() % 2 ? f.mapping.bus_addresses[random() % 256] + (random() % 4096) : random();
       sqe.data_pointer.prp.prp2 = random() % 2 ? f.list_area.bus_address + 8 * (random() % 512) : random();
     } else {
-      sqe.data_pointer.sgl1 = nvme::SglDescriptor::make(static_cast<nvme::SglDescriptorType>(random() % 6),
-                                                        random() % 2 ? f.list_area.bus_address + 16 * (random() % 64) : random(),
-                                                        static_cast<std::uint32_t>(16 * (random() % 40)));
+      sqe.data_pointer.sgl1 =
+          nvme::SglDescriptor::make(static_cast<nvme::SglDescriptorType>(random() % 6),
+                                    random() % 2 ? f.list_area.bus_address + 16 * (random() % 64) : random(),
+                                    static_cast<std::uint32_t>(16 * (random() % 40)));
     }
     const auto cqe = f.run(sqe);
     (void)region_end;

@@ -43,10 +43,10 @@ TEST_CASE("an injected status fails every command touching an LBA range, and onl
   rule.max_fires = 0;  // unlimited
   rule.status = nvme::make_status(nvme::MediaStatus::write_fault, true);
   f.device->inject_fault(rule);
-  CHECK(f.run(f.read_write(true, 90, 10, 0)).status().success());           // 90..99
+  CHECK(f.run(f.read_write(true, 90, 10, 0)).status().success());                                   // 90..99
   CHECK(nvme::is(f.run(f.read_write(true, 95, 10, 0)).status(), nvme::MediaStatus::write_fault));   // 95..104
   CHECK(nvme::is(f.run(f.read_write(false, 109, 1, 0)).status(), nvme::MediaStatus::write_fault));  // 109
-  CHECK(f.run(f.read_write(false, 110, 4, 0)).status().success());          // 110..113
+  CHECK(f.run(f.read_write(false, 110, 4, 0)).status().success());                                  // 110..113
   CHECK(nvme::is(f.run(f.read_write(false, 105, 1, 0)).status(), nvme::MediaStatus::write_fault));
   f.device->clear_faults();
   CHECK(f.run(f.read_write(false, 105, 1, 0)).status().success());

@@ -128,7 +128,7 @@ TEST_CASE("I/O commands report LBA Out of Range, Invalid Namespace, MDTS, opcode
   huge.cdw11 = 0xffffffffu;  // SLBA near 2^64: overflow-safe check
   CHECK(is_status(f.run(huge), GenericStatus::lba_out_of_range));
   CHECK(is_status(f.run(f.read_write(false, 0, 17, 0)), GenericStatus::invalid_field_in_command));  // 68 KiB > MDTS
-  CHECK(f.run(f.read_write(false, 0, 16, 0)).status().success());  // exactly MDTS
+  CHECK(f.run(f.read_write(false, 0, 16, 0)).status().success());                                   // exactly MDTS
   auto ns = f.read_write(false, 0, 1, 0);
   ns.nsid = 2;
   CHECK(is_status(f.run(ns), GenericStatus::invalid_namespace_or_format));
@@ -203,27 +203,35 @@ TEST_CASE("SGL errors: descriptor types, segment descriptors, lengths and descri
   // Segments.
   segment[0] = block;
   CHECK(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::last_segment, area, 16)).status().success());
-  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::last_segment, area, 17)), GenericStatus::invalid_sgl_segment_descriptor));
-  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::last_segment, area, 0)), GenericStatus::invalid_sgl_segment_descriptor));
+  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::last_segment, area, 17)),
+                  GenericStatus::invalid_sgl_segment_descriptor));
+  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::last_segment, area, 0)),
+                  GenericStatus::invalid_sgl_segment_descriptor));
   // A Segment without a pointer at its end.
-  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::segment, area, 16)), GenericStatus::invalid_sgl_segment_descriptor));
+  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::segment, area, 16)),
+                  GenericStatus::invalid_sgl_segment_descriptor));
   // A segment pointer inside a Last Segment.
   segment[1] = nvme::SglDescriptor::make(nvme::SglDescriptorType::last_segment, area, 16);
-  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::last_segment, area, 32)), GenericStatus::invalid_sgl_segment_descriptor));
+  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::last_segment, area, 32)),
+                  GenericStatus::invalid_sgl_segment_descriptor));
   // A pointer that is not the last descriptor of its Segment.
   segment[0] = nvme::SglDescriptor::make(nvme::SglDescriptorType::last_segment, area + 32, 16);
   segment[1] = block;
-  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::segment, area, 32)), GenericStatus::invalid_sgl_segment_descriptor));
+  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::segment, area, 32)),
+                  GenericStatus::invalid_sgl_segment_descriptor));
   // A Segment that points to itself forever: bounded by max_sgl_descriptors.
   segment[0] = nvme::SglDescriptor::make(nvme::SglDescriptorType::segment, area, 16);
-  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::segment, area, 16)), GenericStatus::invalid_number_of_sgl_descriptors));
+  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::segment, area, 16)),
+                  GenericStatus::invalid_number_of_sgl_descriptors));
   // Data blocks summing to more than the transfer inside a segment.
   segment[0] = block;
   segment[1] = block;
-  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::last_segment, area, 32)), GenericStatus::data_sgl_length_invalid));
+  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::last_segment, area, 32)),
+                  GenericStatus::data_sgl_length_invalid));
   // Segment list itself unmapped: Data Transfer Error, counted as a DMA fault.
   const auto faults = f.device->counters().dma_faults;
-  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::last_segment, 0x5000, 16)), GenericStatus::data_transfer_error));
+  CHECK(is_status(with(nvme::SglDescriptor::make(nvme::SglDescriptorType::last_segment, 0x5000, 16)),
+                  GenericStatus::data_transfer_error));
   CHECK(f.device->counters().dma_faults == faults + 1);
 }
 
@@ -279,7 +287,8 @@ TEST_CASE("null mode completes after full validation and moves no data") {
 TEST_CASE("SQ and CQ wrap around many times with phase flips on a depth-4 queue") {
   SoftFixture f({}, 1u << 20, 1u << 20, 4);
   for (int i = 0; i < 103; ++i) {
-    const auto cqe = f.run(f.read_write(i % 2 == 0, static_cast<std::uint64_t>(i % 200), 1, 4096 * static_cast<std::uint64_t>(i % 8)));
+    const auto cqe = f.run(
+        f.read_write(i % 2 == 0, static_cast<std::uint64_t>(i % 200), 1, 4096 * static_cast<std::uint64_t>(i % 8)));
     REQUIRE(cqe.status().success());
     REQUIRE(cqe.sq_identifier == f.io.info.qid);
   }
@@ -330,9 +339,14 @@ TEST_CASE("many queues from many threads at once, and two threads sharing one qu
     for (int phase = 0; phase < 2; ++phase) {
       std::vector<std::uint16_t> pending;
       for (int i = 0; i < 16; ++i) {
-        auto sqe = f.read_write(phase == 0, first_lba + i, 1, static_cast<std::uint64_t>(slice) * 64 * 4096 + (phase == 1 ? 32 * 4096 : 0) + i * 4096);
+        auto sqe =
+            f.read_write(phase == 0, first_lba + i, 1,
+                         static_cast<std::uint64_t>(slice) * 64 * 4096 + (phase == 1 ? 32 * 4096 : 0) + i * 4096);
         std::uint16_t cid = 0;
-        if (!q.allocate_command_identifier(cid)) { ++failures; return; }
+        if (!q.allocate_command_identifier(cid)) {
+          ++failures;
+          return;
+        }
         sqe.command_identifier = cid;
         while (q.submit(sqe) != StatusCode::OK) q.reap_completions();
         pending.push_back(cid);

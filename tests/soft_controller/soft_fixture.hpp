@@ -60,7 +60,8 @@ class TempFile {
 
 /// Page-aligned host memory, freed on destruction.
 struct AlignedBuffer {
-  explicit AlignedBuffer(std::size_t bytes) : size(bytes), data(static_cast<std::uint8_t*>(std::aligned_alloc(4096, bytes))) {
+  explicit AlignedBuffer(std::size_t bytes)
+      : size(bytes), data(static_cast<std::uint8_t*>(std::aligned_alloc(4096, bytes))) {
     std::memset(data, 0, bytes);
   }
   ~AlignedBuffer() { std::free(data); }
@@ -82,17 +83,17 @@ inline IoQueue make_io_queue(libnvm::Controller& controller, std::uint32_t depth
   REQUIRE_MESSAGE(info.is_ok(), info.status().to_string());
   IoQueue q;
   q.info = *info;
-  q.storage = std::make_unique<nvme::QueuePairStorage>(info->submission_queue, info->completion_queue, info->submission_queue_tail_doorbell,
-                                                       info->completion_queue_head_doorbell, info->controller_status, info->depth,
-                                                       info->qid, cid_capacity);
+  q.storage = std::make_unique<nvme::QueuePairStorage>(
+      info->submission_queue, info->completion_queue, info->submission_queue_tail_doorbell,
+      info->completion_queue_head_doorbell, info->controller_status, info->depth, info->qid, cid_capacity);
   REQUIRE(q.storage->valid());
   return q;
 }
 
 /// Controller + driver + one queue + one mapped data region.
 struct SoftFixture {
-  explicit SoftFixture(libnvm::SoftControllerConfig config = {}, std::uint64_t file_bytes = 8u << 20, std::size_t region_bytes = 4u << 20,
-                       std::uint32_t depth = 64)
+  explicit SoftFixture(libnvm::SoftControllerConfig config = {}, std::uint64_t file_bytes = 8u << 20,
+                       std::size_t region_bytes = 4u << 20, std::uint32_t depth = 64)
       : file(config.null_mode ? 4096 : file_bytes), region(region_bytes), lists(1u << 20) {
     if (!config.null_mode) config.backing_path = file.path();
     if (config.null_mode && config.namespace_size_lbas == 0) config.namespace_size_lbas = file_bytes / config.lba_size;
@@ -118,7 +119,8 @@ struct SoftFixture {
   std::uint32_t lba_size() const { return controller->identity().lba_size; }
 
   /// A Read or Write of nlb LBAs at slba into region bytes at `offset`, PRPs or SGL.
-  nvme::SubmissionQueueEntry read_write(bool write, std::uint64_t slba, std::uint32_t nlb, std::uint64_t offset, bool sgl = false) {
+  nvme::SubmissionQueueEntry read_write(bool write, std::uint64_t slba, std::uint32_t nlb, std::uint64_t offset,
+                                        bool sgl = false) {
     nvme::SubmissionQueueEntry sqe{};
     sqe.opcode = static_cast<std::uint8_t>(write ? nvme::NvmOpcode::write : nvme::NvmOpcode::read);
     sqe.nsid = 1;
@@ -164,7 +166,11 @@ struct SoftFixture {
   libnvm::DmaBuffer list_area;
 };
 
-inline bool is_status(const nvme::CompletionQueueEntry& cqe, nvme::GenericStatus s) { return nvme::is(cqe.status(), s); }
-inline bool is_status(const nvme::CompletionQueueEntry& cqe, nvme::CommandSpecificStatus s) { return nvme::is(cqe.status(), s); }
+inline bool is_status(const nvme::CompletionQueueEntry& cqe, nvme::GenericStatus s) {
+  return nvme::is(cqe.status(), s);
+}
+inline bool is_status(const nvme::CompletionQueueEntry& cqe, nvme::CommandSpecificStatus s) {
+  return nvme::is(cqe.status(), s);
+}
 
 }  // namespace tutti::test

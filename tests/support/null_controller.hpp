@@ -34,32 +34,32 @@ namespace tutti::test {
 /// Controller-side state of one queue pair, owned by the servicing warp or thread. Zero-initialise,
 /// then set drop_command (kNoDrop for none). 8-byte aligned.
 struct NullControllerState {
-  std::uint64_t sq_head;        ///< SQEs consumed so far (absolute count; slot = sq_head % depth)
-  std::uint64_t cq_tail;        ///< CQEs posted so far (absolute count; pass = cq_tail / depth)
-  std::uint64_t dropped;        ///< completions deliberately not posted (drop_command hit)
-  std::uint64_t drop_command;   ///< absolute index of the consumed SQE whose CQE is dropped; kNoDrop: none
-  std::uint64_t tail_updates;   ///< service steps that found a new SQ tail (statistics: doorbell runs seen)
+  std::uint64_t sq_head;       ///< SQEs consumed so far (absolute count; slot = sq_head % depth)
+  std::uint64_t cq_tail;       ///< CQEs posted so far (absolute count; pass = cq_tail / depth)
+  std::uint64_t dropped;       ///< completions deliberately not posted (drop_command hit)
+  std::uint64_t drop_command;  ///< absolute index of the consumed SQE whose CQE is dropped; kNoDrop: none
+  std::uint64_t tail_updates;  ///< service steps that found a new SQ tail (statistics: doorbell runs seen)
 };
 inline constexpr std::uint64_t kNoDrop = ~std::uint64_t{0};
 
 /// Host-to-controller control words, in memory both sides reach (mapped pinned host memory for a
 /// GPU controller). Zero-initialise.
 struct NullControllerControl {
-  std::uint32_t stop;           ///< host sets 1: controllers exit once they find no work
-  std::uint32_t running_warps;  ///< each servicing warp (thread) adds 1 when it starts
-  std::uint32_t deadline_exits; ///< servicing warps (threads) that left because their budget ran out
+  std::uint32_t stop;            ///< host sets 1: controllers exit once they find no work
+  std::uint32_t running_warps;   ///< each servicing warp (thread) adds 1 when it starts
+  std::uint32_t deadline_exits;  ///< servicing warps (threads) that left because their budget ran out
   std::uint32_t reserved;
 };
 
 /// One queue pair as the null controller sees it. Trivially copyable; pass to kernels by value or
 /// in a device array.
 struct NullControllerQueue {
-  const nvme::SubmissionQueueEntry* sq = nullptr;     ///< depth SQEs
-  nvme::CompletionQueueEntry* cq = nullptr;           ///< depth CQEs, zeroed before first use
+  const nvme::SubmissionQueueEntry* sq = nullptr;            ///< depth SQEs
+  nvme::CompletionQueueEntry* cq = nullptr;                  ///< depth CQEs, zeroed before first use
   const volatile std::uint32_t* sq_tail_doorbell = nullptr;  ///< SQyTDBL, written by submitters
   const volatile std::uint32_t* cq_head_doorbell = nullptr;  ///< CQyHDBL, written by reapers
-  std::uint32_t depth = 0;                            ///< entries per ring (same for SQ and CQ), 2..65536
-  std::uint16_t qid = 0;                              ///< SQ Identifier put in every CQE
+  std::uint32_t depth = 0;                                   ///< entries per ring (same for SQ and CQ), 2..65536
+  std::uint16_t qid = 0;                                     ///< SQ Identifier put in every CQE
   NullControllerState* state = nullptr;
 
   /// Work found by one service step: `count` SQEs from absolute position `sq_head`, whose CQEs go
@@ -115,7 +115,8 @@ struct NullControllerQueue {
     cqe.sq_head = static_cast<std::uint16_t>((position + 1) % depth);  // SQ Head Pointer after this SQE
     cqe.sq_identifier = qid;
     accel::SystemAtomicRef<std::uint32_t>(cqe.dw3).store(
-        nvme::CompletionQueueEntry::make_dw3(cid, nvme::StatusField::make(0, 0, false, phase)), accel::MemoryOrder::release);
+        nvme::CompletionQueueEntry::make_dw3(cid, nvme::StatusField::make(0, 0, false, phase)),
+        accel::MemoryOrder::release);
   }
 
   /// Advances the controller state past `batch`. One thread, after every post() of the batch is
@@ -151,8 +152,8 @@ struct NullControllerQueue {
 
 /// Settings of a servicing loop (device kernel or host thread).
 struct NullControllerSettings {
-  std::uint64_t budget_ns = 10'000'000'000ull;  ///< the loop leaves after this long in any case (10 s)
-  std::uint32_t max_batch = 1024;               ///< SQEs per queue per service step
+  std::uint64_t budget_ns = 10'000'000'000ull;               ///< the loop leaves after this long in any case (10 s)
+  std::uint32_t max_batch = 1024;                            ///< SQEs per queue per service step
   accel::Backoff::Settings idle_backoff{16, 16, 256, 2000};  ///< when no queue had work: ns sleeps capped at 2 us
   /// How often an idle loop reads control->stop, ns (100 us). The control words are in mapped
   /// host memory: each read is a PCIe round trip, and 128 idle warps reading it every few us
@@ -176,7 +177,8 @@ TUTTI_HOST_DEVICE inline void run_null_controller(const NullControllerQueue* que
                                                   NullControllerControl* control,
                                                   const NullControllerSettings& settings) noexcept {
   const std::uint32_t lane = accel::lane_id();
-  if (lane == 0) accel::SystemAtomicRef<std::uint32_t>(control->running_warps).fetch_add(1, accel::MemoryOrder::relaxed);
+  if (lane == 0)
+    accel::SystemAtomicRef<std::uint32_t>(control->running_warps).fetch_add(1, accel::MemoryOrder::relaxed);
   const std::uint64_t deadline = accel::deadline_after(settings.budget_ns);
   std::uint64_t next_stop_poll = 0;  // lane 0's: when control->stop is read next
   accel::Backoff backoff(settings.idle_backoff);
@@ -193,7 +195,8 @@ TUTTI_HOST_DEVICE inline void run_null_controller(const NullControllerQueue* que
       const bool relayed = settings.stop_relay != nullptr && first != 0;
       if (relayed) {
         // A word in GPU memory: cheap to read on every idle step.
-        if (accel::DeviceAtomicRef<std::uint32_t>(*settings.stop_relay).load(accel::MemoryOrder::acquire) != 0) leave = 1;
+        if (accel::DeviceAtomicRef<std::uint32_t>(*settings.stop_relay).load(accel::MemoryOrder::acquire) != 0)
+          leave = 1;
       } else if (now >= next_stop_poll) {
         next_stop_poll = now + settings.stop_poll_interval_ns;
         if (accel::SystemAtomicRef<std::uint32_t>(control->stop).load(accel::MemoryOrder::acquire) != 0) {
@@ -218,7 +221,7 @@ TUTTI_HOST_DEVICE inline void run_null_controller(const NullControllerQueue* que
 /// own stream, with few enough blocks to be resident at once, and wait until
 /// control->running_warps equals the grid's warp count. blockDim.x: a multiple of 32.
 static __global__ void null_controller_kernel(const NullControllerQueue* queues, std::uint32_t queue_count,
-                                       NullControllerControl* control, NullControllerSettings settings) {
+                                              NullControllerControl* control, NullControllerSettings settings) {
   const std::uint32_t warps_per_block = blockDim.x / accel::kDeviceWarpSize;
   const std::uint32_t warp = blockIdx.x * warps_per_block + threadIdx.x / accel::kDeviceWarpSize;
   run_null_controller(queues, queue_count, warp, gridDim.x * warps_per_block, control, settings);

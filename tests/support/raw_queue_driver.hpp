@@ -49,12 +49,12 @@ struct RawCommandRecord {
 struct RawDriverArgs {
   const nvme::QueuePair* queues = nullptr;  ///< queue_count views
   std::uint32_t queue_count = 1;
-  std::uint32_t commands_per_warp = 32;     ///< a multiple of the warp's lanes
-  std::uint32_t per_lane = 1;               ///< commands in flight per lane, 1..kMaxPerLane
-  RawCommandRecord* records = nullptr;      ///< warps x commands_per_warp records, or null
-  std::uint32_t* warp_queue = nullptr;      ///< per global warp: its queue, or null
-  unsigned long long* completed = nullptr;  ///< commands completed OK (one relaxed add per lane)
-  unsigned long long* unfinished = nullptr; ///< commands never run because the budget ran out
+  std::uint32_t commands_per_warp = 32;           ///< a multiple of the warp's lanes
+  std::uint32_t per_lane = 1;                     ///< commands in flight per lane, 1..kMaxPerLane
+  RawCommandRecord* records = nullptr;            ///< warps x commands_per_warp records, or null
+  std::uint32_t* warp_queue = nullptr;            ///< per global warp: its queue, or null
+  unsigned long long* completed = nullptr;        ///< commands completed OK (one relaxed add per lane)
+  unsigned long long* unfinished = nullptr;       ///< commands never run because the budget ran out
   std::uint64_t budget_ns = 5'000'000'000ull;     ///< per warp, whole run
   std::uint64_t wait_budget_ns = 100'000'000ull;  ///< per round's wait
 };
@@ -107,11 +107,12 @@ TUTTI_HOST_DEVICE inline void drive_raw_commands(const RawDriverArgs& args, std:
   const nvme::QueuePair& q = args.queues[queue];
   const std::uint32_t per_lane = args.per_lane == 0 ? 1 : args.per_lane < kMaxPerLane ? args.per_lane : kMaxPerLane;
   const std::uint32_t commands_per_lane = args.commands_per_warp / lanes;
-  const std::uint64_t lane_base = global_warp * args.commands_per_warp + static_cast<std::uint64_t>(lane) * commands_per_lane;
+  const std::uint64_t lane_base =
+      global_warp * args.commands_per_warp + static_cast<std::uint64_t>(lane) * commands_per_lane;
   if (lane == 0 && args.warp_queue != nullptr) args.warp_queue[global_warp] = queue;
   const std::uint64_t deadline = accel::deadline_after(args.budget_ns);
   const accel::Backoff::Settings backoff_settings{16, 16, 128, 2000};  // sleeps from 128 ns to 2 us
-  std::uint32_t next = 0;  // this lane's next command, 0..commands_per_lane
+  std::uint32_t next = 0;                                              // this lane's next command, 0..commands_per_lane
   std::uint32_t refusals = 0;
   unsigned long long completed = 0;
   std::uint16_t cids[kMaxPerLane];
@@ -120,7 +121,8 @@ TUTTI_HOST_DEVICE inline void drive_raw_commands(const RawDriverArgs& args, std:
     const bool pending = next < commands_per_lane;
     if (accel::warp_ballot(pending) == 0) break;
     if (accel::warp_broadcast(accel::timer_ns() >= deadline ? 1u : 0u, 0) != 0) break;  // lane 0's clock decides
-    const std::uint32_t chunk = pending ? (commands_per_lane - next < per_lane ? commands_per_lane - next : per_lane) : 0;
+    const std::uint32_t chunk =
+        pending ? (commands_per_lane - next < per_lane ? commands_per_lane - next : per_lane) : 0;
     std::uint32_t held = 0;
     while (held < chunk && q.allocate_command_identifier(cids[held])) ++held;
     const std::uint64_t first_command = lane_base + next;
@@ -174,8 +176,8 @@ TUTTI_HOST_DEVICE inline void drive_raw_commands(const RawDriverArgs& args, std:
         RawCommandRecord& r = args.records[command];
         r.status = static_cast<std::uint32_t>(done[k] ? StatusCode::OK : StatusCode::TIMEOUT);
         r.completions += done[k] ? 1u : 0u;
-        r.echo_ok = done[k] && cqes[k].command_identifier() == cids[k] &&
-                    cqes[k].dw0 == static_cast<std::uint32_t>(command);
+        r.echo_ok =
+            done[k] && cqes[k].command_identifier() == cids[k] && cqes[k].dw0 == static_cast<std::uint32_t>(command);
         r.refusals = refusals;
         r.wait_ns = waited;
         r.queue = queue;

@@ -38,8 +38,8 @@ class ScratchFilesystem {
   struct Options {
     FilesystemType type = FilesystemType::EXT4;
     std::uint64_t size_bytes = std::uint64_t{256} << 20;  ///< Image or tmpfs size in bytes.
-    std::uint32_t block_size = 4096;                       ///< ext4 block size in bytes.
-    std::uint32_t sector_size = 512;                       ///< Loop device logical block size (512 or 4096).
+    std::uint32_t block_size = 4096;                      ///< ext4 block size in bytes.
+    std::uint32_t sector_size = 512;                      ///< Loop device logical block size (512 or 4096).
   };
 
   static Result<std::unique_ptr<ScratchFilesystem>> create(const Options& options) {
@@ -52,7 +52,8 @@ class ScratchFilesystem {
     fs->type_ = options.type;
     ::mkdir(fs->mount_point_.c_str(), 0755);
     if (options.type == FilesystemType::TMPFS) {
-      TUTTI_RETURN_IF_ERROR(run_command(fmt::format("mount -t tmpfs -o size={} tmpfs {}", options.size_bytes, fs->mount_point_)));
+      TUTTI_RETURN_IF_ERROR(
+          run_command(fmt::format("mount -t tmpfs -o size={} tmpfs {}", options.size_bytes, fs->mount_point_)));
       fs->mounted_ = true;
       return fs;
     }
@@ -60,7 +61,8 @@ class ScratchFilesystem {
     TUTTI_RETURN_IF_ERROR(run_command(fmt::format("truncate -s {} {}", options.size_bytes, fs->image_path_)));
     TUTTI_RETURN_IF_ERROR(run_command(fmt::format("mkfs.ext4 -q -F -b {} -E lazy_itable_init=0,lazy_journal_init=0 {}",
                                                   options.block_size, fs->image_path_)));
-    FILE* p = popen(fmt::format("losetup --find --show --sector-size {} {}", options.sector_size, fs->image_path_).c_str(), "r");
+    FILE* p = popen(
+        fmt::format("losetup --find --show --sector-size {} {}", options.sector_size, fs->image_path_).c_str(), "r");
     if (p == nullptr) return Status(StatusCode::INTERNAL, "losetup could not run");
     char line[256] = {};
     const bool got = std::fgets(line, sizeof line, p) != nullptr;

@@ -17,7 +17,8 @@ using namespace tutti::testing;
 namespace {
 
 std::unique_ptr<ScratchFilesystem> make_fs(FilesystemType type, std::uint32_t sector_size = 512) {
-  auto fs = ScratchFilesystem::create({.type = type, .size_bytes = std::uint64_t{128} << 20, .sector_size = sector_size});
+  auto fs =
+      ScratchFilesystem::create({.type = type, .size_bytes = std::uint64_t{128} << 20, .sector_size = sector_size});
   REQUIRE_MESSAGE(fs.is_ok(), fs.status().to_string());
   return std::move(fs.value());
 }

@@ -66,11 +66,11 @@ unsigned long long mismatches_seen_on(cudaStream_t stream, const DeviceBuffer& d
 /// DEVICE buffer is freed before the runtime shuts down, as in a test that declared them in turn.
 struct DeviceFileSetup {
   struct Options {
-    std::string name;              ///< File name inside the scratch directory.
-    std::uint64_t file_bytes = 0;  ///< Size of the pattern file in bytes.
-    std::uint32_t seed = 0;        ///< Pattern seed of the file (pattern_byte).
-    bool writable = false;         ///< Open for WRITE requests too.
-    uring::Options datapath{};     ///< Options of the io_uring DataPath (defaults: those of UringRuntime{}).
+    std::string name;                ///< File name inside the scratch directory.
+    std::uint64_t file_bytes = 0;    ///< Size of the pattern file in bytes.
+    std::uint32_t seed = 0;          ///< Pattern seed of the file (pattern_byte).
+    bool writable = false;           ///< Open for WRITE requests too.
+    uring::Options datapath{};       ///< Options of the io_uring DataPath (defaults: those of UringRuntime{}).
     std::uint64_t device_bytes = 0;  ///< Size of the DEVICE buffer in bytes; 0: file_bytes.
   };
 
@@ -105,8 +105,11 @@ constexpr std::uint64_t kBusyKernelNs = 300'000'000;  // 300 ms: far longer than
 TEST_CASE("reads into DEVICE memory through the staging ring, larger than the staging budget, with a tail") {
   if (!have_gpu()) return;
   const std::uint64_t size = (48u << 20) + 4096 + 321;  // more than 4 x 4 MiB staging buffers, unaligned tail
-  DeviceFileSetup f({.name = "kv", .file_bytes = size, .seed = 31,
-                     .datapath = {.staging_buffers = 4, .staging_buffer_bytes = 4u << 20}, .device_bytes = size + 4096});
+  DeviceFileSetup f({.name = "kv",
+                     .file_bytes = size,
+                     .seed = 31,
+                     .datapath = {.staging_buffers = 4, .staging_buffer_bytes = 4u << 20},
+                     .device_bytes = size + 4096});
   auto payload = file::FileResolver{}.resolve("file://" + f.path, {.allow_buffered = true});
   REQUIRE(payload.is_ok());
   MESSAGE("file system ", payload->filesystem, ", O_DIRECT ", payload->direct);
@@ -146,17 +149,23 @@ TEST_CASE("many small DEVICE reads (16 KiB blocks) share the bounded staging rin
   auto c = run_all(f.runtime, requests);
   for (const auto& one : c) REQUIRE(one.status.is_ok());
   const auto host = f.device.to_host();
-  for (std::uint64_t i = 0; i < 1024; ++i) REQUIRE(matches_pattern(host.data() + i * 16384, (1023 - i) * 16384, 16384, 34));
+  for (std::uint64_t i = 0; i < 1024; ++i)
+    REQUIRE(matches_pattern(host.data() + i * 16384, (1023 - i) * 16384, 16384, 34));
 }
 
-TEST_CASE("a READ fenced on the caller's stream lands after the kernel queued there before it, and a kernel queued after completion sees the file's bytes") {
+TEST_CASE(
+    "a READ fenced on the caller's stream lands after the kernel queued there before it, and a kernel queued after "
+    "completion sees the file's bytes") {
   if (!have_gpu()) return;
   const std::uint64_t size = 4u << 20;
-  DeviceFileSetup f({.name = "fenced", .file_bytes = size, .seed = 35,
+  DeviceFileSetup f({.name = "fenced",
+                     .file_bytes = size,
+                     .seed = 35,
                      .datapath = {.staging_buffers = 2, .staging_buffer_bytes = 1u << 20}});
   const MemoryHandle m = f.register_device();
   CallerStream caller;
-  REQUIRE(f.runtime.datapath().set_completion_stream(f.device.pointer, accel::StreamRef::from_cuda(caller.stream)).is_ok());
+  REQUIRE(
+      f.runtime.datapath().set_completion_stream(f.device.pointer, accel::StreamRef::from_cuda(caller.stream)).is_ok());
   // The region's previous user: still busy when the READ is submitted, then it overwrites the region.
   REQUIRE(testing::gpu::spin_then_fill(f.device.pointer, size, 0xAB, kBusyKernelNs, caller.stream) == cudaSuccess);
   auto c = run_all(f.runtime, {{Direction::READ, m, 0, f.target, 0, size}});
@@ -182,12 +191,16 @@ TEST_CASE("without a fence the same READ is overwritten by the earlier kernel (t
 TEST_CASE("a WRITE fenced on the caller's stream writes what the kernel queued before it produced") {
   if (!have_gpu()) return;
   const std::uint64_t size = 4u << 20;
-  DeviceFileSetup f({.name = "produced", .file_bytes = size, .seed = 37, .writable = true,
+  DeviceFileSetup f({.name = "produced",
+                     .file_bytes = size,
+                     .seed = 37,
+                     .writable = true,
                      .datapath = {.staging_buffers = 2, .staging_buffer_bytes = 1u << 20}});
   REQUIRE(cudaMemset(f.device.pointer, 0, size) == cudaSuccess);
   const MemoryHandle m = f.register_device();
   CallerStream caller;
-  REQUIRE(f.runtime.datapath().set_completion_stream(f.device.pointer, accel::StreamRef::from_cuda(caller.stream)).is_ok());
+  REQUIRE(
+      f.runtime.datapath().set_completion_stream(f.device.pointer, accel::StreamRef::from_cuda(caller.stream)).is_ok());
   REQUIRE(testing::gpu::spin_then_fill(f.device.pointer, size, 0x5A, kBusyKernelNs, caller.stream) == cudaSuccess);
   auto c = run_all(f.runtime, {{Direction::WRITE, m, 0, f.target, 0, size}, {Direction::FLUSH, {}, 0, f.target, 0, 0}});
   for (const auto& one : c) REQUIRE_MESSAGE(one.status.is_ok(), one.status.to_string());

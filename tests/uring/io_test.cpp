@@ -16,8 +16,7 @@ using namespace tutti::testing;
 namespace {
 
 struct Fixture {
-  explicit Fixture(uring::Options options = {})
-      : runtime(require_ok(make_uring_runtime(options))) {}
+  explicit Fixture(uring::Options options = {}) : runtime(require_ok(make_uring_runtime(options))) {}
   TargetHandle open(const std::string& path, OpenOptions options = {}) {
     auto t = runtime.open("file://" + path, options);
     REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
@@ -193,10 +192,10 @@ TEST_CASE("a file truncated under an open target fails reads OUT_OF_RANGE, never
   auto m = f.memory(buffer);
   REQUIRE(::truncate(path.c_str(), 3 * 4096) == 0);
   auto c = run_all(f.runtime, {
-                                  read_request(m, 0, t, 0, 2 * 4096),             // still inside: OK
-                                  read_request(m, 0, t, 2 * 4096, 4 * 4096),      // ends early: short, then EOF
-                                  read_request(m, 0, t, 5 * 4096, 4096),          // wholly past the new end
-                                  read_request(m, 0, t, 8 * 4096, 500),           // the old tail
+                                  read_request(m, 0, t, 0, 2 * 4096),         // still inside: OK
+                                  read_request(m, 0, t, 2 * 4096, 4 * 4096),  // ends early: short, then EOF
+                                  read_request(m, 0, t, 5 * 4096, 4096),      // wholly past the new end
+                                  read_request(m, 0, t, 8 * 4096, 500),       // the old tail
                               });
   CHECK(c[0].status.is_ok());
   CHECK(c[1].status.code() == StatusCode::OUT_OF_RANGE);
@@ -238,7 +237,8 @@ TEST_CASE("fixed buffers fall back to plain reads when the table is full or disa
   CHECK(f.runtime.datapath().stats().fixed_buffer_registrations == 2);
   CHECK(f.runtime.unregister_memory(md).is_ok());
 
-  uring::UringDataPath disabled = require_ok(uring::UringDataPath::create(uring::Options{.registered_files = 0, .fixed_buffers = 0}));
+  uring::UringDataPath disabled =
+      require_ok(uring::UringDataPath::create(uring::Options{.registered_files = 0, .fixed_buffers = 0}));
   auto r = disabled.register_memory(a.view());
   REQUIRE(r.is_ok());
   CHECK(r->fixed_buffer_index == -1);
@@ -449,7 +449,9 @@ TEST_CASE("close with flush_on_close flushes through the ring within its budget 
   CHECK(matches_pattern(plain.data(), 0, 4u << 20, 41));
 }
 
-TEST_CASE("close whose flush outlasts close_flush_timeout_ns returns TIMEOUT, keeps the target open, and a later close completes it") {
+TEST_CASE(
+    "close whose flush outlasts close_flush_timeout_ns returns TIMEOUT, keeps the target open, and a later close "
+    "completes it") {
   TempDirectory dir;
   const auto path = dir.file("slowflush");
   const std::uint64_t size = 64u << 20;
@@ -536,8 +538,10 @@ TEST_CASE("a target destroyed while its close flush is in flight leaves the flus
     auto t = open_for_flush(d, path);
     dirty_page_cache(path, 16u << 20, 45);
     const Status s = d.close(t);
-    if (s.is_ok()) MESSAGE("the flush finished within one check; nothing was left in flight");
-    else REQUIRE(s.code() == StatusCode::TIMEOUT);
+    if (s.is_ok())
+      MESSAGE("the flush finished within one check; nothing was left in flight");
+    else
+      REQUIRE(s.code() == StatusCode::TIMEOUT);
   }  // the target (and its in-flight gauge) is gone; the FLUSH references none of it
   // Another batch reaps the flush's completion (ASan would flag a write into the freed target).
   auto other = file::FileResolver{}.resolve("file://" + path, {});

@@ -40,7 +40,7 @@ TEST_CASE("a failed wait ends the pass and counts only confirmed bytes, not ever
   submit_next();
   const bench::OrderedWaits waited = bench::wait_in_order(runtime, in_flight, 30 * kSecond, submit_next);
   CHECK(waited.completed_ios == 1);
-  CHECK(waited.confirmed_bytes == 6 * kUnit);  // IO 0 whole, units 4 and 5 of IO 1
+  CHECK(waited.confirmed_bytes == 6 * kUnit);         // IO 0 whole, units 4 and 5 of IO 1
   CHECK(submitted_bytes == 3 * kUnitsPerIo * kUnit);  // what the old count reported
   CHECK(waited.error.find("OUT_OF_RANGE") != std::string::npos);
   CHECK(in_flight.size() == 2);  // the failed IO and the one behind it: not counted

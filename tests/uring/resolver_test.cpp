@@ -52,10 +52,12 @@ TEST_CASE("options come from TUTTI_URING_* environment variables, and bad values
 }
 
 TEST_CASE("options are normalised: queue depth clamped, command size big enough for the largest request") {
-  uring::UringDataPath d = require_ok(uring::UringDataPath::create(uring::Options{.queue_depth = 0, .max_command_bytes = 1000}));
+  uring::UringDataPath d =
+      require_ok(uring::UringDataPath::create(uring::Options{.queue_depth = 0, .max_command_bytes = 1000}));
   CHECK(d.options().queue_depth == 1);
   CHECK(d.options().max_command_bytes == (64u << 20));
-  uring::UringDataPath e = require_ok(uring::UringDataPath::create(uring::Options{.queue_depth = 16, .max_command_bytes = 1000}));
+  uring::UringDataPath e =
+      require_ok(uring::UringDataPath::create(uring::Options{.queue_depth = 16, .max_command_bytes = 1000}));
   CHECK(e.options().max_command_bytes == (4u << 20));
 }
 

@@ -52,7 +52,8 @@ inline Status copy_to_device_async(void* device_destination, const void* host_so
 }
 
 /// Enqueues a copy of `bytes` from accelerator memory to host memory on `stream` (see the header).
-inline Status copy_from_device_async(void* host_destination, const void* device_source, std::size_t bytes, void* stream) {
+inline Status copy_from_device_async(void* host_destination, const void* device_source, std::size_t bytes,
+                                     void* stream) {
   if (Status checked = detail::check_copy("copy_from_device_async", host_destination, device_source, bytes); !checked)
     return checked;
   if (bytes == 0) return Status::success();

@@ -24,10 +24,22 @@ namespace tutti::accel::shim {
 
 template <ThreadScope Scope>
 struct CudaScope;
-template <> struct CudaScope<ThreadScope::thread> { static constexpr auto value = cuda::thread_scope_thread; };
-template <> struct CudaScope<ThreadScope::block> { static constexpr auto value = cuda::thread_scope_block; };
-template <> struct CudaScope<ThreadScope::device> { static constexpr auto value = cuda::thread_scope_device; };
-template <> struct CudaScope<ThreadScope::system> { static constexpr auto value = cuda::thread_scope_system; };
+template <>
+struct CudaScope<ThreadScope::thread> {
+  static constexpr auto value = cuda::thread_scope_thread;
+};
+template <>
+struct CudaScope<ThreadScope::block> {
+  static constexpr auto value = cuda::thread_scope_block;
+};
+template <>
+struct CudaScope<ThreadScope::device> {
+  static constexpr auto value = cuda::thread_scope_device;
+};
+template <>
+struct CudaScope<ThreadScope::system> {
+  static constexpr auto value = cuda::thread_scope_system;
+};
 
 TUTTI_HOST_DEVICE constexpr cuda::std::memory_order to_cuda(MemoryOrder order) noexcept {
   switch (order) {
@@ -103,8 +115,7 @@ TUTTI_HOST_DEVICE inline std::uint32_t mmio_load32(const volatile std::uint32_t*
 /// about every microsecond on recent GPUs). Host pass: monotonic_ns (core/clock.hpp).
 TUTTI_HOST_DEVICE inline std::uint64_t timer_ns() noexcept {
   std::uint64_t now = 0;
-  TUTTI_IF_DEVICE((asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));),
-                  (now = monotonic_ns();));
+  TUTTI_IF_DEVICE((asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));), (now = monotonic_ns();));
   return now;
 }
 

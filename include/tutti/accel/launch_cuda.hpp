@@ -29,7 +29,8 @@ inline namespace TUTTI_PROFILE_NAMESPACE {
 template <class Kernel>
 Status launch(const LaunchConfig& config, const Kernel& kernel) {
   TUTTI_RETURN_IF_ERROR(detail::check_launch(config));
-  detail::launch_entry<<<config.blocks, config.threads_per_block, 0, static_cast<cudaStream_t>(config.stream)>>>(kernel);
+  detail::launch_entry<<<config.blocks, config.threads_per_block, 0, static_cast<cudaStream_t>(config.stream)>>>(
+      kernel);
   const cudaError_t result = cudaGetLastError();
   if (result != cudaSuccess) return error(StatusCode::DEVICE_ERROR, "launch: {}", cudaGetErrorString(result));
   return Status::success();

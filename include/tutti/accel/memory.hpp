@@ -56,14 +56,17 @@ namespace detail {
 inline Status check_allocation(const char* what, std::size_t bytes) {
   if (bytes == 0) return error(StatusCode::INVALID_ARGUMENT, "{}: bytes = 0 must be >= 1", what);
   if (bytes > kMaxAllocationBytes)
-    return error(StatusCode::INVALID_ARGUMENT, "{}: bytes = {} exceeds the limit of {} bytes", what, bytes, kMaxAllocationBytes);
+    return error(StatusCode::INVALID_ARGUMENT, "{}: bytes = {} exceeds the limit of {} bytes", what, bytes,
+                 kMaxAllocationBytes);
   return Status::success();
 }
-inline std::size_t round_to_alignment(std::size_t bytes) { return (bytes + kMemoryAlignment - 1) / kMemoryAlignment * kMemoryAlignment; }
+inline std::size_t round_to_alignment(std::size_t bytes) {
+  return (bytes + kMemoryAlignment - 1) / kMemoryAlignment * kMemoryAlignment;
+}
 inline Status check_copy(const char* what, const void* destination, const void* source, std::size_t bytes) {
   if (bytes != 0 && (destination == nullptr || source == nullptr))
-    return error(StatusCode::INVALID_ARGUMENT, "{}: destination = {} and source = {} must be non-null for bytes = {}", what, destination,
-                 source, bytes);
+    return error(StatusCode::INVALID_ARGUMENT, "{}: destination = {} and source = {} must be non-null for bytes = {}",
+                 what, destination, source, bytes);
   return Status::success();
 }
 }  // namespace detail
@@ -106,7 +109,8 @@ inline void free_device(void* address) noexcept { shim::free_device(address); }
 /// streams. Errors: INVALID_ARGUMENT (a null pointer with bytes > 0), DEVICE_ERROR (the copy
 /// failed: the message has the vendor's text; destination contents are then unspecified).
 inline Status copy_to_device(void* device_destination, const void* host_source, std::size_t bytes) {
-  if (Status checked = detail::check_copy("copy_to_device", device_destination, host_source, bytes); !checked) return checked;
+  if (Status checked = detail::check_copy("copy_to_device", device_destination, host_source, bytes); !checked)
+    return checked;
   if (bytes == 0) return Status::success();
   return shim::copy_to_device(device_destination, host_source, bytes);
 }
@@ -114,7 +118,8 @@ inline Status copy_to_device(void* device_destination, const void* host_source, 
 /// Copies `bytes` from accelerator memory to host memory and returns when they have landed;
 /// as copy_to_device in the other direction (same stream rule, same errors).
 inline Status copy_from_device(void* host_destination, const void* device_source, std::size_t bytes) {
-  if (Status checked = detail::check_copy("copy_from_device", host_destination, device_source, bytes); !checked) return checked;
+  if (Status checked = detail::check_copy("copy_from_device", host_destination, device_source, bytes); !checked)
+    return checked;
   if (bytes == 0) return Status::success();
   return shim::copy_from_device(host_destination, device_source, bytes);
 }
@@ -166,7 +171,8 @@ class DeviceBuffer {
     if (!memory) return memory.status();
     return DeviceBuffer(*memory, detail::round_to_alignment(bytes));
   }
-  DeviceBuffer(DeviceBuffer&& other) noexcept : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
     if (this != &other) {
       free_device(data_);

@@ -35,17 +35,20 @@ inline Status cuda_error(cudaError_t result, const char* what, std::size_t bytes
 
 inline Result<void*> allocate_mapped_host(std::size_t bytes) {
   void* host = nullptr;
-  if (const cudaError_t result = cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable); result != cudaSuccess)
-    return cuda_error(result, "allocate_mapped_host: cudaHostAlloc(cudaHostAllocMapped | cudaHostAllocPortable)", bytes);
+  if (const cudaError_t result = cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+      result != cudaSuccess)
+    return cuda_error(result, "allocate_mapped_host: cudaHostAlloc(cudaHostAllocMapped | cudaHostAllocPortable)",
+                      bytes);
   void* device = nullptr;
   const cudaError_t mapped = cudaHostGetDevicePointer(&device, host, 0);
   if (mapped != cudaSuccess || device != host) {
     cudaFreeHost(host);
     if (mapped != cudaSuccess) return cuda_error(mapped, "allocate_mapped_host: cudaHostGetDevicePointer", bytes);
-    return error(StatusCode::UNSUPPORTED,
-                 "allocate_mapped_host: device address {} differs from host address {} (no unified virtual addressing); "
-                 "kernels and host threads must share one address",
-                 device, host);
+    return error(
+        StatusCode::UNSUPPORTED,
+        "allocate_mapped_host: device address {} differs from host address {} (no unified virtual addressing); "
+        "kernels and host threads must share one address",
+        device, host);
   }
   if (reinterpret_cast<std::uintptr_t>(host) % 4096 != 0) {
     cudaFreeHost(host);
@@ -68,7 +71,8 @@ class ThreadCopyStream {
   }
   Result<cudaStream_t> get() {
     if (stream_ == nullptr) {
-      if (const cudaError_t result = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); result != cudaSuccess) {
+      if (const cudaError_t result = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+          result != cudaSuccess) {
         stream_ = nullptr;
         return cuda_error(result, "cudaStreamCreateWithFlags(cudaStreamNonBlocking) for copies", 0);
       }

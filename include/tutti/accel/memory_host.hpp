@@ -16,12 +16,15 @@ namespace tutti::accel::shim {
 /// when aligned_alloc fails.
 inline Result<void*> allocate_aligned_zeroed(const char* what, std::size_t bytes) {
   void* memory = std::aligned_alloc(4096, bytes);
-  if (memory == nullptr) return error(StatusCode::RESOURCE_EXHAUSTED, "{}: aligned_alloc of {} bytes failed", what, bytes);
+  if (memory == nullptr)
+    return error(StatusCode::RESOURCE_EXHAUSTED, "{}: aligned_alloc of {} bytes failed", what, bytes);
   std::memset(memory, 0, bytes);
   return memory;
 }
 
-inline Result<void*> allocate_mapped_host(std::size_t bytes) { return allocate_aligned_zeroed("allocate_mapped_host", bytes); }
+inline Result<void*> allocate_mapped_host(std::size_t bytes) {
+  return allocate_aligned_zeroed("allocate_mapped_host", bytes);
+}
 inline void free_mapped_host(void* address) noexcept { std::free(address); }
 inline Result<void*> allocate_device(std::size_t bytes) { return allocate_aligned_zeroed("allocate_device", bytes); }
 inline void free_device(void* address) noexcept { std::free(address); }
@@ -30,8 +33,8 @@ inline void free_device(void* address) noexcept { std::free(address); }
 /// reached with a null pointer on any path the compiler can see (-Wnonnull under sanitizers).
 inline Status copy_bytes(const char* what, void* destination, const void* source, std::size_t bytes) {
   if (destination == nullptr || source == nullptr)
-    return error(StatusCode::INVALID_ARGUMENT, "{}: destination = {} and source = {} must be non-null for bytes = {}", what, destination,
-                 source, bytes);
+    return error(StatusCode::INVALID_ARGUMENT, "{}: destination = {} and source = {} must be non-null for bytes = {}",
+                 what, destination, source, bytes);
   std::memcpy(destination, source, bytes);
   return Status::success();
 }

@@ -89,10 +89,10 @@ TUTTI_HOST_DEVICE inline std::uint64_t deadline_after(std::uint64_t budget_ns) n
 class Backoff {
  public:
   struct Settings {
-    std::uint32_t spin_steps = 64;         ///< pause steps before yielding
-    std::uint32_t yield_steps = 64;        ///< yield steps before sleeping
-    std::uint32_t first_sleep_ns = 1000;   ///< first sleep, ns
-    std::uint32_t max_sleep_ns = 100000;   ///< sleep cap, ns (100 us)
+    std::uint32_t spin_steps = 64;        ///< pause steps before yielding
+    std::uint32_t yield_steps = 64;       ///< yield steps before sleeping
+    std::uint32_t first_sleep_ns = 1000;  ///< first sleep, ns
+    std::uint32_t max_sleep_ns = 100000;  ///< sleep cap, ns (100 us)
   };
   TUTTI_HOST_DEVICE Backoff() noexcept : Backoff(Settings{}) {}
   TUTTI_HOST_DEVICE explicit Backoff(Settings settings) noexcept : settings_(settings) {}
@@ -126,10 +126,10 @@ class Backoff {
 
 /// The index of one logical thread of a launch (1-D grids of 1-D blocks).
 struct ThreadIndex {
-  std::uint32_t block;       ///< blockIdx.x
-  std::uint32_t thread;      ///< threadIdx.x
-  std::uint32_t grid_dim;    ///< gridDim.x, blocks
-  std::uint32_t block_dim;   ///< blockDim.x, threads per block
+  std::uint32_t block;      ///< blockIdx.x
+  std::uint32_t thread;     ///< threadIdx.x
+  std::uint32_t grid_dim;   ///< gridDim.x, blocks
+  std::uint32_t block_dim;  ///< blockDim.x, threads per block
   TUTTI_HOST_DEVICE std::uint32_t global() const noexcept { return block * block_dim + thread; }
 };
 

@@ -73,11 +73,10 @@ TUTTI_HOST_DEVICE TUTTI_FORCEINLINE std::uint32_t popcount32(std::uint32_t bits)
 TUTTI_HOST_DEVICE TUTTI_FORCEINLINE std::uint32_t warp_inclusive_sum(std::uint32_t value) noexcept {
   std::uint32_t sum = value;
   TUTTI_IF_DEVICE(
-      (const std::uint32_t lane = lane_id();
-       for (std::uint32_t offset = 1; offset < kDeviceWarpSize; offset *= 2) {
-         const std::uint32_t below = __shfl_up_sync(0xffffffffu, sum, offset);
-         if (lane >= offset) sum += below;
-       }),
+      (const std::uint32_t lane = lane_id(); for (std::uint32_t offset = 1; offset < kDeviceWarpSize; offset *= 2) {
+        const std::uint32_t below = __shfl_up_sync(0xffffffffu, sum, offset);
+        if (lane >= offset) sum += below;
+      }),
       ());
   return sum;
 }

@@ -57,11 +57,12 @@ struct Target {
   /// path and the errno text); the DataPath names it when it rejects an unaligned tail WRITE. Empty
   /// when tail_fd is open or not needed.
   std::string tail_fd_error;
-  std::string path;                         ///< The decoded absolute path, for messages.
-  std::string filesystem;                   ///< File system type name from statfs(2), e.g. "ext4", "tmpfs".
-  std::uint64_t size = 0;                   ///< File size in bytes at open time.
-  std::uint32_t direct_io_alignment = 1;    ///< Bytes: O_DIRECT offsets and lengths must be multiples (1 when buffered).
-  std::uint32_t direct_io_memory_alignment = 1;  ///< Bytes: O_DIRECT buffer addresses must be multiples (1 when buffered).
+  std::string path;                       ///< The decoded absolute path, for messages.
+  std::string filesystem;                 ///< File system type name from statfs(2), e.g. "ext4", "tmpfs".
+  std::uint64_t size = 0;                 ///< File size in bytes at open time.
+  std::uint32_t direct_io_alignment = 1;  ///< Bytes: O_DIRECT offsets and lengths must be multiples (1 when buffered).
+  std::uint32_t direct_io_memory_alignment =
+      1;  ///< Bytes: O_DIRECT buffer addresses must be multiples (1 when buffered).
   AlignmentSource alignment_source = AlignmentSource::buffered;
   bool direct = false;    ///< Opened with O_DIRECT (page cache bypassed).
   bool writable = false;  ///< Opened read-write (OpenOptions::writable).

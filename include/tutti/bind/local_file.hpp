@@ -73,15 +73,15 @@ using FileLease = tutti::FileDescriptor;
 
 /// The payload: one regular file, resolved to extents on one namespace.
 struct Target {
-  std::string path;                  ///< absolute path the file was opened by (for messages)
-  std::vector<Extent> extents;       ///< sorted by file_offset, gap-free over [0, file_size)
-  std::uint64_t file_size = 0;       ///< bytes (st_size at resolve time)
-  std::uint32_t lba_size = 0;        ///< bytes per LBA of the namespace: 512 or 4096
-  std::uint32_t nsid = 1;            ///< NVMe Namespace Identifier the device offsets refer to
-  dev_t block_device = 0;            ///< st_rdev of the namespace's block device (the file's st_dev)
-  std::uint64_t partition_start = 0; ///< bytes; already added to every device_offset
-  bool writable = false;             ///< the lease was opened read-write (OpenOptions::writable)
-  FileLease lease;                   ///< the open O_DIRECT file descriptor
+  std::string path;                   ///< absolute path the file was opened by (for messages)
+  std::vector<Extent> extents;        ///< sorted by file_offset, gap-free over [0, file_size)
+  std::uint64_t file_size = 0;        ///< bytes (st_size at resolve time)
+  std::uint32_t lba_size = 0;         ///< bytes per LBA of the namespace: 512 or 4096
+  std::uint32_t nsid = 1;             ///< NVMe Namespace Identifier the device offsets refer to
+  dev_t block_device = 0;             ///< st_rdev of the namespace's block device (the file's st_dev)
+  std::uint64_t partition_start = 0;  ///< bytes; already added to every device_offset
+  bool writable = false;              ///< the lease was opened read-write (OpenOptions::writable)
+  FileLease lease;                    ///< the open O_DIRECT file descriptor
   /// FS_IMMUTABLE_FL and the inotify watch of the file, made by the resolver before FIEMAP
   /// (local_file/change_guard.hpp); ends with the target. Default constructed (guards nothing)
   /// in hand-built targets.

@@ -14,8 +14,8 @@ namespace tutti::memfs {
 /// Thread-safety: the bytes are shared; concurrent IO to overlapping ranges is the caller's race.
 struct File {
   std::string name;
-  std::uint64_t size = 0;             ///< Bytes.
-  std::unique_ptr<std::byte[]> bytes; ///< `size` bytes.
+  std::uint64_t size = 0;              ///< Bytes.
+  std::unique_ptr<std::byte[]> bytes;  ///< `size` bytes.
 };
 
 /// The payload: a reference to one memfs File.

@@ -50,8 +50,8 @@ struct PathRequest {
   MemoryView memory_view;                 ///< The registered region (empty for FLUSH).
   std::uint64_t memory_offset;            ///< Bytes into memory_view.
   typename D::open_target* target;
-  std::uint64_t target_offset;            ///< Bytes into the target.
-  std::uint64_t length;                   ///< Bytes; 0 for FLUSH.
+  std::uint64_t target_offset;  ///< Bytes into the target.
+  std::uint64_t length;         ///< Bytes; 0 for FLUSH.
 };
 
 /// A DataPath. Requirements:

@@ -43,8 +43,7 @@ constexpr StatusCode status_code_of_errno(int error_number) noexcept {
   switch (error_number) {
     case ENOENT:
     case ENOTDIR:
-    case ESTALE:
-      return StatusCode::NOT_FOUND;
+    case ESTALE: return StatusCode::NOT_FOUND;
     case EINVAL:
     case EBADF:
     case EFAULT:
@@ -55,8 +54,7 @@ constexpr StatusCode status_code_of_errno(int error_number) noexcept {
     case EPERM:
     case EACCES:
     case EROFS:
-    case ETXTBSY:
-      return StatusCode::INVALID_ARGUMENT;
+    case ETXTBSY: return StatusCode::INVALID_ARGUMENT;
     case ENOSPC:
     case EDQUOT:
     case EFBIG:
@@ -64,18 +62,14 @@ constexpr StatusCode status_code_of_errno(int error_number) noexcept {
     case EAGAIN:
     case EBUSY:
     case EMFILE:
-    case ENFILE:
-      return StatusCode::RESOURCE_EXHAUSTED;
+    case ENFILE: return StatusCode::RESOURCE_EXHAUSTED;
     case EOPNOTSUPP:
     case ENOSYS:
-    case ENOTTY:
-      return StatusCode::UNSUPPORTED;
+    case ENOTTY: return StatusCode::UNSUPPORTED;
     case ENODATA:
     case EBADMSG:
-    case EUCLEAN:
-      return StatusCode::DATA_LOSS;
-    default:
-      return StatusCode::DEVICE_ERROR;
+    case EUCLEAN: return StatusCode::DATA_LOSS;
+    default: return StatusCode::DEVICE_ERROR;
   }
 }
 

@@ -57,9 +57,15 @@ class Handle {
   std::uint32_t generation_ = 0;
 };
 
-struct MemoryTag { static constexpr std::string_view name = "memory"; };
-struct TargetTag { static constexpr std::string_view name = "target"; };
-struct IoTag { static constexpr std::string_view name = "io"; };
+struct MemoryTag {
+  static constexpr std::string_view name = "memory";
+};
+struct TargetTag {
+  static constexpr std::string_view name = "target";
+};
+struct IoTag {
+  static constexpr std::string_view name = "io";
+};
 
 /// A registered memory region (StorageRuntime::register_memory).
 using MemoryHandle = Handle<MemoryTag>;
@@ -143,15 +149,13 @@ class HandleTable {
  private:
   template <class Field>
   Status check(handle_type handle, const Field& field) const {
-    if (handle.is_null())
-      return error(StatusCode::INVALID_ARGUMENT, "{} is a null {} handle", field, Tag::name);
+    if (handle.is_null()) return error(StatusCode::INVALID_ARGUMENT, "{} is a null {} handle", field, Tag::name);
     if (handle.instance_ != instance_)
       return error(StatusCode::INVALID_ARGUMENT, "{} = {} belongs to another runtime instance", field,
                    handle.to_string());
     if (handle.slot_ >= slots_.size() || slots_[handle.slot_].generation != handle.generation_ ||
         !slots_[handle.slot_].value)
-      return error(StatusCode::NOT_FOUND, "{} = {} is stale: it was closed or released", field,
-                   handle.to_string());
+      return error(StatusCode::NOT_FOUND, "{} = {} is stale: it was closed or released", field, handle.to_string());
     return Status::success();
   }
 

@@ -46,10 +46,10 @@ struct MemoryKindSet {
 /// A memory region handed to register_memory. The caller owns the memory and must keep it alive
 /// until unregister_memory returns OK. `address` must not be null and `size` must be > 0.
 struct MemoryView {
-  void* address = nullptr;          ///< First byte of the region (host or device virtual address).
-  std::uint64_t size = 0;           ///< Region size in bytes.
+  void* address = nullptr;  ///< First byte of the region (host or device virtual address).
+  std::uint64_t size = 0;   ///< Region size in bytes.
   MemoryKind kind = MemoryKind::HOST;
-  int accelerator_id = -1;          ///< Device ordinal for DEVICE memory; -1 for host memory.
+  int accelerator_id = -1;  ///< Device ordinal for DEVICE memory; -1 for host memory.
 };
 
 /// What a request does.
@@ -104,9 +104,9 @@ struct Capabilities {
 /// OK means accepted and covered by `io`; any other code means the request never ran:
 /// RESOURCE_EXHAUSTED is backpressure (resubmit it later), other codes are validation errors.
 struct SubmitOutcome {
-  IoHandle io;                        ///< Null when no request was accepted.
-  std::vector<Status> initial_states; ///< Same size and order as the submitted requests.
-  std::size_t accepted = 0;           ///< Number of OK entries in initial_states.
+  IoHandle io;                         ///< Null when no request was accepted.
+  std::vector<Status> initial_states;  ///< Same size and order as the submitted requests.
+  std::size_t accepted = 0;            ///< Number of OK entries in initial_states.
 };
 
 /// The completion of one accepted request, filled by the DataPath.
@@ -120,28 +120,28 @@ struct RequestCompletion {
   /// is clear; local_nvme sends a command at most 3 times, never past its deadline). Not counted in
   /// `commands`. 0 for DataPaths that never retry.
   std::uint32_t retries = 0;
-  bool done = false;                  ///< Set once the request completed (successfully or not).
+  bool done = false;  ///< Set once the request completed (successfully or not).
 };
 
 /// A snapshot of an IO's progress (query()).
 struct IoProgress {
-  bool complete = false;              ///< All accepted requests completed.
-  std::size_t requests = 0;           ///< Accepted requests covered by the IO handle.
+  bool complete = false;     ///< All accepted requests completed.
+  std::size_t requests = 0;  ///< Accepted requests covered by the IO handle.
   std::size_t completed_requests = 0;
 };
 
 /// The result of a completed IO (wait()).
 struct IoResult {
-  Status status;                       ///< OK when every accepted request succeeded, else the first failure.
-  std::size_t requests = 0;            ///< Accepted requests covered by the IO handle.
-  std::uint64_t requested_bytes = 0;   ///< Sum of the accepted requests' lengths.
-  std::uint64_t confirmed_bytes = 0;   ///< Sum of bytes confirmed moved.
-  StatusCode failure_kind = StatusCode::OK;          ///< Code of the first failed request.
-  std::optional<std::size_t> first_failed_request;   ///< Its index into the submit() input.
-  std::vector<std::size_t> failed_requests;          ///< Indices of every failed request, ascending.
-  std::uint32_t device_status = 0;     ///< Raw device status of the first failed request; 0 if none.
-  std::uint64_t commands = 0;          ///< Device commands issued for the whole IO.
-  std::vector<RequestCompletion> completions;        ///< One per accepted request, ordered by request_index.
+  Status status;                             ///< OK when every accepted request succeeded, else the first failure.
+  std::size_t requests = 0;                  ///< Accepted requests covered by the IO handle.
+  std::uint64_t requested_bytes = 0;         ///< Sum of the accepted requests' lengths.
+  std::uint64_t confirmed_bytes = 0;         ///< Sum of bytes confirmed moved.
+  StatusCode failure_kind = StatusCode::OK;  ///< Code of the first failed request.
+  std::optional<std::size_t> first_failed_request;  ///< Its index into the submit() input.
+  std::vector<std::size_t> failed_requests;         ///< Indices of every failed request, ascending.
+  std::uint32_t device_status = 0;                  ///< Raw device status of the first failed request; 0 if none.
+  std::uint64_t commands = 0;                       ///< Device commands issued for the whole IO.
+  std::vector<RequestCompletion> completions;       ///< One per accepted request, ordered by request_index.
   /// Device commands sent again after a retryable status, over the whole IO (the sum of the
   /// completions' `retries`).
   std::uint64_t retries() const noexcept {

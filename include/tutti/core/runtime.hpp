@@ -71,9 +71,8 @@ namespace detail {
 /// Calls f(std::integral_constant<std::size_t, I>{}) for I in [0, N).
 template <std::size_t N, class F>
 constexpr void for_each_index(F&& f) {
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (f(std::integral_constant<std::size_t, I>{}), ...);
-  }(std::make_index_sequence<N>{});
+  [&]<std::size_t... I>(std::index_sequence<I...>) { (f(std::integral_constant<std::size_t, I>{}), ...); }
+  (std::make_index_sequence<N>{});
 }
 
 /// Something IO pins: close/unregister are refused while in_flight > 0.
@@ -119,8 +118,7 @@ class StorageRuntime {
       : state_(std::make_unique<State>(options, std::move(backends)...)) {}
 
   /// Default-constructs every backend (when they allow it).
-  StorageRuntime()
-    requires(std::default_initializable<Backends> && ...)
+  StorageRuntime() requires(std::default_initializable<Backends>&&...)
       : state_(std::make_unique<State>(RuntimeOptions{}, Backends{}...)) {}
 
   StorageRuntime(const StorageRuntime&) = delete;
@@ -193,8 +191,8 @@ class StorageRuntime {
     std::vector<Result<TargetHandle>> out;
     out.reserve(uris.size());
     for (std::size_t i = 0; i < uris.size(); ++i) {
-      Result<TargetHandle> opened = resolved[i].is_ok() ? error(StatusCode::INTERNAL, "unresolved payload")
-                                                         : Result<TargetHandle>(resolved[i]);
+      Result<TargetHandle> opened =
+          resolved[i].is_ok() ? error(StatusCode::INTERNAL, "unresolved payload") : Result<TargetHandle>(resolved[i]);
       detail::for_each_index<kBackends>([&](auto I) {
         if (auto& payload = std::get<I>(payloads)[i]) opened = open_resolved<I>(uris[i], std::move(*payload), options);
       });
@@ -351,8 +349,9 @@ class StorageRuntime {
       auto& bucket = std::get<I>(buckets);
       if (bucket.requests.empty()) return;
       bucket.states.resize(bucket.requests.size());
-      bucket.batch.emplace(std::get<I>(state_->backends)->datapath.submit(
-          std::span<const PathRequest<datapath_at<I>>>(bucket.requests), std::span<Status>(bucket.states)));
+      bucket.batch.emplace(std::get<I>(state_->backends)
+                               ->datapath.submit(std::span<const PathRequest<datapath_at<I>>>(bucket.requests),
+                                                 std::span<Status>(bucket.states)));
       bucket.completions.resize(bucket.requests.size());
       for (std::size_t k = 0; k < bucket.states.size(); ++k) {
         Staged& staged = bucket.staged[k];
@@ -454,8 +453,7 @@ class StorageRuntime {
     const std::uint64_t deadline = deadline_after_ns(drain_timeout_ns);
     {  // Let submits that already passed validation finish handing their buckets to the DataPaths.
       std::unique_lock lock(state_->tables_mutex);
-      state_->drained.wait_for(lock, as_duration(drain_timeout_ns),
-                               [&] { return state_->submits_in_progress == 0; });
+      state_->drained.wait_for(lock, as_duration(drain_timeout_ns), [&] { return state_->submits_in_progress == 0; });
       if (state_->submits_in_progress != 0)
         return error(StatusCode::TIMEOUT, "shutdown: {} submit call(s) still running after {} ns",
                      state_->submits_in_progress, drain_timeout_ns);
@@ -471,8 +469,7 @@ class StorageRuntime {
     std::size_t pending = 0;
     for (auto& io : ios) {
       std::unique_lock guard(io->mutex, std::defer_lock);
-      if (!guard.try_lock_for(as_duration(remaining_ns(deadline))) ||
-          !advance(*io, remaining_ns(deadline)).is_ok())
+      if (!guard.try_lock_for(as_duration(remaining_ns(deadline))) || !advance(*io, remaining_ns(deadline)).is_ok())
         ++pending;
     }
     {  // A region being unregistered or a target being closed by another thread belongs to that thread: wait.
@@ -483,8 +480,7 @@ class StorageRuntime {
         state_->targets.for_each([&](TargetHandle, TargetEntry& e) { n += e.closing ? 1 : 0; });
         return n;
       };
-      state_->drained.wait_for(lock, as_duration(remaining_ns(deadline)),
-                               [&] { return unregistering() == 0; });
+      state_->drained.wait_for(lock, as_duration(remaining_ns(deadline)), [&] { return unregistering() == 0; });
       pending += unregistering();
     }
     if (pending > 0)
@@ -526,7 +522,8 @@ class StorageRuntime {
       Status s = close_entry(*t);
       // TIMEOUT / BUSY: the DataPath kept the target open (its close flush is still running, as close()
       // reports): keep it for the next shutdown instead of dropping a flush nobody confirmed.
-      if (s.code() == StatusCode::TIMEOUT || s.code() == StatusCode::BUSY) state_->retained_targets.push_back(std::move(t));
+      if (s.code() == StatusCode::TIMEOUT || s.code() == StatusCode::BUSY)
+        state_->retained_targets.push_back(std::move(t));
       if (first.is_ok() && !s.is_ok()) first = s;
     }
     for (auto& m : state_->retained_memory) regions.push_back(std::move(m));
@@ -591,8 +588,8 @@ class StorageRuntime {
   struct Bucket {
     using D = typename B::datapath_type;
     /// Bytes of the arena one request of this backend may use (every array, with alignment room).
-    static constexpr std::size_t kArenaBytesPerRequest = sizeof(PathRequest<D>) + sizeof(Staged) + sizeof(Status) +
-                                                         sizeof(RequestCompletion);
+    static constexpr std::size_t kArenaBytesPerRequest =
+        sizeof(PathRequest<D>) + sizeof(Staged) + sizeof(Status) + sizeof(RequestCompletion);
     explicit Bucket(std::pmr::memory_resource* arena)
         : requests(arena), staged(arena), states(arena), completions(arena) {}
     std::pmr::vector<PathRequest<D>> requests;
@@ -606,8 +603,7 @@ class StorageRuntime {
   struct IoEntry {
     /// An IO of `requests` requests: the arena is sized so that every bucket's arrays fit in its first
     /// block, which it allocates on first use (an IO of no request allocates nothing there).
-    explicit IoEntry(std::size_t requests)
-        : arena(arena_bytes(requests)), parts(Bucket<Backends>(&arena)...) {}
+    explicit IoEntry(std::size_t requests) : arena(arena_bytes(requests)), parts(Bucket<Backends>(&arena)...) {}
     static std::size_t arena_bytes(std::size_t requests) {
       constexpr std::size_t kAlignmentRoom = 4 * kBackends * alignof(std::max_align_t) + 256;  // + the block header
       return (... + (std::min<std::size_t>(requests, Backends::datapath_type::capabilities.max_batch_requests) *
@@ -636,7 +632,7 @@ class StorageRuntime {
     HandleTable<MemoryTag, MemoryEntry> memory{instance};
     HandleTable<IoTag, IoEntry, std::shared_ptr<IoEntry>> ios{instance};
     std::vector<std::shared_ptr<IoEntry>> orphans;
-    std::vector<std::unique_ptr<MemoryEntry>> retained_memory;  // a DataPath said BUSY at shutdown
+    std::vector<std::unique_ptr<MemoryEntry>> retained_memory;   // a DataPath said BUSY at shutdown
     std::vector<std::unique_ptr<TargetEntry>> retained_targets;  // a DataPath's close said TIMEOUT / BUSY at shutdown
     std::size_t submits_in_progress = 0;
     std::atomic<bool> shutting_down{false};
@@ -663,8 +659,8 @@ class StorageRuntime {
       served += (served.empty() ? "" : ", ") + std::string(s);
     });
     if (!found)
-      return error(StatusCode::INVALID_ARGUMENT, "uri '{}' has scheme '{}', which no backend serves (served: {})",
-                   uri, scheme, served);
+      return error(StatusCode::INVALID_ARGUMENT, "uri '{}' has scheme '{}', which no backend serves (served: {})", uri,
+                   scheme, served);
     return *found;
   }
 
@@ -740,12 +736,12 @@ class StorageRuntime {
                    Bucket<backend_at<I>>& bucket) {
     using D = datapath_at<I>;
     constexpr Capabilities caps = D::capabilities;
-    PathRequest<D> request{r.direction, nullptr, MemoryView{}, 0, &std::get<I + 1>(target.state).target,
+    PathRequest<D> request{r.direction,     nullptr, MemoryView{}, 0, &std::get<I + 1>(target.state).target,
                            r.target_offset, r.length};
     if (bucket.requests.size() >= caps.max_batch_requests)
       return error(StatusCode::RESOURCE_EXHAUSTED,
-                   "requests[{}]: backend '{}' takes at most {} requests per submit; resubmit the rest", i,
-                   D::name, caps.max_batch_requests);
+                   "requests[{}]: backend '{}' takes at most {} requests per submit; resubmit the rest", i, D::name,
+                   caps.max_batch_requests);
     MemoryEntry* memory = nullptr;
     if (r.direction == Direction::FLUSH) {
       if (!r.memory.is_null() || r.length != 0 || r.memory_offset != 0 || r.target_offset != 0)
@@ -804,8 +800,8 @@ class StorageRuntime {
     if (r.length % caps.offset_alignment != 0) {
       const bool tail = caps.unaligned_tail_at_end_of_target && r.target_offset + r.length == target_size;
       if (!tail)
-        return error(StatusCode::INVALID_ARGUMENT,
-                     "requests[{}].length = {} is not a multiple of {} bytes{}", i, r.length, caps.offset_alignment,
+        return error(StatusCode::INVALID_ARGUMENT, "requests[{}].length = {} is not a multiple of {} bytes{}", i,
+                     r.length, caps.offset_alignment,
                      caps.unaligned_tail_at_end_of_target ? " and does not end at the end of the target" : "");
       span = r.length + (caps.offset_alignment - r.length % caps.offset_alignment);
     }
@@ -839,8 +835,9 @@ class StorageRuntime {
         if (bucket.accepted == 0) bucket.complete = true;
         return;
       }
-      Status s = std::get<I>(state_->backends)->datapath.progress(
-          *bucket.batch, std::span<RequestCompletion>(bucket.completions), remaining_ns(deadline));
+      Status s = std::get<I>(state_->backends)
+                     ->datapath.progress(*bucket.batch, std::span<RequestCompletion>(bucket.completions),
+                                         remaining_ns(deadline));
       if (s.is_ok())
         bucket.complete = true;
       else

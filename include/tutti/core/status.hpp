@@ -101,7 +101,7 @@ Status error(StatusCode code, fmt::format_string<Args...> format, Args&&... args
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : state_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : state_(std::in_place_index<0>, std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : state_(std::in_place_index<1>, std::move(status)) {  // NOLINT
     if (std::get<1>(state_).is_ok())
       state_.template emplace<1>(StatusCode::INTERNAL, "Result constructed from an OK status without a value");
@@ -130,8 +130,8 @@ class [[nodiscard]] Result {
 }  // namespace tutti
 
 /// Evaluates a Status expression and returns it from the enclosing function when it is not OK.
-#define TUTTI_RETURN_IF_ERROR(expr)                \
-  do {                                             \
-    ::tutti::Status tutti_status_ = (expr);        \
+#define TUTTI_RETURN_IF_ERROR(expr)                   \
+  do {                                                \
+    ::tutti::Status tutti_status_ = (expr);           \
     if (!tutti_status_.is_ok()) return tutti_status_; \
   } while (0)

@@ -84,8 +84,8 @@ inline Result<Uri> parse_uri(std::string_view text) {
   for (const UriPathSegmentA* seg = parsed.pathHead; seg != nullptr; seg = seg->next) {
     std::string decoded = detail::unescape(detail::range_text(seg->text));
     if (decoded.find('\0') != std::string::npos || decoded.find('/') != std::string::npos)
-      return error(StatusCode::INVALID_ARGUMENT,
-                   "uri '{}' has a path segment that decodes to a NUL or '/' character", text);
+      return error(StatusCode::INVALID_ARGUMENT, "uri '{}' has a path segment that decodes to a NUL or '/' character",
+                   text);
     uri.path += '/';
     uri.path += decoded;
   }

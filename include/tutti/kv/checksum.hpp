@@ -123,9 +123,9 @@ class DeviceHasher {
 
   /// Writes XXH3-64 of each input into out[i] (same order). Waits for the kernels at most
   /// timeout_ns. Errors: INVALID_ARGUMENT (out.size() != inputs.size(), more than kMaxInputs, a
-  /// null address with a non-zero length), RESOURCE_EXHAUSTED / DEVICE_ERROR (allocation, copy or launch), TIMEOUT (the kernels
-  /// did not finish: out is unchanged, and the hasher refuses further work because they may
-  /// still read its buffer).
+  /// null address with a non-zero length), RESOURCE_EXHAUSTED / DEVICE_ERROR (allocation, copy or launch), TIMEOUT (the
+  /// kernels did not finish: out is unchanged, and the hasher refuses further work because they may still read its
+  /// buffer).
   Status hash(std::span<const HashInput> inputs, std::span<std::uint64_t> out, std::uint64_t timeout_ns) {
     if (out.size() != inputs.size())
       return error(StatusCode::INVALID_ARGUMENT, "checksum: out.size() = {} must equal inputs.size() = {}", out.size(),
@@ -150,9 +150,9 @@ class DeviceHasher {
         detail::launch_checksum_kernel(lanes, detail::Xxh3LaneKernel{inputs_, accumulators_, secret_, count})
             .with_context("checksum kernel"));
     accel::LaunchConfig finish{(count + kThreadsPerBlock - 1) / kThreadsPerBlock, kThreadsPerBlock, stream_};
-    TUTTI_RETURN_IF_ERROR(
-        detail::launch_checksum_kernel(finish, detail::Xxh3FinishKernel{inputs_, accumulators_, results_, secret_, count})
-            .with_context("checksum kernel"));
+    TUTTI_RETURN_IF_ERROR(detail::launch_checksum_kernel(
+                              finish, detail::Xxh3FinishKernel{inputs_, accumulators_, results_, secret_, count})
+                              .with_context("checksum kernel"));
     if (Status s = accel::synchronize(stream_, timeout_ns); !s.is_ok()) {
       if (s.code() == StatusCode::TIMEOUT) usable_ = s.with_context("checksum (the hasher is unusable from now on)");
       return s.with_context("checksum");

@@ -24,7 +24,8 @@ struct BitField {
   static_assert(Width >= 1 && Lsb + Width <= sizeof(Raw) * 8, "BitField out of the raw type");
   static constexpr unsigned lsb = Lsb;
   static constexpr unsigned width = Width;
-  static constexpr Raw max = Width == sizeof(Raw) * 8 ? static_cast<Raw>(~Raw{0}) : static_cast<Raw>((Raw{1} << Width) - 1);
+  static constexpr Raw max =
+      Width == sizeof(Raw) * 8 ? static_cast<Raw>(~Raw{0}) : static_cast<Raw>((Raw{1} << Width) - 1);
   static constexpr Raw mask = static_cast<Raw>(max << Lsb);
 
   /// The field's value.

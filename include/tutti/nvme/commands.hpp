@@ -30,17 +30,22 @@ enum class SglDescriptorSubtype : std::uint8_t { address = 0x0, offset = 0x1, tr
 /// One SGL descriptor, 16 bytes (Base 2.0, Figure 114). Address is a bus address (Subtype
 /// Address) with any byte alignment when Identify Controller SGLS = 01b; Length in bytes.
 struct SglDescriptor {
-  std::uint64_t address;        ///< bytes 07:00
-  std::uint32_t length;         ///< bytes 11:08, bytes
-  std::uint8_t reserved[3];     ///< bytes 14:12
-  std::uint8_t identifier;      ///< byte 15: SGL Identifier (type 7:4, subtype 3:0)
+  std::uint64_t address;     ///< bytes 07:00
+  std::uint32_t length;      ///< bytes 11:08, bytes
+  std::uint8_t reserved[3];  ///< bytes 14:12
+  std::uint8_t identifier;   ///< byte 15: SGL Identifier (type 7:4, subtype 3:0)
   using Subtype = BitField<std::uint8_t, 0, 4>;
   using Type = BitField<std::uint8_t, 4, 4>;
-  TUTTI_HOST_DEVICE constexpr SglDescriptorType type() const noexcept { return static_cast<SglDescriptorType>(Type::decode(identifier)); }
+  TUTTI_HOST_DEVICE constexpr SglDescriptorType type() const noexcept {
+    return static_cast<SglDescriptorType>(Type::decode(identifier));
+  }
   TUTTI_HOST_DEVICE constexpr std::uint8_t subtype() const noexcept { return Subtype::decode(identifier); }
   /// A descriptor of `type` (subtype Address) covering `length` bytes at bus `address`.
-  TUTTI_HOST_DEVICE static constexpr SglDescriptor make(SglDescriptorType type, std::uint64_t address, std::uint32_t length) noexcept {
-    return SglDescriptor{address, length, {0, 0, 0},
+  TUTTI_HOST_DEVICE static constexpr SglDescriptor make(SglDescriptorType type, std::uint64_t address,
+                                                        std::uint32_t length) noexcept {
+    return SglDescriptor{address,
+                         length,
+                         {0, 0, 0},
                          Type::encode(Subtype::encode(0, static_cast<std::uint8_t>(SglDescriptorSubtype::address)),
                                       static_cast<std::uint8_t>(type))};
   }
@@ -51,7 +56,7 @@ static_assert(offsetof(SglDescriptor, identifier) == 15);
 
 /// PSDT, PRP or SGL for Data Transfer, CDW0 bits 15:14 (Base 2.0, Figure 87).
 enum class DataPointerKind : std::uint8_t {
-  prp = 0,            ///< 00b: PRP1 / PRP2
+  prp = 0,                      ///< 00b: PRP1 / PRP2
   sgl_contiguous_metadata = 1,  ///< 01b: SGL, MPTR is a contiguous buffer address
   sgl_metadata_sgl = 2,         ///< 10b: SGL, MPTR is an SGL segment address
   reserved = 3,
@@ -63,7 +68,7 @@ union DataPointer {
     std::uint64_t prp1;  ///< PRP Entry 1: bus address; bits 1:0 zero (dword aligned), may carry a page offset
     std::uint64_t prp2;  ///< PRP Entry 2: second page address, or the bus address of a PRP list
   } prp;
-  SglDescriptor sgl1;    ///< SGL Entry 1 (PSDT != 00b)
+  SglDescriptor sgl1;  ///< SGL Entry 1 (PSDT != 00b)
 };
 static_assert(sizeof(DataPointer) == 16);
 
@@ -71,19 +76,21 @@ static_assert(sizeof(DataPointer) == 16);
 /// Aligned to 64 bytes in every queue; written by the host (or a GPU thread), read by the
 /// controller after the SQ tail doorbell announces it.
 struct alignas(64) SubmissionQueueEntry {
-  std::uint8_t opcode;         ///< CDW0 7:0 OPC
-  std::uint8_t flags;          ///< CDW0 15:8: FUSE 9:8, PSDT 15:14 (see Fuse, Psdt)
+  std::uint8_t opcode;               ///< CDW0 7:0 OPC
+  std::uint8_t flags;                ///< CDW0 15:8: FUSE 9:8, PSDT 15:14 (see Fuse, Psdt)
   std::uint16_t command_identifier;  ///< CDW0 31:16 CID, unique among outstanding commands of one SQ
-  std::uint32_t nsid;          ///< CDW1 Namespace Identifier (FFFFFFFFh: all namespaces)
-  std::uint32_t cdw2;          ///< CDW2, command specific
-  std::uint32_t cdw3;          ///< CDW3, command specific
-  std::uint64_t metadata_pointer;  ///< CDW5:4 MPTR
-  DataPointer data_pointer;    ///< CDW9:6 DPTR
+  std::uint32_t nsid;                ///< CDW1 Namespace Identifier (FFFFFFFFh: all namespaces)
+  std::uint32_t cdw2;                ///< CDW2, command specific
+  std::uint32_t cdw3;                ///< CDW3, command specific
+  std::uint64_t metadata_pointer;    ///< CDW5:4 MPTR
+  DataPointer data_pointer;          ///< CDW9:6 DPTR
   std::uint32_t cdw10, cdw11, cdw12, cdw13, cdw14, cdw15;  ///< command specific
 
   using Fuse = BitField<std::uint8_t, 0, 2>;  ///< flags bits 1:0 = CDW0 9:8, fused operation
   using Psdt = BitField<std::uint8_t, 6, 2>;  ///< flags bits 7:6 = CDW0 15:14, PRP or SGL
-  TUTTI_HOST_DEVICE constexpr DataPointerKind data_pointer_kind() const noexcept { return static_cast<DataPointerKind>(Psdt::decode(flags)); }
+  TUTTI_HOST_DEVICE constexpr DataPointerKind data_pointer_kind() const noexcept {
+    return static_cast<DataPointerKind>(Psdt::decode(flags));
+  }
   TUTTI_HOST_DEVICE constexpr void set_data_pointer_kind(DataPointerKind kind) noexcept {
     flags = Psdt::encode(flags, static_cast<std::uint8_t>(kind));
   }
@@ -107,14 +114,19 @@ struct StatusField {
   using M = BitField<std::uint16_t, 14, 1>;    ///< More (Get Log Page has more information)
   using DNR = BitField<std::uint16_t, 15, 1>;  ///< Do Not Retry
   TUTTI_HOST_DEVICE constexpr std::uint8_t phase() const noexcept { return static_cast<std::uint8_t>(P::decode(raw)); }
-  TUTTI_HOST_DEVICE constexpr std::uint8_t status_code() const noexcept { return static_cast<std::uint8_t>(SC::decode(raw)); }
-  TUTTI_HOST_DEVICE constexpr std::uint8_t status_code_type() const noexcept { return static_cast<std::uint8_t>(SCT::decode(raw)); }
+  TUTTI_HOST_DEVICE constexpr std::uint8_t status_code() const noexcept {
+    return static_cast<std::uint8_t>(SC::decode(raw));
+  }
+  TUTTI_HOST_DEVICE constexpr std::uint8_t status_code_type() const noexcept {
+    return static_cast<std::uint8_t>(SCT::decode(raw));
+  }
   TUTTI_HOST_DEVICE constexpr bool do_not_retry() const noexcept { return DNR::decode(raw) != 0; }
   /// True for Successful Completion (SCT 0, SC 0).
   TUTTI_HOST_DEVICE constexpr bool success() const noexcept { return SC::decode(raw) == 0 && SCT::decode(raw) == 0; }
   /// The status without the phase tag (what nvme/status.hpp classifies).
   TUTTI_HOST_DEVICE constexpr std::uint16_t without_phase() const noexcept { return P::encode(raw, 0); }
-  TUTTI_HOST_DEVICE static constexpr StatusField make(std::uint8_t sct, std::uint8_t sc, bool dnr, std::uint8_t phase = 0) noexcept {
+  TUTTI_HOST_DEVICE static constexpr StatusField make(std::uint8_t sct, std::uint8_t sc, bool dnr,
+                                                      std::uint8_t phase = 0) noexcept {
     return StatusField{DNR::encode(SCT::encode(SC::encode(P::encode(0, phase), sc), sct), dnr ? 1 : 0)};
   }
 };
@@ -133,8 +145,12 @@ struct alignas(16) CompletionQueueEntry {
 
   using CID = BitField<std::uint32_t, 0, 16>;      ///< DW3 15:0 Command Identifier
   using Status = BitField<std::uint32_t, 16, 16>;  ///< DW3 31:16 Status Field incl. Phase Tag
-  TUTTI_HOST_DEVICE constexpr std::uint16_t command_identifier() const noexcept { return static_cast<std::uint16_t>(CID::decode(dw3)); }
-  TUTTI_HOST_DEVICE constexpr StatusField status() const noexcept { return StatusField{static_cast<std::uint16_t>(Status::decode(dw3))}; }
+  TUTTI_HOST_DEVICE constexpr std::uint16_t command_identifier() const noexcept {
+    return static_cast<std::uint16_t>(CID::decode(dw3));
+  }
+  TUTTI_HOST_DEVICE constexpr StatusField status() const noexcept {
+    return StatusField{static_cast<std::uint16_t>(Status::decode(dw3))};
+  }
   /// Dword 3 for a CID and a status field (with its phase tag).
   TUTTI_HOST_DEVICE static constexpr std::uint32_t make_dw3(std::uint16_t cid, StatusField status) noexcept {
     return Status::encode(CID::encode(0, cid), status.raw);
@@ -152,10 +168,10 @@ static_assert(CompletionQueueEntry::make_dw3(0x1234, StatusField{0x8001}) == 0x8
 
 /// Read / Write (NVM 1.0, 3.2.4 and 3.2.6): CDW10-11 SLBA, CDW12 NLB (0's based) and flags.
 struct ReadWriteFields {
-  using NLB = BitField<std::uint32_t, 0, 16>;  ///< CDW12 15:0 Number of Logical Blocks, 0's based
-  using FUA = BitField<std::uint32_t, 30, 1>;  ///< CDW12 30 Force Unit Access
-  using LR = BitField<std::uint32_t, 31, 1>;   ///< CDW12 31 Limited Retry
-  using DEAC = BitField<std::uint32_t, 25, 1>; ///< CDW12 25 Deallocate (Write Zeroes only)
+  using NLB = BitField<std::uint32_t, 0, 16>;   ///< CDW12 15:0 Number of Logical Blocks, 0's based
+  using FUA = BitField<std::uint32_t, 30, 1>;   ///< CDW12 30 Force Unit Access
+  using LR = BitField<std::uint32_t, 31, 1>;    ///< CDW12 31 Limited Retry
+  using DEAC = BitField<std::uint32_t, 25, 1>;  ///< CDW12 25 Deallocate (Write Zeroes only)
 };
 TUTTI_HOST_DEVICE constexpr std::uint64_t starting_lba(const SubmissionQueueEntry& sqe) noexcept {
   return (static_cast<std::uint64_t>(sqe.cdw11) << 32) | sqe.cdw10;

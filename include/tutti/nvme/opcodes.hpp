@@ -43,7 +43,8 @@ TUTTI_HOST_DEVICE constexpr DataTransfer data_transfer_of(std::uint8_t opcode) n
 static_assert(data_transfer_of(static_cast<std::uint8_t>(NvmOpcode::write)) == DataTransfer::host_to_controller);
 static_assert(data_transfer_of(static_cast<std::uint8_t>(NvmOpcode::read)) == DataTransfer::controller_to_host);
 static_assert(data_transfer_of(static_cast<std::uint8_t>(AdminOpcode::identify)) == DataTransfer::controller_to_host);
-static_assert(data_transfer_of(static_cast<std::uint8_t>(NvmOpcode::dataset_management)) == DataTransfer::host_to_controller);
+static_assert(data_transfer_of(static_cast<std::uint8_t>(NvmOpcode::dataset_management)) ==
+              DataTransfer::host_to_controller);
 
 /// Name of an admin opcode ("Identify"), or "Unknown admin opcode".
 constexpr std::string_view admin_opcode_name(std::uint8_t opcode) noexcept {
@@ -79,9 +80,9 @@ enum class FeatureIdentifier : std::uint8_t {
 
 /// Identify CNS values used here (Base 2.0, 5.17.1, Figure 273).
 enum class IdentifyCns : std::uint8_t {
-  namespace_data = 0x00,          ///< Identify Namespace data structure for NSID (NVM 1.0, 4.1.5.1)
-  controller = 0x01,              ///< Identify Controller data structure (Base 2.0, 5.17.2.1)
-  active_namespace_list = 0x02,   ///< Active Namespace ID list (Base 2.0, 5.17.2.2)
+  namespace_data = 0x00,         ///< Identify Namespace data structure for NSID (NVM 1.0, 4.1.5.1)
+  controller = 0x01,             ///< Identify Controller data structure (Base 2.0, 5.17.2.1)
+  active_namespace_list = 0x02,  ///< Active Namespace ID list (Base 2.0, 5.17.2.2)
 };
 
 /// Log page identifiers used here (Base 2.0, 5.16.1, Figure 202).

@@ -29,13 +29,15 @@ struct PrpBuild {
 };
 
 /// Number of memory pages (page_size bytes) touched by [offset, offset + length), length >= 1.
-TUTTI_HOST_DEVICE constexpr std::uint64_t pages_spanned(std::uint64_t offset, std::uint64_t length, std::uint32_t page_size) noexcept {
+TUTTI_HOST_DEVICE constexpr std::uint64_t pages_spanned(std::uint64_t offset, std::uint64_t length,
+                                                        std::uint32_t page_size) noexcept {
   return (offset % page_size + length + page_size - 1) / page_size;
 }
 
 /// PRP list entries (data entries plus chain entries) a transfer needs when the list starts at a
 /// list-area address with `list_page_offset` bytes into its memory page (8-byte aligned).
-TUTTI_HOST_DEVICE constexpr std::uint64_t prp_list_entries_needed(std::uint64_t offset, std::uint64_t length, std::uint32_t page_size,
+TUTTI_HOST_DEVICE constexpr std::uint64_t prp_list_entries_needed(std::uint64_t offset, std::uint64_t length,
+                                                                  std::uint32_t page_size,
                                                                   std::uint64_t list_page_offset = 0) noexcept {
   const std::uint64_t pages = pages_spanned(offset, length, page_size);
   if (pages <= 2) return 0;
@@ -53,8 +55,8 @@ TUTTI_HOST_DEVICE constexpr std::uint64_t prp_list_entries_needed(std::uint64_t 
 static_assert(prp_list_entries_needed(0, 4096, 4096) == 0);
 static_assert(prp_list_entries_needed(0, 8192, 4096) == 0);
 static_assert(prp_list_entries_needed(0, 12288, 4096) == 2);
-static_assert(prp_list_entries_needed(0, 513 * 4096, 4096) == 512);       // exactly one full list page
-static_assert(prp_list_entries_needed(0, 514 * 4096, 4096) == 512 + 2);   // 511 data + chain, then 2
+static_assert(prp_list_entries_needed(0, 513 * 4096, 4096) == 512);      // exactly one full list page
+static_assert(prp_list_entries_needed(0, 514 * 4096, 4096) == 512 + 2);  // 511 data + chain, then 2
 
 /// Builds the data pointer of a transfer of `length` bytes starting `offset` bytes into the
 /// region described by `table`, writing a PRP list into `list` when one is needed.

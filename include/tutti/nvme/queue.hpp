@@ -92,17 +92,17 @@ struct QueuePairState {
   alignas(kQueueStateLineBytes) std::uint64_t sq_head_ticket;  ///< tickets the controller has fetched
   // --- SQ tail doorbell: the try-lock and the tail it protects (ring_submission_doorbell)
   alignas(kQueueStateLineBytes) std::uint64_t sq_doorbell_ticket;  ///< tickets announced through the SQ tail doorbell
-  std::uint32_t sq_doorbell_lock;    ///< 0 free, 1 held (try-lock only)
+  std::uint32_t sq_doorbell_lock;                                  ///< 0 free, 1 held (try-lock only)
   // --- completion queue: the try-lock and what it protects (reap_completions)
   alignas(kQueueStateLineBytes) std::uint32_t cq_lock;  ///< 0 free, 1 held (try-lock only)
-  std::uint32_t cq_head;             ///< next CQ slot to read, 0..depth-1 (under cq_lock)
-  std::uint32_t cq_phase;            ///< expected Phase Tag of the next CQE, 0 or 1 (under cq_lock)
+  std::uint32_t cq_head;                                ///< next CQ slot to read, 0..depth-1 (under cq_lock)
+  std::uint32_t cq_phase;                               ///< expected Phase Tag of the next CQE, 0 or 1 (under cq_lock)
   // --- CID allocation: fetch_add by every allocate_command_identifier
   alignas(kQueueStateLineBytes) std::uint32_t cid_hint;  ///< where CID allocation starts scanning
   // --- statistics: relaxed device-scope counters, read only as a snapshot
   alignas(kQueueStateLineBytes) std::uint64_t doorbell_writes;  ///< SQ tail doorbell writes (shows coalescing)
-  std::uint64_t completions_reaped;  ///< CQEs consumed
-  std::uint64_t stale_completions;   ///< CQEs whose CID was not in flight (dropped)
+  std::uint64_t completions_reaped;                             ///< CQEs consumed
+  std::uint64_t stale_completions;                              ///< CQEs whose CID was not in flight (dropped)
   std::uint64_t abandoned_completions;  ///< CQEs of commands the waiter gave up on (dropped, CID freed)
   std::uint64_t invalid_completions;    ///< CQEs with a wrong SQ identifier or impossible SQ head
 };
@@ -139,19 +139,19 @@ struct WaitResult {
 /// View of one I/O (or admin) queue pair plus its shared state. Trivially copyable; pass to
 /// kernels by value. Build it with make_queue_pair (or QueuePairStorage on the host).
 struct QueuePair {
-  SubmissionQueueEntry* sq = nullptr;             ///< depth SQEs
-  CompletionQueueEntry* cq = nullptr;             ///< depth CQEs (same depth as the SQ)
+  SubmissionQueueEntry* sq = nullptr;  ///< depth SQEs
+  CompletionQueueEntry* cq = nullptr;  ///< depth CQEs (same depth as the SQ)
   volatile std::uint32_t* sq_tail_doorbell = nullptr;
   volatile std::uint32_t* cq_head_doorbell = nullptr;
   const volatile std::uint32_t* controller_status = nullptr;  ///< CSTS, may be null (no fatal checks)
-  std::uint32_t depth = 0;                        ///< entries per ring, 2..65536
-  std::uint16_t qid = 0;                          ///< SQ identifier (CQEs must carry it)
-  std::uint32_t cid_capacity = 0;                 ///< command slots, 1..32768
-  std::uint32_t cid_index_bits = 0;               ///< bits of the CID that index the slot table
+  std::uint32_t depth = 0;                                    ///< entries per ring, 2..65536
+  std::uint16_t qid = 0;                                      ///< SQ identifier (CQEs must carry it)
+  std::uint32_t cid_capacity = 0;                             ///< command slots, 1..32768
+  std::uint32_t cid_index_bits = 0;                           ///< bits of the CID that index the slot table
   QueuePairState* state = nullptr;
-  std::uint64_t* sq_ready = nullptr;              ///< depth words: ticket + 1 when the slot's SQE is written
-  CommandSlot* slots = nullptr;                   ///< cid_capacity slots
-  std::uint32_t* cid_bitmap = nullptr;            ///< (cid_capacity + 31) / 32 words, bit set = allocated
+  std::uint64_t* sq_ready = nullptr;    ///< depth words: ticket + 1 when the slot's SQE is written
+  CommandSlot* slots = nullptr;         ///< cid_capacity slots
+  std::uint32_t* cid_bitmap = nullptr;  ///< (cid_capacity + 31) / 32 words, bit set = allocated
 
   // ----- command identifiers -----------------------------------------------------------------
 
@@ -159,7 +159,8 @@ struct QueuePair {
   /// cid_capacity CIDs are in use (never blocks). CID FFFFh is never produced.
   TUTTI_HOST_DEVICE bool allocate_command_identifier(std::uint16_t& cid) const noexcept {
     const std::uint32_t words = (cid_capacity + 31) / 32;
-    const std::uint32_t start = SubmitterAtomic<std::uint32_t>(state->cid_hint).fetch_add(1, accel::MemoryOrder::relaxed) % words;
+    const std::uint32_t start =
+        SubmitterAtomic<std::uint32_t>(state->cid_hint).fetch_add(1, accel::MemoryOrder::relaxed) % words;
     for (std::uint32_t w = 0; w < words; ++w) {
       const std::uint32_t word_index = (start + w) % words;
       SubmitterAtomic<std::uint32_t> word(cid_bitmap[word_index]);
@@ -185,9 +186,13 @@ struct QueuePair {
   }
 
   /// Slot index of a CID.
-  TUTTI_HOST_DEVICE std::uint32_t cid_index(std::uint16_t cid) const noexcept { return cid & ((1u << cid_index_bits) - 1); }
+  TUTTI_HOST_DEVICE std::uint32_t cid_index(std::uint16_t cid) const noexcept {
+    return cid & ((1u << cid_index_bits) - 1);
+  }
   /// Generation of a CID (16 - cid_index_bits bits).
-  TUTTI_HOST_DEVICE std::uint32_t cid_generation(std::uint16_t cid) const noexcept { return static_cast<std::uint32_t>(cid) >> cid_index_bits; }
+  TUTTI_HOST_DEVICE std::uint32_t cid_generation(std::uint16_t cid) const noexcept {
+    return static_cast<std::uint32_t>(cid) >> cid_index_bits;
+  }
 
   // ----- submission --------------------------------------------------------------------------
 
@@ -246,7 +251,8 @@ struct QueuePair {
       }
       lock.store(0, accel::MemoryOrder::seq_cst);
       announced += static_cast<std::uint32_t>(end - start);
-      if (SubmitterAtomic<std::uint64_t>(sq_ready[end % depth]).load(accel::MemoryOrder::seq_cst) != end + 1) return announced;
+      if (SubmitterAtomic<std::uint64_t>(sq_ready[end % depth]).load(accel::MemoryOrder::seq_cst) != end + 1)
+        return announced;
     }
   }
 
@@ -322,7 +328,8 @@ struct QueuePair {
     const std::uint32_t generation = cid_generation(cid);
     SubmitterAtomic<std::uint32_t> slot_state(slots[index].state);
     std::uint32_t expected = encode_state(generation, CommandState::in_flight);
-    if (slot_state.compare_exchange_strong(expected, encode_state(generation, CommandState::abandoned), accel::MemoryOrder::acq_rel))
+    if (slot_state.compare_exchange_strong(expected, encode_state(generation, CommandState::abandoned),
+                                           accel::MemoryOrder::acq_rel))
       return;
     if (expected == encode_state(generation, CommandState::completed)) release_slot(index, generation);
   }
@@ -338,9 +345,11 @@ struct QueuePair {
     std::uint32_t expected = encode_state(generation, CommandState::in_flight);
     // Acq_rel: the state becomes free (keeping its generation) before the bitmap bit is cleared.
     if (!SubmitterAtomic<std::uint32_t>(slots[index].state)
-             .compare_exchange_strong(expected, encode_state(generation, CommandState::free), accel::MemoryOrder::acq_rel))
+             .compare_exchange_strong(expected, encode_state(generation, CommandState::free),
+                                      accel::MemoryOrder::acq_rel))
       return false;
-    SubmitterAtomic<std::uint32_t>(cid_bitmap[index / 32]).fetch_and(~(1u << (index % 32)), accel::MemoryOrder::release);
+    SubmitterAtomic<std::uint32_t>(cid_bitmap[index / 32])
+        .fetch_and(~(1u << (index % 32)), accel::MemoryOrder::release);
     return true;
   }
 
@@ -410,15 +419,19 @@ struct QueuePair {
   /// Step 1: advances the SQ head ticket to a CQE's SQ Head Pointer (slots before it were fetched
   /// by the controller and may be reused). A head beyond the announced tail is counted invalid and
   /// ignored. `order`: release for a single CQE; relaxed when the caller fences the batch.
-  TUTTI_HOST_DEVICE void advance_submission_head(std::uint16_t sq_head_pointer, accel::MemoryOrder order) const noexcept {
+  TUTTI_HOST_DEVICE void advance_submission_head(std::uint16_t sq_head_pointer,
+                                                 accel::MemoryOrder order) const noexcept {
     SubmitterAtomic<std::uint64_t> head(state->sq_head_ticket);
     const std::uint64_t old_head = head.load(accel::MemoryOrder::relaxed);
     const std::uint64_t advance = (sq_head_pointer + depth - old_head % depth) % depth;
-    const std::uint64_t announced = SubmitterAtomic<std::uint64_t>(state->sq_doorbell_ticket).load(accel::MemoryOrder::acquire);
+    const std::uint64_t announced =
+        SubmitterAtomic<std::uint64_t>(state->sq_doorbell_ticket).load(accel::MemoryOrder::acquire);
     // Release (here or by the caller's fence): the controller's fetch of those slots happened
     // before their reuse.
-    if (old_head + advance <= announced) head.store(old_head + advance, order);
-    else count(state->invalid_completions);
+    if (old_head + advance <= announced)
+      head.store(old_head + advance, order);
+    else
+      count(state->invalid_completions);
   }
 
   /// Step 2: finds the command slot of the CQE's CID; when it is in flight with that generation,
@@ -435,7 +448,8 @@ struct QueuePair {
     }
     // Acquire: pairs with the allocator's release of in_flight (the previous owner's read of the
     // slot's completion happened before we overwrite it).
-    const std::uint32_t current = SubmitterAtomic<std::uint32_t>(slots[d.index].state).load(accel::MemoryOrder::acquire);
+    const std::uint32_t current =
+        SubmitterAtomic<std::uint32_t>(slots[d.index].state).load(accel::MemoryOrder::acquire);
     if (current == encode_state(d.generation, CommandState::in_flight)) {
       slots[d.index].completion = entry;
       d.publish = true;
@@ -454,7 +468,8 @@ struct QueuePair {
     if (!d.publish) return;
     SubmitterAtomic<std::uint32_t> slot_state(slots[d.index].state);
     std::uint32_t expected = encode_state(d.generation, CommandState::in_flight);
-    if (slot_state.compare_exchange_strong(expected, encode_state(d.generation, CommandState::completed), order)) return;
+    if (slot_state.compare_exchange_strong(expected, encode_state(d.generation, CommandState::completed), order))
+      return;
     if (expected != encode_state(d.generation, CommandState::abandoned)) {
       count(state->stale_completions);
       return;
@@ -466,8 +481,10 @@ struct QueuePair {
   /// Frees a command slot (state first, keeping its generation, then the bitmap bit, so the next
   /// allocator starts from this generation).
   TUTTI_HOST_DEVICE void release_slot(std::uint32_t index, std::uint32_t generation) const noexcept {
-    SubmitterAtomic<std::uint32_t>(slots[index].state).store(encode_state(generation, CommandState::free), accel::MemoryOrder::release);
-    SubmitterAtomic<std::uint32_t>(cid_bitmap[index / 32]).fetch_and(~(1u << (index % 32)), accel::MemoryOrder::release);
+    SubmitterAtomic<std::uint32_t>(slots[index].state)
+        .store(encode_state(generation, CommandState::free), accel::MemoryOrder::release);
+    SubmitterAtomic<std::uint32_t>(cid_bitmap[index / 32])
+        .fetch_and(~(1u << (index % 32)), accel::MemoryOrder::release);
   }
 
   /// Adds to a statistics counter of QueuePairState (relaxed: counters order nothing).
@@ -490,8 +507,10 @@ struct QueuePair {
 
   /// Delivers one CQE: the three steps above, each with its own ordering.
   TUTTI_HOST_DEVICE void deliver(const CompletionQueueEntry& entry) const noexcept {
-    if (completion_fields_valid(entry)) advance_submission_head(entry.sq_head, accel::MemoryOrder::release);
-    else count(state->invalid_completions);
+    if (completion_fields_valid(entry))
+      advance_submission_head(entry.sq_head, accel::MemoryOrder::release);
+    else
+      count(state->invalid_completions);
     publish_completion(stage_completion(entry), accel::MemoryOrder::acq_rel);
   }
 };
@@ -527,8 +546,9 @@ class QueuePairStorage {
         slots_(cid_capacity == 0 ? depth : cid_capacity, CommandSlot{}, Allocator<CommandSlot>(placement)),
         bitmap_((slots_.size() + 31) / 32, 0, Allocator<std::uint32_t>(placement)) {
     if (depth < 2 || depth > 65536 || slots_.empty() || slots_.size() > 32768) return;
-    for (std::size_t i = slots_.size(); i < bitmap_.size() * 32; ++i) bitmap_[i / 32] |= 1u << (i % 32);  // beyond capacity
-    state_[0].cq_phase = 1;  // the first pass expects Phase Tag 1 (CQ memory starts zeroed)
+    for (std::size_t i = slots_.size(); i < bitmap_.size() * 32; ++i)
+      bitmap_[i / 32] |= 1u << (i % 32);  // beyond capacity
+    state_[0].cq_phase = 1;               // the first pass expects Phase Tag 1 (CQ memory starts zeroed)
     view_.sq = sq;
     view_.cq = cq;
     view_.sq_tail_doorbell = sq_tail_doorbell;

@@ -28,24 +28,31 @@ struct ControllerCapabilities {
   using MPSMAX = BitField<std::uint64_t, 52, 4>;  ///< Memory Page Size Maximum: 2 ^ (12 + MPSMAX) bytes
 
   /// Maximum entries per I/O queue (MQES + 1, decoded from 0's based).
-  TUTTI_HOST_DEVICE constexpr std::uint32_t max_queue_entries() const noexcept { return static_cast<std::uint32_t>(MQES::decode(raw)) + 1; }
+  TUTTI_HOST_DEVICE constexpr std::uint32_t max_queue_entries() const noexcept {
+    return static_cast<std::uint32_t>(MQES::decode(raw)) + 1;
+  }
   /// Doorbell stride in bytes: 4 << DSTRD.
   TUTTI_HOST_DEVICE constexpr std::uint32_t doorbell_stride_bytes() const noexcept { return 4u << DSTRD::decode(raw); }
   /// CAP.TO in ns (500 ms units).
   TUTTI_HOST_DEVICE constexpr std::uint64_t timeout_ns() const noexcept { return TO::decode(raw) * 500'000'000ull; }
   /// Smallest memory page size in bytes.
-  TUTTI_HOST_DEVICE constexpr std::uint64_t memory_page_size_minimum() const noexcept { return 1ull << (12 + MPSMIN::decode(raw)); }
-  TUTTI_HOST_DEVICE constexpr std::uint64_t memory_page_size_maximum() const noexcept { return 1ull << (12 + MPSMAX::decode(raw)); }
+  TUTTI_HOST_DEVICE constexpr std::uint64_t memory_page_size_minimum() const noexcept {
+    return 1ull << (12 + MPSMIN::decode(raw));
+  }
+  TUTTI_HOST_DEVICE constexpr std::uint64_t memory_page_size_maximum() const noexcept {
+    return 1ull << (12 + MPSMAX::decode(raw));
+  }
 };
 static_assert(sizeof(ControllerCapabilities) == 8);
 
 /// VS, Version, offset 08h (Base 2.0, 3.1.3.2): MJR 31:16, MNR 15:8, TER 7:0.
 struct Version {
   std::uint32_t raw;
-  using TER = BitField<std::uint32_t, 0, 8>;   ///< Tertiary version
-  using MNR = BitField<std::uint32_t, 8, 8>;   ///< Minor version
-  using MJR = BitField<std::uint32_t, 16, 16>; ///< Major version
-  TUTTI_HOST_DEVICE static constexpr Version make(std::uint32_t major, std::uint32_t minor, std::uint32_t tertiary) noexcept {
+  using TER = BitField<std::uint32_t, 0, 8>;    ///< Tertiary version
+  using MNR = BitField<std::uint32_t, 8, 8>;    ///< Minor version
+  using MJR = BitField<std::uint32_t, 16, 16>;  ///< Major version
+  TUTTI_HOST_DEVICE static constexpr Version make(std::uint32_t major, std::uint32_t minor,
+                                                  std::uint32_t tertiary) noexcept {
     return Version{MJR::encode(MNR::encode(TER::encode(0, tertiary), minor), major)};
   }
 };
@@ -96,19 +103,19 @@ static_assert(sizeof(AdminQueueAttributes) == 4);
 /// The register file at BAR0 offset 0 (Base 2.0, Figure 33). ASQ and ACQ are bus addresses,
 /// 4 KiB aligned (bits 11:0 reserved). Doorbells follow at kDoorbellOffset.
 struct ControllerRegisters {
-  std::uint64_t cap;             ///< 00h CAP, see Capabilities
-  std::uint32_t vs;              ///< 08h VS, see Version
-  std::uint32_t intms;           ///< 0Ch INTMS Interrupt Mask Set
-  std::uint32_t intmc;           ///< 10h INTMC Interrupt Mask Clear
-  std::uint32_t cc;              ///< 14h CC, see ControllerConfiguration
-  std::uint32_t reserved_18;     ///< 18h reserved
-  std::uint32_t csts;            ///< 1Ch CSTS, see ControllerStatus
-  std::uint32_t nssr;            ///< 20h NSSR NVM Subsystem Reset
-  std::uint32_t aqa;             ///< 24h AQA, see AdminQueueAttributes
-  std::uint64_t asq;             ///< 28h ASQ Admin Submission Queue Base Address (bus address)
-  std::uint64_t acq;             ///< 30h ACQ Admin Completion Queue Base Address (bus address)
-  std::uint32_t cmbloc;          ///< 38h CMBLOC
-  std::uint32_t cmbsz;           ///< 3Ch CMBSZ
+  std::uint64_t cap;                        ///< 00h CAP, see Capabilities
+  std::uint32_t vs;                         ///< 08h VS, see Version
+  std::uint32_t intms;                      ///< 0Ch INTMS Interrupt Mask Set
+  std::uint32_t intmc;                      ///< 10h INTMC Interrupt Mask Clear
+  std::uint32_t cc;                         ///< 14h CC, see ControllerConfiguration
+  std::uint32_t reserved_18;                ///< 18h reserved
+  std::uint32_t csts;                       ///< 1Ch CSTS, see ControllerStatus
+  std::uint32_t nssr;                       ///< 20h NSSR NVM Subsystem Reset
+  std::uint32_t aqa;                        ///< 24h AQA, see AdminQueueAttributes
+  std::uint64_t asq;                        ///< 28h ASQ Admin Submission Queue Base Address (bus address)
+  std::uint64_t acq;                        ///< 30h ACQ Admin Completion Queue Base Address (bus address)
+  std::uint32_t cmbloc;                     ///< 38h CMBLOC
+  std::uint32_t cmbsz;                      ///< 3Ch CMBSZ
   std::uint8_t reserved_40[0x1000 - 0x40];  ///< 40h..FFFh: BPINFO, PMR, vendor specific (unused here)
 };
 static_assert(sizeof(ControllerRegisters) == 0x1000);
@@ -128,11 +135,13 @@ static_assert(offsetof(ControllerRegisters, cmbloc) == 0x38);
 inline constexpr std::size_t kDoorbellOffset = 0x1000;
 
 /// Byte offset from BAR0 of the Submission Queue y Tail Doorbell: 1000h + (2y) * (4 << DSTRD).
-TUTTI_HOST_DEVICE constexpr std::size_t submission_queue_tail_doorbell_offset(std::uint16_t qid, std::uint32_t dstrd) noexcept {
+TUTTI_HOST_DEVICE constexpr std::size_t submission_queue_tail_doorbell_offset(std::uint16_t qid,
+                                                                              std::uint32_t dstrd) noexcept {
   return kDoorbellOffset + (2 * static_cast<std::size_t>(qid)) * (std::size_t{4} << dstrd);
 }
 /// Byte offset from BAR0 of the Completion Queue y Head Doorbell: 1000h + (2y + 1) * (4 << DSTRD).
-TUTTI_HOST_DEVICE constexpr std::size_t completion_queue_head_doorbell_offset(std::uint16_t qid, std::uint32_t dstrd) noexcept {
+TUTTI_HOST_DEVICE constexpr std::size_t completion_queue_head_doorbell_offset(std::uint16_t qid,
+                                                                              std::uint32_t dstrd) noexcept {
   return kDoorbellOffset + (2 * static_cast<std::size_t>(qid) + 1) * (std::size_t{4} << dstrd);
 }
 static_assert(submission_queue_tail_doorbell_offset(0, 0) == 0x1000);

@@ -23,16 +23,17 @@ inline constexpr std::uint32_t kSglMaxDataBlockBytes = 1u << 31;
 
 /// Result of build_sgl.
 struct SglBuild {
-  StatusCode status = StatusCode::OK;  ///< OK, OUT_OF_RANGE, INVALID_ARGUMENT or RESOURCE_EXHAUSTED
-  SglDescriptor sgl1{};                ///< SGL Entry 1 for the SQE (set PSDT = 01b)
-  std::uint32_t data_blocks = 0;       ///< Data Block descriptors describing the transfer
+  StatusCode status = StatusCode::OK;     ///< OK, OUT_OF_RANGE, INVALID_ARGUMENT or RESOURCE_EXHAUSTED
+  SglDescriptor sgl1{};                   ///< SGL Entry 1 for the SQE (set PSDT = 01b)
+  std::uint32_t data_blocks = 0;          ///< Data Block descriptors describing the transfer
   std::uint32_t descriptors_written = 0;  ///< descriptors written to the segment area
 };
 
 /// Calls visit(bus_address, bytes) for each maximal bus-contiguous run of the transfer, split at
 /// kSglMaxDataBlockBytes. Precondition: table.contains(offset, length).
 template <class Visit>
-TUTTI_HOST_DEVICE inline void for_each_bus_run(const PageTableView& table, std::uint64_t offset, std::uint64_t length, Visit&& visit) noexcept {
+TUTTI_HOST_DEVICE inline void for_each_bus_run(const PageTableView& table, std::uint64_t offset, std::uint64_t length,
+                                               Visit&& visit) noexcept {
   std::uint64_t run_start = table.bus_address_of(offset);
   std::uint64_t run_bytes = 0;
   std::uint64_t position = offset;
@@ -61,7 +62,8 @@ TUTTI_HOST_DEVICE inline void for_each_bus_run(const PageTableView& table, std::
 ///   RESOURCE_EXHAUSTED  the area is too small (descriptors_written says how many were needed).
 /// Thread-safety: reentrant; `area` must not be shared with a concurrent build.
 TUTTI_HOST_DEVICE inline SglBuild build_sgl(const PageTableView& table, std::uint64_t offset, std::uint64_t length,
-                                            const DescriptorArea& area, std::uint32_t max_descriptors_per_segment = 256) noexcept {
+                                            const DescriptorArea& area,
+                                            std::uint32_t max_descriptors_per_segment = 256) noexcept {
   SglBuild out;
   if (!table.contains(offset, length)) {
     out.status = StatusCode::OUT_OF_RANGE;
@@ -100,8 +102,8 @@ TUTTI_HOST_DEVICE inline SglBuild build_sgl(const PageTableView& table, std::uin
   std::uint64_t remaining = blocks;
   std::uint64_t slot = 0;
   std::uint64_t segment_len = remaining <= per ? remaining : per;
-  out.sgl1 = SglDescriptor::make(remaining <= per ? SglDescriptorType::last_segment : SglDescriptorType::segment, area.bus_address,
-                                 static_cast<std::uint32_t>(segment_len * sizeof(SglDescriptor)));
+  out.sgl1 = SglDescriptor::make(remaining <= per ? SglDescriptorType::last_segment : SglDescriptorType::segment,
+                                 area.bus_address, static_cast<std::uint32_t>(segment_len * sizeof(SglDescriptor)));
   std::uint64_t in_segment = 0;
   for_each_bus_run(table, offset, length, [&](std::uint64_t bus, std::uint64_t bytes) {
     const bool segment_needs_pointer = remaining > per - in_segment;  // more blocks than room left
@@ -109,8 +111,9 @@ TUTTI_HOST_DEVICE inline SglBuild build_sgl(const PageTableView& table, std::uin
       // Last slot of a non-final segment: point to the next segment, right after this one.
       const std::uint64_t next_bus = area.bus_address + (slot + 1) * sizeof(SglDescriptor);
       const std::uint64_t next_len = remaining <= per ? remaining : per;
-      descriptors[slot++] = SglDescriptor::make(remaining <= per ? SglDescriptorType::last_segment : SglDescriptorType::segment, next_bus,
-                                                static_cast<std::uint32_t>(next_len * sizeof(SglDescriptor)));
+      descriptors[slot++] =
+          SglDescriptor::make(remaining <= per ? SglDescriptorType::last_segment : SglDescriptorType::segment, next_bus,
+                              static_cast<std::uint32_t>(next_len * sizeof(SglDescriptor)));
       in_segment = 0;
     }
     descriptors[slot++] = SglDescriptor::make(SglDescriptorType::data_block, bus, static_cast<std::uint32_t>(bytes));

@@ -120,10 +120,12 @@ TUTTI_HOST_DEVICE constexpr StatusField make_status(GenericStatus sc, bool dnr) 
   return StatusField::make(static_cast<std::uint8_t>(StatusCodeType::generic), static_cast<std::uint8_t>(sc), dnr);
 }
 TUTTI_HOST_DEVICE constexpr StatusField make_status(CommandSpecificStatus sc, bool dnr) noexcept {
-  return StatusField::make(static_cast<std::uint8_t>(StatusCodeType::command_specific), static_cast<std::uint8_t>(sc), dnr);
+  return StatusField::make(static_cast<std::uint8_t>(StatusCodeType::command_specific), static_cast<std::uint8_t>(sc),
+                           dnr);
 }
 TUTTI_HOST_DEVICE constexpr StatusField make_status(MediaStatus sc, bool dnr) noexcept {
-  return StatusField::make(static_cast<std::uint8_t>(StatusCodeType::media_and_data_integrity), static_cast<std::uint8_t>(sc), dnr);
+  return StatusField::make(static_cast<std::uint8_t>(StatusCodeType::media_and_data_integrity),
+                           static_cast<std::uint8_t>(sc), dnr);
 }
 TUTTI_HOST_DEVICE constexpr StatusField make_status(PathStatus sc, bool dnr) noexcept {
   return StatusField::make(static_cast<std::uint8_t>(StatusCodeType::path_related), static_cast<std::uint8_t>(sc), dnr);
@@ -206,7 +208,8 @@ constexpr std::string_view status_code_name(std::uint8_t sct, std::uint8_t sc) n
       case CommandSpecificStatus::invalid_queue_identifier: return "Invalid Queue Identifier";
       case CommandSpecificStatus::invalid_queue_size: return "Invalid Queue Size";
       case CommandSpecificStatus::abort_command_limit_exceeded: return "Abort Command Limit Exceeded";
-      case CommandSpecificStatus::asynchronous_event_request_limit_exceeded: return "Asynchronous Event Request Limit Exceeded";
+      case CommandSpecificStatus::asynchronous_event_request_limit_exceeded:
+        return "Asynchronous Event Request Limit Exceeded";
       case CommandSpecificStatus::invalid_firmware_slot: return "Invalid Firmware Slot";
       case CommandSpecificStatus::invalid_firmware_image: return "Invalid Firmware Image";
       case CommandSpecificStatus::invalid_interrupt_vector: return "Invalid Interrupt Vector";
@@ -274,8 +277,7 @@ TUTTI_HOST_DEVICE constexpr StatusDisposition classify(StatusField status) noexc
       case GenericStatus::internal_error:
       case GenericStatus::aborted_power_loss:
       case GenericStatus::keep_alive_timer_expired:
-      case GenericStatus::sanitize_failed:
-        return StatusDisposition::fatal;
+      case GenericStatus::sanitize_failed: return StatusDisposition::fatal;
       case GenericStatus::namespace_not_ready:
       case GenericStatus::format_in_progress:
       case GenericStatus::command_interrupted:
@@ -284,8 +286,7 @@ TUTTI_HOST_DEVICE constexpr StatusDisposition classify(StatusField status) noexc
       case GenericStatus::sanitize_in_progress:
       case GenericStatus::aborted_sq_deletion:
         return status.do_not_retry() ? StatusDisposition::fail : StatusDisposition::retry;
-      default:
-        return StatusDisposition::fail;
+      default: return StatusDisposition::fail;
     }
   }
   if (sct == 3) {
@@ -316,8 +317,8 @@ constexpr std::string_view disposition_name(StatusDisposition d) noexcept {
 inline std::string describe_status(StatusField status) {
   const std::uint8_t sct = status.status_code_type();
   const std::uint8_t sc = status.status_code();
-  return fmt::format("{} (SCT {:X}h {}, SC {:02X}h, DNR {})", status_code_name(sct, sc), sct, status_code_type_name(sct),
-                     sc, status.do_not_retry() ? 1 : 0);
+  return fmt::format("{} (SCT {:X}h {}, SC {:02X}h, DNR {})", status_code_name(sct, sc), sct,
+                     status_code_type_name(sct), sc, status.do_not_retry() ? 1 : 0);
 }
 
 }  // namespace tutti::nvme

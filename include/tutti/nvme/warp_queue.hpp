@@ -70,8 +70,10 @@ TUTTI_HOST_DEVICE inline std::uint32_t warp_ring_submission_doorbell(const Queue
       const std::uint64_t window = room < lanes ? room : lanes;
       if (window == 0) break;
       const std::uint64_t ticket = end + lane;
-      const bool ready = lane < window && SubmitterAtomic<std::uint64_t>(queue.sq_ready[ticket % queue.depth])
-                                                  .load(accel::MemoryOrder::relaxed) == ticket + 1;
+      const bool ready =
+          lane < window &&
+          SubmitterAtomic<std::uint64_t>(queue.sq_ready[ticket % queue.depth]).load(accel::MemoryOrder::relaxed) ==
+              ticket + 1;
       const std::uint32_t run = trailing_ones(accel::warp_ballot(ready));
       end += run < window ? run : window;
       if (run < window) break;
@@ -79,7 +81,8 @@ TUTTI_HOST_DEVICE inline std::uint32_t warp_ring_submission_doorbell(const Queue
     if (lane == 0) {
       if (end != start) {
         announced_ticket.store(end, accel::MemoryOrder::relaxed);
-        accel::mmio_store32(queue.sq_tail_doorbell, static_cast<std::uint32_t>(end % queue.depth));  // one write for the run
+        accel::mmio_store32(queue.sq_tail_doorbell,
+                            static_cast<std::uint32_t>(end % queue.depth));  // one write for the run
         QueuePair::count(queue.state->doorbell_writes);
       }
       lock.store(0, accel::MemoryOrder::seq_cst);
@@ -87,7 +90,8 @@ TUTTI_HOST_DEVICE inline std::uint32_t warp_ring_submission_doorbell(const Queue
     announced += static_cast<std::uint32_t>(end - start);
     std::uint32_t again = 0;
     if (lane == 0)
-      again = SubmitterAtomic<std::uint64_t>(queue.sq_ready[end % queue.depth]).load(accel::MemoryOrder::seq_cst) == end + 1;
+      again = SubmitterAtomic<std::uint64_t>(queue.sq_ready[end % queue.depth]).load(accel::MemoryOrder::seq_cst) ==
+              end + 1;
     if (accel::warp_broadcast(again, 0) == 0) return announced;
   }
 }
@@ -105,7 +109,7 @@ TUTTI_HOST_DEVICE inline std::uint32_t warp_ring_submission_doorbell(const Queue
 /// waiter abandoned it); lane 0 writes the CQ head doorbell once for everything reaped. Returns
 /// the CQEs consumed (same value in every lane).
 TUTTI_HOST_DEVICE inline std::uint32_t warp_reap_completions(const QueuePair& queue,
-                                                              std::uint32_t max_entries = 0xffffffffu) noexcept {
+                                                             std::uint32_t max_entries = 0xffffffffu) noexcept {
   using accel::MemoryOrder;
   const std::uint32_t lane = accel::lane_id();
   const std::uint32_t lanes = accel::warp_lanes();
@@ -148,8 +152,10 @@ TUTTI_HOST_DEVICE inline std::uint32_t warp_reap_completions(const QueuePair& qu
       entry.sq_head = source.sq_head;
       entry.sq_identifier = source.sq_identifier;
       const bool fields_valid = queue.completion_fields_valid(entry);
-      if (!fields_valid) QueuePair::count(state.invalid_completions);
-      else if (lane == count - 1) queue.advance_submission_head(entry.sq_head, MemoryOrder::relaxed);  // newest CQE
+      if (!fields_valid)
+        QueuePair::count(state.invalid_completions);
+      else if (lane == count - 1)
+        queue.advance_submission_head(entry.sq_head, MemoryOrder::relaxed);  // newest CQE
       delivery = queue.stage_completion(entry);
     }
     // Release, once for the batch: completion bytes (and the SQ head ticket, whose reuse of SQ
@@ -227,7 +233,7 @@ TUTTI_HOST_DEVICE inline bool warp_submit(const QueueOf& queue_of, std::uint32_t
       write(ticket + (inclusive - count));
       submitted = true;
     }
-    accel::warp_sync();  // every SQE of the run written (ready words set) before the doorbell
+    accel::warp_sync();                    // every SQE of the run written (ready words set) before the doorbell
     warp_ring_submission_doorbell(queue);  // ONE SQ tail doorbell write for the run
     pending &= ~run;
   }
@@ -239,7 +245,8 @@ TUTTI_HOST_DEVICE inline bool warp_submit(const QueueOf& queue_of, std::uint32_t
 /// doorbell write per reaped batch). `queue_of` as in warp_submit. Returns the CQEs consumed over
 /// all groups (same value in every lane).
 template <class QueueOf>
-TUTTI_HOST_DEVICE inline std::uint32_t warp_reap(const QueueOf& queue_of, std::uint32_t queue_index, bool waiting) noexcept {
+TUTTI_HOST_DEVICE inline std::uint32_t warp_reap(const QueueOf& queue_of, std::uint32_t queue_index,
+                                                 bool waiting) noexcept {
   std::uint32_t consumed = 0;
   std::uint32_t pending = accel::warp_ballot(waiting);
   while (pending != 0) {

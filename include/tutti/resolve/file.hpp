@@ -178,8 +178,8 @@ class FileResolver {
           direct = false;
         } else {
           target.direct_io_alignment = extended.stx_dio_offset_align;
-          target.direct_io_memory_alignment = extended.stx_dio_mem_align ? extended.stx_dio_mem_align
-                                                                          : extended.stx_dio_offset_align;
+          target.direct_io_memory_alignment =
+              extended.stx_dio_mem_align ? extended.stx_dio_mem_align : extended.stx_dio_offset_align;
           target.alignment_source = AlignmentSource::statx;
         }
       } else if (const std::uint32_t block = detail::logical_block_size(info.st_dev); block > 0) {

@@ -174,7 +174,8 @@ class LocalFileResolver {
       options.partition_start_bytes = *start;
     }
     if (*options.partition_start_bytes % options.lba_size != 0)
-      return error(StatusCode::INVALID_ARGUMENT, "local_file: partition start {} is not a multiple of the {}-byte LBA size",
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "local_file: partition start {} is not a multiple of the {}-byte LBA size",
                    *options.partition_start_bytes, options.lba_size);
     return LocalFileResolver(std::move(options));
   }
@@ -187,8 +188,8 @@ class LocalFileResolver {
     auto uri = parse_uri(text);
     if (!uri) return uri.status();
     if (uri->scheme != scheme)
-      return error(StatusCode::INVALID_ARGUMENT, "uri '{}' has scheme '{}'; the local_file resolver serves 'file'", text,
-                   uri->scheme);
+      return error(StatusCode::INVALID_ARGUMENT, "uri '{}' has scheme '{}'; the local_file resolver serves 'file'",
+                   text, uri->scheme);
     if (!uri->authority.empty() && uri->authority != "localhost")
       return error(StatusCode::INVALID_ARGUMENT,
                    "uri '{}' names host or relative path '{}'; use file:///absolute/path (relative paths and remote "
@@ -329,8 +330,8 @@ class LocalFileResolver {
       }
     }
     if (next < size)
-      return error(StatusCode::DATA_LOSS, "'{}': hole at file offset {} (no extent up to the end of file {})", path, next,
-                   size);
+      return error(StatusCode::DATA_LOSS, "'{}': hole at file offset {} (no extent up to the end of file {})", path,
+                   next, size);
     return Status::success();
   }
 
@@ -344,8 +345,8 @@ class LocalFileResolver {
                    "system reads as zeros",
                    path, at);
     if (f & FIEMAP_EXTENT_DELALLOC)
-      return error(StatusCode::DATA_LOSS, "'{}': delayed-allocation extent at file offset {} has no device location yet",
-                   path, at);
+      return error(StatusCode::DATA_LOSS,
+                   "'{}': delayed-allocation extent at file offset {} has no device location yet", path, at);
     if (f & (FIEMAP_EXTENT_DATA_INLINE | FIEMAP_EXTENT_DATA_TAIL))
       return error(StatusCode::UNSUPPORTED, "'{}': inline or tail-packed data at file offset {} has no LBA of its own",
                    path, at);

@@ -34,8 +34,8 @@ class Store {
   struct Options {
     static constexpr std::uint64_t kDefaultMaxFileBytes = std::uint64_t{1} << 32;   // 4 GiB
     static constexpr std::uint64_t kDefaultMaxTotalBytes = std::uint64_t{1} << 34;  // 16 GiB
-    std::uint64_t max_file_bytes = kDefaultMaxFileBytes;    ///< Largest size= accepted.
-    std::uint64_t max_total_bytes = kDefaultMaxTotalBytes;  ///< Sum of all file sizes.
+    std::uint64_t max_file_bytes = kDefaultMaxFileBytes;                            ///< Largest size= accepted.
+    std::uint64_t max_total_bytes = kDefaultMaxTotalBytes;                          ///< Sum of all file sizes.
   };
   Store() = default;
   explicit Store(Options options) : options_(options) {}

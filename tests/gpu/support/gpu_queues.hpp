@@ -3,7 +3,8 @@
 //   - QueueSet: N NVMe queue pairs (rings, doorbells, nvme::QueuePair shared state, command
 //     slots, CID bitmaps) plus the null controller's per-queue state, all in device memory
 //     (cudaMalloc) or all in host memory, initialised as nvme::QueuePairStorage does;
-//   - GpuNullController: launches test::null_controller_kernel (tests/support/null_controller.hpp) on its own stream with its
+//   - GpuNullController: launches test::null_controller_kernel (tests/support/null_controller.hpp) on its own stream
+//   with its
 //     control words in mapped pinned host memory, waits until it runs, stops it.
 // Not library code: the DataPath owns its queues through libnvm. Errors throw std::runtime_error
 // (tests and benchmarks only).
@@ -64,20 +65,28 @@ class Buffer {
   }
   ~Buffer() {
     if (data_ == nullptr) return;
-    if (kind_ == MemoryKind::device) cudaFree(data_);
-    else std::free(data_);
+    if (kind_ == MemoryKind::device)
+      cudaFree(data_);
+    else
+      std::free(data_);
   }
   template <class T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   /// Copies `bytes` from host memory `source` into this buffer at byte `offset`.
   void upload(const void* source, std::size_t bytes, std::size_t offset = 0) {
-    if (kind_ == MemoryKind::device) TUTTI_CUDA_CHECK(cudaMemcpy(static_cast<char*>(data_) + offset, source, bytes, cudaMemcpyHostToDevice));
-    else std::memcpy(static_cast<char*>(data_) + offset, source, bytes);
+    if (kind_ == MemoryKind::device)
+      TUTTI_CUDA_CHECK(cudaMemcpy(static_cast<char*>(data_) + offset, source, bytes, cudaMemcpyHostToDevice));
+    else
+      std::memcpy(static_cast<char*>(data_) + offset, source, bytes);
   }
   /// Copies `bytes` at byte `offset` of this buffer to host memory `target`.
   void download(void* target, std::size_t bytes, std::size_t offset = 0) const {
-    if (kind_ == MemoryKind::device) TUTTI_CUDA_CHECK(cudaMemcpy(target, static_cast<const char*>(data_) + offset, bytes, cudaMemcpyDeviceToHost));
-    else std::memcpy(target, static_cast<const char*>(data_) + offset, bytes);
+    if (kind_ == MemoryKind::device)
+      TUTTI_CUDA_CHECK(cudaMemcpy(target, static_cast<const char*>(data_) + offset, bytes, cudaMemcpyDeviceToHost));
+    else
+      std::memcpy(target, static_cast<const char*>(data_) + offset, bytes);
   }
 
  private:
@@ -88,8 +97,8 @@ class Buffer {
 
 struct QueueSetConfig {
   std::uint32_t queue_count = 1;
-  std::uint32_t depth = 1024;         ///< entries per SQ and CQ
-  std::uint32_t cid_capacity = 0;     ///< command slots per queue; 0: depth
+  std::uint32_t depth = 1024;      ///< entries per SQ and CQ
+  std::uint32_t cid_capacity = 0;  ///< command slots per queue; 0: depth
   MemoryKind memory = MemoryKind::device;
 };
 
@@ -117,7 +126,8 @@ class QueueSet {
     state_.upload(states.data(), sizeof(nvme::QueuePairState) * q);
     std::vector<std::uint32_t> bitmap(static_cast<std::size_t>(q) * words_, 0);
     for (std::uint32_t i = 0; i < q; ++i)
-      for (std::uint32_t bit = cid_capacity_; bit < words_ * 32; ++bit) bitmap[i * words_ + bit / 32] |= 1u << (bit % 32);
+      for (std::uint32_t bit = cid_capacity_; bit < words_ * 32; ++bit)
+        bitmap[i * words_ + bit / 32] |= 1u << (bit % 32);
     bitmap_.upload(bitmap.data(), bitmap.size() * sizeof(std::uint32_t));
     std::vector<test::NullControllerState> cstates(q);
     for (auto& s : cstates) s.drop_command = test::kNoDrop;
@@ -161,15 +171,18 @@ class QueueSet {
   std::uint32_t cid_capacity() const { return cid_capacity_; }
   /// Queue views in the set's memory (a device array for kernels).
   const nvme::QueuePair* queues() const { return queue_views_.as<const nvme::QueuePair>(); }
-  const test::NullControllerQueue* controllers() const { return controller_views_.as<const test::NullControllerQueue>(); }
+  const test::NullControllerQueue* controllers() const {
+    return controller_views_.as<const test::NullControllerQueue>();
+  }
   /// The views themselves, in host memory (they point into the set's memory).
   const std::vector<nvme::QueuePair>& host_queues() const { return host_queues_; }
   const std::vector<test::NullControllerQueue>& host_controllers() const { return host_controllers_; }
 
   /// Makes the controller of queue `index` drop the completion of the `command`-th SQE it consumes.
   void drop_completion(std::uint32_t index, std::uint64_t command) {
-    controller_state_.upload(&command, sizeof(command),
-                             sizeof(test::NullControllerState) * index + offsetof(test::NullControllerState, drop_command));
+    controller_state_.upload(
+        &command, sizeof(command),
+        sizeof(test::NullControllerState) * index + offsetof(test::NullControllerState, drop_command));
   }
   /// Snapshots (call while nothing runs on the set).
   std::vector<nvme::QueuePairState> queue_states() const {
@@ -215,19 +228,24 @@ class GpuNullController {
     const std::uint32_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
     const std::uint32_t threads = (warps < kWarpsPerBlock ? warps : kWarpsPerBlock) * 32;
     warps_ = blocks * (threads / 32);
-    test::null_controller_kernel<<<blocks, threads, 0, stream_>>>(set.controllers(), set.queue_count(), device_control_, settings);
+    test::null_controller_kernel<<<blocks, threads, 0, stream_>>>(set.controllers(), set.queue_count(), device_control_,
+                                                                  settings);
     TUTTI_CUDA_CHECK(cudaGetLastError());
     // Wait (bounded: 5 s) until every controller warp is resident and polling.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (reinterpret_cast<volatile std::uint32_t*>(control_)[1] < warps_) {
-      if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("null controller did not start within 5 s");
+      if (std::chrono::steady_clock::now() > deadline)
+        throw std::runtime_error("null controller did not start within 5 s");
       std::this_thread::yield();
     }
   }
   GpuNullController(const GpuNullController&) = delete;
   GpuNullController& operator=(const GpuNullController&) = delete;
   ~GpuNullController() {
-    try { stop(); } catch (...) {}
+    try {
+      stop();
+    } catch (...) {
+    }
     cudaStreamDestroy(stream_);
     cudaFreeHost(control_);
     if (relay_ != nullptr) cudaFree(relay_);

@@ -188,8 +188,9 @@ class LocalNvmeDataPath {
   /// slots have grown to the batch sizes in use). States: OK (accepted), the rejections of
   /// staging.hpp's `rejection`, RESOURCE_EXHAUSTED when max_batches_in_flight batches are alive
   /// (backpressure: every request of the submit is rejected, nothing runs) or a slot cannot grow
-  /// to n requests, the launch's error (DEVICE_ERROR when CUDA refuses it), or the wait's error (TIMEOUT / DEVICE_ERROR: the slot is then abandoned to the
-  /// kernel, never reused or freed, and stays counted in max_batches_in_flight).
+  /// to n requests, the launch's error (DEVICE_ERROR when CUDA refuses it), or the wait's error (TIMEOUT /
+  /// DEVICE_ERROR: the slot is then abandoned to the kernel, never reused or freed, and stays counted in
+  /// max_batches_in_flight).
   batch submit(std::span<const PathRequest<LocalNvmeDataPath>> requests, std::span<Status> states) {
     const std::size_t n = requests.size();
     if (n == 0) return batch{};

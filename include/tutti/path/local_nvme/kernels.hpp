@@ -67,7 +67,7 @@ struct DeviceTarget {
 
 /// One queue pair as the kernels see it: the ring view and its credit counter.
 struct DeviceQueue {
-  nvme::QueuePair queue;          ///< rings, doorbells, CID slots (nvme/queue.hpp)
+  nvme::QueuePair queue;             ///< rings, doorbells, CID slots (nvme/queue.hpp)
   std::uint32_t* credits = nullptr;  ///< free command credits (<= depth - 1); nvme::kSubmitterScope atomic
 };
 
@@ -91,21 +91,21 @@ struct CommandRecord {
   std::uint16_t cid = 0;           ///< Command Identifier with generation of the latest attempt (nvme/queue.hpp)
   std::uint8_t attempts = 0;       ///< SQEs sent for this command so far (1..kMaxCommandAttempts)
   CommandPhase phase = CommandPhase::free;
-  std::uint16_t last_status = 0;   ///< SCT << 8 | SC of the latest attempt's completion (0 before one)
+  std::uint16_t last_status = 0;  ///< SCT << 8 | SC of the latest attempt's completion (0 before one)
 };
 static_assert(sizeof(CommandRecord) == 40);
 
 /// Outcome codes a kernel records (the host turns them into Status messages).
 enum class RequestOutcome : std::uint32_t {
   ok = 0,
-  rejected_backpressure = 1,  ///< not accepted: queue credits exhausted
-  rejected_alignment = 2,     ///< not accepted: offset/length not LBA aligned (and not the tail)
-  rejected_memory_room = 3,   ///< not accepted: the tail's whole last LBA does not fit in memory
-  nvme_error = 5,             ///< a command completed with an NVMe error status
-  timed_out = 6,              ///< a command missed its deadline (aborted, or zombie)
-  controller_fatal = 7,       ///< CSTS.CFS or device gone while commands were in flight
-  no_extent = 8,              ///< an offset maps to no extent (cannot happen for a valid target)
-  prp_error = 9,              ///< the memory range is outside the registration
+  rejected_backpressure = 1,     ///< not accepted: queue credits exhausted
+  rejected_alignment = 2,        ///< not accepted: offset/length not LBA aligned (and not the tail)
+  rejected_memory_room = 3,      ///< not accepted: the tail's whole last LBA does not fit in memory
+  nvme_error = 5,                ///< a command completed with an NVMe error status
+  timed_out = 6,                 ///< a command missed its deadline (aborted, or zombie)
+  controller_fatal = 7,          ///< CSTS.CFS or device gone while commands were in flight
+  no_extent = 8,                 ///< an offset maps to no extent (cannot happen for a valid target)
+  prp_error = 9,                 ///< the memory range is outside the registration
   rejected_target_changed = 10,  ///< not accepted: the file changed under local_nvme (DeviceTarget::changed)
   target_changed = 11,           ///< the file changed under local_nvme while the request was in flight
 };
@@ -117,15 +117,15 @@ struct RequestState {
   std::uint32_t queue_index = 0;
   DeviceTarget target{};
   PrpTable memory{};
-  std::uint64_t memory_offset = 0;  ///< bytes into the DMA mapping (not the user region)
-  std::uint64_t memory_room = 0;    ///< bytes from memory_offset to the end of the user region
-  std::uint64_t target_offset = 0;  ///< bytes into the file
-  std::uint64_t length = 0;         ///< bytes requested
+  std::uint64_t memory_offset = 0;      ///< bytes into the DMA mapping (not the user region)
+  std::uint64_t memory_room = 0;        ///< bytes from memory_offset to the end of the user region
+  std::uint64_t target_offset = 0;      ///< bytes into the file
+  std::uint64_t length = 0;             ///< bytes requested
   std::uint64_t max_command_bytes = 0;  ///< MDTS and NLB limit, multiple of lba_size
   std::uint64_t command_timeout_ns = 0;
-  std::uint64_t abort_timeout_ns = 0;   ///< after an Abort, how long the command may still complete
-  std::uint32_t max_window = 1;     ///< 1..kMaxWindow
-  CommandRecord* records = nullptr; ///< max_window records
+  std::uint64_t abort_timeout_ns = 0;  ///< after an Abort, how long the command may still complete
+  std::uint32_t max_window = 1;        ///< 1..kMaxWindow
+  CommandRecord* records = nullptr;    ///< max_window records
   // --- progress (kernels)
   std::uint64_t transfer_length = 0;  ///< length rounded up to the LBA size at the tail
   std::uint64_t issued_bytes = 0;
@@ -141,7 +141,7 @@ struct RequestState {
   bool accepted = false;
   bool done = false;
   RequestOutcome outcome = RequestOutcome::ok;
-  std::uint64_t failed_lba = 0;       ///< first failed command's SLBA
+  std::uint64_t failed_lba = 0;  ///< first failed command's SLBA
   std::uint64_t failed_file_offset = 0;
 };
 
@@ -163,7 +163,7 @@ struct RequestReport {
   /// record between two kernels of a batch.
   std::uint32_t needs_host = 0;
   RequestOutcome outcome = RequestOutcome::ok;
-  std::uint16_t nvme_status = 0;         ///< RequestState::nvme_status
+  std::uint16_t nvme_status = 0;  ///< RequestState::nvme_status
   bool accepted = false;
   bool done = false;
 };
@@ -199,7 +199,7 @@ TUTTI_HOST_DEVICE inline bool split_at(const RequestState& r, std::uint64_t offs
   const local_file::Extent& e = r.target.extents[i];
   const std::uint64_t within = offset - e.file_offset;
   bytes = remaining;
-  if (bytes > e.length - within) bytes = e.length - within;  // split at the extent boundary
+  if (bytes > e.length - within) bytes = e.length - within;      // split at the extent boundary
   if (bytes > r.max_command_bytes) bytes = r.max_command_bytes;  // split at MDTS / NLB limit
   slba = (e.device_offset + within) / r.target.lba_size;
   return true;
@@ -238,8 +238,8 @@ TUTTI_HOST_DEVICE inline bool build_sqe(RequestState& r, std::uint64_t offset, s
 /// prp_error: the commands planned before it are still returned) or when its target changed
 /// (target_changed: nothing is planned), and the fields of free records (their phase stays free
 /// until commit_commands). Nothing to issue for a request that is done, not accepted or failed.
-TUTTI_HOST_DEVICE inline std::uint32_t plan_commands(RequestState& r, nvme::SubmissionQueueEntry* sqes, std::uint32_t* record_of,
-                                                     std::uint64_t& planned_bytes) noexcept {
+TUTTI_HOST_DEVICE inline std::uint32_t plan_commands(RequestState& r, nvme::SubmissionQueueEntry* sqes,
+                                                     std::uint32_t* record_of, std::uint64_t& planned_bytes) noexcept {
   planned_bytes = r.issued_bytes;
   if (r.done || !r.accepted || r.outcome != RequestOutcome::ok) return 0;
   std::uint32_t n = 0;
@@ -498,7 +498,8 @@ TUTTI_HOST_DEVICE inline void poll_request(RequestState& r, const DeviceQueue& q
     // stays mapped until the queue is deleted) and the request fails.
     for (std::uint32_t k = 0; k < r.window; ++k) {
       CommandRecord& rec = r.records[k];
-      if (rec.phase == CommandPhase::free || rec.phase == CommandPhase::zombie || rec.phase == CommandPhase::retry) continue;
+      if (rec.phase == CommandPhase::free || rec.phase == CommandPhase::zombie || rec.phase == CommandPhase::retry)
+        continue;
       rec.phase = CommandPhase::zombie;
       --r.in_flight;
       ++r.zombies;
@@ -604,7 +605,8 @@ struct PollKernel {
     const std::uint64_t i = t.global();
     RequestState* r = i < count ? &requests[i] : nullptr;
     const std::uint64_t stop = budget_ns == 0 ? 0 : warp_poll_stop(stop_word, budget_ns);
-    accel::Backoff backoff(accel::Backoff::Settings{.spin_steps = 4, .yield_steps = 4, .first_sleep_ns = 256, .max_sleep_ns = 8192});
+    accel::Backoff backoff(
+        accel::Backoff::Settings{.spin_steps = 4, .yield_steps = 4, .first_sleep_ns = 256, .max_sleep_ns = 8192});
     for (;;) {
       warp_reap(r, queues);
       const std::uint64_t now = accel::timer_ns();
@@ -616,7 +618,8 @@ struct PollKernel {
       if (r != nullptr) detail::finish_if_idle(*r, queues[r->queue_index]);
       const bool host = r != nullptr && records_needing_host(*r) != 0;
       const bool waiting = r != nullptr && r->accepted && !r->done;
-      if (accel::warp_ballot(waiting) == 0 || accel::warp_ballot(host) != 0 || accel::warp_ballot(now >= stop) != 0) break;
+      if (accel::warp_ballot(waiting) == 0 || accel::warp_ballot(host) != 0 || accel::warp_ballot(now >= stop) != 0)
+        break;
       backoff.pause();
     }
     if (r != nullptr) write_report(*r, reports[i]);

@@ -119,9 +119,7 @@ inline RequestCompletion completion_of(const Engine& engine, const RequestState&
     return c;
   }
   switch (report.outcome) {
-    case RequestOutcome::ok:
-      detail::assign(c.status, Status::success());
-      break;
+    case RequestOutcome::ok: detail::assign(c.status, Status::success()); break;
     case RequestOutcome::nvme_error:
       detail::assign(c.status,
                      error(StatusCode::DEVICE_ERROR,

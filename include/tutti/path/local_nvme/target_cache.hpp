@@ -82,13 +82,16 @@ class TargetCache {
     if (limits.entries > 0) {
       const std::size_t bytes = std::size_t{limits.entries} * limits.entry_extents * sizeof(local_file::Extent);
       auto l1 = accel::DeviceBuffer::allocate(bytes);
-      if (!l1) return l1.status().with_context(fmt::format("target cache: L1 of {} entries x {} extents", limits.entries, limits.entry_extents));
+      if (!l1)
+        return l1.status().with_context(
+            fmt::format("target cache: L1 of {} entries x {} extents", limits.entries, limits.entry_extents));
       cache->l1_ = std::move(l1.value());
       try {
         cache->entries_.assign(limits.entries, Entry{});
         cache->index_.reserve(limits.entries);
       } catch (const std::bad_alloc&) {
-        return error(StatusCode::RESOURCE_EXHAUSTED, "target cache: no memory for the index of {} entries", limits.entries);
+        return error(StatusCode::RESOURCE_EXHAUSTED, "target cache: no memory for the index of {} entries",
+                     limits.entries);
       }
     }
     return cache;
@@ -103,10 +106,11 @@ class TargetCache {
     const std::uint64_t bytes = extent_count * sizeof(local_file::Extent);
     std::scoped_lock lock(mutex_);
     if (bytes > limits_.host_bytes || host_bytes_ > limits_.host_bytes - bytes)
-      return error(StatusCode::RESOURCE_EXHAUSTED,
-                   "local_nvme: the {} extents of '{}' ({} bytes) do not fit: open targets hold {} of the {} bytes set by "
-                   "Options::host_target_cache_bytes; close a target or raise the limit",
-                   extent_count, path, bytes, host_bytes_, limits_.host_bytes);
+      return error(
+          StatusCode::RESOURCE_EXHAUSTED,
+          "local_nvme: the {} extents of '{}' ({} bytes) do not fit: open targets hold {} of the {} bytes set by "
+          "Options::host_target_cache_bytes; close a target or raise the limit",
+          extent_count, path, bytes, host_bytes_, limits_.host_bytes);
     host_bytes_ += bytes;
     return ++last_id_;
   }

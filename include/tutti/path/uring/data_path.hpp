@@ -99,9 +99,9 @@ class UringDataPath {
   /// larger than 4096 bytes (offset or memory).
   Result<open_target> open(file::Target&& payload, const OpenOptions& options) {
     TUTTI_RETURN_IF_ERROR(status());
-    if (payload.direct && (payload.direct_io_alignment > kAlignment || kAlignment % payload.direct_io_alignment != 0 ||
-                           payload.direct_io_memory_alignment > kAlignment ||
-                           kAlignment % payload.direct_io_memory_alignment != 0))
+    if (payload.direct &&
+        (payload.direct_io_alignment > kAlignment || kAlignment % payload.direct_io_alignment != 0 ||
+         payload.direct_io_memory_alignment > kAlignment || kAlignment % payload.direct_io_memory_alignment != 0))
       return error(StatusCode::UNSUPPORTED,
                    "'{}' on {} needs O_DIRECT alignment of {} bytes (memory {}), which does not divide the uring "
                    "DataPath's {}-byte alignment",
@@ -198,8 +198,10 @@ class UringDataPath {
     if constexpr (!detail::kStagesDeviceMemory) return streams_unsupported();
     if (!engine_) return error(StatusCode::NOT_FOUND, "set_completion_stream: this DataPath was moved from");
     if (engine_->set_stream_at(address, stream) == 0)
-      return error(StatusCode::NOT_FOUND, "set_completion_stream: no DEVICE memory region registered with the uring "
-                                          "DataPath starts at address {}", address);
+      return error(StatusCode::NOT_FOUND,
+                   "set_completion_stream: no DEVICE memory region registered with the uring "
+                   "DataPath starts at address {}",
+                   address);
     return Status::success();
   }
 

@@ -40,8 +40,8 @@ struct Options {
   static constexpr std::uint64_t kDefaultWaitSliceNs = 1'000'000;                   // 1 ms
   static constexpr std::uint32_t kDefaultStagingBuffers = 8;
   static constexpr std::uint64_t kDefaultStagingBufferBytes = std::uint64_t{4} << 20;  // 4 MiB
-  static constexpr std::uint64_t kDefaultDrainTimeoutNs = 5'000'000'000;              // 5 s
-  static constexpr std::uint64_t kDefaultCloseFlushTimeoutNs = 30'000'000'000;        // 30 s
+  static constexpr std::uint64_t kDefaultDrainTimeoutNs = 5'000'000'000;               // 5 s
+  static constexpr std::uint64_t kDefaultCloseFlushTimeoutNs = 30'000'000'000;         // 30 s
 
   /// SQ entries of the ring and the in-flight budget in commands (SQEs), 1..32768 (clamped). A submit
   /// whose request does not fit the remaining budget rejects it RESOURCE_EXHAUSTED. The CQ has twice

@@ -63,8 +63,7 @@ struct CopyStart {
 /// A Status for a CUDA runtime error: DEVICE_ERROR with the call and cudaGetErrorString's text.
 inline Status cuda_status(cudaError_t code, const char* call) {
   if (code == cudaSuccess) return Status::success();
-  return error(StatusCode::DEVICE_ERROR, "{} failed: {} ({})", call, cudaGetErrorString(code),
-               cudaGetErrorName(code));
+  return error(StatusCode::DEVICE_ERROR, "{} failed: {} ({})", call, cudaGetErrorString(code), cudaGetErrorName(code));
 }
 
 /// The caller's side of staged requests that are fenced on a caller's stream (DataPath::
@@ -113,8 +112,8 @@ class StagingRing {
     ring->device_ = device;
     ring->buffer_bytes_ = buffer_bytes;
     TUTTI_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
-    TUTTI_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&ring->stream_, cudaStreamNonBlocking),
-                                      "cudaStreamCreateWithFlags"));
+    TUTTI_RETURN_IF_ERROR(
+        cuda_status(cudaStreamCreateWithFlags(&ring->stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"));
     for (std::uint32_t i = 0; i < buffers; ++i) {
       void* memory = nullptr;
       TUTTI_RETURN_IF_ERROR(cuda_status(cudaHostAlloc(&memory, buffer_bytes, cudaHostAllocPortable), "cudaHostAlloc"));

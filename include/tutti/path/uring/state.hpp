@@ -40,7 +40,7 @@ struct CompletionStream {
 /// An open target (UringDataPath::open_target). The payload's descriptors are closed when it is destroyed.
 struct OpenTarget {
   file::Target file;
-  int registered_file_index = -1;  ///< Slot in the registered file table; -1: plain fd (see fallback).
+  int registered_file_index = -1;        ///< Slot in the registered file table; -1: plain fd (see fallback).
   std::string registered_file_fallback;  ///< Why the file is not registered (empty when it is).
   bool flush_on_close = false;
   std::unique_ptr<std::atomic<std::uint64_t>> in_flight = std::make_unique<std::atomic<std::uint64_t>>(0);
@@ -99,12 +99,12 @@ struct Command {
   Stage stage = Stage::disk;
   int fd = -1;
   bool fixed_file = false;
-  int buffer_index = -1;              // fixed buffer slot, -1 for plain IO
-  std::uint32_t alignment = 1;        // O_DIRECT unit of the fd used; 1 when buffered
+  int buffer_index = -1;        // fixed buffer slot, -1 for plain IO
+  std::uint32_t alignment = 1;  // O_DIRECT unit of the fd used; 1 when buffered
   std::uint32_t retries = 0;
-  std::byte* address = nullptr;       // host memory of the next SQE (staging buffer for DEVICE memory)
-  std::uint64_t target_offset = 0;    // file offset of the next SQE
-  std::uint64_t remaining = 0;        // bytes this command still has to move
+  std::byte* address = nullptr;         // host memory of the next SQE (staging buffer for DEVICE memory)
+  std::uint64_t target_offset = 0;      // file offset of the next SQE
+  std::uint64_t remaining = 0;          // bytes this command still has to move
   std::byte* device_address = nullptr;  // DEVICE memory: destination / source of the chunk
   std::uint64_t chunk_bytes = 0;        // DEVICE memory: the chunk's bytes
   std::uint64_t chunk_target_offset = 0;
@@ -115,12 +115,12 @@ struct Command {
 /// One submit's requests and commands.
 struct BatchState {
   std::vector<RequestState> requests;
-  std::vector<Command> commands;       // reserved once: pointers stay valid (SQE user_data)
-  std::size_t remaining_requests = 0;  // guarded by the completion mutex
-  std::vector<std::uint32_t> finished; // requests done and not yet reported to progress()
+  std::vector<Command> commands;                     // reserved once: pointers stay valid (SQE user_data)
+  std::size_t remaining_requests = 0;                // guarded by the completion mutex
+  std::vector<std::uint32_t> finished;               // requests done and not yet reported to progress()
   std::vector<std::shared_ptr<StreamFence>> fences;  // CUDA profile: one per caller's stream
-  bool close_flush = false;            // the FLUSH of close(): counts on no target, owns its path
-  std::string owned_path;              // the path in messages when close_flush
+  bool close_flush = false;                          // the FLUSH of close(): counts on no target, owns its path
+  std::string owned_path;                            // the path in messages when close_flush
 };
 
 }  // namespace detail

@@ -34,8 +34,9 @@ class RegisterTransport {
   /// As Controller::dma_map_device; the default returns UNSUPPORTED (the transport cannot reach
   /// accelerator memory).
   virtual Result<DmaMapping> dma_map_device(void* device_address, std::size_t length) {
-    return error(StatusCode::UNSUPPORTED, "dma_map_device({}, {} bytes): the {} transport cannot DMA-map accelerator memory",
-                 device_address, length, kind());
+    return error(StatusCode::UNSUPPORTED,
+                 "dma_map_device({}, {} bytes): the {} transport cannot DMA-map accelerator memory", device_address,
+                 length, kind());
   }
 };
 

@@ -128,21 +128,23 @@ struct SoftFaultRule {
 
 /// Counters of a SoftController (snapshot). All counts since creation.
 struct SoftControllerCounters {
-  std::uint64_t admin_commands = 0;         ///< admin commands completed
-  std::uint64_t io_commands = 0;            ///< I/O commands completed (any status)
+  std::uint64_t admin_commands = 0;  ///< admin commands completed
+  std::uint64_t io_commands = 0;     ///< I/O commands completed (any status)
   std::uint64_t read_commands = 0, write_commands = 0, flush_commands = 0, write_zeroes_commands = 0,
                 dataset_management_commands = 0;  ///< successful I/O commands by opcode
-  std::uint64_t bytes_read = 0;             ///< bytes moved backing store -> memory by successful Reads (host and accelerator memory)
-  std::uint64_t bytes_written = 0;          ///< bytes moved memory -> backing store by successful Writes (host and accelerator memory)
-  std::uint64_t device_bytes_read = 0;      ///< the part of bytes_read that landed in map_device regions
-  std::uint64_t device_bytes_written = 0;   ///< the part of bytes_written that came from map_device regions
-  std::uint64_t errors = 0;                 ///< completions with a non-success status (admin and I/O)
+  std::uint64_t bytes_read =
+      0;  ///< bytes moved backing store -> memory by successful Reads (host and accelerator memory)
+  std::uint64_t bytes_written =
+      0;  ///< bytes moved memory -> backing store by successful Writes (host and accelerator memory)
+  std::uint64_t device_bytes_read = 0;     ///< the part of bytes_read that landed in map_device regions
+  std::uint64_t device_bytes_written = 0;  ///< the part of bytes_written that came from map_device regions
+  std::uint64_t errors = 0;                ///< completions with a non-success status (admin and I/O)
   std::map<std::uint16_t, std::uint64_t> errors_by_status;  ///< key: StatusField::without_phase()
-  std::uint64_t dma_faults = 0;             ///< accesses outside every mapped region (IOMMU rule), memory untouched
+  std::uint64_t dma_faults = 0;               ///< accesses outside every mapped region (IOMMU rule), memory untouched
   std::uint64_t invalid_doorbell_writes = 0;  ///< doorbell values out of range or for missing queues
-  std::uint64_t injected_faults = 0;        ///< fault rules fired
-  std::uint64_t aborted_commands = 0;       ///< commands completed with Command Abort Requested
-  std::uint64_t completions_posted = 0;     ///< CQEs written (admin and I/O)
+  std::uint64_t injected_faults = 0;          ///< fault rules fired
+  std::uint64_t aborted_commands = 0;         ///< commands completed with Command Abort Requested
+  std::uint64_t completions_posted = 0;       ///< CQEs written (admin and I/O)
 };
 
 /// The software NVMe device. Create with SoftController::create; owned by shared_ptr so the
