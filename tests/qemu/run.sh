@@ -6,7 +6,7 @@
 # For each Debian kernel line (bookworm 6.1, bookworm-backports 6.12) this
 # fetches the kernel image and headers as packages, builds driver/snvme
 # against the headers (with its fault injection: SNVME_FAULT_INJECTION=1),
-# builds the static guest programs (snvme-test, libnvm-snvme-test,
+# builds the static guest programs (snvme-test, libnvm-snvme-test, kv-store-snvme-test,
 # local-nvme-snvme-test) and an initramfs, then boots qemu-system-x86_64
 # (q35, emulated Intel IOMMU, emulated NVMe behind a pcie-root-port, a QMP
 # socket) once per LBA format (512 and 4096 bytes) and runs
@@ -265,7 +265,7 @@ build_initramfs() {
 	for a in $(/bin/busybox --list); do
 		[[ $a == busybox ]] || ln -sf busybox "$r/bin/$a"
 	done
-	copy_with_libs "$r" "$(command -v mke2fs)" "$(command -v e2fsck)"
+	copy_with_libs "$r" "$(command -v mke2fs)" "$(command -v e2fsck)" "$WORK/bin/kv-store-snvme-test"
 	ln -sf mke2fs "$r/sbin/mkfs.ext4"
 	cp /etc/mke2fs.conf "$r/etc/"
 	install -m 0644 "$ko" "$r/lib/snvme.ko"

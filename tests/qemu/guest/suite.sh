@@ -129,6 +129,9 @@ t wrap $T wrap
 t libnvm-snvme-controller /bin/libnvm-snvme-test "$LBA" $((245 * 1048576 / LBA))
 # The local_nvme DataPath over SnvmeController: a hand-built file in the scratch tail from 248 MiB.
 t local-nvme-snvme /bin/local-nvme-snvme-test "$LBA" $((248 * 1048576 / LBA))
+# The KV block store over that DataPath: its layer files on the mounted ext4, resolved to LBAs
+# with FIEMAP, written and read on user queues, verified, then recovered after a reopen.
+t kv-store-snvme /bin/kv-store-snvme-test /mnt/kv-store
 
 kill_mid_io() {
 	rm -f /tmp/ready
