@@ -341,3 +341,64 @@ TEST_CASE("query and release never block behind another thread's wait") {
   waiter.join();
   CHECK(rt.shutdown(kSecond).is_ok());
 }
+
+TEST_CASE("wait_some hands out each completion once, before wait, and judges it as wait does") {
+  auto faults = std::make_shared<Faults>();
+  StorageRuntime<FaultyBackend> rt(FaultyBackend{memfs::MemfsResolver{}, FaultyDataPath{faults}});
+  auto target = *rt.open("memfs://some?size=65536", {.writable = true});
+  auto source = pattern(65536, 5);
+  std::vector<std::byte> sink(65536);
+  auto src = *rt.register_memory({source.data(), source.size(), MemoryKind::HOST});
+  auto dst = *rt.register_memory({sink.data(), sink.size(), MemoryKind::HOST});
+  auto w = rt.submit(std::vector<IoRequest>{{Direction::WRITE, src, 0, target, 0, 65536}});
+  REQUIRE(rt.wait(w.io, kSecond).is_ok());
+  REQUIRE(rt.release(w.io).is_ok());
+
+  // 8 reads of 4 KiB and one of 32 KiB, which fails: requests above 16 KiB fail with DATA_LOSS.
+  faults->fail_after_bytes = 16384;
+  std::vector<IoRequest> reads;
+  for (std::uint64_t i = 0; i < 8; ++i) reads.push_back({Direction::READ, dst, i * 4096, target, i * 4096, 4096});
+  reads.push_back({Direction::READ, dst, 32768, target, 32768, 32768});
+  faults->close_gate();
+  auto r = rt.submit(reads);
+  REQUIRE(r.accepted == reads.size());
+
+  // Nothing completes while the gate is closed: an empty answer within the budget, not an error.
+  auto none = rt.wait_some(r.io, 2'000'000);
+  REQUIRE(none.is_ok());
+  CHECK(none->empty());
+
+  faults->open_gate();
+  std::vector<int> seen(reads.size(), 0);
+  std::size_t handed_out = 0;
+  const std::uint64_t deadline = monotonic_ns() + 5 * kSecond;
+  while (handed_out < reads.size() && monotonic_ns() < deadline) {
+    auto some = rt.wait_some(r.io, kSecond);
+    REQUIRE(some.is_ok());
+    for (const RequestCompletion& c : *some) {
+      REQUIRE(c.request_index < reads.size());
+      ++seen[c.request_index];
+      ++handed_out;
+      if (c.request_index < 8) {
+        CHECK(c.status.is_ok());
+        CHECK(c.confirmed_bytes == 4096);
+        // The request's bytes are usable now, before wait().
+        CHECK(std::memcmp(sink.data() + c.request_index * 4096, source.data() + c.request_index * 4096, 4096) == 0);
+      } else {
+        CHECK(c.status.code() == StatusCode::DATA_LOSS);
+      }
+    }
+  }
+  CHECK(handed_out == reads.size());
+  for (int n : seen) CHECK(n == 1);
+  // Everything was handed out: later calls return nothing, and wait() still has the whole result.
+  auto rest = rt.wait_some(r.io, 1'000'000);
+  REQUIRE(rest.is_ok());
+  CHECK(rest->empty());
+  auto result = rt.wait(r.io, kSecond);
+  REQUIRE(result.is_ok());
+  CHECK(result->completions.size() == reads.size());
+  CHECK(result->failed_requests == std::vector<std::size_t>{8});
+  CHECK(rt.release(r.io).is_ok());
+  CHECK(rt.wait_some(r.io, 1'000'000).code() == StatusCode::NOT_FOUND);
+}

@@ -106,6 +106,9 @@ class StorageRuntime {
   static_assert(sizeof...(Backends) >= 1, "tutti::StorageRuntime needs at least one Backend<Resolver, DataPath>");
 
   static constexpr std::size_t kBackends = sizeof...(Backends);
+  /// wait_some()'s step: how long one DataPath progress call may wait before new completions are
+  /// handed out (a 1 MiB read at 10 GB/s takes 100 us).
+  static constexpr std::uint64_t kWaitSomeSliceNs = 100'000;
   template <std::size_t I>
   using backend_at = std::tuple_element_t<I, std::tuple<Backends...>>;
   template <std::size_t I>
@@ -422,6 +425,40 @@ class StorageRuntime {
     return (*io)->result;
   }
 
+  /// Waits up to timeout_ns nanoseconds for requests of an IO to complete and returns the completions
+  /// that no earlier wait_some() returned, each request once, as soon as at least one is there (or
+  /// empty when the timeout passes first). It lets a caller use a request's bytes, e.g. check their
+  /// checksum, while the IO's other requests are still in flight. A completion's status is judged as
+  /// wait() judges it (success means every byte moved); `request_index` is the position in submit()'s
+  /// input. The buffers of returned requests are no longer written by the device; those of the others
+  /// may be. wait() still returns the whole IoResult, and release() is still needed. Slices its wait
+  /// in steps of at most 100 us so that a completion is handed out within about that time.
+  /// Errors: bad handle, BUSY while another thread waits on the same IO, a DataPath progress error
+  /// (the IO stays in flight). Thread-safe.
+  Result<std::vector<RequestCompletion>> wait_some(IoHandle handle, std::uint64_t timeout_ns) {
+    auto io = find_io(handle);
+    if (!io) return io.status();
+    const std::uint64_t deadline = deadline_after_ns(timeout_ns);
+    std::unique_lock guard((*io)->mutex, std::defer_lock);
+    if (!guard.try_lock_for(as_duration(timeout_ns)))
+      return error(StatusCode::BUSY, "{} is being waited on by another thread", handle.to_string());
+    std::vector<RequestCompletion> out;
+    for (;;) {
+      Status s = advance(**io, std::min<std::uint64_t>(remaining_ns(deadline), kWaitSomeSliceNs));
+      if (!s.is_ok() && s.code() != StatusCode::TIMEOUT) return s;
+      detail::for_each_index<kBackends>([&](auto I) {
+        auto& bucket = std::get<I>((*io)->parts);
+        for (std::size_t k = 0; k < bucket.staged.size(); ++k) {
+          Staged& staged = bucket.staged[k];
+          if (!staged.accepted || staged.handed_out || !bucket.completions[k].done) continue;
+          staged.handed_out = true;
+          out.push_back(judged<I>(bucket, k));
+        }
+      });
+      if (!out.empty() || (*io)->complete || remaining_ns(deadline) == 0) return out;
+    }
+  }
+
   /// Frees a completed IO's handle. Errors: bad handle, BUSY while its requests are in flight.
   Status release(IoHandle handle) {
     auto io = find_io(handle);
@@ -581,6 +618,7 @@ class StorageRuntime {
     Pins pins;
     std::size_t input_index = 0;  // the request is submit input input_index
     bool accepted = false;        // the DataPath accepted it (its completion counts)
+    bool handed_out = false;      // wait_some() returned its completion
   };
   /// One backend's part of an IO: parallel arrays indexed by the position k in the DataPath's span,
   /// allocated from the IO entry's arena.
@@ -850,6 +888,22 @@ class StorageRuntime {
     return Status::success();
   }
 
+  /// Request k of backend I's bucket as the caller sees it: its submit() index, and success only
+  /// when the DataPath confirmed every byte.
+  template <std::size_t I, class BucketType>
+  static RequestCompletion judged(const BucketType& bucket, std::size_t k) {
+    RequestCompletion c = bucket.completions[k];
+    c.request_index = bucket.staged[k].input_index;
+    if (!c.done)  // a DataPath that reports completion must fill every entry; never claim bytes moved
+      c.status = error(StatusCode::INTERNAL, "DataPath '{}' completed without a status", datapath_at<I>::name);
+    if (c.status.is_ok() && c.confirmed_bytes != bucket.requests[k].length &&
+        bucket.requests[k].direction != Direction::FLUSH)  // fail closed: success means every byte moved
+      c.status = error(StatusCode::DATA_LOSS, "DataPath '{}' reported success for {} of {} bytes", datapath_at<I>::name,
+                       c.confirmed_bytes, bucket.requests[k].length);
+    if (!c.status.is_ok()) c.confirmed_bytes = std::min(c.confirmed_bytes, bucket.requests[k].length);
+    return c;
+  }
+
   /// Marks a completed IO: unpins its targets and regions and builds its IoResult.
   void finish(IoEntry& io) {
     IoResult& result = io.result;
@@ -860,15 +914,7 @@ class StorageRuntime {
       auto& bucket = std::get<I>(io.parts);
       for (std::size_t k = 0; k < bucket.staged.size(); ++k) {
         if (!bucket.staged[k].accepted) continue;
-        RequestCompletion c = bucket.completions[k];
-        c.request_index = bucket.staged[k].input_index;
-        if (!c.done)  // a DataPath that reports completion must fill every entry; never claim bytes moved
-          c.status = error(StatusCode::INTERNAL, "DataPath '{}' completed without a status", datapath_at<I>::name);
-        if (c.status.is_ok() && c.confirmed_bytes != bucket.requests[k].length &&
-            bucket.requests[k].direction != Direction::FLUSH)  // fail closed: success means every byte moved
-          c.status = error(StatusCode::DATA_LOSS, "DataPath '{}' reported success for {} of {} bytes",
-                           datapath_at<I>::name, c.confirmed_bytes, bucket.requests[k].length);
-        if (!c.status.is_ok()) c.confirmed_bytes = std::min(c.confirmed_bytes, bucket.requests[k].length);
+        RequestCompletion c = judged<I>(bucket, k);
         result.confirmed_bytes += c.confirmed_bytes;
         result.commands += c.commands;
         result.completions.push_back(std::move(c));

@@ -589,6 +589,8 @@ class KvStore {
     std::uint64_t length = 0;
     bool device = false;
     std::uint64_t expected = 0;
+    bool hashed = false;  // loads into host memory: checksummed as its read completed (`value`)
+    std::uint64_t value = 0;
   };
 
   struct Op {
@@ -604,6 +606,7 @@ class KvStore {
     std::vector<std::uint64_t> block_bytes;
     std::vector<IoRequest> requests;
     std::vector<std::size_t> request_block;
+    std::vector<std::size_t> request_check;  // load: the index in `checks` of the piece request i reads
     std::vector<Status> request_status;
     std::vector<bool> request_done;
     std::vector<std::size_t> unsubmitted;  // request indices not accepted yet (backpressure)
@@ -986,6 +989,7 @@ class KvStore {
           op->requests.push_back(IoRequest{Direction::READ, piece.memory, piece.offset, targets_[layer],
                                            layout_.offset(record->slot, p), round_up(length, kAlignment)});
           op->request_block.push_back(k);
+          op->request_check.push_back(k * P + p);
         }
         if (!reader) {
           ++slots_[record->slot].pins;  // not evicted while it is read
@@ -1158,6 +1162,10 @@ class KvStore {
     std::uint64_t host_bytes = 0;
     for (std::size_t i = 0; i < checks.size(); ++i) {
       if (checks[i].address == nullptr) continue;  // block not submitted
+      if (checks[i].hashed) {                      // checksummed as its read completed
+        values[i] = checks[i].value;
+        continue;
+      }
       if (checks[i].device) {
         device_inputs.push_back({checks[i].address, checks[i].length});
         device_index.push_back(i);
@@ -1226,6 +1234,7 @@ class KvStore {
   Status drive(Op& op, std::uint64_t deadline) {
     for (;;) {
       if (!op.io.is_null()) {
+        hash_as_completed(op, deadline);
         auto result = runtime_.wait(op.io, remaining_ns(deadline));
         if (!result) {
           if (result.code() == StatusCode::TIMEOUT) return result.status();
@@ -1250,6 +1259,28 @@ class KvStore {
           return error(StatusCode::TIMEOUT, "KV IO: {} request(s) still refused by the runtime (queue full)",
                        op.unsubmitted.size());
         std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  /// Loads into host memory with verification: checksums each piece as its read completes
+  /// (StorageRuntime::wait_some), on this thread, while the layer's other reads are in flight, so
+  /// that after the IO only the pieces that completed last are left to checksum (finish). Returns
+  /// when the IO is complete, the deadline passed, or progress failed: wait() then reports which.
+  void hash_as_completed(Op& op, std::uint64_t deadline) {
+    if (op.operation != KvOperation::LOAD || options_.unsafe_skip_verification) return;
+    if (std::none_of(op.checks.begin(), op.checks.end(),
+                     [](const PieceCheck& c) { return c.address != nullptr && !c.device && !c.hashed; }))
+      return;
+    for (;;) {
+      auto done = runtime_.wait_some(op.io, remaining_ns(deadline));
+      if (!done || done->empty()) return;
+      for (const RequestCompletion& c : *done) {
+        if (!c.status.is_ok()) continue;
+        PieceCheck& check = op.checks[op.request_check[op.in_flight[c.request_index]]];
+        if (check.device || check.hashed) continue;
+        check.value = host_checksum(check.address, check.length);
+        check.hashed = true;
       }
     }
   }
