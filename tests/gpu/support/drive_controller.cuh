@@ -138,21 +138,20 @@ __device__ inline void warp_copy(std::uint8_t* to, const std::uint8_t* from, std
   const std::uint32_t lane = threadIdx.x % 32;
   if (((reinterpret_cast<std::uintptr_t>(to) | reinterpret_cast<std::uintptr_t>(from) | bytes) & 15u) == 0) {
     auto* d = reinterpret_cast<uint4*>(to);
-    const auto* s = reinterpret_cast<const volatile uint4*>(from);
+    const auto* s = reinterpret_cast<const uint4*>(from);  // loaded with __ldcg: L2, never a stale L1 line
     const std::uint64_t n = bytes / 16;
     std::uint64_t i = lane;
-    for (; i + 96 < n; i += 128) {  // four loads in flight per lane before the stores
-      uint4 a = const_cast<const uint4&>(s[i]), b = const_cast<const uint4&>(s[i + 32]);
-      uint4 c = const_cast<const uint4&>(s[i + 64]), e = const_cast<const uint4&>(s[i + 96]);
-      d[i] = a;
-      d[i + 32] = b;
-      d[i + 64] = c;
-      d[i + 96] = e;
+    for (; i + 224 < n; i += 256) {  // eight loads in flight per lane before the stores
+      uint4 v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = __ldcg(s + i + 32 * k);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) d[i + 32 * k] = v[k];
     }
-    for (; i < n; i += 32) d[i] = const_cast<const uint4&>(s[i]);
+    for (; i < n; i += 32) d[i] = __ldcg(s + i);
   } else {
     for (std::uint64_t i = lane * 4; i < bytes; i += 128)
-      *reinterpret_cast<std::uint32_t*>(to + i) = *reinterpret_cast<const volatile std::uint32_t*>(from + i);
+      *reinterpret_cast<unsigned int*>(to + i) = __ldcg(reinterpret_cast<const unsigned int*>(from + i));
   }
 }
 
@@ -453,6 +452,19 @@ class DriveNvmeController final : public nvme::Controller {
   Status shutdown(std::uint64_t) override { return Status::success(); }
   const nvme::ControllerIdentity& identity() const noexcept override { return identity_; }
   nvme::ControllerStatus controller_status() const noexcept override { return nvme::ControllerStatus{1}; }
+
+  /// Changes the latency and the link cap (and resets the link's reservation). Only while no
+  /// service runs over this controller. Errors: the copy's.
+  Status set_timing(std::uint64_t latency_ns, std::uint64_t bytes_per_second) {
+    settings_.latency_ns = latency_ns;
+    settings_.bytes_per_second = bytes_per_second;
+    DriveControllerState s{};
+    s.namespace_data = namespace_.as<std::uint8_t>();
+    s.namespace_bytes = settings_.namespace_bytes;
+    s.latency_ns = latency_ns;
+    s.bytes_per_second = bytes_per_second;
+    return accel::copy_to_device(state_.as<void>(), &s, sizeof(s));
+  }
 
   /// The namespace's bytes (GPU memory or mapped pinned host memory, namespace_bytes of them).
   std::uint8_t* namespace_data() const noexcept { return namespace_.as<std::uint8_t>(); }
