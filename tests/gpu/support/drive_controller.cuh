@@ -287,6 +287,9 @@ __device__ inline std::uint32_t service(const DriveQueueView& q) {
       else
         c.status = 0x13;  // PRP Offset Invalid
     }
+    // Every lane's data stores before the CQE: each lane fences its own, the warp barrier orders
+    // them before lane 0's release store of dword 3.
+    __threadfence_system();
     __syncwarp();
     if (c.drop) {
       ++dropped;
@@ -294,7 +297,6 @@ __device__ inline std::uint32_t service(const DriveQueueView& q) {
     }
     if (c.status != 0) ++failed;
     if (lane == 0) {
-      __threadfence_system();  // the data before the CQE
       nvme::CompletionQueueEntry& cqe = q.cq[cq_tail % q.depth];
       const std::uint8_t phase = ((cq_tail / q.depth) & 1u) == 0 ? 1 : 0;
       cqe.dw0 = 0;
