@@ -39,7 +39,6 @@
 
 #include <cuda_runtime.h>
 
-#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -705,10 +704,12 @@ struct DriveNamespaceResolver {
     const auto number = [&](std::string_view key, std::uint64_t& out) {
       const std::size_t at = uri.find(key);
       if (at == std::string_view::npos) return false;
-      const char* first = uri.data() + at + key.size();
-      const char* last = uri.data() + uri.size();
-      const auto [end, ec] = std::from_chars(first, last, out);
-      return ec == std::errc{} && (end == last || *end == '&');
+      // Decimal digits up to '&' or the end (no <charconv>: nvcc warns about its long double overloads).
+      std::size_t i = at + key.size(), digits = 0;
+      out = 0;
+      for (; i < uri.size() && uri[i] >= '0' && uri[i] <= '9' && digits < 19; ++i, ++digits)
+        out = out * 10 + static_cast<std::uint64_t>(uri[i] - '0');
+      return digits != 0 && (i == uri.size() || uri[i] == '&');
     };
     std::uint64_t bytes = 0, at = 0;
     if (uri.substr(0, 8) != "drive://" || !number("?bytes=", bytes) || !number("&at=", at) || bytes == 0 ||
