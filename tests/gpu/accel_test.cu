@@ -1,14 +1,17 @@
 // The accel primitives on the GPU (CUDA profile): scoped atomics, fences, the MMIO store/load
-// pair, %globaltimer in ns, bounded backoff, launch. Suite gpu; exits 77 without a GPU.
+// pair, %globaltimer in ns, bounded backoff, launch, aligned device and mapped host memory. Suite
+// gpu; exits 77 without a GPU.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include <tutti/accel/memory.hpp>
 #include <tutti/accel/primitives.hpp>
+#include <tutti/path/local_nvme/batch_pool.hpp>
 
 #include "gpu_queues.hpp"
 
@@ -172,6 +175,13 @@ struct FillFunctor {
   }
 };
 
+struct MappedIncrement {
+  std::uint32_t* word;  ///< in mapped pinned host memory
+  __device__ void operator()(accel::ThreadIndex) const {
+    accel::SystemAtomicRef<std::uint32_t>(*word).fetch_add(1, MemoryOrder::relaxed);
+  }
+};
+
 template <class T>
 struct Pinned {
   T* host = nullptr;
@@ -304,5 +314,46 @@ TEST_CASE("allocate_device returns zeroed 4096-byte aligned memory even after sm
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   for (void* b : blocks) tutti::accel::free_device(b);
   for (void* p : small) CHECK(cudaFree(p) == cudaSuccess);
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+TEST_CASE("allocate_mapped_host returns zeroed 4096-byte aligned mapped memory even after small cudaHostAlloc calls") {
+  // The cuda profile's batch pool (local_nvme) failed every submit of tutti-bench-gpu-submit as
+  // "no memory": its pinned staging arrays came from allocate_mapped_host after the benchmark's own
+  // small cudaHostAlloc (the null controller's control word). Small pinned allocations are
+  // sub-allocated, so the next one may start inside a page; allocate_mapped_host must still hand out
+  // a page-aligned, device-mapped address, and the PlacementAllocator and BatchSlot::prepare on it.
+  std::vector<void*> small;
+  void* first = nullptr;
+  REQUIRE(cudaHostAlloc(&first, 12, cudaHostAllocMapped) == cudaSuccess);
+  small.push_back(first);
+  std::vector<void*> blocks;
+  for (std::size_t bytes : {std::size_t{4096}, std::size_t{53248}, std::size_t{1} << 20}) {
+    auto allocated = tutti::accel::allocate_mapped_host(bytes);
+    REQUIRE_MESSAGE(allocated.is_ok(), allocated.status().to_string());
+    auto* host = static_cast<unsigned char*>(*allocated);
+    CHECK(reinterpret_cast<std::uintptr_t>(host) % 4096 == 0);
+    CHECK(std::count(host, host + bytes, 0) == static_cast<std::ptrdiff_t>(bytes));
+    std::memset(host, 0x5a, bytes);  // the whole range is ours
+    blocks.push_back(host);
+    void* spacer = nullptr;
+    REQUIRE(cudaHostAlloc(&spacer, 24, cudaHostAllocMapped) == cudaSuccess);
+    small.push_back(spacer);
+  }
+  // A kernel reaches the aligned address (the device maps it at the same address).
+  std::uint32_t* word = reinterpret_cast<std::uint32_t*>(blocks[0]);
+  word[0] = 0;
+  REQUIRE(accel::launch(accel::LaunchConfig{1, 32, nullptr}, MappedIncrement{word}).is_ok());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(word[0] == 32);
+  {
+    tutti::local_nvme::BatchSlot slot;
+    const tutti::Status prepared = slot.prepare(256, 16, 16);
+    CHECK_MESSAGE(prepared.is_ok(), prepared.to_string());
+    CHECK(reinterpret_cast<std::uintptr_t>(slot.staged.data()) % 4096 == 0);
+    CHECK(reinterpret_cast<std::uintptr_t>(slot.reports.data()) % 4096 == 0);
+  }
+  for (void* b : blocks) tutti::accel::free_mapped_host(b);
+  for (void* p : small) CHECK(cudaFreeHost(p) == cudaSuccess);
   CHECK(cudaGetLastError() == cudaSuccess);
 }

@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <mutex>
+#include <new>
 #include <unordered_map>
 
 #include <tutti/core/status.hpp>
@@ -33,7 +34,24 @@ inline Status cuda_error(cudaError_t result, const char* what, std::size_t bytes
   return error(code, "{} of {} bytes: {} ({})", what, bytes, cudaGetErrorString(result), cudaGetErrorName(result));
 }
 
-inline Result<void*> allocate_mapped_host(std::size_t bytes) {
+/// cudaHostAlloc sub-allocates small pinned allocations: after a small one (a few bytes, as a
+/// program's own control word), the next allocation may start inside a page even when its size is
+/// a multiple of 4096 (the cuda profile's batch pool then failed every submit, each refused as "no
+/// memory"). allocate_mapped_host therefore checks the address it gets and, when it is not on a
+/// 4096-byte boundary, allocates again one page larger and hands out the first aligned address;
+/// this table maps that address back to cudaHostAlloc's pointer for free_mapped_host.
+struct MappedHostAllocations {
+  std::mutex mutex;
+  std::unordered_map<void*, void*> base_of;  ///< aligned address -> cudaHostAlloc's pointer
+  static MappedHostAllocations& instance() {
+    static MappedHostAllocations* table = new MappedHostAllocations();  // never destroyed: frees may run at exit
+    return *table;
+  }
+};
+
+/// One cudaHostAlloc(Mapped | Portable) of `bytes`, checked to be mapped at the same address on
+/// the device (UVA). Returns cudaHostAlloc's pointer (any alignment).
+inline Result<void*> host_alloc_mapped(std::size_t bytes) {
   void* host = nullptr;
   if (const cudaError_t result = cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
       result != cudaSuccess)
@@ -50,16 +68,48 @@ inline Result<void*> allocate_mapped_host(std::size_t bytes) {
         "kernels and host threads must share one address",
         device, host);
   }
-  if (reinterpret_cast<std::uintptr_t>(host) % 4096 != 0) {
+  return host;
+}
+
+inline Result<void*> allocate_mapped_host(std::size_t bytes) {
+  constexpr std::size_t kPage = 4096;
+  auto first = host_alloc_mapped(bytes);
+  if (!first) return first;
+  void* host = first.value();
+  if (reinterpret_cast<std::uintptr_t>(host) % kPage != 0) {
+    // A sub-allocation inside a page (see MappedHostAllocations): one page more, aligned by hand.
     cudaFreeHost(host);
-    return error(StatusCode::INTERNAL, "allocate_mapped_host: cudaHostAlloc returned {}, not 4096-byte aligned", host);
+    auto padded = host_alloc_mapped(bytes + kPage);
+    if (!padded)
+      return padded.status().with_context(
+          fmt::format("allocate_mapped_host: cudaHostAlloc returned {}, not 4096-byte aligned; padded retry", host));
+    void* base = padded.value();
+    host = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(base) + kPage - 1) & ~std::uintptr_t{kPage - 1});
+    auto& table = MappedHostAllocations::instance();
+    try {
+      std::scoped_lock lock(table.mutex);
+      table.base_of[host] = base;
+    } catch (const std::bad_alloc&) {
+      cudaFreeHost(base);
+      return error(StatusCode::RESOURCE_EXHAUSTED, "allocate_mapped_host: no host memory to record {} bytes", bytes);
+    }
   }
   std::memset(host, 0, bytes);
   return host;
 }
 
 inline void free_mapped_host(void* address) noexcept {
-  if (address != nullptr) (void)cudaFreeHost(address);
+  if (address == nullptr) return;
+  void* base = address;  // not padded: free as given
+  {
+    auto& table = MappedHostAllocations::instance();
+    std::scoped_lock lock(table.mutex);
+    if (auto it = table.base_of.find(address); it != table.base_of.end()) {
+      base = it->second;
+      table.base_of.erase(it);
+    }
+  }
+  (void)cudaFreeHost(base);
 }
 
 /// The calling thread's copy stream (cudaStreamNonBlocking: no implicit synchronisation with the

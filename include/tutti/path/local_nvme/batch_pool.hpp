@@ -61,12 +61,21 @@ struct BatchSlot {
 
   /// Sizes the slot for `n` requests with `window` records each, reusing its capacity (allocates
   /// only when n exceeds the largest batch it served); `pin_capacity`: L1 entries the batch may
-  /// pin. Only while no kernel runs over the slot. Errors: RESOURCE_EXHAUSTED (host memory),
-  /// accel::DeviceBuffer::allocate's (device memory), each naming the batch size.
+  /// pin. Only while no kernel runs over the slot. Errors, each naming the batch size, the array
+  /// and the bytes requested: the kernel-reachable allocator's (accel::allocation_failure: in the
+  /// cuda profile allocate_mapped_host's code and CUDA's text; RESOURCE_EXHAUSTED for host
+  /// memory), accel::DeviceBuffer::allocate's (device memory).
   Status prepare(std::size_t n, std::uint32_t window, std::size_t pin_capacity) {
+    const char* what = "request states (pinned staging)";
+    std::size_t bytes = n * sizeof(RequestState);
     try {
       staged.assign(n, RequestState{});
+      what = "request reports (pinned)";
+      bytes = n * sizeof(RequestReport);
       reports.assign(n, RequestReport{});
+      what = "host bookkeeping";
+      bytes = window * sizeof(CommandRecord) + n * (sizeof(std::shared_ptr<Mapping>) + 1 + sizeof(ChangeSignal*)) +
+              pin_capacity * sizeof(std::uint32_t);
       records_copy.assign(window, CommandRecord{});
       mappings.assign(n, nullptr);
       reported.assign(n, 0);
@@ -74,9 +83,11 @@ struct BatchSlot {
       pins.clear();
       pins.reserve(pin_capacity);
       resolved.clear();
-    } catch (const std::bad_alloc&) {
-      return error(StatusCode::RESOURCE_EXHAUSTED,
-                   "local_nvme: no memory for the state of a batch of {} requests (request_window = {})", n, window);
+    } catch (const std::bad_alloc& failure) {
+      return accel::allocation_failure(
+          failure, fmt::format("local_nvme: no memory for the state of a batch of {} requests (request_window = {}): "
+                               "{} bytes of {}",
+                               n, window, bytes, what));
     }
     for (auto [buffer, bytes, what] :
          {std::tuple{&device_requests, n * sizeof(RequestState), "request states"},

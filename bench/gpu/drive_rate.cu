@@ -1,0 +1,536 @@
+// tutti-bench-gpu-drive: the product's GPU path at the rate of drive-like controllers.
+//
+// Path measured: StorageRuntime<Backend<DriveNamespaceResolver, LocalNvmeDataPath>>::submit / wait
+// (the DataPath's staging copy, AdmitKernel, PollKernel launches), DEVICE memory as destination.
+// Controller: the GPU-resident data-moving drive controller (tests/gpu/support/drive_controller.cuh):
+// one per simulated drive, each with its own namespace, DataPath and runtime; one persistent kernel
+// serves them all. A per-command latency (--latencies-us) and a per-controller link cap
+// (--cap-gbps, default 14 GB/s: one PCIe Gen5 x4 drive) make each behave like one drive.
+//
+// Rows (each runs --seconds after a warm-up batch per submitter):
+//   iops      4 KiB random reads, namespace in GPU memory (no PCIe crossing: the figure is the
+//             path's command rate), --iops-batch requests per submit, --submitters threads per
+//             controller, closed loop; 1..4 controllers x each latency.
+//   gbps      512 KiB random reads, namespace in pinned host memory (the bytes cross PCIe into GPU
+//             memory as a drive's DMA would), --gbps-batch requests per submit.
+//   latency   one submitter on one controller (namespace in GPU memory, latency --latency-row-us):
+//             per-batch latency p50 / p99 (submit to wait's return) and host CPU time per batch
+//             (getrusage RUSAGE_THREAD) for one layer's batch (24 x 512 KiB) and 1, 64, 1024 x 4 KiB.
+//   copy      pinned host-to-device cudaMemcpyAsync bandwidth (256 MiB, best of 5): the link's limit.
+// Every byte counted is verified: after each batch a kernel compares every destination byte with
+// the namespace's pattern (double-buffered, off the measured thread's critical path); a row with
+// any mismatch, any failed request or a verified-byte count different from the confirmed bytes is
+// reported with errors and exit status 1.
+// Ratios: best iops row / raw queue rate (--raw-json: tutti-bench-gpu-submit's JSON, its best raw
+// row), 4-controller rows at 70 us / targets (13 M IOPS, 50 GB/s), gbps rows / pinned copy.
+//
+// Usage: tutti-bench-gpu-drive [--controllers 1,2,3,4] [--latencies-us 0,70] [--seconds S]
+//   [--submitters T] [--queues Q] [--depth D] [--iops-batch B] [--gbps-batch B] [--cap-gbps G]
+//   [--latency-row-us L] [--latency-batches N] [--raw-json FILE] [--json FILE]
+// Exits 77 without a CUDA device, 2 on bad flags, 1 when any row had errors.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <tutti/accel/memory.hpp>
+#include <tutti/accel/stream.hpp>
+#include <tutti/core/runtime.hpp>
+#include <tutti/path/local_nvme.hpp>
+
+#include "drive_controller.cuh"  // tests/gpu/support
+
+namespace {
+
+using namespace tutti;
+using gpu_test::DriveNamespaceResolver;
+using gpu_test::DriveNvmeController;
+using gpu_test::DriveService;
+using gpu_test::DriveSettings;
+using DriveBackend = Backend<DriveNamespaceResolver, local_nvme::LocalNvmeDataPath>;
+using DriveRuntime = StorageRuntime<DriveBackend>;
+
+constexpr std::uint64_t kSecond = 1'000'000'000;
+constexpr std::uint64_t kNamespaceBytes = std::uint64_t{1} << 30;  // per controller
+
+struct Options {
+  std::vector<std::uint32_t> controllers{1, 2, 3, 4};
+  std::vector<std::uint32_t> latencies_us{0, 70};
+  double seconds = 1.0;
+  std::uint32_t submitters = 2;  ///< per controller
+  std::uint32_t queues = 16;     ///< per controller
+  std::uint32_t depth = 1024;
+  std::uint32_t iops_batch = 1024;
+  std::uint32_t gbps_batch = 128;
+  double cap_gbps = 14.0;
+  std::uint32_t latency_row_us = 70;
+  std::uint32_t latency_batches = 300;
+  std::string raw_json, json;
+};
+
+// ----- the namespace pattern and the verification kernel ---------------------------------------
+
+__host__ __device__ inline std::uint64_t mix(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+/// The namespace word at byte 8 * w of controller `seed`'s namespace.
+__host__ __device__ inline std::uint64_t pattern_word(std::uint64_t seed, std::uint64_t w) {
+  return mix(w ^ (seed << 56));
+}
+/// Target offset of request i of batch b of a submitter (stream `who`): a random multiple of
+/// `bytes` inside the namespace.
+__host__ __device__ inline std::uint64_t request_offset(std::uint64_t who, std::uint64_t b, std::uint64_t i,
+                                                        std::uint64_t bytes) {
+  return mix((who << 40) ^ (b << 16) ^ i) % (kNamespaceBytes / bytes) * bytes;
+}
+
+__global__ void fill_kernel(std::uint64_t* ns, std::uint64_t words, std::uint64_t seed) {
+  for (std::uint64_t w = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; w < words;
+       w += std::uint64_t{gridDim.x} * blockDim.x)
+    ns[w] = pattern_word(seed, w);
+}
+
+/// Checks request i's `bytes` at dest + i * bytes against the pattern at its target offset;
+/// counts mismatching words and verified bytes.
+__global__ void verify_kernel(const std::uint64_t* dest, std::uint32_t n, std::uint64_t bytes, std::uint64_t seed,
+                              std::uint64_t who, std::uint64_t b, unsigned long long* mismatches,
+                              unsigned long long* verified) {
+  const std::uint64_t words = bytes / 8;
+  unsigned long long bad = 0;
+  for (std::uint32_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const std::uint64_t first = request_offset(who, b, i, bytes) / 8;
+    for (std::uint64_t w = threadIdx.x; w < words; w += blockDim.x)
+      if (dest[i * words + w] != pattern_word(seed, first + w)) ++bad;
+    if (threadIdx.x == 0) atomicAdd(verified, static_cast<unsigned long long>(bytes));
+  }
+  if (bad != 0) atomicAdd(mismatches, bad);
+}
+
+// ----- one drive: controller, DataPath, runtime, target, per-submitter buffers -----------------
+
+struct Submitter {
+  accel::DeviceBuffer buffers[2];
+  MemoryHandle memory[2];
+  cudaStream_t verify_stream = nullptr;
+  cudaEvent_t verified[2] = {nullptr, nullptr};
+};
+
+struct Drive {
+  std::unique_ptr<DriveNvmeController> controller;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<DriveRuntime> runtime;
+  TargetHandle target;
+  std::vector<Submitter> submitters;
+  std::uint64_t seed = 0;
+};
+
+Status cuda(cudaError_t e, const char* what) {
+  return e == cudaSuccess ? Status::success() : error(StatusCode::DEVICE_ERROR, "{}: {}", what, cudaGetErrorString(e));
+}
+
+/// Brings up a drive with `submitters` buffer pairs of `buffer_bytes` each.
+Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_host, std::uint64_t seed,
+                                          std::uint32_t submitters, std::uint64_t buffer_bytes) {
+  auto d = std::make_unique<Drive>();
+  d->seed = seed;
+  DriveSettings settings;
+  settings.namespace_bytes = kNamespaceBytes;
+  settings.namespace_in_host = namespace_in_host;
+  d->controller = std::make_unique<DriveNvmeController>(settings);
+  TUTTI_RETURN_IF_ERROR(d->controller->bring_up({}));
+  fill_kernel<<<1024, 256>>>(reinterpret_cast<std::uint64_t*>(d->controller->namespace_data()), kNamespaceBytes / 8,
+                             seed);
+  TUTTI_RETURN_IF_ERROR(cuda(cudaDeviceSynchronize(), "namespace fill"));
+  TUTTI_RETURN_IF_ERROR(cuda(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  local_nvme::Options options;
+  options.queue_pairs = o.queues;
+  options.queue_depth = o.depth;
+  options.stream = accel::StreamRef::from_native_handle(d->stream);
+  options.max_batches_in_flight = std::max<std::uint32_t>(4, 2 * submitters);
+  auto path = local_nvme::LocalNvmeDataPath::create(*d->controller, options);
+  if (!path) return path.status();
+  d->runtime = std::make_unique<DriveRuntime>(DriveBackend{DriveNamespaceResolver{}, std::move(path.value())});
+  auto t = d->runtime->open(fmt::format("drive://ns?bytes={}&at=0", kNamespaceBytes));
+  if (!t) return t.status();
+  d->target = *t;
+  d->submitters.resize(submitters);
+  for (Submitter& s : d->submitters) {
+    for (int k = 0; k < 2; ++k) {
+      auto b = accel::DeviceBuffer::allocate(buffer_bytes);
+      if (!b) return b.status();
+      s.buffers[k] = std::move(b.value());
+      auto m = d->runtime->register_memory({s.buffers[k].data(), buffer_bytes, MemoryKind::DEVICE, 0});
+      if (!m) return m.status();
+      s.memory[k] = *m;
+      TUTTI_RETURN_IF_ERROR(cuda(cudaEventCreateWithFlags(&s.verified[k], cudaEventDisableTiming), "cudaEventCreate"));
+    }
+    TUTTI_RETURN_IF_ERROR(cuda(cudaStreamCreateWithFlags(&s.verify_stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  }
+  return Result<std::unique_ptr<Drive>>(std::move(d));
+}
+
+// ----- rows ---------------------------------------------------------------------------------------
+
+struct Row {
+  std::string kind;  ///< iops, gbps, latency
+  std::uint32_t controllers = 0, latency_us = 0, batch = 0, submitters = 0;
+  std::uint64_t request_bytes = 0;
+  std::string namespace_memory;
+  double seconds = 0;
+  std::uint64_t requests = 0, bytes = 0, verified_bytes = 0, batches = 0;
+  double iops = 0, gbps = 0, p50_us = 0, p99_us = 0, cpu_us_per_batch = 0;
+  std::uint64_t errors = 0;
+  std::string first_error;
+};
+
+void note(Row& row, const std::string& what) {
+  if (row.errors++ == 0) row.first_error = what;
+}
+
+double thread_cpu_us() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e6 +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+double percentile_us(std::vector<std::uint64_t> ns, double p) {
+  if (ns.empty()) return 0;
+  std::sort(ns.begin(), ns.end());
+  return static_cast<double>(ns[std::min(ns.size() - 1, static_cast<std::size_t>(p * ns.size()))]) / 1e3;
+}
+
+/// Closed loop on drives[0..controllers): each submitter thread runs batches of `batch` reads of
+/// `bytes` for `seconds` (or `max_batches`), verified on the GPU. Counters in device memory.
+Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controllers, std::uint32_t submitters,
+            std::uint32_t batch, std::uint64_t bytes, double seconds, std::uint64_t max_batches, Row row) {
+  row.controllers = controllers;
+  row.batch = batch;
+  row.request_bytes = bytes;
+  row.submitters = submitters * controllers;
+  unsigned long long* counters = nullptr;  // mismatches, verified bytes
+  if (cudaMalloc(&counters, 2 * sizeof(unsigned long long)) != cudaSuccess ||
+      cudaMemset(counters, 0, 2 * sizeof(unsigned long long)) != cudaSuccess) {
+    note(row, "cudaMalloc of the verification counters");
+    return row;
+  }
+  std::vector<DriveNvmeController*> serviced;
+  for (std::uint32_t c = 0; c < controllers; ++c) serviced.push_back(drives[c]->controller.get());
+  DriveService service;
+  if (Status s = service.start(serviced, 0, static_cast<std::uint64_t>((seconds + 30) * 1e9)); !s.is_ok()) {
+    note(row, s.to_string());
+    cudaFree(counters);
+    return row;
+  }
+  struct PerThread {
+    Row row;
+    std::vector<std::uint64_t> latencies;
+    double cpu_us = 0;
+  };
+  std::vector<PerThread> per(controllers * submitters);
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  const auto measure = [&](std::uint32_t c, std::uint32_t t, PerThread& me) {
+    Drive& d = *drives[c];
+    Submitter& s = d.submitters[t];
+    const std::uint64_t who = (std::uint64_t{c} << 8) | t;
+    std::vector<IoRequest> requests(batch);
+    while (!go.load()) std::this_thread::yield();
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    const double cpu0 = thread_cpu_us();
+    for (std::uint64_t b = 0; b < max_batches && std::chrono::steady_clock::now() < end; ++b) {
+      const int k = static_cast<int>(b % 2);
+      if (b >= 2) cudaEventSynchronize(s.verified[k]);  // the buffer's previous batch is verified
+      for (std::uint32_t i = 0; i < batch; ++i)
+        requests[i] =
+            IoRequest{Direction::READ, s.memory[k], i * bytes, d.target, request_offset(who, b, i, bytes), bytes};
+      const auto began = std::chrono::steady_clock::now();
+      auto outcome = d.runtime->submit(requests);
+      bool accepted = true;
+      for (const Status& st : outcome.initial_states)
+        if (!st.is_ok()) {
+          note(me.row, st.to_string());
+          accepted = false;
+          break;
+        }
+      auto result = d.runtime->wait(outcome.io, 10 * kSecond);
+      const auto ended = std::chrono::steady_clock::now();
+      if (!result) {
+        note(me.row, result.status().to_string());
+      } else if (accepted) {
+        const IoResult& io = *result;
+        if (!io.status.is_ok() || io.requests != batch || io.confirmed_bytes != batch * bytes)
+          note(me.row, fmt::format("IoResult: {}, {} requests, {} bytes", io.status.to_string(), io.requests,
+                                   io.confirmed_bytes));
+        else {
+          me.row.requests += batch;
+          me.row.bytes += batch * bytes;
+          verify_kernel<<<std::min<std::uint32_t>(batch, 1024), 256, 0, s.verify_stream>>>(
+              static_cast<const std::uint64_t*>(s.buffers[k].data()), batch, bytes, d.seed, who, b, counters,
+              counters + 1);
+          cudaEventRecord(s.verified[k], s.verify_stream);
+        }
+      }
+      (void)d.runtime->release(outcome.io);
+      ++me.row.batches;
+      me.latencies.push_back(
+          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(ended - began).count()));
+    }
+    me.cpu_us = thread_cpu_us() - cpu0;
+    cudaStreamSynchronize(s.verify_stream);
+  };
+  for (std::uint32_t c = 0; c < controllers; ++c)
+    for (std::uint32_t t = 0; t < submitters; ++t)
+      threads.emplace_back([&, c, t] { measure(c, t, per[c * submitters + t]); });
+  const auto start = std::chrono::steady_clock::now();
+  go.store(true);
+  for (auto& th : threads) th.join();
+  row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (const std::uint32_t exits = service.stop(); exits != 0)
+    note(row, fmt::format("{} service warps ran out of budget", exits));
+  unsigned long long host_counters[2] = {0, 0};
+  if (cudaMemcpy(host_counters, counters, sizeof(host_counters), cudaMemcpyDeviceToHost) != cudaSuccess)
+    note(row, "copy of the verification counters");
+  cudaFree(counters);
+  std::vector<std::uint64_t> all;
+  double cpu = 0;
+  for (PerThread& p : per) {
+    row.requests += p.row.requests;
+    row.bytes += p.row.bytes;
+    row.batches += p.row.batches;
+    if (p.row.errors != 0 && row.errors == 0) row.first_error = p.row.first_error;
+    row.errors += p.row.errors;
+    all.insert(all.end(), p.latencies.begin(), p.latencies.end());
+    cpu += p.cpu_us;
+  }
+  row.verified_bytes = host_counters[1];
+  if (host_counters[0] != 0) note(row, fmt::format("{} destination words differ from the namespace", host_counters[0]));
+  if (row.verified_bytes != row.bytes)
+    note(row, fmt::format("{} bytes verified for {} bytes counted", row.verified_bytes, row.bytes));
+  row.iops = static_cast<double>(row.requests) / row.seconds;
+  row.gbps = static_cast<double>(row.bytes) / row.seconds / 1e9;
+  row.p50_us = percentile_us(all, 0.50);
+  row.p99_us = percentile_us(all, 0.99);
+  row.cpu_us_per_batch = row.batches == 0 ? 0 : cpu / static_cast<double>(row.batches);
+  return row;
+}
+
+double pinned_copy_gbps() {
+  constexpr std::size_t kBytes = std::size_t{256} << 20;
+  void* host = nullptr;
+  void* device = nullptr;
+  if (cudaHostAlloc(&host, kBytes, cudaHostAllocDefault) != cudaSuccess) return 0;
+  if (cudaMalloc(&device, kBytes) != cudaSuccess) {
+    cudaFreeHost(host);
+    return 0;
+  }
+  std::memset(host, 1, kBytes);
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  cudaEvent_t a = nullptr, b = nullptr;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {
+    cudaEventRecord(a, stream);
+    cudaMemcpyAsync(device, host, kBytes, cudaMemcpyHostToDevice, stream);
+    cudaEventRecord(b, stream);
+    cudaStreamSynchronize(stream);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    if (ms > 0) best = std::max(best, static_cast<double>(kBytes) / (ms / 1e3) / 1e9);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaStreamDestroy(stream);
+  cudaFree(device);
+  cudaFreeHost(host);
+  return best;
+}
+
+/// The best raw row's commands/s in tutti-bench-gpu-submit's JSON, or 0.
+double raw_commands_per_second(const std::string& path) {
+  if (path.empty()) return 0;
+  std::ifstream in(path);
+  if (!in) return 0;
+  double best = 0;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    for (const auto& r : j.at("rows"))
+      if (r.value("path", "") == "raw" && r.value("errors", 1) == 0)
+        best = std::max(best, r.value("commands_per_second", 0.0));
+  } catch (const std::exception&) {
+    return 0;
+  }
+  return best;
+}
+
+nlohmann::json to_json(const Row& r) {
+  return {{"kind", r.kind},
+          {"controllers", r.controllers},
+          {"latency_us", r.latency_us},
+          {"namespace_memory", r.namespace_memory},
+          {"batch", r.batch},
+          {"request_bytes", r.request_bytes},
+          {"submitters", r.submitters},
+          {"seconds", r.seconds},
+          {"batches", r.batches},
+          {"requests", r.requests},
+          {"bytes", r.bytes},
+          {"verified_bytes", r.verified_bytes},
+          {"iops", r.iops},
+          {"gbps", r.gbps},
+          {"p50_us", r.p50_us},
+          {"p99_us", r.p99_us},
+          {"cpu_us_per_batch", r.cpu_us_per_batch},
+          {"errors", r.errors},
+          {"first_error", r.first_error}};
+}
+
+void print(const Row& r) {
+  std::printf(
+      "%-7s controllers=%u latency_us=%u namespace=%s batch=%ux%lluB submitters=%u  M_IOPS=%.3f GB/s=%.2f "
+      "p50_us=%.1f p99_us=%.1f cpu_us/batch=%.1f batches=%llu verified_bytes=%llu errors=%llu%s%s\n",
+      r.kind.c_str(), r.controllers, r.latency_us, r.namespace_memory.c_str(), r.batch,
+      static_cast<unsigned long long>(r.request_bytes), r.submitters, r.iops / 1e6, r.gbps, r.p50_us, r.p99_us,
+      r.cpu_us_per_batch, static_cast<unsigned long long>(r.batches), static_cast<unsigned long long>(r.verified_bytes),
+      static_cast<unsigned long long>(r.errors), r.errors ? " first_error=" : "", r.first_error.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);  // a lazy module load would wait for the persistent service
+  Options o;
+  CLI::App app{"tutti-bench-gpu-drive: the local_nvme GPU path against drive-like GPU-resident controllers"};
+  app.add_option("--controllers", o.controllers, "controller counts, 1..4")->delimiter(',')->check(CLI::Range(1, 4));
+  app.add_option("--latencies-us", o.latencies_us, "per-command latencies, us")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 10000));
+  app.add_option("--seconds", o.seconds, "measured seconds per row")->check(CLI::Range(0.05, 30.0));
+  app.add_option("--submitters", o.submitters, "submitter threads per controller")->check(CLI::Range(1, 16));
+  app.add_option("--queues", o.queues, "queue pairs per controller")->check(CLI::Range(1, 64));
+  app.add_option("--depth", o.depth, "queue depth")->check(CLI::Range(64, 4096));
+  app.add_option("--iops-batch", o.iops_batch, "4 KiB requests per submit")->check(CLI::Range(1, 4096));
+  app.add_option("--gbps-batch", o.gbps_batch, "512 KiB requests per submit")->check(CLI::Range(1, 256));
+  app.add_option("--cap-gbps", o.cap_gbps, "link cap per controller, GB/s (0: none)")->check(CLI::Range(0.0, 1000.0));
+  app.add_option("--latency-row-us", o.latency_row_us, "latency of the latency rows, us")->check(CLI::Range(0, 10000));
+  app.add_option("--latency-batches", o.latency_batches, "batches per latency row")->check(CLI::Range(10, 100000));
+  app.add_option("--raw-json", o.raw_json, "tutti-bench-gpu-submit --json output, for the raw-queue ratio");
+  app.add_option("--json", o.json, "write the rows as JSON");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "no CUDA device: skipping (exit 77)\n");
+    return 77;
+  }
+  const std::uint32_t max_controllers = *std::max_element(o.controllers.begin(), o.controllers.end());
+  const auto cap = static_cast<std::uint64_t>(o.cap_gbps * 1e9);
+  const double copy_gbps = pinned_copy_gbps();
+  std::printf("copy    pinned host-to-device GB/s=%.2f\n", copy_gbps);
+  std::vector<Row> rows;
+  bool failed = false;
+  const auto run_set = [&](bool in_host, std::uint32_t batch, std::uint64_t bytes, const char* kind) {
+    std::vector<std::unique_ptr<Drive>> drives;
+    // The iops set also serves the latency rows (up to 1024 x 4 KiB and 24 x 512 KiB).
+    const bool iops = std::strcmp(kind, "iops") == 0;
+    const std::uint64_t buffer = std::max<std::uint64_t>(std::uint64_t{batch} * bytes, iops ? 24u << 19 : 0);
+    for (std::uint32_t c = 0; c < max_controllers; ++c) {
+      auto d = make_drive(o, in_host, 1 + c + (in_host ? 16 : 0), o.submitters, buffer);
+      if (!d) {
+        std::fprintf(stderr, "%s rows: %s\n", kind, d.status().to_string().c_str());
+        failed = true;
+        return drives;
+      }
+      drives.push_back(std::move(d.value()));
+    }
+    for (std::uint32_t lat : o.latencies_us)
+      for (std::uint32_t c : o.controllers) {
+        for (auto& d : drives) (void)d->controller->set_timing(std::uint64_t{lat} * 1000, cap);
+        Row row;
+        row.kind = kind;
+        row.latency_us = lat;
+        row.namespace_memory = in_host ? "pinned-host" : "gpu";
+        (void)run_row(drives, c, o.submitters, batch, bytes, 0.05, 2, row);  // warm-up (slots grow)
+        row = run_row(drives, c, o.submitters, batch, bytes, o.seconds, ~std::uint64_t{0}, row);
+        print(row);
+        failed = failed || row.errors != 0;
+        rows.push_back(row);
+      }
+    return drives;
+  };
+  {
+    auto drives = run_set(false, o.iops_batch, 4096, "iops");
+    if (!drives.empty()) {
+      // Latency rows: one submitter on controller 0, largest batch first (no slot grows under the service).
+      (void)drives[0]->controller->set_timing(std::uint64_t{o.latency_row_us} * 1000, cap);
+      for (auto [n, bytes] :
+           {std::pair<std::uint32_t, std::uint64_t>{1024, 4096}, {24, 512 << 10}, {64, 4096}, {1, 4096}}) {
+        if (n > std::max(o.iops_batch, 1024u)) continue;  // the slots grew to this at most
+        Row row;
+        row.kind = "latency";
+        row.latency_us = o.latency_row_us;
+        row.namespace_memory = "gpu";
+        row = run_row(drives, 1, 1, n, bytes, 30.0, o.latency_batches, row);
+        print(row);
+        failed = failed || row.errors != 0;
+        rows.push_back(row);
+      }
+    }
+    for (auto& d : drives) (void)d->runtime->shutdown(5 * kSecond);
+  }
+  {
+    auto drives = run_set(true, o.gbps_batch, 512 << 10, "gbps");
+    for (auto& d : drives) (void)d->runtime->shutdown(5 * kSecond);
+  }
+  // Ratios.
+  const double raw = raw_commands_per_second(o.raw_json);
+  double best_iops = 0, iops_4x70 = 0, gbps_4x70 = 0, best_gbps = 0;
+  for (const Row& r : rows) {
+    if (r.errors != 0) continue;
+    if (r.kind == "iops") best_iops = std::max(best_iops, r.iops);
+    if (r.kind == "gbps") best_gbps = std::max(best_gbps, r.gbps);
+    if (r.kind == "iops" && r.controllers == 4 && r.latency_us == 70) iops_4x70 = r.iops;
+    if (r.kind == "gbps" && r.controllers == 4 && r.latency_us == 70) gbps_4x70 = r.gbps;
+  }
+  std::printf(
+      "ratios  best_iops/raw_queue=%s iops(4 ctl, 70us)/13M=%.3f gbps(4 ctl, 70us)/50=%.3f "
+      "best_gbps/pinned_copy=%.3f\n",
+      raw > 0 ? fmt::format("{:.3f} (raw {:.1f} M commands/s)", best_iops / raw, raw / 1e6).c_str()
+              : "n/a (no --raw-json)",
+      iops_4x70 / 13e6, gbps_4x70 / 50.0, copy_gbps > 0 ? best_gbps / copy_gbps : 0.0);
+  if (!o.json.empty()) {
+    nlohmann::json j;
+    j["pinned_copy_gbps"] = copy_gbps;
+    j["raw_queue_commands_per_second"] = raw;
+    j["rows"] = nlohmann::json::array();
+    for (const Row& r : rows) j["rows"].push_back(to_json(r));
+    j["ratios"] = {{"best_iops_over_raw", raw > 0 ? best_iops / raw : 0.0},
+                   {"iops_4_controllers_70us_over_13M", iops_4x70 / 13e6},
+                   {"gbps_4_controllers_70us_over_50", gbps_4x70 / 50.0},
+                   {"best_gbps_over_pinned_copy", copy_gbps > 0 ? best_gbps / copy_gbps : 0.0}};
+    std::ofstream(o.json) << j.dump(2) << "\n";
+  }
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,731 @@
+// A data-moving NVMe controller executed by GPU warps, for the GPU suite and the drive-rate
+// benchmark (cuda profile only; not library code). It follows the same queue protocol as the null
+// controller (tests/support/null_controller.hpp), but each command moves its bytes between a RAM
+// namespace and the PRP-described memory and completes after a configurable latency, under a
+// bandwidth cap, so that one instance behaves like one PCIe Gen5 x4 drive.
+//
+//   DriveNvmeController  nvme::Controller: SQ, CQ, doorbells (64 bytes apart), CSTS and the
+//                        controller's per-queue state in GPU memory; the namespace (LBA size 4096)
+//                        in GPU memory or in mapped pinned host memory (DriveSettings::namespace_
+//                        in_host); dma_map / dma_map_device give bus address == the address itself
+//                        (GPU memory, or mapped pinned host memory the GPU reaches at the same
+//                        address: UVA); PRP list buffers in mapped pinned host memory. Admin
+//                        commands succeed at once; Abort finds nothing (a lost completion stays lost).
+//   DriveService         one persistent kernel over the I/O queues of N controllers (striping):
+//                        warp w services queues w, w + W, ...; a bounded lifetime (budget_ns) and a
+//                        stop word in mapped host memory; stop() returns the warps that left because
+//                        the budget ran out.
+//
+// Per command (NVMe Base Specification 2.0: 3.3.1 queues, 4.2 CQE and Phase Tag, 4.3.1 PRP
+// entries and lists with chaining; NVM Command Set 1.0, 3.2.4 Read, 3.2.6 Write, 3.2.3 Flush):
+//   fetch    the warp reads the SQ tail doorbell, takes up to 32 announced SQEs (at most depth - 1
+//            fetched and not completed), and gives each a due time: max(fetch + latency_ns, the
+//            end of its transfer on the controller's link), the link being reserved by a CAS on
+//            the controller's busy-until word at bytes_per_second (0: no cap).
+//   complete in SQ order, the due commands (as many as the CQ has free slots, from the CQ head
+//            doorbell): the whole warp copies each command's bytes (16-byte vectors where both
+//            sides are 16-byte aligned), then posts its CQE (dwords 0-2, then dword 3 with the
+//            Phase Tag by one release store). Read: namespace -> memory; Write: memory ->
+//            namespace; Flush: nothing. LBA Out of Range (SCT 0, SC 80h, DNR) beyond the
+//            namespace, Invalid Opcode (SC 01h, DNR) for other opcodes, Invalid Field (SC 02h,
+//            DNR) for a namespace other than 1 or SGL data pointers.
+//   faults   DriveQueueState::fail_command (an absolute SQ position) completes with
+//            fail_status (SCT << 8 | SC, DNR set) and moves no data; drop_command is consumed and
+//            never completed (a lost completion; the data does not move).
+// The controller trusts the PRPs (it writes where they point, as a drive's DMA would): the
+// DataPath builds them from its registrations.
+// Threading: one warp per queue at a time; the host reads the statistics after stop().
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <tutti/accel/memory.hpp>
+#include <tutti/accel/primitives.hpp>
+#include <tutti/accel/warp.hpp>
+#include <tutti/bind/local_file.hpp>
+#include <tutti/core/concepts.hpp>
+#include <tutti/core/status.hpp>
+#include <tutti/nvme/commands.hpp>
+#include <tutti/nvme/controller.hpp>
+
+namespace tutti::gpu_test {
+
+inline constexpr std::uint64_t kDriveNoFault = ~std::uint64_t{0};
+inline constexpr std::uint32_t kDriveLbaSize = 4096;
+
+/// One drive's behaviour.
+struct DriveSettings {
+  std::uint64_t namespace_bytes = std::uint64_t{64} << 20;  ///< multiple of 4096
+  bool namespace_in_host = false;                           ///< mapped pinned host memory instead of GPU memory
+  std::uint64_t latency_ns = 70'000;                        ///< per command, from fetch to completion (0: none)
+  std::uint64_t bytes_per_second = 0;                       ///< the controller's link (0: no cap)
+};
+
+/// Per-controller state in GPU memory, shared by the warps of its queues.
+struct DriveControllerState {
+  std::uint8_t* namespace_data = nullptr;
+  std::uint64_t namespace_bytes = 0;
+  std::uint64_t latency_ns = 0;
+  std::uint64_t bytes_per_second = 0;
+  unsigned long long busy_until_ns = 0;  ///< the link's reservation (timer_ns)
+};
+
+/// A fetched command (controller-private copy of its SQE's fields).
+struct DriveCommand {
+  std::uint64_t due_ns;
+  std::uint64_t prp1, prp2;
+  std::uint64_t starting_lba;
+  std::uint32_t blocks;  ///< NLB + 1
+  std::uint16_t cid;
+  std::uint16_t status;  ///< SCT << 8 | SC decided at fetch (0: success so far)
+  std::uint8_t opcode;
+  std::uint8_t drop;
+  std::uint8_t reserved[6];
+};
+
+/// Per-queue controller state in GPU memory. Zeroed, then the fault words set (kDriveNoFault: none).
+struct DriveQueueState {
+  std::uint64_t fetched;    ///< SQEs fetched (absolute)
+  std::uint64_t completed;  ///< fetched commands retired (CQE posted or dropped)
+  std::uint64_t cq_tail;    ///< CQEs posted (absolute)
+  std::uint64_t dropped, failed;
+  std::uint64_t bytes_moved;
+  std::uint64_t drop_command;  ///< absolute SQ position whose completion is never posted
+  std::uint64_t fail_command;  ///< absolute SQ position completed with fail_status
+  std::uint32_t fail_status;   ///< SCT << 8 | SC
+  std::uint32_t reserved;
+};
+
+/// One queue as the service sees it. Trivially copyable.
+struct DriveQueueView {
+  const nvme::SubmissionQueueEntry* sq = nullptr;
+  nvme::CompletionQueueEntry* cq = nullptr;
+  const volatile std::uint32_t* sq_tail_doorbell = nullptr;
+  const volatile std::uint32_t* cq_head_doorbell = nullptr;
+  std::uint32_t depth = 0;
+  std::uint16_t qid = 0;
+  DriveQueueState* state = nullptr;
+  DriveCommand* commands = nullptr;  ///< depth entries, by SQ position % depth
+  DriveControllerState* controller = nullptr;
+};
+
+/// Host-written control words (mapped pinned host memory).
+struct DriveControl {
+  std::uint32_t stop;
+  std::uint32_t running_warps;
+  std::uint32_t deadline_exits;
+  std::uint32_t reserved;
+};
+
+#if defined(__CUDACC__)
+namespace drive_detail {
+
+/// The warp copies `bytes` from `from` to `to` (16-byte vectors when both are 16-byte aligned and
+/// bytes is a multiple of 16, else 4-byte words: PRP1 is dword aligned). Warp-collective.
+__device__ inline void warp_copy(std::uint8_t* to, const std::uint8_t* from, std::uint64_t bytes) {
+  const std::uint32_t lane = threadIdx.x % 32;
+  if (((reinterpret_cast<std::uintptr_t>(to) | reinterpret_cast<std::uintptr_t>(from) | bytes) & 15u) == 0) {
+    auto* d = reinterpret_cast<uint4*>(to);
+    const auto* s = reinterpret_cast<const uint4*>(from);  // loaded with __ldcg: L2, never a stale L1 line
+    const std::uint64_t n = bytes / 16;
+    std::uint64_t i = lane;
+    for (; i + 224 < n; i += 256) {  // eight loads in flight per lane before the stores
+      uint4 v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = __ldcg(s + i + 32 * k);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) d[i + 32 * k] = v[k];
+    }
+    for (; i < n; i += 32) d[i] = __ldcg(s + i);
+  } else {
+    for (std::uint64_t i = lane * 4; i < bytes; i += 128)
+      *reinterpret_cast<unsigned int*>(to + i) = __ldcg(reinterpret_cast<const unsigned int*>(from + i));
+  }
+}
+
+/// Moves one command's data: `bytes` at namespace byte `at`, memory described by PRP1/PRP2
+/// (Base 2.0, 4.3.1: PRP1 may carry an offset; PRP2 is the second page for two pages, else a PRP
+/// list whose last entry of each list page chains when more entries remain). Warp-collective.
+/// Returns false (nothing more moved) on a PRP entry that is zero or not page aligned.
+__device__ inline bool move_data(const DriveCommand& c, std::uint8_t* ns, std::uint64_t at, std::uint64_t bytes,
+                                 bool to_memory) {
+  const auto segment = [&](std::uint64_t address, std::uint64_t n) {
+    auto* memory = reinterpret_cast<std::uint8_t*>(address);
+    if (to_memory)
+      warp_copy(memory, ns + at, n);
+    else
+      warp_copy(ns + at, memory, n);
+    at += n;
+    bytes -= n;
+  };
+  const std::uint64_t first = bytes < 4096 - c.prp1 % 4096 ? bytes : 4096 - c.prp1 % 4096;
+  if (c.prp1 == 0) return false;
+  segment(c.prp1, first);
+  if (bytes == 0) return true;
+  if (bytes <= 4096) {
+    if (c.prp2 == 0 || c.prp2 % 4096 != 0) return false;
+    segment(c.prp2, bytes);
+    return true;
+  }
+  std::uint64_t cursor = c.prp2;  // the list, qword aligned
+  if (cursor == 0 || cursor % 8 != 0) return false;
+  const std::uint32_t lane = threadIdx.x % 32;
+  while (bytes != 0) {
+    const std::uint64_t pages_left = (bytes + 4095) / 4096;
+    const std::uint64_t slots = (4096 - cursor % 4096) / 8;
+    const std::uint64_t usable = pages_left > slots ? slots - 1 : pages_left;
+    const auto* list = reinterpret_cast<const volatile std::uint64_t*>(cursor);
+    for (std::uint64_t base = 0; base < usable; base += 32) {
+      const std::uint64_t mine = base + lane < usable ? list[base + lane] : 0;
+      const std::uint64_t group = usable - base < 32 ? usable - base : 32;
+      for (std::uint32_t k = 0; k < group; ++k) {
+        const std::uint64_t page = __shfl_sync(0xffffffffu, mine, k);
+        if (page == 0 || page % 4096 != 0) return false;
+        segment(page, bytes < 4096 ? bytes : 4096);
+      }
+    }
+    if (bytes != 0) cursor = list[slots - 1];  // chain to the next list page
+    if (bytes != 0 && (cursor == 0 || cursor % 8 != 0)) return false;
+  }
+  return true;
+}
+
+/// One service step of queue `q` by the whole warp: fetch, then complete what is due. Returns the
+/// commands fetched plus completed (same in every lane).
+__device__ inline std::uint32_t service(const DriveQueueView& q) {
+  const std::uint32_t lane = threadIdx.x % 32;
+  DriveQueueState& s = *q.state;
+  DriveControllerState& ctl = *q.controller;
+  // --- fetch
+  std::uint32_t count = 0;
+  std::uint64_t fetched = s.fetched, completed = s.completed;
+  if (lane == 0) {
+    const std::uint32_t tail = accel::mmio_load32(q.sq_tail_doorbell);
+    if (tail < q.depth) {
+      const std::uint32_t announced = (tail + q.depth - static_cast<std::uint32_t>(fetched % q.depth)) % q.depth;
+      const std::uint64_t room = q.depth - 1 - (fetched - completed);
+      count = announced < room ? announced : static_cast<std::uint32_t>(room);
+      if (count > 32) count = 32;
+      if (count != 0) accel::fence(accel::ThreadScope::system, accel::MemoryOrder::acquire);
+    }
+  }
+  count = __shfl_sync(0xffffffffu, count, 0);
+  __syncwarp();
+  const std::uint64_t now = accel::timer_ns();
+  if (lane < count) {
+    const std::uint64_t position = fetched + lane;
+    const volatile nvme::SubmissionQueueEntry& e = q.sq[position % q.depth];
+    DriveCommand c{};
+    c.opcode = e.opcode;
+    c.cid = e.command_identifier;
+    c.prp1 = e.data_pointer.prp.prp1;
+    c.prp2 = e.data_pointer.prp.prp2;
+    c.starting_lba = (std::uint64_t{e.cdw11} << 32) | e.cdw10;
+    c.blocks = (e.cdw12 & 0xffffu) + 1;
+    const std::uint64_t bytes = std::uint64_t{c.blocks} * kDriveLbaSize;
+    const bool data = c.opcode == 0x01 || c.opcode == 0x02;
+    if (c.opcode != 0x00 && !data)
+      c.status = 0x01;  // Invalid Command Opcode
+    else if (e.nsid != 1 || (e.flags >> 6) != 0)
+      c.status = 0x02;  // Invalid Field in Command
+    else if (data && (c.starting_lba > ctl.namespace_bytes / kDriveLbaSize ||
+                      c.blocks > ctl.namespace_bytes / kDriveLbaSize - c.starting_lba))
+      c.status = 0x80;  // LBA Out of Range
+    if (position == s.fail_command) c.status = static_cast<std::uint16_t>(s.fail_status);
+    c.drop = position == s.drop_command ? 1 : 0;
+    std::uint64_t due = now + ctl.latency_ns;
+    if (data && c.status == 0 && ctl.bytes_per_second != 0) {
+      const unsigned long long transfer = bytes * 1'000'000'000ull / ctl.bytes_per_second;
+      unsigned long long old = atomicAdd(&ctl.busy_until_ns, 0ull), next = 0;
+      for (;;) {
+        next = (old > now ? old : now) + transfer;
+        const unsigned long long seen = atomicCAS(&ctl.busy_until_ns, old, next);
+        if (seen == old) break;
+        old = seen;
+      }
+      if (next > due) due = next;
+    }
+    c.due_ns = due;
+    q.commands[position % q.depth] = c;
+  }
+  __syncwarp();
+  if (lane == 0) s.fetched = fetched + count;
+  fetched += count;
+  // --- complete, in SQ order
+  const std::uint64_t pending = fetched - completed;
+  const bool due = lane < pending && q.commands[(completed + lane) % q.depth].due_ns <= accel::timer_ns();
+  const std::uint32_t due_mask = __ballot_sync(0xffffffffu, due);
+  std::uint32_t ready = due_mask == 0xffffffffu ? 32u : static_cast<std::uint32_t>(__ffs(~due_mask) - 1);
+  std::uint32_t cq_free = 0;
+  if (lane == 0) {
+    const std::uint32_t head = accel::mmio_load32(q.cq_head_doorbell);
+    if (head < q.depth)
+      cq_free = q.depth - 1 - (static_cast<std::uint32_t>(s.cq_tail % q.depth) + q.depth - head) % q.depth;
+  }
+  cq_free = __shfl_sync(0xffffffffu, cq_free, 0);
+  if (ready > cq_free) ready = cq_free;  // a dropped command needs no slot, counted as one: conservative
+  std::uint64_t cq_tail = s.cq_tail, moved = 0, dropped = 0, failed = 0;
+  for (std::uint32_t k = 0; k < ready; ++k) {
+    const std::uint64_t position = completed + k;
+    DriveCommand c = q.commands[position % q.depth];
+    const std::uint64_t bytes = std::uint64_t{c.blocks} * kDriveLbaSize;
+    if (c.status == 0 && !c.drop && (c.opcode == 0x01 || c.opcode == 0x02)) {
+      if (move_data(c, ctl.namespace_data, c.starting_lba * kDriveLbaSize, bytes, c.opcode == 0x02))
+        moved += bytes;
+      else
+        c.status = 0x13;  // PRP Offset Invalid
+    }
+    // Every lane's data stores before the CQE: each lane fences its own, the warp barrier orders
+    // them before lane 0's release store of dword 3.
+    __threadfence_system();
+    __syncwarp();
+    if (c.drop) {
+      ++dropped;
+      continue;
+    }
+    if (c.status != 0) ++failed;
+    if (lane == 0) {
+      nvme::CompletionQueueEntry& cqe = q.cq[cq_tail % q.depth];
+      const std::uint8_t phase = ((cq_tail / q.depth) & 1u) == 0 ? 1 : 0;
+      cqe.dw0 = 0;
+      cqe.dw1 = 0;
+      cqe.sq_head = static_cast<std::uint16_t>((position + 1) % q.depth);
+      cqe.sq_identifier = q.qid;
+      const auto sct = static_cast<std::uint8_t>(c.status >> 8), sc = static_cast<std::uint8_t>(c.status & 0xff);
+      accel::SystemAtomicRef<std::uint32_t>(cqe.dw3).store(
+          nvme::CompletionQueueEntry::make_dw3(c.cid, nvme::StatusField::make(sct, sc, c.status != 0, phase)),
+          accel::MemoryOrder::release);
+    }
+    ++cq_tail;
+  }
+  __syncwarp();
+  if (lane == 0 && ready != 0) {
+    s.completed = completed + ready;
+    s.cq_tail = cq_tail;
+    s.bytes_moved += moved;
+    s.dropped += dropped;
+    s.failed += failed;
+  }
+  __syncwarp();
+  return count + ready;
+}
+
+}  // namespace drive_detail
+
+/// The persistent service: warp w of the grid services queues w, w + W, ... until control->stop
+/// is set and a whole pass found no work and nothing in flight, or budget_ns has passed (counted in
+/// control->deadline_exits). blockDim.x: a multiple of 32; launch few enough blocks to be resident.
+static __global__ void drive_controller_kernel(const DriveQueueView* queues, std::uint32_t queue_count,
+                                               DriveControl* control, std::uint64_t budget_ns) {
+  const std::uint32_t lane = threadIdx.x % 32;
+  const std::uint32_t warps = gridDim.x * (blockDim.x / 32);
+  const std::uint32_t warp = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (lane == 0)
+    accel::SystemAtomicRef<std::uint32_t>(control->running_warps).fetch_add(1, accel::MemoryOrder::relaxed);
+  const std::uint64_t deadline = accel::timer_ns() + budget_ns;
+  std::uint64_t next_stop_poll = 0;
+  for (;;) {
+    std::uint32_t work = 0;
+    std::uint64_t in_flight = 0;
+    for (std::uint32_t q = warp; q < queue_count; q += warps) {
+      work += drive_detail::service(queues[q]);
+      in_flight += queues[q].state->fetched - queues[q].state->completed;
+    }
+    if (work != 0) continue;
+    std::uint32_t leave = 0;
+    if (lane == 0) {
+      const std::uint64_t now = accel::timer_ns();
+      if (now >= next_stop_poll) {
+        next_stop_poll = now + 20'000;
+        if (in_flight == 0 &&
+            accel::SystemAtomicRef<std::uint32_t>(control->stop).load(accel::MemoryOrder::acquire) != 0)
+          leave = 1;
+      }
+      if (leave == 0 && now >= deadline) leave = 2;
+    }
+    leave = __shfl_sync(0xffffffffu, leave, 0);
+    if (leave == 2 && lane == 0)
+      accel::SystemAtomicRef<std::uint32_t>(control->deadline_exits).fetch_add(1, accel::MemoryOrder::relaxed);
+    if (leave != 0) return;
+    if (in_flight == 0) __nanosleep(500);
+  }
+}
+#endif  // __CUDACC__
+
+/// Device memory (accel::allocate_device), freed on destruction.
+class DriveBuffer {
+ public:
+  DriveBuffer() = default;
+  static Result<DriveBuffer> device(std::size_t bytes) {
+    auto p = accel::allocate_device(bytes);
+    if (!p) return p.status();
+    DriveBuffer b;
+    b.data_ = *p;
+    b.host_ = false;
+    return Result<DriveBuffer>(std::move(b));  // explicit: nvcc's front end does not move implicitly here
+  }
+  static Result<DriveBuffer> mapped_host(std::size_t bytes) {
+    auto p = accel::allocate_mapped_host(bytes);
+    if (!p) return p.status();
+    DriveBuffer b;
+    b.data_ = *p;
+    b.host_ = true;
+    return Result<DriveBuffer>(std::move(b));
+  }
+  DriveBuffer(DriveBuffer&& o) noexcept { *this = std::move(o); }
+  DriveBuffer& operator=(DriveBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(host_, o.host_);
+    return *this;
+  }
+  DriveBuffer(const DriveBuffer&) = delete;
+  DriveBuffer& operator=(const DriveBuffer&) = delete;
+  ~DriveBuffer() {
+    if (host_)
+      accel::free_mapped_host(data_);
+    else
+      accel::free_device(data_);
+  }
+  template <class T>
+  T* as() const noexcept {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  bool host_ = false;
+};
+
+/// The data-moving controller behind nvme::Controller (see the file comment). Bring it up, create
+/// the DataPath over it, then start a DriveService over its queues; delete nothing and free no
+/// device memory while the service runs (cudaFree waits for every kernel, the service included).
+class DriveNvmeController final : public nvme::Controller {
+ public:
+  static constexpr std::uint32_t kMaxQueueEntries = 65536;
+  static constexpr std::uint16_t kMaxQueuePairs = 1024;
+
+  explicit DriveNvmeController(DriveSettings settings = {}) : settings_(settings) {}
+
+  std::string_view kind() const noexcept override { return "drive (GPU-resident, data-moving)"; }
+
+  Status bring_up(const nvme::BringUpOptions& options) override {
+    if (settings_.namespace_bytes == 0 || settings_.namespace_bytes % kDriveLbaSize != 0)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "drive controller: namespace_bytes = {} must be a positive multiple of 4096",
+                   settings_.namespace_bytes);
+    auto ns = settings_.namespace_in_host ? DriveBuffer::mapped_host(settings_.namespace_bytes)
+                                          : DriveBuffer::device(settings_.namespace_bytes);
+    if (!ns) return ns.status().with_context("drive controller: namespace");
+    namespace_ = std::move(*ns);
+    auto state = DriveBuffer::device(sizeof(DriveControllerState));
+    if (!state) return state.status().with_context("drive controller: state");
+    state_ = std::move(*state);
+    DriveControllerState s{};
+    s.namespace_data = namespace_.as<std::uint8_t>();
+    s.namespace_bytes = settings_.namespace_bytes;
+    s.latency_ns = settings_.latency_ns;
+    s.bytes_per_second = settings_.bytes_per_second;
+    TUTTI_RETURN_IF_ERROR(accel::copy_to_device(state_.as<void>(), &s, sizeof(s)));
+    identity_ = nvme::ControllerIdentity{};
+    identity_.nsid = options.nsid;
+    identity_.lba_size = kDriveLbaSize;
+    identity_.namespace_size_lbas = settings_.namespace_bytes / kDriveLbaSize;
+    identity_.max_data_transfer_bytes = 1u << 20;
+    identity_.memory_page_size = 4096;
+    identity_.max_queue_entries = kMaxQueueEntries;
+    identity_.io_submission_queues_allocated = kMaxQueuePairs;
+    identity_.io_completion_queues_allocated = kMaxQueuePairs;
+    identity_.number_of_namespaces = 1;
+    identity_.model_number = "GPU-resident drive controller (tests and benchmarks)";
+    return Status::success();
+  }
+  Status shutdown(std::uint64_t) override { return Status::success(); }
+  const nvme::ControllerIdentity& identity() const noexcept override { return identity_; }
+  nvme::ControllerStatus controller_status() const noexcept override { return nvme::ControllerStatus{1}; }
+
+  /// Changes the latency and the link cap (and resets the link's reservation). Only while no
+  /// service runs over this controller. Errors: the copy's.
+  Status set_timing(std::uint64_t latency_ns, std::uint64_t bytes_per_second) {
+    settings_.latency_ns = latency_ns;
+    settings_.bytes_per_second = bytes_per_second;
+    DriveControllerState s{};
+    s.namespace_data = namespace_.as<std::uint8_t>();
+    s.namespace_bytes = settings_.namespace_bytes;
+    s.latency_ns = latency_ns;
+    s.bytes_per_second = bytes_per_second;
+    return accel::copy_to_device(state_.as<void>(), &s, sizeof(s));
+  }
+
+  /// The namespace's bytes (GPU memory or mapped pinned host memory, namespace_bytes of them).
+  std::uint8_t* namespace_data() const noexcept { return namespace_.as<std::uint8_t>(); }
+  const DriveSettings& settings() const noexcept { return settings_; }
+
+  Result<nvme::QueuePairInfo> create_io_queue_pair(std::uint32_t depth) override {
+    if (depth < 2 || depth > kMaxQueueEntries)
+      return error(StatusCode::INVALID_ARGUMENT, "drive controller: depth = {} outside 2..{}", depth, kMaxQueueEntries);
+    std::scoped_lock lock(mutex_);
+    std::uint16_t qid = 1;
+    while (queues_.count(qid) != 0) ++qid;
+    if (qid > kMaxQueuePairs)
+      return error(StatusCode::RESOURCE_EXHAUSTED, "drive controller: {} queue pairs in use", kMaxQueuePairs);
+    Queue q;
+    auto rings = DriveBuffer::device(depth * (sizeof(nvme::SubmissionQueueEntry) + sizeof(nvme::CompletionQueueEntry)));
+    auto words = DriveBuffer::device(4096);  // SQ tail doorbell at 0, CQ head at 64, CSTS at 128, state at 1024
+    auto commands = DriveBuffer::device(depth * sizeof(DriveCommand));
+    if (!rings || !words || !commands)
+      return error(StatusCode::RESOURCE_EXHAUSTED, "drive controller: no GPU memory for a queue pair of depth {}",
+                   depth);
+    q.rings = std::move(*rings);
+    q.words = std::move(*words);
+    q.commands = std::move(*commands);
+    const std::uint32_t ready = 1;  // CSTS.RDY
+    TUTTI_RETURN_IF_ERROR(accel::copy_to_device(q.words.as<char>() + 128, &ready, sizeof(ready)));
+    DriveQueueState state{};
+    state.drop_command = kDriveNoFault;
+    state.fail_command = kDriveNoFault;
+    TUTTI_RETURN_IF_ERROR(accel::copy_to_device(q.words.as<char>() + 1024, &state, sizeof(state)));
+    q.info.qid = qid;
+    q.info.depth = depth;
+    q.info.submission_queue = q.rings.as<nvme::SubmissionQueueEntry>();
+    q.info.completion_queue =
+        reinterpret_cast<nvme::CompletionQueueEntry*>(q.rings.as<char>() + depth * sizeof(nvme::SubmissionQueueEntry));
+    q.info.submission_queue_tail_doorbell = reinterpret_cast<volatile std::uint32_t*>(q.words.as<char>());
+    q.info.completion_queue_head_doorbell = reinterpret_cast<volatile std::uint32_t*>(q.words.as<char>() + 64);
+    q.info.controller_status = reinterpret_cast<const volatile std::uint32_t*>(q.words.as<char>() + 128);
+    const nvme::QueuePairInfo info = q.info;
+    queues_.emplace(qid, std::move(q));
+    return info;
+  }
+  Status delete_io_queue_pair(std::uint16_t qid) override {
+    std::scoped_lock lock(mutex_);
+    if (queues_.erase(qid) == 0) return error(StatusCode::NOT_FOUND, "drive controller: no queue pair {}", qid);
+    return Status::success();
+  }
+
+  /// The service's views of every I/O queue pair, in qid order.
+  std::vector<DriveQueueView> views() const {
+    std::scoped_lock lock(mutex_);
+    std::vector<DriveQueueView> out;
+    for (const auto& [qid, q] : queues_) {
+      DriveQueueView v;
+      v.sq = q.info.submission_queue;
+      v.cq = q.info.completion_queue;
+      v.sq_tail_doorbell = q.info.submission_queue_tail_doorbell;
+      v.cq_head_doorbell = q.info.completion_queue_head_doorbell;
+      v.depth = q.info.depth;
+      v.qid = qid;
+      v.state = reinterpret_cast<DriveQueueState*>(q.words.as<char>() + 1024);
+      v.commands = q.commands.as<DriveCommand>();
+      v.controller = state_.as<DriveControllerState>();
+      out.push_back(v);
+    }
+    return out;
+  }
+  /// Queue `qid`'s controller state (copied from GPU memory).
+  Result<DriveQueueState> queue_state(std::uint16_t qid) const {
+    std::scoped_lock lock(mutex_);
+    const auto found = queues_.find(qid);
+    if (found == queues_.end()) return error(StatusCode::NOT_FOUND, "drive controller: no queue pair {}", qid);
+    DriveQueueState s{};
+    TUTTI_RETURN_IF_ERROR(accel::copy_from_device(&s, found->second.words.as<char>() + 1024, sizeof(s)));
+    return s;
+  }
+  /// Sets queue `qid`'s fault words (absolute SQ positions; kDriveNoFault: none). Only while no
+  /// service runs over the queue.
+  Status inject(std::uint16_t qid, std::uint64_t fail_command, std::uint32_t fail_status, std::uint64_t drop_command) {
+    auto s = queue_state(qid);
+    if (!s) return s.status();
+    s->fail_command = fail_command;
+    s->fail_status = fail_status;
+    s->drop_command = drop_command;
+    std::scoped_lock lock(mutex_);
+    return accel::copy_to_device(queues_.at(qid).words.as<char>() + 1024, &s.value(), sizeof(DriveQueueState));
+  }
+
+  Result<nvme::DmaMapping> dma_map(void* host_address, std::size_t length) override {
+    return map(host_address, length, nvme::DmaMemoryKind::host);
+  }
+  Result<nvme::DmaMapping> dma_map_device(void* device_address, std::size_t length) override {
+    return map(device_address, length, nvme::DmaMemoryKind::device);
+  }
+  Status dma_unmap(std::uint64_t id) override {
+    std::scoped_lock lock(mutex_);
+    return mappings_.erase(id) != 0 ? Status::success()
+                                    : error(StatusCode::NOT_FOUND, "drive controller: no mapping {}", id);
+  }
+  /// Mapped pinned host memory: bus address == host address (the GPU reads PRP lists there).
+  Result<nvme::DmaBuffer> allocate_dma_buffer(std::size_t length) override {
+    if (length == 0) return error(StatusCode::INVALID_ARGUMENT, "drive controller: allocate_dma_buffer of 0 bytes");
+    const std::size_t rounded = (length + 4095) / 4096 * 4096;
+    auto b = DriveBuffer::mapped_host(rounded);
+    if (!b) return b.status().with_context("drive controller: DMA buffer");
+    std::scoped_lock lock(mutex_);
+    nvme::DmaBuffer out{b->as<void>(), reinterpret_cast<std::uint64_t>(b->as<void>()), rounded, ++next_id_};
+    buffers_.emplace(out.id, std::move(*b));
+    return out;
+  }
+  Status free_dma_buffer(std::uint64_t id) override {
+    std::scoped_lock lock(mutex_);
+    return buffers_.erase(id) != 0 ? Status::success()
+                                   : error(StatusCode::NOT_FOUND, "drive controller: no DMA buffer {}", id);
+  }
+  Result<nvme::CompletionQueueEntry> submit_admin(const nvme::SubmissionQueueEntry& command, std::uint64_t) override {
+    nvme::CompletionQueueEntry cqe{};
+    cqe.dw3 = nvme::CompletionQueueEntry::make_dw3(command.command_identifier, nvme::StatusField::make(0, 0, false, 1));
+    return cqe;
+  }
+  Result<bool> abort(std::uint16_t, std::uint16_t, std::uint64_t) override { return false; }
+
+ private:
+  struct Queue {
+    nvme::QueuePairInfo info;
+    DriveBuffer rings, words, commands;
+  };
+  /// GPU memory, or host memory the GPU reaches at the same address (mapped pinned; cudaHostRegister'd
+  /// memory with UVA): bus address = address. Anything else is refused.
+  Result<nvme::DmaMapping> map(void* address, std::size_t length, nvme::DmaMemoryKind kind) {
+    const auto at = reinterpret_cast<std::uintptr_t>(address);
+    if (address == nullptr || length == 0 || at % 4096 != 0 || length % 4096 != 0)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "drive controller: dma_map({}, {} bytes) needs 4096-aligned, non-empty memory", address, length);
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, address) != cudaSuccess ||
+        (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeHost) ||
+        (attributes.type == cudaMemoryTypeHost && attributes.devicePointer != address)) {
+      (void)cudaGetLastError();
+      return error(StatusCode::UNSUPPORTED,
+                   "drive controller: {} is neither GPU memory nor mapped pinned host memory the GPU reaches at the "
+                   "same address; register DEVICE memory or cudaHostAlloc'd memory",
+                   address);
+    }
+    std::scoped_lock lock(mutex_);
+    nvme::DmaMapping m;
+    m.id = ++next_id_;
+    m.host_address = address;
+    m.length = length;
+    m.memory_kind = kind;
+    for (std::size_t page = 0; page < length / 4096; ++page) m.bus_addresses.push_back(at + page * 4096);
+    mappings_.emplace(m.id, length);
+    return m;
+  }
+
+  DriveSettings settings_;
+  mutable std::mutex mutex_;
+  nvme::ControllerIdentity identity_;
+  DriveBuffer namespace_, state_;
+  std::map<std::uint16_t, Queue> queues_;
+  std::map<std::uint64_t, std::size_t> mappings_;
+  std::map<std::uint64_t, DriveBuffer> buffers_;
+  std::uint64_t next_id_ = 0;
+};
+
+#if defined(__CUDACC__)
+/// A running drive service over the I/O queues of several controllers (one kernel, its own
+/// non-blocking stream). stop() (also the destructor) sets the stop word and waits for the kernel,
+/// which leaves once nothing is in flight (or its budget ran out); it returns the warps that left
+/// by the budget.
+class DriveService {
+ public:
+  ~DriveService() {
+    (void)stop();
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  /// Starts `warps` warps (0: one per queue, at most 264) over every queue of `controllers`, for
+  /// at most budget_ns. Errors: DEVICE_ERROR (launch), TIMEOUT (not running within 5 s).
+  Status start(const std::vector<DriveNvmeController*>& controllers, std::uint32_t warps, std::uint64_t budget_ns) {
+    std::vector<DriveQueueView> all;
+    for (DriveNvmeController* c : controllers)
+      for (const DriveQueueView& v : c->views()) all.push_back(v);
+    if (all.empty()) return error(StatusCode::INVALID_ARGUMENT, "drive service: no queues");
+    auto views = DriveBuffer::device(all.size() * sizeof(DriveQueueView));
+    auto control = DriveBuffer::mapped_host(sizeof(DriveControl));
+    if (!views || !control) return error(StatusCode::RESOURCE_EXHAUSTED, "drive service: no memory for its views");
+    views_ = std::move(*views);
+    control_ = std::move(*control);
+    TUTTI_RETURN_IF_ERROR(accel::copy_to_device(views_.as<void>(), all.data(), all.size() * sizeof(DriveQueueView)));
+    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess)
+      return error(StatusCode::DEVICE_ERROR, "drive service: cudaStreamCreateWithFlags failed");
+    if (warps == 0) warps = static_cast<std::uint32_t>(all.size() < 264 ? all.size() : 264);
+    constexpr std::uint32_t kWarpsPerBlock = 2;
+    const std::uint32_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    warps_ = blocks * kWarpsPerBlock;
+    drive_controller_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream_>>>(
+        views_.as<DriveQueueView>(), static_cast<std::uint32_t>(all.size()), control_.as<DriveControl>(), budget_ns);
+    if (const cudaError_t launched = cudaGetLastError(); launched != cudaSuccess)
+      return error(StatusCode::DEVICE_ERROR, "drive service: launch of {} warps: {}", warps_,
+                   cudaGetErrorString(launched));
+    started_ = true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    const volatile DriveControl* c = control_.as<DriveControl>();
+    while (c->running_warps < warps_) {
+      if (std::chrono::steady_clock::now() > deadline)
+        return error(StatusCode::TIMEOUT, "drive service: {} of {} warps running after 5 s", c->running_warps, warps_);
+      std::this_thread::yield();
+    }
+    return Status::success();
+  }
+  std::uint32_t stop() {
+    if (!started_) return deadline_exits_;
+    started_ = false;
+    volatile DriveControl* c = control_.as<DriveControl>();
+    c->stop = 1;
+    (void)cudaStreamSynchronize(stream_);
+    deadline_exits_ = c->deadline_exits;
+    return deadline_exits_;
+  }
+  std::uint32_t warps() const noexcept { return warps_; }
+
+ private:
+  DriveBuffer views_, control_;
+  cudaStream_t stream_ = nullptr;
+  std::uint32_t warps_ = 0;
+  bool started_ = false;
+  std::uint32_t deadline_exits_ = 0;
+};
+#endif  // __CUDACC__
+
+/// Resolves "drive://NAME?bytes=N&at=O" (N > 0 and O multiples of 4096) to one extent of N bytes
+/// at namespace byte O of namespace 1, 4096-byte LBAs, no file behind it (for DriveNvmeController).
+struct DriveNamespaceResolver {
+  using target_type = local_file::Target;
+  static constexpr std::string_view scheme = "drive";
+  Result<local_file::Target> resolve(std::string_view uri, const OpenOptions& options) const {
+    const auto number = [&](std::string_view key, std::uint64_t& out) {
+      const std::size_t at = uri.find(key);
+      if (at == std::string_view::npos) return false;
+      // Decimal digits up to '&' or the end (no <charconv>: nvcc warns about its long double overloads).
+      std::size_t i = at + key.size(), digits = 0;
+      out = 0;
+      for (; i < uri.size() && uri[i] >= '0' && uri[i] <= '9' && digits < 19; ++i, ++digits)
+        out = out * 10 + static_cast<std::uint64_t>(uri[i] - '0');
+      return digits != 0 && (i == uri.size() || uri[i] == '&');
+    };
+    std::uint64_t bytes = 0, at = 0;
+    if (uri.substr(0, 8) != "drive://" || !number("?bytes=", bytes) || !number("&at=", at) || bytes == 0 ||
+        bytes % kDriveLbaSize != 0 || at % kDriveLbaSize != 0)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "'{}': expected drive://NAME?bytes=N&at=O, N > 0 and O multiples of 4096", uri);
+    local_file::Target t;
+    t.path = std::string(uri);
+    t.extents = {local_file::Extent{0, at, bytes}};
+    t.file_size = bytes;
+    t.lba_size = kDriveLbaSize;
+    t.nsid = 1;
+    t.writable = options.writable;
+    return Result<local_file::Target>(std::move(t));
+  }
+};
+static_assert(Resolver<DriveNamespaceResolver>);
+
+}  // namespace tutti::gpu_test
