@@ -86,7 +86,7 @@ Result<Request> parse_request(std::string_view bytes) {
     if (!ok) {
       std::string list;
       for (auto k : allowed) list += fmt::format("{}{}", list.empty() ? "" : ", ", k);
-      return error(StatusCode::INVALID_ARGUMENT, "unknown key \"{}\" for op {}; expected only: {}",
+      return error(StatusCode::INVALID_ARGUMENT, "unknown key {} for op {}; expected only: {}",
                    json(key).dump(-1, ' ', true, json::error_handler_t::replace).substr(0, 64), to_string(request.op),
                    list);
     }

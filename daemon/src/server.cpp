@@ -435,6 +435,7 @@ json Server::devices_json() const {
                             {"error", slot->last_error()},
                             {"io_queue_pairs", c.io_queue_pairs},
                             {"kernel_queues", c.kernel_queues},
+                            {"kernel_queue_ids", slot->kernel_qids()},
                             {"leasable_queues", c.leasable_queues()},
                             {"queues_in_use", slot->queues_in_use()},
                             {"queue_depth", c.queue_depth},
