@@ -33,6 +33,9 @@ namespace {
 
 using json = nlohmann::json;
 
+/// Connections served at once; more are closed at accept.
+constexpr std::size_t kMaxConnections = 1024;
+
 int pidfd_open(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
 struct Peer {
@@ -247,6 +250,11 @@ void Server::accept_client() {
   for (;;) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
+    if (clients_.size() >= kMaxConnections) {  // a member of the socket's group cannot exhaust the daemon's fds
+      say("refused a connection: {} connections open (the limit)", clients_.size());
+      ::close(fd);
+      continue;
+    }
     Client client;
     client.fd = fd;
     ucred credentials{};
