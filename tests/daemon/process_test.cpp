@@ -133,29 +133,39 @@ TEST_CASE("release returns the queues; a lease of another process cannot be rele
 
 TEST_CASE("SIGKILL of a client returns its queues within a generous bound (pidfd, no heartbeat)") {
   TestDaemon d;
-  ClientProcess victim(d.socket_path(), [](Connection& c) { return *c.call(acquire_request(4), kCallTimeoutNs); });
-  REQUIRE(victim.result()["ok"] == true);
   ClientProcess other(d.socket_path(), [](Connection& c) { return *c.call(acquire_request(4), kCallTimeoutNs); });
-  REQUIRE(other.result()["ok"] == true);  // all 8 leasable queues are held now
+  REQUIRE(other.result()["ok"] == true);
   auto c = d.connect();
-  CHECK((*c.call(acquire_request(1), kCallTimeoutNs))["error"]["code"] == "exhausted");
-  const std::uint64_t t0 = monotonic_ns();
-  ::kill(victim.pid(), SIGKILL);
-  // The queues are back when an acquire of all four succeeds.
-  json granted;
-  const std::uint64_t deadline = tutti::deadline_after_ns(5'000'000'000ull);
-  for (;;) {
-    granted = *c.call(acquire_request(4), kCallTimeoutNs);
-    if (granted["ok"] == true || tutti::remaining_ns(deadline) == 0) break;
+  constexpr int kRounds = 5;
+  std::vector<double> ms;
+  for (int round = 0; round < kRounds; ++round) {
+    ClientProcess victim(d.socket_path(), [](Connection& v) { return *v.call(acquire_request(4), kCallTimeoutNs); });
+    REQUIRE(victim.result()["ok"] == true);  // all 8 leasable queues are held now
+    REQUIRE((*c.call(acquire_request(1), kCallTimeoutNs))["error"]["code"] == "exhausted");
+    const std::uint64_t t0 = monotonic_ns();
+    ::kill(victim.pid(), SIGKILL);
+    // The queues are back when an acquire of all four succeeds, from another process.
+    json granted;
+    const std::uint64_t deadline = tutti::deadline_after_ns(5'000'000'000ull);
+    for (;;) {
+      granted = *c.call(acquire_request(4), kCallTimeoutNs);
+      if (granted["ok"] == true || tutti::remaining_ns(deadline) == 0) break;
+    }
+    const double seconds = static_cast<double>(monotonic_ns() - t0) * 1e-9;
+    REQUIRE_MESSAGE(granted["ok"] == true, granted.dump());
+    CHECK(seconds < 5.0);  // generous: CI machines are loaded; the figure is reported, not asserted tightly
+    ms.push_back(seconds * 1e3);
+    victim.kill_now();
+    REQUIRE((*c.call(json{{"tutti", 1}, {"op", "release"}, {"lease", granted["lease"]["id"]}}, kCallTimeoutNs))["ok"] ==
+            true);
   }
-  const double seconds = static_cast<double>(monotonic_ns() - t0) * 1e-9;
-  REQUIRE_MESSAGE(granted["ok"] == true, granted.dump());
-  MESSAGE("SIGKILL to queues re-granted to another process: " << seconds * 1e3 << " ms");
-  CHECK(seconds < 5.0);  // generous: CI machines are loaded; the figure is reported, not asserted tightly
-  victim.kill_now();
+  std::sort(ms.begin(), ms.end());
+  MESSAGE("SIGKILL of a holder of 4 queues to the 4 queues granted to another process, "
+          << kRounds << " rounds: min " << ms.front() << " ms, median " << ms[kRounds / 2] << " ms, max " << ms.back()
+          << " ms");
   const std::string metrics = d.call({{"tutti", 1}, {"op", "metrics"}})["text"];
-  CHECK(metrics.find("tuttid_leases_total{event=\"reclaimed\"} 1") != std::string::npos);
-  MESSAGE(metrics.substr(metrics.find("tuttid_lease_reclaim_seconds{stat=\"last\"}"), 60));
+  CHECK(metrics.find("tuttid_leases_total{event=\"reclaimed\"} 5") != std::string::npos);
+  MESSAGE(metrics.substr(metrics.find("tuttid_lease_reclaim_seconds{stat=\"last\"}"), 100));
 }
 
 TEST_CASE("SIGTERM: new leases are refused, holders are told the deadline, then revoked, and tuttid exits 0") {
@@ -208,25 +218,33 @@ TEST_CASE(
   auto lease = *holder.call(acquire_request(4), kCallTimeoutNs);
   REQUIRE(lease["ok"] == true);
   const std::uint64_t old_id = lease["lease"]["id"];
+  ClientProcess dead(d.socket_path(), [](Connection& c) { return *c.call(acquire_request(2), kCallTimeoutNs); });
+  const std::uint64_t dead_id = dead.result()["lease"]["id"];
   d.stop(SIGKILL);  // a crash: no revocation messages, no state cleanup
+  dead.kill_now();  // a client that dies while no tuttid runs
   auto told = holder.next_event(5'000'000'000ull);
   CHECK(told.code() == tutti::StatusCode::DEVICE_ERROR);
   CHECK(told.status().message().find("connection closed by tuttid") != std::string::npos);
   d.start();
   const json status = d.call({{"tutti", 1}, {"op", "status"}});
   CHECK(status["restart_policy"] == "revoke");
-  REQUIRE(status["revoked_at_restart"].size() == 1);
-  CHECK(status["revoked_at_restart"][0]["id"] == old_id);
-  CHECK(status["revoked_at_restart"][0]["pid"] == ::getpid());
-  CHECK(status["revoked_at_restart"][0]["client_alive"] == true);
+  REQUIRE(status["revoked_at_restart"].size() == 2);
+  for (const auto& previous : status["revoked_at_restart"]) {
+    const bool mine = previous["id"] == old_id;
+    CHECK((mine || previous["id"] == dead_id));
+    CHECK(previous["client_alive"] == mine);  // the live client is told it lost its lease; the dead one is gone
+    if (mine) CHECK(previous["pid"] == ::getpid());
+  }
   auto c = d.connect();
   auto stale = *c.call(json{{"tutti", 1}, {"op", "release"}, {"lease", old_id}}, kCallTimeoutNs);
   CHECK(stale["error"]["code"] == "not_found");
   CHECK(stale["error"]["message"].get<std::string>().find("revoked when tuttid restarted") != std::string::npos);
   auto fresh = *c.call(acquire_request(4), kCallTimeoutNs);
   REQUIRE(fresh["ok"] == true);
+  ClientProcess next(d.socket_path(), [](Connection& n) { return *n.call(acquire_request(4), kCallTimeoutNs); });
+  CHECK(next.result()["ok"] == true);  // every leasable queue (8) is served again: nothing leaked across the crash
   CHECK(fresh["lease"]["id"].get<std::uint64_t>() > old_id);  // ids are never reused across restarts
-  CHECK(leases_now(d).size() == 1);
+  CHECK(leases_now(d).size() == 2);
 }
 
 TEST_CASE("a second tuttid on the same socket refuses to start, and leaves the first one serving") {
