@@ -59,18 +59,19 @@ inline int wait_bounded(pid_t pid, std::uint64_t timeout_ns) {
 class TestDaemon {
  public:
   /// `controller_keys`: extra keys of the soft controller's object; `socket_keys`: extra keys of "socket".
-  explicit TestDaemon(std::string controller_keys = "", std::string socket_keys = "") {
+  /// `grace_ms`: shutdown_grace_ms.
+  explicit TestDaemon(std::string controller_keys = "", std::string socket_keys = "", int grace_ms = 400) {
     dir_ = std::filesystem::temp_directory_path() / fmt::format("tuttid-test-{}-{}", ::getpid(), counter()++);
     std::filesystem::create_directories(dir_);
     ::chmod(dir_.c_str(), 0755);
     { std::ofstream image(dir_ / "soft0.img"); }
     std::filesystem::resize_file(dir_ / "soft0.img", 16 << 20);
     config_text_ = fmt::format(
-        R"({{ "socket": {{"path": "{}" {}}}, "state_file": "{}", "shutdown_grace_ms": 400,
+        R"({{ "socket": {{"path": "{}" {}}}, "state_file": "{}", "shutdown_grace_ms": {},
               "controllers": [{{"name": "soft0", "soft": {{"image": "{}"}}, "io_queue_pairs": 10,
                                 "kernel_queues": 2, "queue_depth": 32, {}
                                 "client": {{"max_queues": 4, "default_pinned_bytes": 4096, "max_pinned_bytes": 1048576}} {} }}] }})",
-        socket_path(), socket_keys.empty() ? "" : "," + socket_keys, (dir_ / "tuttid.state").string(),
+        socket_path(), socket_keys.empty() ? "" : "," + socket_keys, (dir_ / "tuttid.state").string(), grace_ms,
         (dir_ / "soft0.img").string(),
         controller_keys.find("\"allow\"") == std::string::npos
             ? fmt::format(R"("allow": {{"users": ["{}"]}},)", current_user())
