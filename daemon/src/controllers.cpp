@@ -33,6 +33,7 @@ Status ControllerSlot::bring_up() {
   soft.lba_size = config_.soft->lba_size;
   soft.max_queue_entries = config_.soft->max_queue_entries;
   soft.max_io_queue_pairs = static_cast<std::uint16_t>(config_.io_queue_pairs);
+  soft.shared_memory = true;  // clients map BAR0 and their queues' rings (memfds sent with SCM_RIGHTS)
   auto device = libnvm::SoftController::create(soft);
   if (!device) return fail(device.status().with_context(fmt::format("controller {}: soft controller", config_.name)));
   device_ = *device;
@@ -74,6 +75,7 @@ Result<std::vector<std::uint16_t>> ControllerSlot::create_queues(std::uint32_t c
     }
     qids.push_back(pair->qid);
     leased_.insert(pair->qid);
+    infos_[pair->qid] = *pair;
   }
   return qids;
 }
@@ -82,6 +84,7 @@ Status ControllerSlot::delete_queues(const std::vector<std::uint16_t>& qids) {
   Status first;
   for (auto qid : qids) {
     if (leased_.erase(qid) == 0) continue;
+    infos_.erase(qid);
     Status s = driver_ ? driver_->delete_io_queue_pair(qid) : Status::success();
     if (!s.is_ok() && first.is_ok())
       first = s.with_context(fmt::format("controller {}: delete queue {}", config_.name, qid));
@@ -91,12 +94,38 @@ Status ControllerSlot::delete_queues(const std::vector<std::uint16_t>& qids) {
 
 void ControllerSlot::shut_down() {
   if (!driver_) return;
+  infos_.clear();
   (void)delete_queues(std::vector<std::uint16_t>(leased_.begin(), leased_.end()));
   (void)driver_->shutdown(2'000'000'000);
   driver_.reset();
   device_.reset();
   kernel_qids_.clear();
   state_ = BringUpState::down;
+}
+
+const nvme::QueuePairInfo* ControllerSlot::queue_info(std::uint16_t qid) const {
+  auto it = infos_.find(qid);
+  return it == infos_.end() ? nullptr : &it->second;
+}
+
+const void* ControllerSlot::bar0() const {
+  // BAR0 is register memory (volatile for the controller's accesses); the daemon only takes its address.
+  return device_ ? const_cast<const std::uint32_t*>(device_->bar0()) : nullptr;
+}
+
+Result<libnvm::SharedMemoryRange> ControllerSlot::shared_memory_of(const void* address) const {
+  if (!device_) return error(StatusCode::NOT_READY, "controller {} is not a running soft controller", config_.name);
+  return device_->shared_memory_of(address);
+}
+
+Result<nvme::DmaMapping> ControllerSlot::dma_map(void* address, std::size_t length) {
+  if (!driver_) return error(StatusCode::NOT_READY, "controller {} is not up", config_.name);
+  return driver_->dma_map(address, length);
+}
+
+Status ControllerSlot::dma_unmap(std::uint64_t mapping_id) {
+  if (!driver_) return Status::success();
+  return driver_->dma_unmap(mapping_id);
 }
 
 std::uint64_t ControllerSlot::namespace_size_lbas() const noexcept {

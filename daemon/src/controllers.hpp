@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -47,6 +48,15 @@ class ControllerSlot {
   std::uint64_t namespace_size_lbas() const noexcept;
   std::uint32_t lba_size() const noexcept;
   const std::vector<std::uint16_t>& kernel_qids() const noexcept { return kernel_qids_; }
+  /// A leased queue pair as created (rings and doorbells in the daemon's mappings).
+  const nvme::QueuePairInfo* queue_info(std::uint16_t qid) const;
+  /// Start of BAR0 (soft controllers).
+  const void* bar0() const;
+  /// The memfd holding `address` (BAR0, a queue ring) of a soft controller in shared memory mode.
+  Result<libnvm::SharedMemoryRange> shared_memory_of(const void* address) const;
+  /// DMA-maps a client's memory (mapped by the daemon) / unmaps it.
+  Result<nvme::DmaMapping> dma_map(void* address, std::size_t length);
+  Status dma_unmap(std::uint64_t mapping_id);
 
  private:
   ControllerConfig config_;
@@ -57,6 +67,7 @@ class ControllerSlot {
   std::unique_ptr<nvme::Controller> driver_;
   std::vector<std::uint16_t> kernel_qids_;
   std::set<std::uint16_t> leased_;
+  std::map<std::uint16_t, nvme::QueuePairInfo> infos_;
 };
 
 }  // namespace tutti::daemon

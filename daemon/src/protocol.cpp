@@ -10,13 +10,14 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr std::array<std::pair<Op, std::string_view>, 7> kOps{{{Op::acquire, "acquire"},
+constexpr std::array<std::pair<Op, std::string_view>, 8> kOps{{{Op::acquire, "acquire"},
                                                                {Op::release, "release"},
                                                                {Op::status, "status"},
                                                                {Op::devices, "devices"},
                                                                {Op::leases, "leases"},
                                                                {Op::metrics, "metrics"},
-                                                               {Op::drain, "drain"}}};
+                                                               {Op::drain, "drain"},
+                                                               {Op::register_memory, "register"}}};
 
 Status bad(std::string_view key, const json& value, std::string_view expected) {
   std::string shown = value.dump(-1, ' ', true, json::error_handler_t::replace);
@@ -72,12 +73,14 @@ Result<Request> parse_request(std::string_view bytes) {
   static constexpr std::array<std::string_view, 5> kAcquireKeys{"tutti", "op", "controller", "queues", "pinned_bytes"};
   static constexpr std::array<std::string_view, 3> kReleaseKeys{"tutti", "op", "lease"};
   static constexpr std::array<std::string_view, 3> kDrainKeys{"tutti", "op", "deadline_ms"};
+  static constexpr std::array<std::string_view, 4> kRegisterKeys{"tutti", "op", "lease", "length"};
   static constexpr std::array<std::string_view, 2> kPlainKeys{"tutti", "op"};
   std::span<const std::string_view> allowed = kPlainKeys;
   switch (request.op) {
     case Op::acquire: allowed = kAcquireKeys; break;
     case Op::release: allowed = kReleaseKeys; break;
     case Op::drain: allowed = kDrainKeys; break;
+    case Op::register_memory: allowed = kRegisterKeys; break;
     default: break;
   }
   for (const auto& [key, value] : message.items()) {
@@ -119,6 +122,21 @@ Result<Request> parse_request(std::string_view bytes) {
       request.lease = *id;
       break;
     }
+    case Op::register_memory: {
+      if (!message.contains("lease"))
+        return error(StatusCode::INVALID_ARGUMENT, "register: missing key \"lease\"; expected a lease id");
+      auto id = get_uint(message, "lease", 1, std::numeric_limits<std::int64_t>::max());
+      if (!id) return id.status();
+      request.lease = *id;
+      if (!message.contains("length"))
+        return error(StatusCode::INVALID_ARGUMENT, "register: missing key \"length\"; expected the memfd's bytes");
+      auto length = get_uint(message, "length", 4096, 1ull << 40);
+      if (!length) return length.status();
+      if (*length % 4096 != 0)
+        return bad("length", message["length"], "is not a multiple of 4096; expected whole pages");
+      request.length = *length;
+      break;
+    }
     case Op::drain:
       if (message.contains("deadline_ms")) {
         auto d = get_uint(message, "deadline_ms", 0, 3'600'000);
@@ -140,6 +158,10 @@ std::string to_message(const Request& request) {
       if (request.pinned_bytes) m["pinned_bytes"] = *request.pinned_bytes;
       break;
     case Op::release: m["lease"] = request.lease; break;
+    case Op::register_memory:
+      m["lease"] = request.lease;
+      m["length"] = request.length;
+      break;
     case Op::drain:
       if (request.deadline_ms) m["deadline_ms"] = *request.deadline_ms;
       break;

@@ -20,8 +20,10 @@ namespace tutti::daemon {
 inline constexpr std::uint32_t kProtocolVersion = 1;
 /// Largest message, bytes (one packet). Longer packets are truncated by the kernel and refused.
 inline constexpr std::size_t kMaxMessageBytes = 64 * 1024;
+/// Most file descriptors one message carries (SCM_RIGHTS): BAR0, then an SQ and a CQ per leased queue.
+inline constexpr std::size_t kMaxFds = 1 + 2 * 64;
 
-enum class Op : std::uint8_t { acquire, release, status, devices, leases, metrics, drain };
+enum class Op : std::uint8_t { acquire, release, status, devices, leases, metrics, drain, register_memory };
 
 std::string_view to_string(Op op) noexcept;
 
@@ -31,7 +33,8 @@ struct Request {
   std::string controller;                     ///< acquire: controller name (required)
   std::optional<std::uint32_t> queues;        ///< acquire: queue pairs, 1..65535 (default: the controller's)
   std::optional<std::uint64_t> pinned_bytes;  ///< acquire: bytes the client may pin (default: the controller's)
-  std::uint64_t lease = 0;                    ///< release: lease id (required, >= 1)
+  std::uint64_t lease = 0;                    ///< release, register: lease id (required, >= 1)
+  std::uint64_t length = 0;                   ///< register: bytes of the memfd sent with it, a multiple of 4096
   std::optional<std::uint64_t> deadline_ms;   ///< drain: how long holders get before revocation
 };
 

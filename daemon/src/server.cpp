@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -35,6 +36,8 @@ using json = nlohmann::json;
 
 /// Connections served at once; more are closed at accept.
 constexpr std::size_t kMaxConnections = 1024;
+/// Queue pairs of one lease: their SQ and CQ memfds travel in one message (kMaxFds).
+constexpr std::uint32_t kMaxQueuesPerLease = (kMaxFds - 1) / 2;
 
 int pidfd_open(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
@@ -51,7 +54,16 @@ struct Client {
   Peer peer;
 };
 
+/// A client buffer registered on a lease: the daemon's mapping of the client's memfd, DMA-mapped.
+struct Registered {
+  std::uint64_t mapping_id = 0;
+  void* address = nullptr;
+  std::size_t length = 0;
+};
+
 struct Lease {
+  std::vector<Registered> registered;
+  std::uint64_t registered_bytes = 0;
   std::uint64_t id = 0;
   Peer peer;
   std::size_t controller = 0;
@@ -89,8 +101,9 @@ class Server {
   void accept_client();
   void handle_message(Client& client);
   void close_client(int fd);
-  json handle(const Request& request, Client& client);
-  json acquire(const Request& request, Client& client);
+  json handle(const Request& request, Client& client, const std::vector<int>& fds, std::vector<int>& out_fds);
+  json acquire(const Request& request, Client& client, std::vector<int>& out_fds);
+  json register_memory(const Request& request, Client& client, const std::vector<int>& fds);
   json release(const Request& request, Client& client);
   json status_json() const;
   json devices_json() const;
@@ -98,7 +111,7 @@ class Server {
   std::string metrics_text() const;
   void start_drain(std::uint64_t deadline_ms, std::string_view why);
   void end_lease(std::uint64_t id, std::string_view how, std::string_view reason);
-  void send(int fd, const json& message);
+  void send(int fd, const json& message, const std::vector<int>& fds = {});
   bool allowed(const ControllerConfig& c, const Peer& peer) const;
 
   const Config& config_;
@@ -239,11 +252,25 @@ Status Server::start() {
   return Status::success();
 }
 
-void Server::send(int fd, const json& message) {
+void Server::send(int fd, const json& message, const std::vector<int>& fds) {
   if (fd < 0) return;
-  const std::string text = message.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string text = message.dump(-1, ' ', false, json::error_handler_t::replace);
+  iovec io{text.data(), text.size()};
+  msghdr header{};
+  header.msg_iov = &io;
+  header.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
+  if (!fds.empty() && fds.size() <= kMaxFds) {
+    header.msg_control = control;
+    header.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&header);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
   // Non-blocking: a client that does not read its socket loses messages, it never stalls the daemon.
-  (void)::send(fd, text.data(), text.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)::sendmsg(fd, &header, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 void Server::accept_client() {
@@ -296,7 +323,7 @@ bool Server::allowed(const ControllerConfig& c, const Peer& peer) const {
   return false;
 }
 
-json Server::acquire(const Request& request, Client& client) {
+json Server::acquire(const Request& request, Client& client, std::vector<int>& out_fds) {
   const std::uint64_t t0 = monotonic_ns();
   auto refuse = [this](std::string_view code, std::string message) {
     ++metrics_.refused[std::string(code)];
@@ -323,6 +350,9 @@ json Server::acquire(const Request& request, Client& client) {
                                                  "reclaimed when the client dies",
                                                  c.name, client.peer.pid));
   const std::uint32_t queues = request.queues.value_or(c.client.default_queues);
+  if (queues > kMaxQueuesPerLease)
+    return refuse(errors::kOverLimit, fmt::format("acquire {}: {} queues in one lease; at most {} (ask again for more)",
+                                                  c.name, queues, kMaxQueuesPerLease));
   const std::uint64_t pinned = request.pinned_bytes.value_or(c.client.default_pinned_bytes);
   std::uint64_t held_queues = 0, held_pinned = 0;
   for (const auto& [id, lease] : leases_)
@@ -371,6 +401,75 @@ json Server::acquire(const Request& request, Client& client) {
                        {"lba_size", slot.lba_size()},
                        {"namespace_size_lbas", slot.namespace_size_lbas()},
                        {"accelerators", c.accelerators}};
+  // Soft mode: the memfds of BAR0 and of each queue's rings travel with the response (SCM_RIGHTS); "fd" is
+  // the index among the descriptors received.
+  auto range = [&slot, &out_fds](const void* address) -> json {
+    auto r = slot.shared_memory_of(address);
+    if (!r) return nullptr;
+    out_fds.push_back(r->fd);
+    return json{{"fd", out_fds.size() - 1}, {"offset", r->offset}, {"length", r->length}};
+  };
+  json shared = {{"bar0", range(slot.bar0())}, {"csts_offset", 0x1c}, {"queues", json::array()}};
+  const auto* bar = static_cast<const std::uint8_t*>(slot.bar0());
+  for (auto qid : lease.qids) {
+    const nvme::QueuePairInfo* info = slot.queue_info(qid);
+    if (info == nullptr) continue;
+    shared["queues"].push_back(
+        {{"qid", qid},
+         {"depth", info->depth},
+         {"sq", range(info->submission_queue)},
+         {"cq", range(info->completion_queue)},
+         {"sq_tail_doorbell_offset",
+          reinterpret_cast<const volatile std::uint8_t*>(info->submission_queue_tail_doorbell) - bar},
+         {"cq_head_doorbell_offset",
+          reinterpret_cast<const volatile std::uint8_t*>(info->completion_queue_head_doorbell) - bar}});
+  }
+  response["lease"]["shared_memory"] = shared;
+  return response;
+}
+
+json Server::register_memory(const Request& request, Client& client, const std::vector<int>& fds) {
+  auto it = leases_.find(request.lease);
+  if (it == leases_.end())
+    return error_response(errors::kNotFound, fmt::format("register: no lease {}", request.lease));
+  Lease& lease = it->second;
+  if (lease.peer.pid != client.peer.pid)
+    return error_response(errors::kPermissionDenied, fmt::format("register: lease {} belongs to pid {}, not pid {}",
+                                                                 request.lease, lease.peer.pid, client.peer.pid));
+  if (fds.size() != 1)
+    return error_response(
+        errors::kBadRequest,
+        fmt::format("register: {} file descriptors came with the request; expected 1 memfd", fds.size()));
+  if (lease.registered_bytes + request.length > lease.pinned_bytes)
+    return error_response(errors::kOverLimit,
+                          fmt::format("register: {} bytes on lease {} (which has {} registered) is above its "
+                                      "pinned_bytes {}",
+                                      request.length, request.lease, lease.registered_bytes, lease.pinned_bytes));
+  // The memory must not shrink while the controller may DMA into it (the daemon's access would raise SIGBUS):
+  // only a memfd sealed with F_SEAL_SHRINK is accepted.
+  const int seals = ::fcntl(fds[0], F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0)
+    return error_response(errors::kBadRequest,
+                          "register: the memory must be a memfd sealed with F_SEAL_SHRINK (memfd_create with "
+                          "MFD_ALLOW_SEALING, then fcntl F_ADD_SEALS), so it cannot shrink under DMA");
+  struct stat st {};
+  if (::fstat(fds[0], &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_size) < request.length)
+    return error_response(
+        errors::kBadRequest,
+        fmt::format("register: the file sent is not a memfd of at least length {} bytes", request.length));
+  void* address = ::mmap(nullptr, request.length, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+  if (address == MAP_FAILED)
+    return error_response(errors::kBadRequest, fmt::format("register: mmap of the memfd: {}", std::strerror(errno)));
+  auto mapping = controllers_[lease.controller]->dma_map(address, request.length);
+  if (!mapping) {
+    ::munmap(address, request.length);
+    return error_response(errors::kInternal, mapping.status().to_string());
+  }
+  lease.registered.push_back({mapping->id, address, request.length});
+  lease.registered_bytes += request.length;
+  json response = ok_response();
+  response["region"] = {
+      {"id", mapping->id}, {"page_size", mapping->page_size}, {"bus_addresses", mapping->bus_addresses}};
   return response;
 }
 
@@ -381,6 +480,13 @@ void Server::end_lease(std::uint64_t id, std::string_view how, std::string_view 
   ControllerSlot& slot = *controllers_[lease.controller];
   Status deleted = slot.delete_queues(lease.qids);
   if (!deleted.is_ok()) say("lease {}: {}", id, deleted.to_string());
+  // The queues are gone (Delete I/O SQ completes or aborts every command of it), so no DMA targets the
+  // client's memory any more: unmap it.
+  for (const auto& r : lease.registered) {
+    Status unmapped = slot.dma_unmap(r.mapping_id);
+    if (!unmapped.is_ok()) say("lease {}: {}", id, unmapped.to_string());
+    ::munmap(r.address, r.length);
+  }
   if (how == "revoked") {
     json event = event_message("revoked");
     event["lease"] = id;
@@ -536,9 +642,10 @@ void Server::start_drain(std::uint64_t deadline_ms, std::string_view why) {
   }
 }
 
-json Server::handle(const Request& request, Client& client) {
+json Server::handle(const Request& request, Client& client, const std::vector<int>& fds, std::vector<int>& out_fds) {
   switch (request.op) {
-    case Op::acquire: return acquire(request, client);
+    case Op::acquire: return acquire(request, client, out_fds);
+    case Op::register_memory: return register_memory(request, client, fds);
     case Op::release: return release(request, client);
     case Op::status: return status_json();
     case Op::devices: return devices_json();
@@ -561,7 +668,29 @@ json Server::handle(const Request& request, Client& client) {
 
 void Server::handle_message(Client& client) {
   std::vector<char> buffer(kMaxMessageBytes + 1);
-  const ssize_t n = ::recv(client.fd, buffer.data(), buffer.size(), MSG_TRUNC);
+  iovec io{buffer.data(), buffer.size()};
+  msghdr header{};
+  header.msg_iov = &io;
+  header.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+  header.msg_control = control;
+  header.msg_controllen = sizeof control;
+  const ssize_t n = ::recvmsg(client.fd, &header, MSG_TRUNC | MSG_CMSG_CLOEXEC);
+  std::vector<int> fds;  // closed when this function returns, whatever happens
+  for (cmsghdr* c = CMSG_FIRSTHDR(&header); c != nullptr; c = CMSG_NXTHDR(&header, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    for (std::size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
+      int fd = -1;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds.push_back(fd);
+    }
+  }
+  struct CloseAll {
+    std::vector<int>& fds;
+    ~CloseAll() {
+      for (int fd : fds) ::close(fd);
+    }
+  } close_all{fds};
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n <= 0) {
     close_client(client.fd);
@@ -582,7 +711,9 @@ void Server::handle_message(Client& client) {
          error_response(version ? errors::kUnsupportedVersion : errors::kBadRequest, request.status().message()));
     return;
   }
-  send(client.fd, handle(*request, client));
+  std::vector<int> out_fds;  // the controller's memfds: sent, not closed
+  json response = handle(*request, client, fds, out_fds);
+  send(client.fd, response, out_fds);
 }
 
 Status Server::loop() {

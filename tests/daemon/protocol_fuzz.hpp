@@ -26,7 +26,7 @@ inline std::string run_one(const std::uint8_t* data, std::size_t size) {
   const Request& a = *request;
   const Request& b = *again;
   if (a.op != b.op || a.controller != b.controller || a.queues != b.queues || a.pinned_bytes != b.pinned_bytes ||
-      a.lease != b.lease || a.deadline_ms != b.deadline_ms)
+      a.lease != b.lease || a.length != b.length || a.deadline_ms != b.deadline_ms)
     return "round trip changed the request";
   return "";
 }
