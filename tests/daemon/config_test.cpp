@@ -9,6 +9,8 @@
 #include <fstream>
 #include <string>
 
+#include <tutti/libnvm/soft_controller.hpp>
+
 #include "config.hpp"
 #include "require_ok.hpp"
 
@@ -295,6 +297,9 @@ TEST_CASE("the defaults are the documented ones") {
   CHECK(c.client.max_pinned_bytes == 4ull << 30);
   CHECK(c.allowed_uids.empty());
   CHECK(tutti::daemon::kDefaultConfigPath == "/etc/tutti/tuttid.json");
+  // The soft controller's shared memory mode, which tuttid turns on, is off by default (docs/nvme.md).
+  CHECK(tutti::libnvm::kSoftDefaultSharedMemory == false);
+  CHECK(tutti::libnvm::SoftControllerConfig{}.shared_memory == tutti::libnvm::kSoftDefaultSharedMemory);
 }
 
 TEST_CASE("load_config names a file it cannot read, and the file in every parse error") {
