@@ -12,6 +12,7 @@
 #include <linux/falloc.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -64,11 +65,57 @@ enum class MemoryOwner : std::uint8_t {
   caller,       // map / map_device: the caller frees it
   aligned,      // allocate_dma_buffer without accelerator_mode: std::aligned_alloc
   mapped_host,  // allocate_dma_buffer / BAR0 in accelerator_mode: accel::allocate_mapped_host
+  shared,       // allocate_dma_buffer / BAR0 in shared_memory mode: a memfd mapped MAP_SHARED (allocate_shared)
 };
+
+/// The memfds of shared_memory mode, by mapped address: {fd, length}. One table per process.
+struct SharedTable {
+  std::mutex mutex;
+  std::map<std::uintptr_t, std::pair<int, std::size_t>> regions;
+};
+SharedTable& shared_table() {
+  static SharedTable* table = new SharedTable;  // never destroyed: regions may be freed during exit
+  return *table;
+}
+
+/// A zeroed memfd of `length` bytes (a multiple of 4096) mapped MAP_SHARED; nullptr on failure.
+void* allocate_shared(std::size_t length) {
+  const int fd = ::memfd_create("tutti-soft-controller", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return nullptr;
+  // Sealed at its size: a process the memfd is sent to cannot shrink it under the controller (whose next
+  // access would then raise SIGBUS), nor grow it, nor change the seals.
+  if (::ftruncate(fd, static_cast<off_t>(length)) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    ::close(fd);
+    return nullptr;
+  }
+  void* memory = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (memory == MAP_FAILED) {
+    ::close(fd);
+    return nullptr;
+  }
+  std::lock_guard lock(shared_table().mutex);
+  shared_table().regions[reinterpret_cast<std::uintptr_t>(memory)] = {fd, length};
+  return memory;
+}
+
+void free_shared(void* memory) noexcept {
+  std::pair<int, std::size_t> region{-1, 0};
+  {
+    std::lock_guard lock(shared_table().mutex);
+    auto it = shared_table().regions.find(reinterpret_cast<std::uintptr_t>(memory));
+    if (it == shared_table().regions.end()) return;
+    region = it->second;
+    shared_table().regions.erase(it);
+  }
+  ::munmap(memory, region.second);
+  ::close(region.first);
+}
 
 void free_owned(void* memory, MemoryOwner owner) noexcept {
   if (owner == MemoryOwner::aligned) std::free(memory);
   if (owner == MemoryOwner::mapped_host) accel::free_mapped_host(memory);
+  if (owner == MemoryOwner::shared) free_shared(memory);
 }
 
 /// BAR0's memory: aligned host memory, or mapped pinned memory in accelerator mode.
@@ -1250,6 +1297,8 @@ Result<std::shared_ptr<SoftController>> SoftController::create(const SoftControl
   if (config.doorbell_stride > 15)
     return error(StatusCode::INVALID_ARGUMENT, "doorbell_stride = {} is outside 0..15", config.doorbell_stride);
   if (config.max_sgl_descriptors == 0) return error(StatusCode::INVALID_ARGUMENT, "max_sgl_descriptors must be >= 1");
+  if (config.shared_memory && config.accelerator_mode)
+    return error(StatusCode::INVALID_ARGUMENT, "shared_memory and accelerator_mode cannot both be set");
 
   auto impl = std::make_unique<Impl>();
   impl->config = config;
@@ -1303,6 +1352,13 @@ Result<std::shared_ptr<SoftController>> SoftController::create(const SoftControl
       impl->workers.push_back(std::make_unique<Worker>());
       impl->workers.back()->bounce = std::move(*buffer);
     }
+  } else if (config.shared_memory) {
+    // A memfd: a client process that receives it rings the doorbells the workers poll (tuttid's soft mode).
+    impl->bar = std::unique_ptr<std::uint32_t[], BarFree>(static_cast<std::uint32_t*>(allocate_shared(impl->bar_size)),
+                                                          BarFree{MemoryOwner::shared});
+    if (!impl->bar)
+      return error(StatusCode::RESOURCE_EXHAUSTED, "shared_memory BAR0 memfd of {} bytes failed: {}", impl->bar_size,
+                   std::strerror(errno));
   } else {
     impl->bar = std::unique_ptr<std::uint32_t[], BarFree>(
         static_cast<std::uint32_t*>(std::aligned_alloc(kPage, impl->bar_size)), BarFree{MemoryOwner::aligned});
@@ -1377,6 +1433,12 @@ Result<DmaBuffer> SoftController::allocate_dma_buffer(std::size_t length) {
     if (!mapped) return mapped.status().with_context("allocate_dma_buffer");
     memory = *mapped;
     owner = MemoryOwner::mapped_host;
+  } else if (impl_->config.shared_memory) {
+    memory = allocate_shared(rounded);  // zeroed (a new memfd)
+    if (memory == nullptr)
+      return error(StatusCode::RESOURCE_EXHAUSTED, "allocate_dma_buffer: memfd of {} bytes: {}", rounded,
+                   std::strerror(errno));
+    owner = MemoryOwner::shared;
   } else {
     memory = std::aligned_alloc(kPage, rounded);
     if (memory == nullptr) return error(StatusCode::RESOURCE_EXHAUSTED, "allocate_dma_buffer: {} bytes", rounded);
@@ -1393,6 +1455,19 @@ Result<DmaBuffer> SoftController::allocate_dma_buffer(std::size_t length) {
   buffer.length = rounded;
   buffer.id = mapping->id;
   return buffer;
+}
+
+Result<SharedMemoryRange> SoftController::shared_memory_of(const void* address) const {
+  if (!impl_->config.shared_memory)
+    return error(StatusCode::UNSUPPORTED, "shared_memory_of: the soft controller is not in shared_memory mode");
+  const auto a = reinterpret_cast<std::uintptr_t>(address);
+  std::lock_guard lock(shared_table().mutex);
+  auto it = shared_table().regions.upper_bound(a);
+  if (it != shared_table().regions.begin()) {
+    --it;
+    if (a < it->first + it->second.second) return SharedMemoryRange{it->second.first, a - it->first, it->second.second};
+  }
+  return error(StatusCode::NOT_FOUND, "shared_memory_of({}): not in BAR0 or a DMA buffer of this controller", address);
 }
 
 void* SoftController::translate(std::uint64_t bus_address, std::size_t length) const {

@@ -57,6 +57,7 @@ inline constexpr std::uint32_t kSoftDefaultWorkerThreads = 1;
 inline constexpr std::uint32_t kSoftDefaultIdleSleepMaxNs = 100'000;
 inline constexpr std::uint32_t kSoftDefaultMaxSglDescriptors = 8192;
 inline constexpr bool kSoftDefaultAcceleratorMode = false;
+inline constexpr bool kSoftDefaultSharedMemory = false;
 /// Bounce buffer per worker in accelerator mode when max_data_transfer_bytes is 0 (no MDTS), bytes.
 inline constexpr std::uint32_t kSoftDefaultBounceBufferBytes = 1u << 20;
 
@@ -95,6 +96,18 @@ struct SoftControllerConfig {
   /// with the accelerator's error (UNSUPPORTED without a usable device in the cuda profile) when
   /// that memory cannot be allocated.
   bool accelerator_mode = kSoftDefaultAcceleratorMode;
+  /// Shared memory mode (tuttid's soft mode): BAR0 and every allocate_dma_buffer region are memfds mapped
+  /// MAP_SHARED, so another process that receives the memfd (shared_memory_of) drives the queues and rings the
+  /// doorbells. Not with accelerator_mode (create fails with INVALID_ARGUMENT).
+  bool shared_memory = kSoftDefaultSharedMemory;
+};
+
+/// Where an address of a shared_memory soft controller lives: [offset, offset + length) of memfd `fd`. The fd
+/// belongs to the controller (valid until the region is unmapped); send it with SCM_RIGHTS, never close it.
+struct SharedMemoryRange {
+  int fd = -1;
+  std::size_t offset = 0;  ///< of the address inside the memfd, bytes
+  std::size_t length = 0;  ///< of the whole memfd, bytes (a multiple of 4096)
 };
 
 /// A fault to inject into I/O commands. A rule fires on a command when all its filters match;
@@ -200,6 +213,9 @@ class SoftController {
   /// region, else nullptr (for tests and tools; the data path uses it internally). For a device
   /// region the address is accelerator memory: do not dereference it on the host.
   void* translate(std::uint64_t bus_address, std::size_t length) const;
+  /// The memfd holding `address` (BAR0 or an allocate_dma_buffer region) in shared_memory mode.
+  /// Errors: UNSUPPORTED (shared_memory is false), NOT_FOUND (not in such memory).
+  Result<SharedMemoryRange> shared_memory_of(const void* address) const;
 
   /// Adds a fault rule; returns its id. Clear with clear_faults().
   std::uint64_t inject_fault(const SoftFaultRule& rule);

@@ -1,0 +1,136 @@
+// tuttid's controllers: see controllers.hpp.
+#include "controllers.hpp"
+
+namespace tutti::daemon {
+
+std::string_view to_string(BringUpState state) noexcept {
+  switch (state) {
+    case BringUpState::down: return "down";
+    case BringUpState::up: return "up";
+    case BringUpState::failed: return "failed";
+  }
+  return "unknown";
+}
+
+ControllerSlot::~ControllerSlot() { shut_down(); }
+
+Status ControllerSlot::bring_up() {
+  auto fail = [this](Status status) {
+    state_ = BringUpState::failed;
+    error_ = status.to_string();
+    ++bring_up_errors_;
+    driver_.reset();
+    device_.reset();
+    return status;
+  };
+  if (config_.pci_address)
+    return fail(error(StatusCode::UNSUPPORTED,
+                      "controller {} (PCI {}): binding PCI controllers through /dev/snvme-control is not implemented "
+                      "in this tuttid yet; use a soft controller",
+                      config_.name, *config_.pci_address));
+  libnvm::SoftControllerConfig soft;
+  soft.backing_path = config_.soft->image;
+  soft.lba_size = config_.soft->lba_size;
+  soft.max_queue_entries = config_.soft->max_queue_entries;
+  soft.max_io_queue_pairs = static_cast<std::uint16_t>(config_.io_queue_pairs);
+  soft.shared_memory = true;  // clients map BAR0 and their queues' rings (memfds sent with SCM_RIGHTS)
+  auto device = libnvm::SoftController::create(soft);
+  if (!device) return fail(device.status().with_context(fmt::format("controller {}: soft controller", config_.name)));
+  device_ = *device;
+  auto driver = libnvm::open_soft_controller(device_);
+  if (!driver) return fail(driver.status().with_context(fmt::format("controller {}: driver", config_.name)));
+  driver_ = std::move(driver.value());
+  nvme::BringUpOptions options;
+  options.io_queue_pairs_requested = static_cast<std::uint16_t>(config_.io_queue_pairs);
+  Status up = driver_->bring_up(options);
+  if (!up.is_ok()) return fail(up.with_context(fmt::format("controller {}: bring_up", config_.name)));
+  const auto allocated =
+      std::min(driver_->identity().io_submission_queues_allocated, driver_->identity().io_completion_queues_allocated);
+  if (allocated < config_.io_queue_pairs)
+    return fail(error(StatusCode::RESOURCE_EXHAUSTED,
+                      "controller {}: allocated {} I/O queue pairs, fewer than io_queue_pairs {}", config_.name,
+                      allocated, config_.io_queue_pairs));
+  for (std::uint32_t i = 0; i < config_.kernel_queues; ++i) {
+    auto pair = driver_->create_io_queue_pair(config_.queue_depth);
+    if (!pair) return fail(pair.status().with_context(fmt::format("controller {}: kernel queue {}", config_.name, i)));
+    kernel_qids_.push_back(pair->qid);
+  }
+  state_ = BringUpState::up;
+  error_.clear();
+  return Status::success();
+}
+
+Result<std::vector<std::uint16_t>> ControllerSlot::create_queues(std::uint32_t count) {
+  if (state_ != BringUpState::up)
+    return error(StatusCode::NOT_READY, "controller {} is {}: {}", config_.name, to_string(state_), error_);
+  if (count > queues_free())
+    return error(StatusCode::RESOURCE_EXHAUSTED, "controller {} has {} of {} leasable queues free; {} asked",
+                 config_.name, queues_free(), config_.leasable_queues(), count);
+  std::vector<std::uint16_t> qids;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    auto pair = driver_->create_io_queue_pair(config_.queue_depth);
+    if (!pair) {
+      (void)delete_queues(qids);
+      return pair.status().with_context(fmt::format("controller {}: create I/O queue pair", config_.name));
+    }
+    qids.push_back(pair->qid);
+    leased_.insert(pair->qid);
+    infos_[pair->qid] = *pair;
+  }
+  return qids;
+}
+
+Status ControllerSlot::delete_queues(const std::vector<std::uint16_t>& qids) {
+  Status first;
+  for (auto qid : qids) {
+    if (leased_.erase(qid) == 0) continue;
+    infos_.erase(qid);
+    Status s = driver_ ? driver_->delete_io_queue_pair(qid) : Status::success();
+    if (!s.is_ok() && first.is_ok())
+      first = s.with_context(fmt::format("controller {}: delete queue {}", config_.name, qid));
+  }
+  return first;
+}
+
+void ControllerSlot::shut_down() {
+  if (!driver_) return;
+  infos_.clear();
+  (void)delete_queues(std::vector<std::uint16_t>(leased_.begin(), leased_.end()));
+  (void)driver_->shutdown(2'000'000'000);
+  driver_.reset();
+  device_.reset();
+  kernel_qids_.clear();
+  state_ = BringUpState::down;
+}
+
+const nvme::QueuePairInfo* ControllerSlot::queue_info(std::uint16_t qid) const {
+  auto it = infos_.find(qid);
+  return it == infos_.end() ? nullptr : &it->second;
+}
+
+const void* ControllerSlot::bar0() const {
+  // BAR0 is register memory (volatile for the controller's accesses); the daemon only takes its address.
+  return device_ ? const_cast<const std::uint32_t*>(device_->bar0()) : nullptr;
+}
+
+Result<libnvm::SharedMemoryRange> ControllerSlot::shared_memory_of(const void* address) const {
+  if (!device_) return error(StatusCode::NOT_READY, "controller {} is not a running soft controller", config_.name);
+  return device_->shared_memory_of(address);
+}
+
+Result<nvme::DmaMapping> ControllerSlot::dma_map(void* address, std::size_t length) {
+  if (!driver_) return error(StatusCode::NOT_READY, "controller {} is not up", config_.name);
+  return driver_->dma_map(address, length);
+}
+
+Status ControllerSlot::dma_unmap(std::uint64_t mapping_id) {
+  if (!driver_) return Status::success();
+  return driver_->dma_unmap(mapping_id);
+}
+
+std::uint64_t ControllerSlot::namespace_size_lbas() const noexcept {
+  return driver_ ? driver_->identity().namespace_size_lbas : 0;
+}
+std::uint32_t ControllerSlot::lba_size() const noexcept { return driver_ ? driver_->identity().lba_size : 0; }
+
+}  // namespace tutti::daemon

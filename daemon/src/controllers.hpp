@@ -1,0 +1,73 @@
+// The controllers tuttid owns: brought up in order at start, shut down at stop, and the I/O queue pairs it
+// leases created on them (NVMe Create I/O CQ/SQ, Base 2.0, 5.4 and 5.5) and deleted when a lease ends.
+// Soft controllers (libnvm's software NVMe controller, backed by an image file) run inside the daemon.
+// Thread-safety: one thread (the daemon's loop) uses a ControllerSlot.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <tutti/core/status.hpp>
+#include <tutti/libnvm/soft_controller.hpp>
+
+#include "config.hpp"
+
+namespace tutti::daemon {
+
+enum class BringUpState : std::uint8_t { down, up, failed };
+std::string_view to_string(BringUpState state) noexcept;
+
+class ControllerSlot {
+ public:
+  explicit ControllerSlot(ControllerConfig config) : config_(std::move(config)) {}
+  ~ControllerSlot();
+
+  /// Brings the controller up: soft: creates the soft controller on its image, brings it up (CC.EN, Identify,
+  /// Number of Queues) and creates the kernel_queues queue pairs it keeps for itself (standing for the kernel's
+  /// blk-mq queues of an snvme controller). PCI: FAILED with UNSUPPORTED (binding through /dev/snvme-control is
+  /// not in this tuttid yet). On error the state is failed and last_error() says why.
+  Status bring_up();
+  /// Creates `count` I/O queue pairs of config().queue_depth entries; all or none. Errors: UNAVAILABLE-like
+  /// NOT_READY (not up), RESOURCE_EXHAUSTED (fewer than count leasable queues free), the controller's errors.
+  Result<std::vector<std::uint16_t>> create_queues(std::uint32_t count);
+  /// Deletes the queue pairs (Delete I/O SQ then CQ). Returns the first error; deletes the rest anyway.
+  Status delete_queues(const std::vector<std::uint16_t>& qids);
+  /// Deletes every leased queue, then shuts the controller down (CC.SHN, bounded).
+  void shut_down();
+
+  const ControllerConfig& config() const noexcept { return config_; }
+  BringUpState state() const noexcept { return state_; }
+  const std::string& last_error() const noexcept { return error_; }
+  std::uint32_t queues_in_use() const noexcept { return static_cast<std::uint32_t>(leased_.size()); }
+  std::uint32_t queues_free() const noexcept { return config_.leasable_queues() - queues_in_use(); }
+  std::uint64_t bring_up_errors() const noexcept { return bring_up_errors_; }
+  std::uint64_t namespace_size_lbas() const noexcept;
+  std::uint32_t lba_size() const noexcept;
+  const std::vector<std::uint16_t>& kernel_qids() const noexcept { return kernel_qids_; }
+  /// A leased queue pair as created (rings and doorbells in the daemon's mappings).
+  const nvme::QueuePairInfo* queue_info(std::uint16_t qid) const;
+  /// Start of BAR0 (soft controllers).
+  const void* bar0() const;
+  /// The memfd holding `address` (BAR0, a queue ring) of a soft controller in shared memory mode.
+  Result<libnvm::SharedMemoryRange> shared_memory_of(const void* address) const;
+  /// DMA-maps a client's memory (mapped by the daemon) / unmaps it.
+  Result<nvme::DmaMapping> dma_map(void* address, std::size_t length);
+  Status dma_unmap(std::uint64_t mapping_id);
+
+ private:
+  ControllerConfig config_;
+  BringUpState state_ = BringUpState::down;
+  std::string error_;
+  std::uint64_t bring_up_errors_ = 0;
+  std::shared_ptr<libnvm::SoftController> device_;
+  std::unique_ptr<nvme::Controller> driver_;
+  std::vector<std::uint16_t> kernel_qids_;
+  std::set<std::uint16_t> leased_;
+  std::map<std::uint16_t, nvme::QueuePairInfo> infos_;
+};
+
+}  // namespace tutti::daemon
