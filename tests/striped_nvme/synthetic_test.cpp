@@ -39,14 +39,14 @@ struct Rig {
       config.null_mode = null_mode;
       config.scatter_bus_pages = true;
       if (null_mode) {
-        config.namespace_size_lbas = (2 * shard_bytes) / 4096;
+        config.namespace_size_lbas = (shard_bytes + (2 << 20)) / 4096;
       } else {
         char name[] = "/tmp/tutti-striped-XXXXXX";
         const int fd = mkstemp(name);
         REQUIRE(fd >= 0);
         ::close(fd);
         backing.emplace_back(name);
-        tutti::testing::write_pattern_file(backing.back(), 100 + d, 2 * shard_bytes);
+        tutti::testing::write_pattern_file(backing.back(), 100 + d, shard_bytes + (2 << 20));
         config.backing_path = backing.back();
       }
       auto device = libnvm::SoftController::create(config);
@@ -159,12 +159,13 @@ TEST_CASE("placement is round robin by unit and the logical size is whole units 
   CHECK(t.validate().code() == StatusCode::INVALID_ARGUMENT);
 }
 
-TEST_CASE("reads and writes over 1, 2, 3 and 4 controllers are byte-exact for units from 4 KiB to 2 MiB, mid-unit "
-          "starts and ends included, with one launch per submit") {
-  const std::uint64_t shard_bytes = 4 << 20;
+TEST_CASE(
+    "reads and writes over 1, 2, 3 and 4 controllers are byte-exact for units from 4 KiB to 2 MiB, mid-unit "
+    "starts and ends included, with one launch per submit") {
+  const std::uint64_t shard_bytes = 8 << 20;
   for (std::uint32_t n : {1u, 2u, 3u, 4u}) {
     Rig rig(n, shard_bytes);
-    Buffer buffer(n * shard_bytes);
+    Buffer buffer(std::max<std::uint64_t>(n * shard_bytes, 16 << 20));
     auto m = rig.map(buffer);
     for (std::uint64_t unit : {std::uint64_t{4096}, std::uint64_t{64} << 10, std::uint64_t{2} << 20}) {
       CAPTURE(n);
@@ -178,14 +179,24 @@ TEST_CASE("reads and writes over 1, 2, 3 and 4 controllers are byte-exact for un
       const std::uint64_t a_off = unit + mid, a_len = 3 * unit - 2 * mid;
       const std::uint64_t b_off = 2 * unit + mid, b_len = unit > 4096 ? unit - 2 * mid : 4096;
       std::memset(buffer.data, 0xEE, buffer.size);
-      const std::uint64_t launches = rig.path->launches();
-      auto [states, done] = rig.run({Rig::request(Direction::READ, m, buffer, 0, t, 0, size / 2),
-                                     Rig::request(Direction::READ, m, buffer, size / 2, t, size / 2, size / 2)});
-      CHECK(rig.path->launches() - launches == 2);  // one submit launch and one poll launch for every controller
-      for (std::size_t i = 0; i < 2; ++i) {
-        REQUIRE_MESSAGE(states[i].is_ok(), states[i].to_string());
-        REQUIRE_MESSAGE(done[i].status.is_ok(), done[i].status.to_string());
-        CHECK(done[i].confirmed_bytes == size / 2);
+      // Half the target per request, in requests of at most 64 pieces (credits: 2 queue pairs of
+      // depth 256 per controller).
+      const std::uint64_t step = std::min<std::uint64_t>(size / 2, 32 * unit);
+      for (std::uint64_t first = 0; first < size; first += 8 * step) {  // 8 requests per batch
+        std::vector<PathRequest<Path>> halves;
+        for (std::uint64_t at = first; at < std::min(size, first + 8 * step); at += step)
+          halves.push_back(Rig::request(Direction::READ, m, buffer, at, t, at, std::min(step, size - at)));
+        std::vector<Status> states(halves.size());
+        const std::uint64_t launches = rig.path->launches();
+        auto batch = rig.path->submit(halves, states);
+        CHECK(rig.path->launches() - launches == 1);  // one submit launch for every controller
+        std::vector<RequestCompletion> done(halves.size());
+        REQUIRE(rig.path->progress(batch, done, 30 * kSecond).is_ok());
+        for (std::size_t i = 0; i < halves.size(); ++i) {
+          REQUIRE_MESSAGE(states[i].is_ok(), states[i].to_string());
+          REQUIRE_MESSAGE(done[i].status.is_ok(), done[i].status.to_string());
+          CHECK(done[i].confirmed_bytes == halves[i].length);
+        }
       }
       CHECK(std::vector<std::uint8_t>(buffer.bytes(), buffer.bytes() + size) == rig.expected(0, size, unit));
       std::memset(buffer.data, 0xEE, buffer.size);
@@ -212,6 +223,62 @@ TEST_CASE("reads and writes over 1, 2, 3 and 4 controllers are byte-exact for un
     }
     CHECK(rig.path->unregister_memory(m).is_ok());
   }
+}
+
+TEST_CASE("pieces refused for queue credits are admitted by progress, and the request completes byte-exact") {
+  Path::Options o;
+  o.queue_pairs = 1;
+  o.queue_depth = 16;  // 15 credits per controller
+  Rig rig(2, 1 << 20, o);
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  auto t = rig.open(4096);
+  std::vector<Status> states(1);
+  std::vector<PathRequest<Path>> rs{Rig::request(Direction::READ, m, buffer, 0, t, 0, 1 << 20)};  // 128 per controller
+  const std::uint64_t launches = rig.path->launches();
+  auto batch = rig.path->submit(rs, states);
+  REQUIRE_MESSAGE(states[0].is_ok(), states[0].to_string());
+  std::vector<RequestCompletion> done(1);
+  REQUIRE(rig.path->progress(batch, done, 30 * kSecond).is_ok());
+  REQUIRE_MESSAGE(done[0].status.is_ok(), done[0].status.to_string());
+  CHECK(done[0].confirmed_bytes == 1 << 20);
+  CHECK(done[0].commands == 256);
+  CHECK(rig.path->launches() - launches > 2);  // admissions of the deferred pieces
+  CHECK(std::vector<std::uint8_t>(buffer.bytes(), buffer.bytes() + (1 << 20)) == rig.expected(0, 1 << 20, 4096));
+  CHECK(rig.path->close(t).is_ok());
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("a batch whose every piece of a request is refused for credits refuses that request, nothing runs") {
+  Path::Options o;
+  o.queue_pairs = 1;
+  o.queue_depth = 16;
+  Rig rig(2, 1 << 20, o);
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  auto t = rig.open(4096);
+  std::vector<PathRequest<Path>> rs;
+  for (std::uint64_t at = 0; at < (512 << 10); at += 8192)
+    rs.push_back(Rig::request(Direction::READ, m, buffer, at, t, at, 8192));
+  std::vector<Status> states(rs.size());
+  auto batch = rig.path->submit(rs, states);
+  std::size_t accepted = 0, refused = 0;
+  for (const Status& s : states) {
+    if (s.is_ok()) {
+      ++accepted;
+    } else {
+      CHECK(s.code() == StatusCode::RESOURCE_EXHAUSTED);
+      ++refused;
+    }
+  }
+  CHECK(accepted >= 1);
+  CHECK(refused >= 1);
+  std::vector<RequestCompletion> done(rs.size());
+  REQUIRE(rig.path->progress(batch, done, 30 * kSecond).is_ok());
+  for (std::size_t i = 0; i < rs.size(); ++i)
+    if (states[i].is_ok()) CHECK_MESSAGE(done[i].status.is_ok(), done[i].status.to_string());
+  CHECK(rig.path->close(t).is_ok());
+  CHECK(rig.path->unregister_memory(m).is_ok());
 }
 
 TEST_CASE("several striped targets in one batch, and a flush reaches every controller") {
@@ -266,7 +333,8 @@ TEST_CASE("one controller failing with an error status (DNR set) fails exactly t
                                  Rig::request(Direction::READ, m, buffer, 2 << 20, t, 192 << 10, 192 << 10)});
   CHECK(done[0].status.is_ok());
   CHECK(done[0].confirmed_bytes == 128 << 10);
-  CHECK(std::vector<std::uint8_t>(buffer.bytes(), buffer.bytes() + (128 << 10)) == rig.expected(0, 128 << 10, 64 << 10));
+  CHECK(std::vector<std::uint8_t>(buffer.bytes(), buffer.bytes() + (128 << 10)) ==
+        rig.expected(0, 128 << 10, 64 << 10));
   CHECK(done[1].status.code() == StatusCode::DEVICE_ERROR);
   CHECK(done[1].device_status == 0x281);
   CHECK(done[1].confirmed_bytes == 0);

@@ -58,8 +58,9 @@ struct Target {
                    kMaxShards);
     if (unit_bytes == 0) return error(StatusCode::INVALID_ARGUMENT, "striped '{}': unit = 0 bytes", name);
     if (logical_size % (unit_bytes * shards.size()) != 0)
-      return error(StatusCode::INVALID_ARGUMENT, "striped '{}': logical size {} is not a whole number of stripes of {} x {} bytes",
-                   name, logical_size, shards.size(), unit_bytes);
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "striped '{}': logical size {} is not a whole number of stripes of {} x {} bytes", name,
+                   logical_size, shards.size(), unit_bytes);
     for (std::size_t i = 0; i < shards.size(); ++i) {
       const local_file::Target& s = shards[i];
       TUTTI_RETURN_IF_ERROR(s.validate().with_context(fmt::format("striped '{}': shard {}", name, i)));

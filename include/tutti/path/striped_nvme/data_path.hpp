@@ -14,9 +14,12 @@
 // Progress gathers the pieces of each request into its completion: OK when every piece
 // completed OK; otherwise the first failing piece's status (in logical order) with context
 // naming the shard, confirmed_bytes the bytes confirmed before the first failed piece plus that
-// piece's own. A request some of whose pieces were refused at submit (backpressure on one
-// controller) while others were accepted runs the accepted ones and completes with the refused
-// piece's status (RESOURCE_EXHAUSTED: resubmit it); one whose every piece was refused is refused.
+// piece's own. A request whose every piece was refused at submit is refused (nothing ran). A
+// request with at least one accepted piece is accepted: its pieces refused for lack of queue
+// credits (backpressure) are deferred and admitted again by progress, before its poll launch, in
+// runs of consecutive pieces (one AdmitKernel launch per run), until
+// command_timeout_ns + abort_timeout_ns after the submit; one still refused then, or refused for
+// another reason (alignment, memory room, file changed), fails its request with that status.
 // Preallocated: the queue pairs and the device table in create, the PRP tables in
 // register_memory (one registration per controller), batch slots and fan-out tables in bounded
 // pools that grow to the largest batch and are then reused (no allocation per submit).
@@ -81,13 +84,15 @@ struct Piece {
 /// The host-side fan-out of one batch: which request and controller each piece belongs to, and
 /// the gathered completion of each request. Reused through FanoutPool.
 struct Fanout {
-  std::vector<std::uint32_t> request_of;  ///< per piece
-  std::vector<std::uint32_t> device_of;   ///< per piece
-  std::vector<std::uint32_t> first_piece; ///< per request: its pieces are [first_piece[i], first_piece[i + 1])
-  std::vector<std::uint32_t> remaining;   ///< per request: pieces not yet completed
+  std::vector<std::uint32_t> request_of;   ///< per piece
+  std::vector<std::uint32_t> device_of;    ///< per piece
+  std::vector<std::uint32_t> first_piece;  ///< per request: its pieces are [first_piece[i], first_piece[i + 1])
+  std::vector<std::uint32_t> remaining;    ///< per request: pieces not yet completed
   std::vector<RequestCompletion> piece_done;
-  std::vector<Status> refused;            ///< per piece: the rejection of a refused piece (OK if accepted)
+  std::vector<Status> refused;         ///< per piece: the rejection of a refused piece (OK if accepted)
+  std::vector<std::uint8_t> deferred;  ///< per piece: refused for credits, admitted again by progress
   std::vector<Piece> pieces;
+  std::uint64_t deferred_deadline = 0;  ///< deferred pieces still refused then fail (accel::timer_ns)
 };
 
 struct FanoutPool {
@@ -198,8 +203,9 @@ class StripedNvmeDataPath {
   Result<open_target> open(striped_file::Target&& target, const OpenOptions& options) {
     State& s = *state_;
     if (target.shards.size() != s.engines.size())
-      return error(StatusCode::INVALID_ARGUMENT, "striped_nvme: '{}' has {} shards but the DataPath drives {} controllers",
-                   target.name, target.shards.size(), s.engines.size());
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "striped_nvme: '{}' has {} shards but the DataPath drives {} controllers", target.name,
+                   target.shards.size(), s.engines.size());
     TUTTI_RETURN_IF_ERROR(target.validate());
     OpenTarget t;
     t.name = target.name;
@@ -311,6 +317,8 @@ class StripedNvmeDataPath {
     for (const auto& p : requests) {
       if (p.direction == Direction::FLUSH) {
         m += devices;
+      } else if (p.length > 0 && devices == 1) {
+        m += 1;
       } else if (p.length > 0) {
         const std::uint64_t unit = p.target->unit_bytes;
         m += (p.target_offset + p.length - 1) / unit - p.target_offset / unit + 1;
@@ -346,6 +354,7 @@ class StripedNvmeDataPath {
       f.remaining.assign(n, 0);
       f.piece_done.assign(m, RequestCompletion{});
       f.refused.assign(m, Status::success());
+      f.deferred.assign(m, 0);
       f.pieces.resize(m);
     } catch (const std::bad_alloc&) {
       reject_all(error(StatusCode::RESOURCE_EXHAUSTED, "striped_nvme: no memory for the fan-out of {} pieces", m));
@@ -374,11 +383,11 @@ class StripedNvmeDataPath {
       }
       const std::uint64_t unit = p.target->unit_bytes;
       for (std::uint64_t at = p.target_offset, end = p.target_offset + p.length; at < end;) {
-        const std::uint64_t piece_end = std::min(end, (at / unit + 1) * unit);
+        // One controller: the request is contiguous on its shard, one piece.
+        const std::uint64_t piece_end = devices == 1 ? end : std::min(end, (at / unit + 1) * unit);
         const striped_file::Placement place = striped_file::place(at, unit, devices);
-        add(place.shard, Piece{p.direction, p.memory ? &p.memory->per_controller[place.shard] : nullptr,
-                               p.memory_view, p.memory_offset + (at - p.target_offset), place.shard_offset,
-                               piece_end - at});
+        add(place.shard, Piece{p.direction, p.memory ? &p.memory->per_controller[place.shard] : nullptr, p.memory_view,
+                               p.memory_offset + (at - p.target_offset), place.shard_offset, piece_end - at});
         at = piece_end;
       }
     }
@@ -404,17 +413,19 @@ class StripedNvmeDataPath {
         accel::copy_to_device_async(device_requests, slot.staged.data(), m * sizeof(local_nvme::RequestState), stream);
     const bool copy_enqueued = launched.is_ok();
     if (launched.is_ok())
-      local_nvme::detail::assign(launched, local_nvme::launch_over(s.options, m,
-                                                                   local_nvme::AdmitKernel{device_requests,
-                                                                                           s.device_table.data(), m,
-                                                                                           device_reports}));
+      local_nvme::detail::assign(
+          launched,
+          local_nvme::launch_over(s.options, m,
+                                  local_nvme::AdmitKernel{device_requests, s.device_table.data(), m, device_reports}));
     const bool kernel_enqueued = launched.is_ok();
     if (kernel_enqueued) s.launches.fetch_add(1, std::memory_order_relaxed);
     if (launched.is_ok())
-      local_nvme::detail::assign(launched, accel::copy_from_device_async(slot.reports.data(), device_reports,
-                                                                         m * sizeof(local_nvme::RequestReport), stream));
+      local_nvme::detail::assign(launched,
+                                 accel::copy_from_device_async(slot.reports.data(), device_reports,
+                                                               m * sizeof(local_nvme::RequestReport), stream));
     if (copy_enqueued) {
-      const Status waited = accel::synchronize(stream, local_nvme::kernel_wait_bound_ns(s.options, s.poll_in_flight.load()));
+      const Status waited =
+          accel::synchronize(stream, local_nvme::kernel_wait_bound_ns(s.options, s.poll_in_flight.load()));
       if (!waited.is_ok()) {
         reject_all(waited.with_context("striped_nvme: submit kernel"));
         abandon(slot);
@@ -428,6 +439,7 @@ class StripedNvmeDataPath {
       return b;
     }
     gates.unlock();
+    f.deferred_deadline = accel::deadline_after(s.options.command_timeout_ns + s.options.abort_timeout_ns);
     bool any_accepted = false;
     for (std::size_t i = 0; i < n; ++i) {
       bool accepted = false;
@@ -438,14 +450,24 @@ class StripedNvmeDataPath {
           accepted = true;
           continue;
         }
-        const std::uint32_t d = f.device_of[j];
-        local_nvme::detail::assign(
-            f.refused[j], local_nvme::rejection(*s.engines[d], localized(slot.staged[j], d), report, f.pieces[j],
-                                                *slot.signals[j])
-                              .with_context(fmt::format("striped_nvme: '{}' shard {}", requests[i].target->name, d)));
+        local_nvme::detail::assign(f.refused[j], refusal(slot, f, j));
         if (first_refusal.is_ok()) local_nvme::detail::assign(first_refusal, f.refused[j]);
-        slot.reported[j] = 1;
-        --f.remaining[i];
+      }
+      if (accepted) {
+        // Pieces refused for credits wait for progress; any other refusal fails the request.
+        for (std::uint32_t j = f.first_piece[i]; j < f.first_piece[i + 1]; ++j) {
+          if (slot.reports[j].accepted) continue;
+          if (slot.reports[j].outcome == local_nvme::RequestOutcome::rejected_backpressure) {
+            f.deferred[j] = 1;
+            local_nvme::detail::assign(f.refused[j], Status::success());
+          } else {
+            slot.reported[j] = 1;
+            --f.remaining[i];
+          }
+        }
+      } else {
+        for (std::uint32_t j = f.first_piece[i]; j < f.first_piece[i + 1]; ++j) slot.reported[j] = 1;
+        f.remaining[i] = 0;
       }
       local_nvme::detail::assign(states[i], accepted ? Status::success() : first_refusal);
       any_accepted = any_accepted || accepted;
@@ -463,8 +485,9 @@ class StripedNvmeDataPath {
     if (!b.pieces.slot) return Status::success();
     local_nvme::BatchSlot& slot = *b.pieces.slot;
     if (slot.kernel_may_run)
-      return error(StatusCode::DEVICE_ERROR,
-                   "striped_nvme: this batch was abandoned after a failed kernel wait; its requests' outcome is unknown");
+      return error(
+          StatusCode::DEVICE_ERROR,
+          "striped_nvme: this batch was abandoned after a failed kernel wait; its requests' outcome is unknown");
     State& s = *state_;
     Fanout& f = *b.fanout;
     const std::uint64_t deadline = accel::deadline_after(timeout_ns);
@@ -480,6 +503,7 @@ class StripedNvmeDataPath {
       const std::uint64_t budget = std::min(s.options.poll_kernel_budget_ns, deadline > now ? deadline - now : 0);
       {
         Gates gates(s);
+        TUTTI_RETURN_IF_ERROR(admit_deferred(slot, f));
         if (budget != 0)
           TUTTI_RETURN_IF_ERROR(
               accel::copy_to_device_async(stop_word, s.engines[0]->zero_word.data(), sizeof(std::uint64_t), stream)
@@ -501,9 +525,26 @@ class StripedNvmeDataPath {
       bool all_done = true;
       bool any_new = false;
       raise_changed_targets(slot);
+      const bool deferral_over = accel::timer_ns() >= f.deferred_deadline;
       for (std::size_t j = 0; j < m; ++j) {
         const local_nvme::RequestReport& report = slot.reports[j];
-        if (!report.accepted || slot.reported[j]) continue;
+        if (slot.reported[j]) continue;
+        if (f.deferred[j] != 0) {
+          if (report.accepted) {
+            f.deferred[j] = 0;  // admitted by this step's AdmitKernel: in flight now
+          } else if (report.outcome != local_nvme::RequestOutcome::rejected_backpressure || deferral_over) {
+            f.deferred[j] = 0;
+            local_nvme::detail::assign(f.refused[j], refusal(slot, f, j));
+            slot.reported[j] = 1;
+            const std::uint32_t i = f.request_of[j];
+            if (--f.remaining[i] == 0) completions[i] = gather(f, i, slot);
+            continue;
+          } else {
+            all_done = false;
+            continue;
+          }
+        }
+        if (!report.accepted) continue;
         const std::uint32_t d = f.device_of[j];
         local_nvme::Engine& e = *s.engines[d];
         if (report.needs_host != 0) {
@@ -537,10 +578,10 @@ class StripedNvmeDataPath {
  private:
   struct State {
     Options options;
-    std::vector<std::unique_ptr<local_nvme::Engine>> engines;  ///< controller d's queues, zombies, gate
-    std::vector<std::uint32_t> queue_base;  ///< controller d's first entry in device_table
+    std::vector<std::unique_ptr<local_nvme::Engine>> engines;       ///< controller d's queues, zombies, gate
+    std::vector<std::uint32_t> queue_base;                          ///< controller d's first entry in device_table
     local_nvme::KernelArray<local_nvme::DeviceQueue> device_table;  ///< every controller's queues
-    std::uint32_t window = local_nvme::kMaxWindow;  ///< the smallest engine window (records per piece)
+    std::uint32_t window = local_nvme::kMaxWindow;                  ///< the smallest engine window (records per piece)
     std::shared_ptr<local_nvme::BatchPool> pool = std::make_shared<local_nvme::BatchPool>();
     std::shared_ptr<FanoutPool> fanouts = std::make_shared<FanoutPool>();
     std::atomic<std::uint64_t> poll_in_flight{0};
@@ -578,6 +619,41 @@ class StripedNvmeDataPath {
     return std::unique_ptr<Fanout, FanoutReturn>(f, FanoutReturn{state_->fanouts});
   }
 
+  /// The rejection of piece j as the caller sees it (local_nvme's message, naming the shard).
+  Status refusal(const local_nvme::BatchSlot& slot, const Fanout& f, std::size_t j) const {
+    const std::uint32_t d = f.device_of[j];
+    return local_nvme::rejection(*state_->engines[d], localized(slot.staged[j], d), slot.reports[j], f.pieces[j],
+                                 *slot.signals[j])
+        .with_context(fmt::format("striped_nvme: controller {}", d));
+  }
+
+  /// Admits the deferred pieces again: their staged state copied back over what the kernels left
+  /// and one AdmitKernel launch per run of consecutive deferred pieces (enqueued on the stream
+  /// before the poll launch; the poll's copy of the reports brings their outcome back).
+  Status admit_deferred(local_nvme::BatchSlot& slot, const Fanout& f) {
+    State& s = *state_;
+    void* stream = s.options.stream.native_handle();
+    auto* device_requests = static_cast<local_nvme::RequestState*>(slot.device_requests.data());
+    auto* device_reports = static_cast<local_nvme::RequestReport*>(slot.device_reports.data());
+    for (std::size_t j = 0; j < slot.size;) {
+      if (f.deferred[j] == 0 || slot.reported[j]) {
+        ++j;
+        continue;
+      }
+      std::size_t end = j + 1;
+      while (end < slot.size && f.deferred[end] != 0 && !slot.reported[end]) ++end;
+      TUTTI_RETURN_IF_ERROR(accel::copy_to_device_async(device_requests + j, slot.staged.data() + j,
+                                                        (end - j) * sizeof(local_nvme::RequestState), stream)
+                                .with_context("striped_nvme: deferred pieces"));
+      TUTTI_RETURN_IF_ERROR(local_nvme::launch_over(
+          s.options, end - j,
+          local_nvme::AdmitKernel{device_requests + j, s.device_table.data(), end - j, device_reports + j}));
+      s.launches.fetch_add(1, std::memory_order_relaxed);
+      j = end;
+    }
+    return Status::success();
+  }
+
   /// A piece's staged state with its queue index local to its controller (for staging.hpp's
   /// messages, which name the controller's I/O queue).
   local_nvme::RequestState localized(const local_nvme::RequestState& r, std::uint32_t d) const {
@@ -605,7 +681,8 @@ class StripedNvmeDataPath {
       }
       c.confirmed_bytes += p.confirmed_bytes;
       if (!p.status.is_ok()) {
-        local_nvme::detail::assign(c.status, p.status.with_context(fmt::format("striped_nvme: controller {}", f.device_of[j])));
+        local_nvme::detail::assign(c.status,
+                                   p.status.with_context(fmt::format("striped_nvme: controller {}", f.device_of[j])));
         c.device_status = p.device_status;
         failed = true;
       }
@@ -630,9 +707,10 @@ class StripedNvmeDataPath {
     void* stream = s.options.stream.native_handle();
     const Status copied = accel::copy_from_device_async(slot.records_copy.data(), device_records + j * s.window,
                                                         s.window * sizeof(local_nvme::CommandRecord), stream);
-    const Status waited = copied.is_ok()
-                              ? accel::synchronize(stream, local_nvme::kernel_wait_bound_ns(s.options, s.poll_in_flight.load()))
-                              : copied;
+    const Status waited =
+        copied.is_ok()
+            ? accel::synchronize(stream, local_nvme::kernel_wait_bound_ns(s.options, s.poll_in_flight.load()))
+            : copied;
     if (!waited.is_ok()) {
       abandon(slot);
       return waited.with_context("striped_nvme: command records");
