@@ -111,8 +111,9 @@ std::string uri(const std::string& name, const std::string& devs, std::uint64_t 
 
 }  // namespace
 
-TEST_CASE("the striped resolver refuses a missing shard, a shard smaller than one unit, a unit that is not a multiple "
-          "of a shard's LBA size, and malformed URIs, naming the field, the value and the limit") {
+TEST_CASE(
+    "the striped resolver refuses a missing shard, a shard smaller than one unit, a unit that is not a multiple "
+    "of a shard's LBA size, and malformed URIs, naming the field, the value and the limit") {
   Rig rig({4096, 512});  // different LBA formats: 4096-byte and 512-byte LBAs
   auto& rt = rig.rt();
   const std::string devs = rig.write_shards("kv", {1 << 20, 1 << 20});
@@ -138,14 +139,14 @@ TEST_CASE("the striped resolver refuses a missing shard, a shard smaller than on
   CHECK(odd == StatusCode::INVALID_ARGUMENT);
   CHECK(odd_text.find("devs[0]") != std::string::npos);
   CHECK(odd_text.find("unit = 1536 bytes is not a multiple of its 4096-byte LBA size") != std::string::npos);
-  CHECK(code(uri("kv", a, 65536)).first == StatusCode::INVALID_ARGUMENT);                        // one shard, two controllers
-  CHECK(code("striped://kv?devs=" + devs).first == StatusCode::INVALID_ARGUMENT);                // no unit
-  CHECK(code(uri("kv", devs, 0)).first == StatusCode::INVALID_ARGUMENT);                         // unit 0
-  CHECK(code("striped://kv?devs=" + devs + "&unit=4k").first == StatusCode::INVALID_ARGUMENT);   // not a number
-  CHECK(code("striped://kv?unit=4096").first == StatusCode::INVALID_ARGUMENT);                   // no devs
-  CHECK(code(uri("kv", devs, 4096) + "&stripe=2").first == StatusCode::INVALID_ARGUMENT);        // unknown key
-  CHECK(code("striped://?devs=" + devs + "&unit=4096").first == StatusCode::INVALID_ARGUMENT);   // no NAME
-  CHECK(code(uri("kv", "relative," + b, 4096)).first == StatusCode::INVALID_ARGUMENT);           // relative path
+  CHECK(code(uri("kv", a, 65536)).first == StatusCode::INVALID_ARGUMENT);          // one shard, two controllers
+  CHECK(code("striped://kv?devs=" + devs).first == StatusCode::INVALID_ARGUMENT);  // no unit
+  CHECK(code(uri("kv", devs, 0)).first == StatusCode::INVALID_ARGUMENT);           // unit 0
+  CHECK(code("striped://kv?devs=" + devs + "&unit=4k").first == StatusCode::INVALID_ARGUMENT);  // not a number
+  CHECK(code("striped://kv?unit=4096").first == StatusCode::INVALID_ARGUMENT);                  // no devs
+  CHECK(code(uri("kv", devs, 4096) + "&stripe=2").first == StatusCode::INVALID_ARGUMENT);       // unknown key
+  CHECK(code("striped://?devs=" + devs + "&unit=4096").first == StatusCode::INVALID_ARGUMENT);  // no NAME
+  CHECK(code(uri("kv", "relative," + b, 4096)).first == StatusCode::INVALID_ARGUMENT);          // relative path
   // A 4096-byte unit suits both LBA formats; the logical size is 2 x the shortest shard in whole units.
   rig.write_shards("uneven", {(1 << 20) + 5000, 3 << 20});
   auto t = rt.open(uri("uneven", rig.filesystems[0]->path("uneven") + "," + rig.filesystems[1]->path("uneven"), 65536));
@@ -160,7 +161,8 @@ TEST_CASE("the striped resolver refuses a missing shard, a shard smaller than on
 }
 
 TEST_CASE("striped targets over 2 and 3 ext4 images read and write byte-exact, in batches mixed with plain targets") {
-  for (std::vector<std::uint32_t> sectors : {std::vector<std::uint32_t>{4096, 512}, std::vector<std::uint32_t>{4096, 4096, 4096}}) {
+  for (std::vector<std::uint32_t> sectors :
+       {std::vector<std::uint32_t>{4096, 512}, std::vector<std::uint32_t>{4096, 4096, 4096}}) {
     CAPTURE(sectors.size());
     Rig rig(sectors);
     auto& rt = rig.rt();

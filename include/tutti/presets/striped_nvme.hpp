@@ -40,8 +40,7 @@ inline Result<StripedNvmeBackend> make_striped_nvme_backend(std::span<nvme::Cont
                  "striped: resolver.shards lists {} block devices but {} controllers are given (one each)",
                  resolver.shards.size(), controllers.size());
   for (std::size_t i = 0; i < controllers.size(); ++i) {
-    if (controllers[i] == nullptr)
-      return error(StatusCode::INVALID_ARGUMENT, "striped: controllers[{}] is null", i);
+    if (controllers[i] == nullptr) return error(StatusCode::INVALID_ARGUMENT, "striped: controllers[{}] is null", i);
     resolver.shards[i].lba_size = controllers[i]->identity().lba_size;
     resolver.shards[i].nsid = controllers[i]->identity().nsid;
   }

@@ -85,7 +85,8 @@ inline Result<std::unique_ptr<SoftStripedNvme>> make_soft_striped_nvme(SoftStrip
     auto controller = libnvm::open_soft_controller(stack->devices.back());
     if (!controller) return controller.status().with_context(fmt::format("device {}: soft controller driver", i));
     stack->controllers.push_back(std::move(controller.value()));
-    TUTTI_RETURN_IF_ERROR(stack->controllers.back()->bring_up(options.bring_up).with_context(fmt::format("device {}: bring_up", i)));
+    TUTTI_RETURN_IF_ERROR(
+        stack->controllers.back()->bring_up(options.bring_up).with_context(fmt::format("device {}: bring_up", i)));
     raw.push_back(stack->controllers.back().get());
     local_file::LocalFileResolver::Options r;
     r.block_device_path = d.block_device_path;
