@@ -10,6 +10,8 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
+#include <thread>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -38,6 +40,8 @@ struct Rig {
       libnvm::SoftControllerConfig config;
       config.null_mode = null_mode;
       config.scatter_bus_pages = true;
+      // CUDA profile: GPU threads write the SQEs and ring the doorbells (suite gpu).
+      config.accelerator_mode = accel::kProfile == accel::Profile::cuda;
       if (null_mode) {
         config.namespace_size_lbas = (shard_bytes + (2 << 20)) / 4096;
       } else {
@@ -373,4 +377,69 @@ TEST_CASE("one controller losing its completions times out only the requests tha
   CHECK(elapsed < 5 * kSecond);
   CHECK(rig.path->close(t).is_ok());
   (void)rig.path->unregister_memory(m);  // BUSY while the lost command's memory must stay mapped
+}
+
+TEST_CASE("create and open refuse what they cannot serve, naming the value and the limit") {
+  auto none = Path::create(std::span<nvme::Controller* const>{}, {});
+  REQUIRE_FALSE(none.is_ok());
+  CHECK(none.status().code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(none.status().message().find("0 controllers; expected 1 to 64") != std::string::npos);
+  Rig rig(2, 1 << 20);
+  striped_file::Target one;
+  one.name = "one";
+  one.unit_bytes = 4096;
+  one.shards.resize(1);
+  one.logical_size = 1 << 20;
+  auto opened = rig.path->open(std::move(one), {});
+  REQUIRE_FALSE(opened.is_ok());
+  CHECK(opened.status().message().find("1 shards but the DataPath drives 2 controllers") != std::string::npos);
+  striped_file::Target odd;  // a unit that is not a multiple of the 4096-byte LBA size
+  odd.name = "odd";
+  odd.unit_bytes = 6144;
+  for (std::uint32_t d = 0; d < 2; ++d) {
+    local_file::Target s;
+    s.path = "shard";
+    s.extents = rig.extents(d);
+    s.file_size = 1 << 20;
+    s.lba_size = 4096;
+    odd.shards.push_back(std::move(s));
+  }
+  odd.logical_size = 2 * 6144;
+  auto refused = rig.path->open(std::move(odd), {});
+  REQUIRE_FALSE(refused.is_ok());
+  CHECK(refused.status().message().find("unit = 6144 bytes is not a multiple of shard 0") != std::string::npos);
+}
+
+TEST_CASE("two threads submitting to the same striped target concurrently both read byte-exact") {
+  Rig rig(3, 2 << 20);
+  Buffer a(1 << 20), b(1 << 20);
+  auto ma = rig.map(a);
+  auto mb = rig.map(b);
+  auto t = rig.open(16 << 10);
+  const auto expected = rig.expected(0, 1 << 20, 16 << 10);
+  const auto worker = [&](Buffer& buffer, Path::registered_memory& m, bool& ok) {
+    ok = true;
+    for (int round = 0; round < 10 && ok; ++round) {
+      std::memset(buffer.data, 0xEE, buffer.size);
+      std::vector<PathRequest<Path>> rs;
+      for (std::uint64_t at = 0; at < (1 << 20); at += 256 << 10)
+        rs.push_back(Rig::request(Direction::READ, m, buffer, at, t, at, 256 << 10));
+      std::vector<Status> states(rs.size());
+      auto batch = rig.path->submit(rs, states);
+      std::vector<RequestCompletion> done(rs.size());
+      ok = rig.path->progress(batch, done, 30 * kSecond).is_ok();
+      for (std::size_t i = 0; i < rs.size() && ok; ++i) ok = states[i].is_ok() && done[i].status.is_ok();
+      ok = ok && std::memcmp(buffer.data, expected.data(), expected.size()) == 0;
+    }
+  };
+  bool ok_a = false, ok_b = false;
+  std::thread first([&] { worker(a, ma, ok_a); });
+  std::thread second([&] { worker(b, mb, ok_b); });
+  first.join();
+  second.join();
+  CHECK(ok_a);
+  CHECK(ok_b);
+  CHECK(rig.path->close(t).is_ok());
+  CHECK(rig.path->unregister_memory(ma).is_ok());
+  CHECK(rig.path->unregister_memory(mb).is_ok());
 }
