@@ -537,7 +537,7 @@ class StripedNvmeDataPath {
             local_nvme::detail::assign(f.refused[j], refusal(slot, f, j));
             slot.reported[j] = 1;
             const std::uint32_t i = f.request_of[j];
-            if (--f.remaining[i] == 0) completions[i] = gather(f, i, slot);
+            if (--f.remaining[i] == 0) completions[i] = gather(f, i);
             continue;
           } else {
             all_done = false;
@@ -562,7 +562,7 @@ class StripedNvmeDataPath {
         slot.reported[j] = 1;
         any_new = true;
         const std::uint32_t i = f.request_of[j];
-        if (--f.remaining[i] == 0) completions[i] = gather(f, i, slot);
+        if (--f.remaining[i] == 0) completions[i] = gather(f, i);
       }
       for (auto& e : s.engines) e->reap_zombies();
       if (all_done) return Status::success();
@@ -663,8 +663,7 @@ class StripedNvmeDataPath {
   }
 
   /// The completion of request i from its pieces' (every piece done or refused).
-  static RequestCompletion gather(const Fanout& f, std::uint32_t i, const local_nvme::BatchSlot& slot) {
-    (void)slot;
+  static RequestCompletion gather(const Fanout& f, std::uint32_t i) {
     RequestCompletion c;
     c.request_index = i;
     c.done = true;
