@@ -8,7 +8,8 @@
 // Checked in the timed loop: every request completes OK with all its bytes confirmed; after it,
 // every controller's read command counter equals the pieces placed on it (no piece lost or sent
 // to the wrong controller). With 2 cores the ratio measures the CPU (each soft controller is a
-// host thread), not drives: see docs/benchmarks.md.
+// host thread), not drives: see docs/benchmarks.md. CUDA profile: the kernels run on the GPU and
+// the soft controllers are in accelerator_mode.
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -44,6 +45,7 @@ void BM_StripedSubmitNull(benchmark::State& state) {
     libnvm::SoftControllerConfig config;
     config.null_mode = true;
     config.namespace_size_lbas = kShardBytes / 4096;
+    config.accelerator_mode = accel::kProfile == accel::Profile::cuda;  // GPU threads ring the doorbells
     auto device = libnvm::SoftController::create(config);
     if (!device) return state.SkipWithError(device.status().to_string().c_str());
     devices.push_back(*device);
