@@ -3,6 +3,12 @@
 // read and written through every controller's NVMe queues with one launch per submit, and
 // compared with what the file systems hold. Also every resolver error, shards on namespaces of
 // different LBA formats, and one runtime mixing striped and plain local_nvme targets in a batch.
+// GCC 12 with -fsanitize=address reports the deleter's shared_ptr of local_nvme::Batch as "may be used
+// uninitialized" where StorageRuntime moves the optional batch of its second backend (a false
+// positive: the optional is engaged there). Only this two-backend runtime instantiates that move.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <fcntl.h>
 #include <unistd.h>
 
