@@ -276,6 +276,35 @@ void print_report(const Options& o, const std::vector<Report>& runs, const Bound
     fmt::print("  verify         : off (--no-verify)\n");
 }
 
+/// The summary's last line, one sentence: the restore against each pread baseline (median ratio of
+/// tutti's GB/s to the baseline's: "beat" from 1.05x, "slower than" up to 0.95x, "matched" between),
+/// what bounded the pipeline, and whether every tensor was verified.
+std::string verdict_sentence(const Options& o, const std::vector<Report>& runs, const BoundFigures& bound) {
+  const Report& r = runs[median_run(runs)];
+  const Report checks = all_checks(runs);
+  auto compare = [](double ratio, const std::string& baseline) {
+    if (ratio >= 1.05) return fmt::format("restore beat {} by {:.2f}x", baseline, ratio);
+    if (ratio <= 0.95) return fmt::format("restore was slower than {} ({:.2f}x)", baseline, ratio);
+    return fmt::format("restore matched {} ({:.2f}x)", baseline, ratio);
+  };
+  std::vector<std::string> parts;
+  if (r.pread_baseline.ns && r.restore_only.ns)
+    parts.push_back(compare(ratio_over(runs, &Report::pread_baseline).median, o.pread_label));
+  if (r.pread_parallel.ns && r.restore_only.ns)
+    parts.push_back(compare(ratio_over(runs, &Report::pread_parallel).median,
+                            fmt::format("pread from {} threads", r.pread_parallel_threads)));
+  parts.push_back(fmt::format("the pipeline was {}-bound", bound_name(pipeline_bound(bound))));
+  if (!o.settings.verify)
+    parts.push_back("tensors NOT verified (--no-verify)");
+  else if (checks.mismatched_tensors != 0)
+    parts.push_back(fmt::format("{} of {} tensors MISMATCHED", checks.mismatched_tensors, checks.verified_tensors));
+  else
+    parts.push_back(fmt::format("every tensor verified ({})", checks.verified_tensors));
+  std::string sentence;
+  for (const auto& part : parts) sentence += (sentence.empty() ? "" : "; ") + part;
+  return sentence;
+}
+
 nlohmann::json phase_json(const PhaseStats& p) {
   return nlohmann::json{{"bytes", p.bytes},
                         {"requests", p.requests},
@@ -371,6 +400,7 @@ int finish(const Options& o, const std::vector<Report>& runs, const std::vector<
            const std::function<void()>& more_lines = {}) {
   print_report(o, runs, bounds[median_run(runs)]);
   if (more_lines) more_lines();
+  fmt::print("  verdict        : {}\n", verdict_sentence(o, runs, bounds[median_run(runs)]));
   write_json(o, runs, bounds, place, extra);
   const Report checks = all_checks(runs);
   if (checks.mismatched_tensors != 0) {

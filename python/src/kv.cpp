@@ -14,8 +14,8 @@
 #include <tutti/presets.hpp>
 
 #include "runtime.hpp"
-// nvme-soft stores: host build only (the CUDA build refuses nvme-soft, runtime.cpp).
-#if TUTTI_PYTHON_NVME_SOFT && !defined(TUTTI_ACCELERATOR_CUDA)
+// nvme-soft stores: wherever libnvm is in the package (both builds; runtime.cpp).
+#if TUTTI_PYTHON_NVME_SOFT
 #define TUTTI_PYTHON_KV_NVME_SOFT 1
 #include <tutti/libnvm/soft_local_nvme.hpp>
 #else

@@ -1,7 +1,6 @@
 // tutti._tutti: the extension module. Enums, build_info, then errors, the runtime and the KV store.
 #include <nanobind/stl/string.h>
 
-#include <tutti/accel/config.hpp>
 #include <tutti/core/io.hpp>
 #include <tutti/core/status.hpp>
 
@@ -50,9 +49,9 @@ NB_MODULE(_tutti, m) {
         info["accelerator"] = TUTTI_PYTHON_ACCELERATOR;
         nb::list backends;
         backends.append("uring");
-        // nvme-soft: libnvm is in the package, but the CUDA build refuses it (its local_nvme kernels
-        // launch only from nvcc-compiled code).
-        if (TUTTI_PYTHON_NVME_SOFT && accel::kProfile != accel::Profile::cuda) backends.append("nvme-soft");
+        // nvme-soft: wherever libnvm is in the package (host build: host threads drive the soft controller;
+        // CUDA build: GPU threads, the controller in accelerator_mode).
+        if (TUTTI_PYTHON_NVME_SOFT) backends.append("nvme-soft");
         backends.append("memfs");
         info["backends"] = backends;
         info["kv_store"] = TUTTI_PYTHON_KV != 0;

@@ -173,12 +173,10 @@ std::unique_ptr<AnyRuntime> make_runtime(const std::string& backend, const nb::k
   }
   if (backend == "nvme-soft") {
 #if TUTTI_PYTHON_NVME_SOFT
-    if constexpr (accel::kProfile == accel::Profile::cuda) {
-      raise_status(error(StatusCode::UNSUPPORTED,
-                         "Runtime('nvme-soft'): the CUDA build's local_nvme kernels launch only from nvcc-compiled "
-                         "code, which this package is not; use the host build (pip install .) for nvme-soft, or "
-                         "the uring backend"));
-    }
+    // CUDA build: make_soft_local_nvme creates the soft controller in accelerator_mode and GPU threads
+    // run local_nvme's submit and poll kernels, whose launches libtutti_cuda compiles once (its objects
+    // are linked into this extension), so this host-compiled file launches them too; CUDA tensors
+    // register as DEVICE memory that the controller reaches with map_device.
     SoftLocalNvmeOptions o;
     OptionReader reader(context);
     std::uint64_t partition_start = 0;

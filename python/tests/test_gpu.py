@@ -2,7 +2,9 @@
 build): CUDA tensors registered as DEVICE memory and round-tripped through real files (uring);
 stream fencing checked without a host wait on the stream (a kernel queued on the stream after the
 IO reads the restored bytes; the unfenced control shows the hazard is real); 10 000 KV blocks stored
-from and loaded into CUDA tensors, verified. docs/gpu.md has the commands for the GPU machine."""
+from and loaded into CUDA tensors, verified; CUDA tensors written and read through nvme-soft (GPU
+threads driving the soft controller's queues, root), bytes compared on the GPU and in the image
+file, and a KV store over nvme-soft. docs/gpu.md has the commands for the GPU machine."""
 
 import hashlib
 import os
@@ -112,3 +114,71 @@ def test_ten_thousand_kv_blocks_stored_from_and_loaded_into_cuda_tensors(data_di
             assert torch.equal(destinations[layer], torch.flip(sources[layer], [0]))
         stats = store.statistics()
         assert stats["hits"] == blocks * layers and stats["verification_failures"] == 0
+
+
+def test_nvme_soft_writes_and_reads_cuda_tensors_through_gpu_driven_queues(ext4):
+    """nvme-soft in the CUDA build: the soft controller in accelerator mode, GPU threads submitting
+    and reaping its NVMe commands, CUDA tensors as DEVICE memory. WRITE a random CUDA tensor into a
+    file on the ext4 image in 1 MiB commands, READ it back into another CUDA tensor in a different
+    order of commands, compare on the GPU; then check the file's bytes as the file system sees them."""
+    assert "nvme-soft" in tutti.build_info()["backends"]
+    nbytes, piece = 8 << 20, 1 << 20
+    path = ext4.create_file("gpu-nvme-soft.bin", nbytes)
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    with tutti.Runtime("nvme-soft", **ext4.runtime_options()) as rt:
+        target = rt.open("file://" + path, writable=True)
+        source = tutti.empty(nbytes, torch.uint8, device="cuda")
+        destination = tutti.empty(nbytes, torch.uint8, device="cuda")
+        source.copy_(torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda", generator=generator))
+        destination.fill_(0xAA)
+        torch.cuda.synchronize()  # the source is complete before the WRITE reads it
+        src, dst = rt.register(source), rt.register(destination)
+        assert src.kind == tutti.MemoryKind.DEVICE and dst.kind == tutti.MemoryKind.DEVICE
+        writes = [(tutti.WRITE, src, i * piece, target, i * piece, piece) for i in range(nbytes // piece)]
+        result = rt.submit(writes).wait(timeout_s=60)
+        assert result.ok and result.confirmed_bytes == nbytes
+        assert rt.submit([(tutti.FLUSH, None, 0, target, 0, 0)]).wait(timeout_s=60).ok
+        reads = [(tutti.READ, dst, i * piece, target, i * piece, piece) for i in reversed(range(nbytes // piece))]
+        result = rt.submit(reads).wait(timeout_s=60)
+        assert result.ok and result.confirmed_bytes == nbytes
+        assert torch.equal(destination, source)
+        expected = source.cpu()
+    ext4.drop_caches()  # the soft controller wrote the image: the file system reads the same bytes
+    with open(path, "rb") as f:
+        written = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+    assert torch.equal(written, expected)
+
+
+def test_kv_store_over_nvme_soft_round_trips_cuda_tensors(ext4):
+    """The KV store over a nvme-soft runtime in the CUDA build: blocks stored from CUDA tensors
+    (checksummed by the GPU kernels), loaded into other CUDA tensors in reverse row order, every byte
+    verified by the store and compared on the GPU."""
+    blocks, block_bytes, layers = 256, 64 << 10, 2
+    ns = {"model": "gpu-nvme-soft", "dtype": "uint8", "block_tokens": 16, "layers": layers,
+          "piece_bytes": [block_bytes], "kv_split": False, "hash_algorithm": "sha256"}
+    keys = [hashlib.sha256(b"nvme-soft" + i.to_bytes(4, "little")).digest() for i in range(blocks)]
+    with tutti.Runtime("nvme-soft", **ext4.runtime_options()) as rt, tutti.KvStore(
+            rt, os.path.join(ext4.mount_point, "kv-gpu"), ns,
+            capacity_bytes=layers * (blocks + 16) * block_bytes) as store:
+        generator = torch.Generator(device="cuda").manual_seed(3)
+        sources = [store.register(tutti.empty((blocks, block_bytes), torch.uint8, device="cuda"))
+                   for _ in range(layers)]
+        for t in sources:
+            t.copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8, device="cuda", generator=generator))
+        destinations = [store.register(tutti.empty((blocks, block_bytes), torch.uint8, device="cuda"))
+                        for _ in range(layers)]
+        for t in destinations:
+            t.zero_()
+        torch.cuda.synchronize()
+        store.store_layers(keys, sources, blocks=list(range(blocks)))
+        for layer in range(layers):
+            assert all(r.ok for r in store.wait_layer(layer, timeout_s=120))
+        assert all(b.ok for b in store.commit(keys, timeout_s=120))
+        assert store.lookup(keys) == blocks
+        store.load_layers(keys, destinations, blocks=list(range(blocks - 1, -1, -1)))
+        for layer in range(layers):
+            results = store.wait_layer(layer, timeout_s=120)
+            assert sum(r.verified_bytes for r in results) == blocks * block_bytes
+        for layer in range(layers):
+            assert torch.equal(destinations[layer], torch.flip(sources[layer], [0]))
+        assert store.statistics()["verification_failures"] == 0

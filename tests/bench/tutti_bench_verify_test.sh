@@ -7,23 +7,7 @@ set -euo pipefail
 bench=$1
 dir=$(mktemp -d /var/tmp/tutti-bench-verify-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
-failures=0
-# run EXPECTED_EXIT PATTERN ARGS...: the exit status and a line of the output.
-run() {
-  local want=$1 pattern=$2
-  shift 2
-  set +e
-  timeout 60 "$bench" "$@" >"$dir/out.txt" 2>&1
-  local rc=$?
-  set -e
-  if [ "$rc" -ne "$want" ] || ! grep -Eq -- "$pattern" "$dir/out.txt"; then
-    echo "FAIL: $* -> exit $rc (want $want, output with '$pattern'):"
-    cat "$dir/out.txt"
-    failures=$((failures + 1))
-  else
-    echo "ok: $* -> exit $rc"
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/verify_run.sh"  # run EXPECTED_EXIT PATTERN ARGS...
 common=(--files 1 --file-size 4194304 --block-size 4096 --queue-depth 16 --batch 4 --seconds 0.3 --no-drop-caches)
 run 0 "verify: [1-9][0-9]* bytes read and checked, 0 bytes written and read back, 0 mismatched" \
   --backend uring --dir "$dir/files" --pattern seq --rw read "${common[@]}"

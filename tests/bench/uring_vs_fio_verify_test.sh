@@ -9,23 +9,7 @@ bench=$1
 command -v fio >/dev/null || { echo "fio not installed"; exit 77; }
 dir=$(mktemp -d /var/tmp/tutti-uring-vs-fio-verify-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
-failures=0
-# run EXPECTED_EXIT PATTERN ARGS...: the exit status and a line of the output.
-run() {
-  local want=$1 pattern=$2
-  shift 2
-  set +e
-  timeout 60 "$bench" "$@" >"$dir/out.txt" 2>&1
-  local rc=$?
-  set -e
-  if [ "$rc" -ne "$want" ] || ! grep -Eq -- "$pattern" "$dir/out.txt"; then
-    echo "FAIL: $* -> exit $rc (want $want, output with '$pattern'):"
-    cat "$dir/out.txt"
-    failures=$((failures + 1))
-  else
-    echo "ok: $* -> exit $rc"
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/verify_run.sh"  # run EXPECTED_EXIT PATTERN ARGS...
 common=(--file "$dir/pattern.dat" --size 4194304 --iodepth 8 --batch 4 --seconds 1 --repeat 1)
 run 0 "verify: uring side: [1-9][0-9]* bytes read and checked against the file's pattern, 0 mismatched" "${common[@]}"
 dd if=/dev/zero of="$dir/pattern.dat" bs=4096 seek=300 count=1 conv=notrunc status=none

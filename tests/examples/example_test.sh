@@ -34,6 +34,9 @@ else
   checked+="written 12;"
 fi
 grep -qE "$checked" "$dir/out.txt" || { cat "$dir/out.txt"; echo "FAIL: no line matching '$checked'"; exit 1; }
+# The verdict line: one sentence ending with every tensor verified.
+grep -qE '^  verdict        : .*the pipeline was (compute|reads|writes)-bound; every tensor verified \([0-9]+\)$' "$dir/out.txt" ||
+  { cat "$dir/out.txt"; echo "FAIL: no verdict line"; exit 1; }
 # The verdict: what bounded the pipeline, per layer, the same in the text and in the JSON.
 verdict_line='^  per layer      : restore alone [0-9.]* ms, \(GPU \)\?compute [0-9.]* ms, pipeline [0-9.]* ms: '
 verdict_line+='\(compute\|read\|write\)-bound: compute waited [0-9.]* ms for IO, .*'

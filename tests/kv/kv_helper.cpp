@@ -12,10 +12,22 @@
 //                                      exit 1 when a block reported OK held wrong bytes
 //   kv_helper second-writer DIR        tries to open as a writer; prints the refusal; exit 0 when
 //                                      it was refused BUSY, 1 otherwise
+//   kv_helper quota-writer DIR OVER FIT
+//                                      run under a disk quota without CAP_SYS_RESOURCE (quota_test.cpp):
+//                                      creates a store of OVER bytes in DIR/too-big (prints "create: "
+//                                      and the status, then "left: " and whether DIR/too-big exists), one
+//                                      of FIT bytes in DIR/kv, stores and commits 64 blocks, fills the
+//                                      rest of the quota with DIR/filler ("filler: " and the errno text),
+//                                      then stores and commits batches of 64 until one fails, printing
+//                                      "committed N" after each and "failed F: " and the status at the
+//                                      first failure (F: the batch's first block). Exit 0 when it failed.
 //
-// Every store here uses kvtest::small_namespace(4, 8192) and kProcessCapacity.
+// Every store here except quota-writer's uses kvtest::small_namespace(4, 8192) and kProcessCapacity;
+// quota-writer's is one_piece_namespace() with 64-byte keys (the index grows fast).
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -149,6 +161,73 @@ int second_writer(const std::string& dir) {
   return !store && store.code() == StatusCode::BUSY ? 0 : 1;
 }
 
+/// quota-writer: stores and commits blocks [first, first + 64) of one_piece_namespace() (64-byte keys);
+/// the first failing step's status.
+Status store_batch_64(Store& store, Buffer& buffer, MemoryHandle memory, std::uint64_t first) {
+  std::vector<std::string> keys;
+  for (std::size_t i = 0; i < 64; ++i) keys.push_back(key_of(first + i, 64));
+  auto keyviews = views(keys);
+  for (std::uint32_t layer = 0; layer < store.layout().layers; ++layer) {
+    for (std::size_t i = 0; i < 64; ++i) fill(buffer.data + i * 4096, 4096, first + i, layer, 0);
+    auto io = store.store(keyviews, layer, pieces(memory, 64, 1, 4096, 4096));
+    if (!io) return io.status().with_context("store");
+    auto r = store.wait(*io, 60 * kSecond);
+    if (!r) return r.status().with_context("store");
+    if (!r->status.is_ok()) return r->status.with_context("store");
+  }
+  auto committed = store.commit(keyviews, 60 * kSecond);
+  if (!committed) return committed.status().with_context("commit");
+  for (const auto& s : *committed)
+    if (!s.is_ok()) return s.with_context("commit");
+  return Status::success();
+}
+
+int quota_writer(const std::string& dir, std::uint64_t over, std::uint64_t fit) {
+  UringRuntime rt = make_runtime();
+  kv::StoreOptions o;
+  o.capacity_bytes = over;
+  auto refused = Store::open(rt, dir + "/too-big", one_piece_namespace(), o);
+  std::printf("create: %s\n", refused ? "OK" : refused.status().to_string().c_str());
+  std::printf("left: %s\n", ::access((dir + "/too-big").c_str(), F_OK) == 0 ? "exists" : "nothing");
+  std::fflush(stdout);
+  ::sync();  // btrfs accounts freed extents to its qgroups when the transaction commits
+  o.capacity_bytes = fit;
+  auto store = Store::open(rt, dir + "/kv", one_piece_namespace(), o);
+  if (!store) return fail("open within the quota", store.status());
+  Buffer buffer(64 * 4096);
+  auto memory = (*store)->register_memory({buffer.data, buffer.size, MemoryKind::HOST, -1});
+  if (!memory) return fail("register", memory.status());
+  if (Status s = store_batch_64(**store, buffer, *memory, 0); !s.is_ok()) return fail("first batch", s);
+  std::printf("committed 64\n");
+  // Use up the quota: 1 MiB writes, then 4 KiB ones, until the file system refuses.
+  const int fd = ::open((dir + "/filler").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return fail("filler", status_from_errno(errno, "open filler"));
+  std::vector<char> chunk(1 << 20, 'x');
+  int filler_errno = 0;
+  for (std::size_t size : {std::size_t{1} << 20, std::size_t{4096}})
+    while (true) {
+      const ssize_t w = ::write(fd, chunk.data(), size);
+      if (w == static_cast<ssize_t>(size)) continue;
+      filler_errno = w < 0 ? errno : ENOSPC;
+      break;
+    }
+  ::fsync(fd);
+  ::close(fd);
+  std::printf("filler: %s\n", std::strerror(filler_errno));
+  std::fflush(stdout);
+  const std::uint64_t slots = (*store)->statistics().slots;
+  for (std::uint64_t first = 64; first + 64 <= slots; first += 64) {
+    if (Status s = store_batch_64(**store, buffer, *memory, first); !s.is_ok()) {
+      std::printf("failed %llu: %s\n", static_cast<unsigned long long>(first), s.to_string().c_str());
+      return 0;
+    }
+    std::printf("committed %llu\n", static_cast<unsigned long long>(first + 64));
+    std::fflush(stdout);
+  }
+  std::printf("never refused\n");
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,7 +236,10 @@ int main(int argc, char** argv) {
   if (args.size() == 2 && args[0] == "crash-writer") return writer(args[1], 0, true);
   if (args.size() == 3 && args[0] == "reader") return reader(args[1], std::stod(args[2]));
   if (args.size() == 2 && args[0] == "second-writer") return second_writer(args[1]);
+  if (args.size() == 4 && args[0] == "quota-writer")
+    return quota_writer(args[1], std::stoull(args[2]), std::stoull(args[3]));
   std::fprintf(stderr,
-               "usage: kv_helper writer DIR BLOCKS | crash-writer DIR | reader DIR SECONDS | second-writer DIR\n");
+               "usage: kv_helper writer DIR BLOCKS | crash-writer DIR | reader DIR SECONDS | second-writer DIR | "
+               "quota-writer DIR OVER_BYTES FIT_BYTES\n");
   return 2;
 }

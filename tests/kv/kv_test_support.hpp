@@ -33,6 +33,14 @@ inline kv::Namespace small_namespace(std::uint32_t layers = 4, std::uint64_t pie
   return ns;
 }
 
+/// 2 layers of one 4096-byte piece (no K/V split): the namespace of the quota test and its helper.
+inline kv::Namespace one_piece_namespace() {
+  kv::Namespace ns = small_namespace(2, 4096);
+  ns.piece_bytes = {4096};
+  ns.kv_split = false;
+  return ns;
+}
+
 /// The key of block i: 32 bytes derived from i (like a SHA-256 block hash), or `size` bytes.
 inline std::string key_of(std::uint64_t i, std::size_t size = 32) {
   std::string k(size, '\0');

@@ -1,4 +1,4 @@
-// Real file systems for tests: an ext4 (or other mkfs-able) image on a loop device, or a tmpfs,
+// Real file systems for tests: an ext4 or btrfs image on a loop device, or a tmpfs,
 // mounted in a fresh directory and torn down by the destructor. Needs root; use with root_main.cpp.
 //
 //   auto fs = tutti::testing::ScratchFilesystem::create({.type = FilesystemType::EXT4});
@@ -24,7 +24,7 @@
 
 namespace tutti::testing {
 
-enum class FilesystemType { EXT4, TMPFS };
+enum class FilesystemType { EXT4, TMPFS, BTRFS };
 
 /// Runs a shell command; INTERNAL with the command and its exit status on failure.
 inline Status run_command(const std::string& command) {
@@ -40,6 +40,8 @@ class ScratchFilesystem {
     std::uint64_t size_bytes = std::uint64_t{256} << 20;  ///< Image or tmpfs size in bytes.
     std::uint32_t block_size = 4096;                      ///< ext4 block size in bytes.
     std::uint32_t sector_size = 512;                      ///< Loop device logical block size (512 or 4096).
+    std::string mkfs_options;                             ///< Added to mkfs (ext4: "-O quota -E quotatype=usrquota").
+    std::string mount_options;  ///< mount -o, also on remount (ext4: "usrquota" enforces user quotas).
   };
 
   static Result<std::unique_ptr<ScratchFilesystem>> create(const Options& options) {
@@ -59,8 +61,13 @@ class ScratchFilesystem {
     }
     fs->image_path_ = fs->root_ + "/disk.img";
     TUTTI_RETURN_IF_ERROR(run_command(fmt::format("truncate -s {} {}", options.size_bytes, fs->image_path_)));
-    TUTTI_RETURN_IF_ERROR(run_command(fmt::format("mkfs.ext4 -q -F -b {} -E lazy_itable_init=0,lazy_journal_init=0 {}",
-                                                  options.block_size, fs->image_path_)));
+    if (options.type == FilesystemType::BTRFS)
+      TUTTI_RETURN_IF_ERROR(run_command(fmt::format("mkfs.btrfs -q -f {} {}", options.mkfs_options, fs->image_path_)));
+    else
+      TUTTI_RETURN_IF_ERROR(
+          run_command(fmt::format("mkfs.ext4 -q -F -b {} -E lazy_itable_init=0,lazy_journal_init=0 {} {}",
+                                  options.block_size, options.mkfs_options, fs->image_path_)));
+    fs->mount_options_ = options.mount_options.empty() ? "" : "-o " + options.mount_options;
     FILE* p = popen(
         fmt::format("losetup --find --show --sector-size {} {}", options.sector_size, fs->image_path_).c_str(), "r");
     if (p == nullptr) return Status(StatusCode::INTERNAL, "losetup could not run");
@@ -71,7 +78,8 @@ class ScratchFilesystem {
     fs->loop_device_ = line;
     while (!fs->loop_device_.empty() && (fs->loop_device_.back() == '\n' || fs->loop_device_.back() == ' '))
       fs->loop_device_.pop_back();
-    TUTTI_RETURN_IF_ERROR(run_command(fmt::format("mount {} {}", fs->loop_device_, fs->mount_point_)));
+    TUTTI_RETURN_IF_ERROR(
+        run_command(fmt::format("mount {} {} {}", fs->mount_options_, fs->loop_device_, fs->mount_point_)));
     fs->mounted_ = true;
     return fs;
   }
@@ -93,11 +101,11 @@ class ScratchFilesystem {
   /// Writes dirty pages and drops the page cache, so the next reads come from the device.
   static Status drop_caches() { return run_command("sync && echo 3 > /proc/sys/vm/drop_caches"); }
 
-  /// Unmounts and mounts the file system again (ext4 only).
+  /// Unmounts and mounts the file system again, with the same mount options (images only).
   Status remount() {
     TUTTI_RETURN_IF_ERROR(run_command(fmt::format("umount {}", mount_point_)));
     mounted_ = false;
-    TUTTI_RETURN_IF_ERROR(run_command(fmt::format("mount {} {}", loop_device_, mount_point_)));
+    TUTTI_RETURN_IF_ERROR(run_command(fmt::format("mount {} {} {}", mount_options_, loop_device_, mount_point_)));
     mounted_ = true;
     return Status::success();
   }
@@ -105,7 +113,7 @@ class ScratchFilesystem {
  private:
   ScratchFilesystem() = default;
   FilesystemType type_ = FilesystemType::EXT4;
-  std::string root_, mount_point_, image_path_, loop_device_;
+  std::string root_, mount_point_, image_path_, loop_device_, mount_options_;
   bool mounted_ = false;
 };
 

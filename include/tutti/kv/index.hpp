@@ -154,6 +154,7 @@ class Index {
   /// database must exist). map_bytes: the map size for a writer (the largest the index may grow).
   static Result<std::unique_ptr<Index>> open(const std::string& dir, bool read_only, std::uint64_t map_bytes) {
     auto index = std::unique_ptr<Index>(new Index());
+    index->dir_ = dir;
     const std::string path = dir + "/index.mdb";
     int rc = mdb_env_create(&index->env_);
     if (rc != 0) return lmdb_status(rc, "index: mdb_env_create");
@@ -247,7 +248,7 @@ class Index {
     if (rc != 0) return lmdb_status(rc, "index: write transaction");
     auto fail = [&](int code, std::string_view what) {
       mdb_txn_abort(txn);
-      return lmdb_status(code, what);
+      return with_quota_note(code, lmdb_status(code, what));
     };
     for (const auto& key : batch.deletes) {
       MDB_val k{key.size(), const_cast<char*>(key.data())};
@@ -262,12 +263,16 @@ class Index {
       MDB_val k{key.size(), const_cast<char*>(key.data())}, v{value.size(), const_cast<char*>(value.data())};
       if ((rc = mdb_put(txn, meta_, &k, &v, 0)) != 0) return fail(rc, "index: put meta");
     }
-    if ((rc = mdb_txn_commit(txn)) != 0) return lmdb_status(rc, "index: commit");  // aborted by LMDB
+    if ((rc = mdb_txn_commit(txn)) != 0)
+      return with_quota_note(rc, lmdb_status(rc, "index: commit"));  // aborted by LMDB
     return Status::success();
   }
 
  private:
   Index() = default;
+  /// An EDQUOT growing index.mdb names the quota (kv/quota.hpp).
+  Status with_quota_note(int rc, const Status& s) const { return rc == EDQUOT ? kv::with_quota_note(s, dir_) : s; }
+  std::string dir_;
   MDB_env* env_ = nullptr;
   MDB_dbi meta_ = 0, blocks_ = 0;
 };

@@ -28,6 +28,7 @@
 #include <tutti/core/errno.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/kv/namespace.hpp>
+#include <tutti/kv/quota.hpp>
 
 namespace tutti::kv {
 
@@ -115,10 +116,16 @@ inline Status write_full_file(const std::string& path, std::uint64_t bytes) {
     const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, bytes - done));
     const ssize_t w = ::pwrite(fd, zeros.get(), n, static_cast<off_t>(done));
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0)
-      out = errno_status(w < 0 ? errno : ENOSPC, fmt::format("write '{}' at offset {} of {} bytes", path, done, bytes));
-    else
+    if (w <= 0) {
+      const int e = w < 0 ? errno : ENOSPC;
+      out = errno_status(e, fmt::format("write '{}' at offset {} of {} bytes", path, done, bytes));
+      if (e == EDQUOT) {
+        const auto slash = path.find_last_of('/');
+        out = with_quota_note(out, slash == std::string::npos ? std::string(".") : path.substr(0, slash));
+      }
+    } else {
       done += static_cast<std::uint64_t>(w);
+    }
   }
   if (out.is_ok() && ::fsync(fd) != 0) out = errno_status(errno, fmt::format("fsync '{}'", path));
   ::close(fd);
@@ -146,8 +153,11 @@ inline Result<std::uint64_t> free_bytes(const std::string& dir) {
 /// Creates every layer file of `layout` in `dir`: refuses up front when the file system has fewer
 /// free bytes than the files need plus `reserve_bytes` (for the index), writes each file under a
 /// temporary name (".creating-layer-NNNNN.kv"), fsyncs it, then renames all and fsyncs `dir`.
+/// It also refuses up front when a block quota of the caller (kv/quota.hpp: user, group or project,
+/// unless the caller has CAP_SYS_RESOURCE) leaves fewer bytes than that.
 /// On any failure every file it created is removed. Errors: RESOURCE_EXHAUSTED (not enough free
-/// space, ENOSPC, EDQUOT: the message names the bytes needed and free), the errno's code otherwise.
+/// space, not enough quota, ENOSPC, EDQUOT: the message names the bytes needed and free, or the
+/// quota's hard limit and use), the errno's code otherwise.
 inline Status create_layer_files(const std::string& dir, const Layout& layout, std::uint64_t reserve_bytes) {
   auto free = free_bytes(dir);
   if (!free) return free.status();
@@ -157,6 +167,15 @@ inline Status create_layer_files(const std::string& dir, const Layout& layout, s
                  "the store needs {} bytes ({} layer files of {} bytes and {} bytes for the index) but the file system "
                  "of '{}' has {} bytes free (no space left on device)",
                  need, layout.layers, layout.file_bytes(), reserve_bytes, dir, *free);
+  if (!caller_passes_quota_limits())
+    if (auto quota = tightest_block_quota(dir); quota && need > quota->headroom_bytes())
+      return error(
+          StatusCode::RESOURCE_EXHAUSTED,
+          "the store needs {} bytes ({} layer files of {} bytes and {} bytes for the index) but the {} quota of "
+          "id {} on the file system of '{}' allows {} more bytes (hard limit {} bytes, {} bytes in use; disk "
+          "quota exceeded); raise it (setquota) or lower capacity_bytes",
+          need, layout.layers, layout.file_bytes(), reserve_bytes, quota->kind, quota->id, dir, quota->headroom_bytes(),
+          quota->hard_limit_bytes, quota->used_bytes);
   std::vector<std::string> created;
   auto remove_created = [&] {
     for (const auto& p : created) ::unlink(p.c_str());

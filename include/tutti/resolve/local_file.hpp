@@ -264,7 +264,7 @@ class LocalFileResolver {
                    guard->watch().what());
     target.lease = std::move(lease);
     target.guard = std::move(guard.value());
-    return target;
+    return Result<Target>(std::move(target));  // explicit: nvcc does not move implicitly into a Result
   }
 
  private:

@@ -12,8 +12,8 @@
 // Thread-safety: resolve() may be called from several threads at once (open_batch does).
 #pragma once
 
-#include <charconv>
 #include <cstdint>
+#include <optional>
 #include <map>
 #include <new>
 #include <memory>
@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include <tutti/bind/memfs.hpp>
+#include <tutti/core/decimal.hpp>
 #include <tutti/core/io.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/core/uri.hpp>
@@ -112,11 +113,11 @@ class MemfsResolver {
       if (key != "size")
         return error(StatusCode::INVALID_ARGUMENT, "uri '{}': unknown query key '{}' (memfs takes only size)", text,
                      key);
-      std::uint64_t parsed = 0;
-      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), parsed);
-      if (ec != std::errc() || end != value.data() + value.size() || value.empty())
+      const std::optional<std::uint64_t> number = parse_decimal(value);
+      if (!number)
         return error(StatusCode::INVALID_ARGUMENT, "uri '{}': size = '{}' is not a decimal number of bytes", text,
                      value);
+      const std::uint64_t parsed = *number;
       if (parsed == 0 || parsed > store_->options().max_file_bytes)
         return error(StatusCode::INVALID_ARGUMENT, "uri '{}': size = {} is outside 1..{} bytes", text, parsed,
                      store_->options().max_file_bytes);

@@ -399,3 +399,63 @@ def test_the_nvme_soft_backend_restores_a_prefix_through_nvme_commands(engines, 
     assert engine.check_blocks(second, 64) == 4 * engine.shape.layers
     engine.run()
     assert engine.workers[0].worker.statistics["loaded_blocks"] == 4
+
+
+def test_counters_reach_vllms_stats_loggers_and_the_start_up_line_names_the_store(engines):
+    """The connector's counters go through vLLM's own KV connector stats path: each worker's
+    get_kv_connector_stats in its KVConnectorOutput, KVOutputAggregator summing the ranks, the Scheduler
+    adding the scheduler side's and attaching them to SchedulerStats, and vLLM's KVConnectorLogging
+    rebuilding and reducing them. A stored prefix restored for a second request counts 4 blocks looked up
+    and hit, 4 loaded, the bytes of every layer, and the saves of the first request."""
+    import logging
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
+
+    lines = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    keep = Keep()
+    logger = logging.getLogger("vllm.tutti")  # INFO under `vllm serve`; the tests' vLLM logs warnings only
+    level = logger.level
+    logger.addHandler(keep)
+    logger.setLevel(logging.INFO)
+    try:
+        engine = engines(tp=2)
+    finally:
+        logger.removeHandler(keep)
+        logger.setLevel(level)
+    worker_lines = [line for line in lines if "KV store" in line]
+    assert len(worker_lines) == 2 and len(lines) == 3  # one line per worker-side rank, one for the scheduler
+    assert os.path.join("kv", "rank1") in worker_lines[1] and "backend uring" in worker_lines[1]
+    assert f"{engine.page_bytes} bytes per block and layer, {engine.shape.layers} layers" in worker_lines[0]
+    assert "verify loads on" in worker_lines[0]
+
+    engine.request("first", PROMPT)
+    engine.run()
+    fresh_gpu(engine)
+    second = engine.request("second", PROMPT)
+    engine.step()
+    assert engine.check_blocks(second, 64) == 2 * 4 * engine.shape.layers  # both ranks, every byte compared
+    engine.run()
+
+    logging_ = KVConnectorLogging(engine.config.kv_transfer_config)
+    for payload in engine.connector_stats:
+        logging_.observe(payload)
+    totals = logging_.transfer_stats_accumulator
+    assert type(totals).__name__ == "TuttiConnectorStats"
+    d = totals.data
+    ranks, layer_bytes = 2, engine.shape.layers * engine.page_bytes
+    assert d["hit_blocks"] == 4 and d["looked_up_blocks"] >= 8 and d["lookups"] >= 2
+    assert d["loaded_blocks"] == 4 * ranks and d["load_failures"] == 0
+    assert d["load_bytes"] == d["verified_bytes"] == 4 * ranks * layer_bytes
+    assert d["saved_blocks"] == 4 * ranks and d["save_failures"] == 0   # "second" found its blocks stored
+    assert d["stored_bytes"] == 4 * ranks * layer_bytes
+    assert d["load_wait_s"] > 0 and d["save_s"] > 0
+    summary = totals.reduce()
+    assert summary["Blocks hit"] == 4 and summary["Bytes loaded"] == 4 * ranks * layer_bytes
+    # The totals on the connector agree with what went through vLLM.
+    assert sum(w.statistics()["loaded_blocks"] for w in engine.workers) == d["loaded_blocks"]
+    assert engine.connector.statistics()["hit_blocks"] == 4

@@ -177,6 +177,7 @@ class Engine:
         self.load_errors: list[set[int]] = []
         self.finished_sending: list[set[str]] = []
         self.events = []
+        self.connector_stats: list[dict] = []  # SchedulerStats.kv_connector_stats of every step that had some
         self.before_layer = None  # test hook: called with (rank, layer index) before wait_for_layer_load
         self.after_schedule = None  # test hook: called with the SchedulerOutput before the workers run
 
@@ -219,7 +220,8 @@ class Engine:
                                        finished_recving=results.finished_recving or None,
                                        failed_recving=results.failed_recving,
                                        invalid_block_ids=worker.get_block_ids_with_load_errors(),
-                                       kv_connector_worker_meta=worker.build_connector_worker_meta())
+                                       kv_connector_worker_meta=worker.build_connector_worker_meta(),
+                                       kv_connector_stats=worker.get_kv_connector_stats())
             worker.clear_connector_metadata()
             req_ids = list(out.num_scheduled_tokens)
             rank_outputs.append(ModelRunnerOutput(
@@ -229,7 +231,10 @@ class Engine:
         merged = self.aggregator.aggregate(rank_outputs)
         self.load_errors.append(set(merged.kv_connector_output.invalid_block_ids))
         self.finished_sending.append(set(merged.kv_connector_output.finished_sending or ()))
-        self.scheduler.update_from_output(out, merged)
+        for eco in self.scheduler.update_from_output(out, merged).values():
+            stats = eco.scheduler_stats
+            if stats is not None and stats.kv_connector_stats:
+                self.connector_stats.append(stats.kv_connector_stats)  # what vLLM's stats loggers receive
         return out
 
     def _compute(self, out, rank: int, layer: int) -> None:

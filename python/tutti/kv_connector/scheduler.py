@@ -61,6 +61,9 @@ class SchedulerSide:
         self._event_info: collections.OrderedDict[bytes, StoredBlock] = collections.OrderedDict()
         self._committed_by: dict[bytes, set[int]] = {}
         self._stored: list[StoredBlock] = []
+        # lookups: get_num_new_matched_tokens calls; looked_up_blocks: blocks past the local hit asked for;
+        # hit_blocks: blocks the store will restore (docs/vllm.md, "Start-up line and counters").
+        self.statistics = collections.Counter({"lookups": 0, "looked_up_blocks": 0, "hit_blocks": 0})
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -87,6 +90,9 @@ class SchedulerSide:
         stored = self.stored_prefix(list(hashes[start:]))
         loadable = max(0, min(stored, (num_tokens - 1) // self.block_size - start))
         self._hits[req_id] = (start, stored)
+        self.statistics["lookups"] += 1
+        self.statistics["looked_up_blocks"] += max(0, len(hashes) - start)
+        self.statistics["hit_blocks"] += loadable
         return loadable * self.block_size
 
     def after_alloc(self, req_id: str, hashes: Sequence[bytes], tokens: Callable[[], Sequence[int]],

@@ -40,6 +40,12 @@ from .metadata import BlockTransfer, StepMetadata, WorkerReport
 
 log = logging.getLogger("tutti.kv_connector")
 
+#: The worker's counters (Worker.statistics; docs/vllm.md, "Start-up line and counters"). Units: blocks are
+#: KV blocks (every layer of one block counts once), bytes are bytes over all layers, times are seconds of
+#: wall time spent waiting for loads (load_wait_s) and in the saver's waits and commits (save_s).
+WORKER_COUNTERS = ("loaded_blocks", "load_failures", "load_bytes", "verified_bytes", "load_wait_s",
+                   "saved_blocks", "save_failures", "stored_bytes", "save_s")
+
 
 class _DeviceFence:
     """Orders host-side IO after the GPU work queued so far on the current stream (a no-op on CPU)."""
@@ -123,7 +129,8 @@ class Worker:
         self._committed: list[bytes] = []
         self._stale_stores: list[Any] = []
         self._thread: threading.Thread | None = None
-        self.statistics = collections.Counter()
+        # Every counter exists from the start (get_kv_connector_stats copies them while the saver counts).
+        self.statistics = collections.Counter({name: 0 for name in WORKER_COUNTERS})
 
     # -- registration --------------------------------------------------------------------------
 
@@ -208,6 +215,16 @@ class Worker:
             self._region_of.append(region)
             self._row_base.append((start - lo) // self.page)
             self._row_step.append(stride // self.page)
+
+    def describe(self) -> str:
+        """The start-up line: store directory, backend, namespace, block bytes and layers."""
+        ns = self.namespace
+        return (f"tutti: rank {self.rank} KV store {self.directory} (backend {self.config.backend}, capacity "
+                f"{self.config.capacity_bytes} bytes); namespace model={ns['model']} dtype={ns['dtype']} "
+                f"layout={self.facts.kv_cache_layout} tp={ns['tp_rank']}/{ns['tp_size']} "
+                f"block={ns['block_tokens']} tokens hash={ns['hash_algorithm']}; {self.page} bytes per block and "
+                f"layer, {len(self.layers)} layers; lookahead {self.config.lookahead_layers} layers, verify loads "
+                f"{'on' if self.config.verify_loads else 'OFF'}")
 
     def rows(self, layer: int, block_ids: Iterable[int] | np.ndarray) -> np.ndarray:
         """Rows of the registered region holding `block_ids` of `layer`."""
@@ -306,14 +323,17 @@ class Worker:
         if io is None:
             return
         self._load_ios[layer] = None
+        started = time.monotonic()
         try:
             result = self.store.wait(io, timeout_s=self.config.io_timeout_s, check=False)
         except tutti.TimeoutError:
+            self.statistics["load_wait_s"] += time.monotonic() - started
             log.warning("tutti: load of layer %d not complete after io_timeout_s = %s s; its %d blocks are "
                         "recomputed", layer, self.config.io_timeout_s, len(self._load_keys))
             self._stale_loads.append((layer, io))
             self._load_failed.update(range(len(self._load_keys)))
             return
+        self.statistics["load_wait_s"] += time.monotonic() - started
         self.statistics["load_bytes"] += result.bytes
         self.statistics["verified_bytes"] += result.verified_bytes
         for i, block in enumerate(result.blocks):
@@ -463,6 +483,7 @@ class Worker:
         """Waits for the group's stores (bounded by io_timeout_s), then commits its blocks in one commit:
         the store makes the fully stored ones visible and drops the failed ones."""
         committed: list[bytes] = []
+        started = time.monotonic()
         if group.keys and not failed:
             deadline = time.monotonic() + self.config.io_timeout_s
             late: list[Any] = []
@@ -492,6 +513,7 @@ class Worker:
                     drop += keep
                 self._discard(drop)
         self.statistics["saved_blocks"] += len(committed)
+        self.statistics["save_s"] += time.monotonic() - started
         with self._cv:
             group.done = True
             self._committed.extend(committed)

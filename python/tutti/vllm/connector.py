@@ -17,6 +17,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorWorkerMetadata,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from tutti.kv_connector.config import (
@@ -28,7 +30,7 @@ from tutti.kv_connector.config import (
 )
 from tutti.kv_connector.metadata import StepMetadata, WorkerReport
 from tutti.kv_connector.scheduler import SchedulerSide
-from tutti.kv_connector.worker import Recorder, Worker
+from tutti.kv_connector.worker import WORKER_COUNTERS, Recorder, Worker
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -41,6 +43,42 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger("tutti.vllm")
+# Under vLLM's own "vllm" logger, so the start-up line shows in `vllm serve`'s log with vLLM's format.
+startup_log = init_logger("vllm.tutti")
+
+#: Every counter of TuttiConnectorStats: the scheduler side's lookups, then the worker side's
+#: (tutti.kv_connector.worker.WORKER_COUNTERS), summed over tensor-parallel ranks.
+STATS_COUNTERS = ("lookups", "looked_up_blocks", "hit_blocks") + WORKER_COUNTERS
+
+
+class TuttiConnectorStats(KVConnectorStats):
+    """The connector's counters over one interval, through vLLM's KV connector stats mechanism
+    (``vllm/distributed/kv_transfer/kv_connector/v1/metrics.py``): the workers' and the scheduler's
+    ``get_kv_connector_stats`` return the counts since their last call; vLLM sums the ranks' and the
+    scheduler's with ``aggregate`` and its stats logger prints ``reduce``. ``data`` maps each name of
+    ``STATS_COUNTERS`` to a count (blocks, bytes) or seconds (``load_wait_s``, ``save_s``)."""
+
+    def reset(self):
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> "TuttiConnectorStats":
+        for name, value in other.data.items():
+            self.data[name] = self.data.get(name, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        d = {name: self.data.get(name, 0) for name in STATS_COUNTERS}
+        out: dict[str, int | float] = {
+            "Lookups": d["lookups"], "Blocks looked up": d["looked_up_blocks"], "Blocks hit": d["hit_blocks"],
+            "Blocks loaded": d["loaded_blocks"], "Blocks failed to load": d["load_failures"],
+            "Blocks saved": d["saved_blocks"], "Blocks failed to save": d["save_failures"],
+            "Bytes loaded": d["load_bytes"], "Bytes verified": d["verified_bytes"], "Bytes saved": d["stored_bytes"],
+            "Load wait (s)": round(d["load_wait_s"], 6), "Save time (s)": round(d["save_s"], 6),
+        }
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
 
 
 class TuttiConnectorMetadata(KVConnectorMetadata):
@@ -145,6 +183,14 @@ class TuttiConnector(KVConnectorBase_V1):
             if self.config.record_calls:
                 recorder = Recorder(self.config.record_calls.format(rank=rank), {"vllm": _vllm_version()})
             self._worker = Worker(self.config, self.facts, recorder=recorder)
+        self._stats_reported: dict[str, float] = {}
+        if self._worker is not None:
+            startup_log.info("%s", self._worker.describe())
+        else:
+            startup_log.info("tutti: scheduler looks up %d rank stores at %s (backend %s); %d bytes per block and "
+                             "layer, %d layers, %d tokens per block", self.facts.tp_size, self.config.path,
+                             self.config.backend, self.facts.page_bytes, len(self.facts.layer_names),
+                             self.facts.block_size)
 
     # -- properties vLLM reads -----------------------------------------------------------------
 
@@ -243,6 +289,27 @@ class TuttiConnector(KVConnectorBase_V1):
     def build_connector_worker_meta(self) -> TuttiWorkerMetadata | None:
         report = self._worker.report()
         return TuttiWorkerMetadata(report) if report else None
+
+    # -- counters ------------------------------------------------------------------------------
+
+    def get_kv_connector_stats(self) -> TuttiConnectorStats | None:
+        """The counts since the last call (this side's: the scheduler's lookups, or this rank's loads and
+        saves); None when nothing happened. vLLM calls it every step on both sides."""
+        current = (self._worker.statistics if self._worker is not None else self._scheduler.statistics).copy()
+        delta = {name: value - self._stats_reported.get(name, 0) for name, value in current.items()}
+        self._stats_reported = dict(current)
+        if not any(delta.values()):
+            return None
+        return TuttiConnectorStats(data=delta)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> TuttiConnectorStats:
+        """vLLM's stats logger rebuilds the stats from their ``to_dict()`` payload with this."""
+        return TuttiConnectorStats(data=dict(data or {}))
+
+    def statistics(self) -> dict[str, float]:
+        """Totals since start-up of this side's counters (names in ``STATS_COUNTERS``)."""
+        return dict(self._worker.statistics if self._worker is not None else self._scheduler.statistics)
 
     def shutdown(self):
         if self._worker is not None:

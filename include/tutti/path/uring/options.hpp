@@ -9,13 +9,13 @@
 #pragma once
 
 #include <algorithm>
-#include <charconv>
 #include <cstdint>
+#include <optional>
 #include <cstdlib>
 #include <string_view>
-#include <system_error>
 #include <type_traits>
 
+#include <tutti/core/decimal.hpp>
 #include <tutti/core/status.hpp>
 
 namespace tutti::uring {
@@ -87,14 +87,13 @@ struct Options {
       const char* text = std::getenv(variable);
       if (text == nullptr || !failure.is_ok()) return;
       const std::string_view value(text);
-      std::uint64_t parsed = 0;
-      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), parsed);
-      if (value.empty() || ec != std::errc() || end != value.data() + value.size() || parsed > max) {
+      const std::optional<std::uint64_t> parsed = parse_decimal(value, max);
+      if (!parsed) {
         failure =
             error(StatusCode::INVALID_ARGUMENT, "{} = '{}' is not a decimal number in 0..{}", variable, value, max);
         return;
       }
-      field = static_cast<std::remove_reference_t<decltype(field)>>(parsed);
+      field = static_cast<std::remove_reference_t<decltype(field)>>(*parsed);
     };
     read("TUTTI_URING_QUEUE_DEPTH", o.queue_depth, 32768);
     read("TUTTI_URING_SQPOLL", o.sqpoll, 1);

@@ -75,7 +75,7 @@ inline Result<std::unique_ptr<SoftLocalNvme>> make_soft_local_nvme(SoftLocalNvme
   auto runtime = make_local_nvme_runtime(*stack->controller, std::move(resolver), options.datapath, options.runtime);
   if (!runtime) return runtime.status();
   stack->runtime = std::make_unique<LocalNvmeRuntime>(std::move(runtime.value()));
-  return stack;
+  return Result<std::unique_ptr<SoftLocalNvme>>(std::move(stack));  // explicit: nvcc does not move implicitly here
 }
 
 }  // namespace tutti
