@@ -479,13 +479,20 @@ void Server::end_lease(std::uint64_t id, std::string_view how, std::string_view 
   Lease& lease = it->second;
   ControllerSlot& slot = *controllers_[lease.controller];
   Status deleted = slot.delete_queues(lease.qids);
-  if (!deleted.is_ok()) say("lease {}: {}", id, deleted.to_string());
-  // The queues are gone (Delete I/O SQ completes or aborts every command of it), so no DMA targets the
-  // client's memory any more: unmap it.
-  for (const auto& r : lease.registered) {
-    Status unmapped = slot.dma_unmap(r.mapping_id);
-    if (!unmapped.is_ok()) say("lease {}: {}", id, unmapped.to_string());
-    ::munmap(r.address, r.length);
+  if (!deleted.is_ok()) {
+    // A queue may still be live (its Delete I/O SQ timed out), and a command of it may still DMA
+    // into the client's memory: keep every region mapped for the daemon's lifetime rather than let
+    // the device write memory that was unmapped or reused.
+    say("lease {}: {}; its {} registered region(s) stay mapped until tuttid exits", id, deleted.to_string(),
+        lease.registered.size());
+  } else {
+    // The queues are gone (Delete I/O SQ completes or aborts every command of it), so no DMA targets
+    // the client's memory any more: unmap it.
+    for (const auto& r : lease.registered) {
+      Status unmapped = slot.dma_unmap(r.mapping_id);
+      if (!unmapped.is_ok()) say("lease {}: {}", id, unmapped.to_string());
+      ::munmap(r.address, r.length);
+    }
   }
   if (how == "revoked") {
     json event = event_message("revoked");
