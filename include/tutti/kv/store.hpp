@@ -1272,6 +1272,7 @@ class KvStore {
     if (std::none_of(op.checks.begin(), op.checks.end(),
                      [](const PieceCheck& c) { return c.address != nullptr && !c.device && !c.hashed; }))
       return;
+    if (destinations_overlap(op)) return;
     for (;;) {
       auto done = runtime_.wait_some(op.io, remaining_ns(deadline));
       if (!done || done->empty()) return;
@@ -1283,6 +1284,25 @@ class KvStore {
         check.hashed = true;
       }
     }
+  }
+
+  /// True when two reads of a load write overlapping host memory (a repeated key, destinations that
+  /// share bytes, or a rounded-up read whose tail reaches the next piece). A piece checked as its read
+  /// completed could then be overwritten by a later read and served unverified: such a load is
+  /// checked after all its reads, as a whole, instead.
+  static bool destinations_overlap(const Op& op) {
+    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;  // [begin, end) of each host read
+    ranges.reserve(op.requests.size());
+    for (std::size_t i = 0; i < op.requests.size(); ++i) {
+      const PieceCheck& c = op.checks[op.request_check[i]];
+      if (c.address == nullptr || c.device) continue;
+      const auto begin = reinterpret_cast<std::uintptr_t>(c.address);
+      ranges.emplace_back(begin, begin + op.requests[i].length);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (std::size_t i = 1; i < ranges.size(); ++i)
+      if (ranges[i].first < ranges[i - 1].second) return true;
+    return false;
   }
 
   /// Turns a completed op into its result: per-block status, verification (loads), block states.
