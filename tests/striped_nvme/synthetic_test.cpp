@@ -443,3 +443,29 @@ TEST_CASE("two threads submitting to the same striped target concurrently both r
   CHECK(rig.path->unregister_memory(ma).is_ok());
   CHECK(rig.path->unregister_memory(mb).is_ok());
 }
+
+TEST_CASE(
+    "a request that alone splits into more unit pieces than a submit takes is refused for good, not as backpressure") {
+  // 1 GiB from a mid-unit offset at 4 KiB units: 2^18 + 1 pieces, one more than a submit takes.
+  // Reported RESOURCE_EXHAUSTED, a caller would resubmit it forever; it is INVALID_ARGUMENT, and the
+  // small request beside it is backpressure (it runs when submitted without the large one).
+  Rig rig(2, (1ull << 29) + (1 << 20), {}, true);
+  Buffer buffer((1ull << 30) + (64 << 10));
+  auto m = rig.map(buffer);
+  auto t = rig.open(4096);
+  std::vector<PathRequest<Path>> both{Rig::request(Direction::READ, m, buffer, 0, t, 2048, 1ull << 30),
+                                      Rig::request(Direction::READ, m, buffer, 0, t, 0, 8192)};
+  std::vector<Status> states(both.size());
+  auto b = rig.path->submit(both, states);
+  std::vector<RequestCompletion> completions(both.size());
+  CHECK(rig.path->progress(b, completions, 10 * kSecond).is_ok());
+  CHECK(states[0].code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(states[0].message().find("requests[0].length = 1073741824") != std::string::npos);
+  CHECK(states[0].message().find("262145 unit pieces") != std::string::npos);
+  CHECK(states[1].code() == StatusCode::RESOURCE_EXHAUSTED);
+  auto [alone, done] = rig.run({both[1]});
+  CHECK(alone[0].is_ok());
+  CHECK(done[0].status.is_ok());
+  CHECK(rig.path->close(t).is_ok());
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}

@@ -301,8 +301,8 @@ class StripedNvmeDataPath {
   /// controller). States: OK (accepted: at least one piece runs), a piece's rejection when all
   /// of the request's pieces were refused (local_nvme's rejections), RESOURCE_EXHAUSTED when
   /// max_batches_in_flight batches are alive or the submit splits into more than
-  /// kMaxPiecesPerSubmit pieces (nothing runs), the launch's or the wait's error (as
-  /// LocalNvmeDataPath::submit).
+  /// kMaxPiecesPerSubmit pieces (nothing runs; INVALID_ARGUMENT for a request that alone does), the launch's or the
+  /// wait's error (as LocalNvmeDataPath::submit).
   batch submit(std::span<const PathRequest<StripedNvmeDataPath>> requests, std::span<Status> states) {
     const std::size_t n = requests.size();
     batch b;
@@ -313,22 +313,32 @@ class StripedNvmeDataPath {
     const auto reject_all = [&](const Status& why) {
       for (std::size_t i = 0; i < n; ++i) local_nvme::detail::assign(states[i], why);
     };
+    const auto pieces_of = [&](const auto& p) -> std::size_t {
+      if (p.direction == Direction::FLUSH) return devices;
+      if (p.length == 0) return 0;
+      if (devices == 1) return 1;
+      const std::uint64_t unit = p.target->unit_bytes;
+      return (p.target_offset + p.length - 1) / unit - p.target_offset / unit + 1;
+    };
     std::size_t m = 0;
-    for (const auto& p : requests) {
-      if (p.direction == Direction::FLUSH) {
-        m += devices;
-      } else if (p.length > 0 && devices == 1) {
-        m += 1;
-      } else if (p.length > 0) {
-        const std::uint64_t unit = p.target->unit_bytes;
-        m += (p.target_offset + p.length - 1) / unit - p.target_offset / unit + 1;
-      }
-    }
+    for (const auto& p : requests) m += pieces_of(p);
     if (m > kMaxPiecesPerSubmit) {
-      reject_all(error(StatusCode::RESOURCE_EXHAUSTED,
-                       "striped_nvme: the batch splits into {} unit pieces; at most {} per submit (submit fewer or "
-                       "shorter requests, or use a larger unit)",
-                       m, kMaxPiecesPerSubmit));
+      // A request that alone splits into more pieces than a submit takes can never run: refuse it
+      // for good (INVALID_ARGUMENT), and the others as backpressure, which run when submitted without it.
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t own = pieces_of(requests[i]);
+        local_nvme::detail::assign(
+            states[i],
+            own > kMaxPiecesPerSubmit
+                ? error(StatusCode::INVALID_ARGUMENT,
+                        "striped_nvme: requests[{}].length = {} at unit {} splits into {} unit pieces; at most {} per "
+                        "submit (a shorter request or a larger unit)",
+                        i, requests[i].length, requests[i].target->unit_bytes, own, kMaxPiecesPerSubmit)
+                : error(StatusCode::RESOURCE_EXHAUSTED,
+                        "striped_nvme: the batch splits into {} unit pieces; at most {} per submit (submit fewer or "
+                        "shorter requests, or use a larger unit)",
+                        m, kMaxPiecesPerSubmit));
+      }
       return b;
     }
     auto acquired = local_nvme::acquire_batch(s.pool);
