@@ -3,6 +3,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -25,9 +26,20 @@ Result<Connection> Connection::connect(const std::string& socket_path) {
   std::memcpy(address.sun_path, socket_path.c_str(), socket_path.size() + 1);
   const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return error(StatusCode::DEVICE_ERROR, "socket: {}", std::strerror(errno));
+  // Bounds connect (a full listen backlog) and every sendmsg (a daemon that stopped reading): for a
+  // Unix socket both wait at most SO_SNDTIMEO, then fail with EAGAIN.
+  const timeval send_timeout{static_cast<time_t>(kSendTimeoutNs / 1'000'000'000), 0};
+  if (::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return error(StatusCode::DEVICE_ERROR, "setsockopt(SO_SNDTIMEO): {}", std::strerror(e));
+  }
   if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
     const int e = errno;
     ::close(fd);
+    if (e == EAGAIN)
+      return error(StatusCode::TIMEOUT, "connect to tuttid at {}: not accepted within {} s (its backlog is full)",
+                   socket_path, kSendTimeoutNs / 1'000'000'000);
     return error(e == EACCES || e == EPERM ? StatusCode::UNSUPPORTED : StatusCode::NOT_FOUND,
                  "connect to tuttid at {}: {}{}", socket_path, std::strerror(e),
                  e == EACCES ? " (the socket is mode 0660: the user must be in its group)" : "");
@@ -70,8 +82,13 @@ Status Connection::send(const nlohmann::json& message, const std::vector<int>& f
     c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
     std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
   }
-  if (::sendmsg(fd_, &header, MSG_NOSIGNAL) != static_cast<ssize_t>(text.size()))
-    return error(StatusCode::DEVICE_ERROR, "send to tuttid: {}", std::strerror(errno));
+  if (::sendmsg(fd_, &header, MSG_NOSIGNAL) != static_cast<ssize_t>(text.size())) {
+    const int e = errno;
+    if (e == EAGAIN)
+      return error(StatusCode::TIMEOUT, "send to tuttid: not taken within {} s (the daemon is not reading)",
+                   kSendTimeoutNs / 1'000'000'000);
+    return error(StatusCode::DEVICE_ERROR, "send to tuttid: {}", std::strerror(e));
+  }
   return Status::success();
 }
 

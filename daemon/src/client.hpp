@@ -15,8 +15,12 @@ namespace tutti::daemon {
 
 class Connection {
  public:
+  /// The longest connect() or send() waits for the daemon (SO_SNDTIMEO), in ns.
+  static constexpr std::uint64_t kSendTimeoutNs = 10'000'000'000;
+
   /// Connects to the daemon's socket. Errors: NOT_FOUND (no socket, or nothing listening: errno text),
-  /// UNSUPPORTED (permission denied on the socket: not in its group).
+  /// UNSUPPORTED (permission denied on the socket: not in its group), TIMEOUT (not accepted within
+  /// kSendTimeoutNs: the daemon's backlog is full).
   static Result<Connection> connect(const std::string& socket_path);
 
   Connection(Connection&& other) noexcept;
@@ -24,7 +28,8 @@ class Connection {
   ~Connection();
 
   /// Sends one message, with `fds` attached (SCM_RIGHTS; the caller keeps its copies). Errors: DEVICE_ERROR
-  /// (the daemon closed the connection), INVALID_ARGUMENT (too long).
+  /// (the daemon closed the connection), INVALID_ARGUMENT (too long), TIMEOUT (not taken within
+  /// kSendTimeoutNs: the daemon is not reading).
   Status send(const nlohmann::json& message, const std::vector<int>& fds = {});
   /// Sends a request and returns its response (events that arrive first are kept for next_event).
   /// Errors: those of send, TIMEOUT (no response within timeout_ns), DEVICE_ERROR ("connection closed by

@@ -374,8 +374,17 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
   if (queues > slot.queues_free())
     return refuse(errors::kExhausted, fmt::format("acquire {}: {} queues asked, {} of {} leasable queues free", c.name,
                                                   queues, slot.queues_free(), c.leasable_queues()));
+  // The lease's own pidfd: without one the client's death would go unnoticed and its queues never return.
+  const int pidfd = ::fcntl(client.pidfd, F_DUPFD_CLOEXEC, 0);
+  if (pidfd < 0)
+    return refuse(errors::kInternal, fmt::format("acquire {}: duplicating the pidfd of pid {} failed ({}): the lease "
+                                                 "could not be watched",
+                                                 c.name, client.peer.pid, std::strerror(errno)));
   auto qids = slot.create_queues(queues);
-  if (!qids) return refuse(errors::kInternal, qids.status().to_string());
+  if (!qids) {
+    ::close(pidfd);
+    return refuse(errors::kInternal, qids.status().to_string());
+  }
   Lease lease;
   lease.id = next_lease_++;
   lease.peer = client.peer;
@@ -383,7 +392,7 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
   lease.qids = *qids;
   lease.pinned_bytes = pinned;
   lease.granted_ns = monotonic_ns();
-  lease.pidfd = ::fcntl(client.pidfd, F_DUPFD_CLOEXEC, 0);
+  lease.pidfd = pidfd;
   lease.client_fd = client.fd;
   leases_[lease.id] = lease;
   Status persisted = write_state();
