@@ -366,6 +366,8 @@ class Worker:
             for layer in range(len(self.layers)):
                 if layer not in self._load_waited:
                     self._wait_load(layer)
+            # Blocks of this step that loaded and verified: one failed block does not void the others.
+            self.statistics["loaded_blocks"] += len(self._load_keys) - len(self._load_failed)
             if self._load_failed:
                 self._load_errors.update(int(self._load_blocks[i]) for i in self._load_failed)
                 self.statistics["load_failures"] += len(self._load_failed)
@@ -374,8 +376,6 @@ class Worker:
                     self.store.evict(bad)
                 except tutti.Error as e:
                     log.warning("tutti: evicting %d blocks that failed to load: %s", len(bad), e)
-            else:
-                self.statistics["loaded_blocks"] += len(self._load_keys)
             self._load_keys = []
         if self._group is not None:
             self._queue.put(("close", self._group, None, _DeviceFence(self.device)))
@@ -487,6 +487,7 @@ class Worker:
         if group.keys and not failed:
             deadline = time.monotonic() + self.config.io_timeout_s
             late: list[Any] = []
+            written = 0
             for layer, io in sorted(group.submitted.items()):
                 if io is None:
                     continue
@@ -495,12 +496,14 @@ class Worker:
                 except tutti.TimeoutError:
                     late.append(io)
                     continue
-                self.statistics["stored_bytes"] += result.bytes
+                written += result.bytes
             if late:
                 log.warning("tutti: stores of step %d (%d blocks) not complete after io_timeout_s = %s s; not "
                             "committed", group.step, len(group.keys), self.config.io_timeout_s)
                 self._stale_stores.append((late, list(group.keys)))
+                self.statistics["save_failures"] += len(group.keys)  # never committed
             else:
+                self.statistics["stored_bytes"] += written  # counted only for groups that go on to commit
                 keep = [k for i, k in enumerate(group.keys) if i not in group.tainted]
                 drop = [k for i, k in enumerate(group.keys) if i in group.tainted]
                 try:
