@@ -40,8 +40,8 @@ class ScratchFilesystem {
     std::uint64_t size_bytes = std::uint64_t{256} << 20;  ///< Image or tmpfs size in bytes.
     std::uint32_t block_size = 4096;                      ///< ext4 block size in bytes.
     std::uint32_t sector_size = 512;                      ///< Loop device logical block size (512 or 4096).
-    std::string mkfs_options;                             ///< Added to mkfs (ext4: "-O quota -E quotatype=usrquota").
-    std::string mount_options;  ///< mount -o, also on remount (ext4: "usrquota" enforces user quotas).
+    std::string mkfs_options{};                           ///< Added to mkfs (ext4: "-O quota -E quotatype=usrquota").
+    std::string mount_options{};  ///< mount -o, also on remount (ext4: "usrquota" enforces user quotas).
   };
 
   static Result<std::unique_ptr<ScratchFilesystem>> create(const Options& options) {
