@@ -51,6 +51,18 @@ def test_cuda_tensors_register_as_device_memory_and_round_trip(data_dir):
     assert torch.equal(written, torch.flip(expected, [0]).cpu())
 
 
+def sleep_cycles(seconds):
+    """torch.cuda._sleep's argument for `seconds`, measured with CUDA events on this GPU (the device's
+    clock_rate property reads 0 under CUDA 13, so it cannot be computed from it)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    probe = 20_000_000
+    start.record()
+    torch.cuda._sleep(probe)
+    end.record()
+    end.synchronize()
+    return int(probe * seconds * 1e3 / start.elapsed_time(end))
+
+
 def fenced_read(rt, target, payload, fenced):
     """On stream s: a 200 ms kernel, then a kernel that fills the region with 0xAA; then a READ of the
     file into the region; after wait(), a comparison kernel queued on s. Returns the wrong bytes."""
@@ -60,7 +72,7 @@ def fenced_read(rt, target, payload, fenced):
     expected = torch.frombuffer(bytearray(payload), dtype=torch.uint8).cuda()
     torch.cuda.synchronize()
     with torch.cuda.stream(s):
-        torch.cuda._sleep(int(200e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3))
+        torch.cuda._sleep(sleep_cycles(200e-3))
         region.fill_(0xAA)  # a kernel still "using" the region when the READ is submitted
     rt.submit([(tutti.READ, memory, 0, target, 0, len(payload))]).wait(timeout_s=30)
     with torch.cuda.stream(s):  # queued on s after wait(): no synchronize of any kind before it

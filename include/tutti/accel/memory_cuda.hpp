@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include <limits>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -37,9 +38,11 @@ inline Status cuda_error(cudaError_t result, const char* what, std::size_t bytes
 /// cudaHostAlloc sub-allocates small pinned allocations: after a small one (a few bytes, as a
 /// program's own control word), the next allocation may start inside a page even when its size is
 /// a multiple of 4096 (the cuda profile's batch pool then failed every submit, each refused as "no
-/// memory"). allocate_mapped_host therefore checks the address it gets and, when it is not on a
-/// 4096-byte boundary, allocates again one page larger and hands out the first aligned address;
-/// this table maps that address back to cudaHostAlloc's pointer for free_mapped_host.
+/// memory"). allocate_mapped_host therefore always allocates one page more and hands out the first
+/// 4096-aligned address; this table maps such an address back to cudaHostAlloc's pointer for
+/// free_mapped_host. It never frees on the allocation path: cudaFreeHost waits for the whole device
+/// (every stream), so a free there stalls behind any kernel that runs meanwhile (a persistent
+/// kernel: until it ends).
 struct MappedHostAllocations {
   std::mutex mutex;
   std::unordered_map<void*, void*> base_of;  ///< aligned address -> cudaHostAlloc's pointer
@@ -73,24 +76,21 @@ inline Result<void*> host_alloc_mapped(std::size_t bytes) {
 
 inline Result<void*> allocate_mapped_host(std::size_t bytes) {
   constexpr std::size_t kPage = 4096;
-  auto first = host_alloc_mapped(bytes);
-  if (!first) return first;
-  void* host = first.value();
-  if (reinterpret_cast<std::uintptr_t>(host) % kPage != 0) {
-    // A sub-allocation inside a page (see MappedHostAllocations): one page more, aligned by hand.
-    cudaFreeHost(host);
-    auto padded = host_alloc_mapped(bytes + kPage);
-    if (!padded)
-      return padded.status().with_context(
-          fmt::format("allocate_mapped_host: cudaHostAlloc returned {}, not 4096-byte aligned; padded retry", host));
-    void* base = padded.value();
-    host = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(base) + kPage - 1) & ~std::uintptr_t{kPage - 1});
+  if (bytes > std::numeric_limits<std::size_t>::max() - kPage)
+    return error(StatusCode::INVALID_ARGUMENT, "allocate_mapped_host: {} bytes plus one page of alignment overflow",
+                 bytes);
+  auto padded = host_alloc_mapped(bytes + kPage);  // see MappedHostAllocations
+  if (!padded) return padded;
+  void* base = padded.value();
+  void* host =
+      reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(base) + kPage - 1) & ~std::uintptr_t{kPage - 1});
+  if (host != base) {
     auto& table = MappedHostAllocations::instance();
     try {
       std::scoped_lock lock(table.mutex);
       table.base_of[host] = base;
     } catch (const std::bad_alloc&) {
-      cudaFreeHost(base);
+      cudaFreeHost(base);  // an error path: waiting for the device is acceptable here
       return error(StatusCode::RESOURCE_EXHAUSTED, "allocate_mapped_host: no host memory to record {} bytes", bytes);
     }
   }

@@ -155,6 +155,11 @@ struct QueuePairInfo {
   std::uint32_t doorbell_stride = 0;                          ///< CAP.DSTRD (raw)
   std::uint64_t submission_queue_bus_address = 0;
   std::uint64_t completion_queue_bus_address = 0;
+  /// Host threads may read and write the SQ, the CQ and the doorbells. False for a pair whose queue
+  /// memory only GPU threads reach (device memory: a CPU load of it faults); a DataPath then
+  /// touches that pair from kernels only (local_nvme leaves its zombie commands to queue deletion,
+  /// docs/local-nvme.md "Timeouts").
+  bool host_accessible = true;
 };
 
 /// One NVMe controller. See the header comment for threading and error conventions.

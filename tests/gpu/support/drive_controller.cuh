@@ -503,6 +503,7 @@ class DriveNvmeController final : public nvme::Controller {
     q.info.submission_queue_tail_doorbell = reinterpret_cast<volatile std::uint32_t*>(q.words.as<char>());
     q.info.completion_queue_head_doorbell = reinterpret_cast<volatile std::uint32_t*>(q.words.as<char>() + 64);
     q.info.controller_status = reinterpret_cast<const volatile std::uint32_t*>(q.words.as<char>() + 128);
+    q.info.host_accessible = false;  // GPU memory
     const nvme::QueuePairInfo info = q.info;
     queues_.emplace(qid, std::move(q));
     return info;

@@ -3,12 +3,17 @@
 // and its batch returns it when destroyed. A slot holds one batch's kernel-reachable state (the
 // staged RequestStates, their CommandRecords and RequestReports in device memory, the pinned
 // staging and report arrays) and keeps the capacity of the largest batch it served, so a warm
-// pool allocates nothing per submit.
+// pool allocates nothing per submit. A slot never frees on the submit path: arrays it outgrows are
+// kept until the slot is destroyed with the pool (in the cuda profile cudaFree and cudaFreeHost wait
+// for every stream of the device, so a free there would stall each submit behind whatever kernels
+// run: the model's, or a persistent one until it ends), and capacity grows at least twofold, so
+// what is kept is never more than what is in use.
 // A slot over which a kernel may still run (a wait for it failed) is never reused or freed: it
 // is kept forever and stays counted in use (core/leak.hpp).
 // Thread-safety: the pool has one mutex; a slot belongs to one batch, used by one thread at a time.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -55,6 +60,10 @@ struct BatchSlot {
   std::vector<std::uint32_t> pins;
   std::unordered_map<std::uint64_t, DeviceTarget> resolved;
   std::size_t size = 0;  ///< requests of the current batch
+  /// Arrays the slot outgrew, freed with the slot (see the file comment).
+  std::vector<KernelArray<RequestState>> outgrown_staged;
+  std::vector<KernelArray<RequestReport>> outgrown_reports;
+  std::vector<accel::DeviceBuffer> outgrown_device;
   /// A wait for a kernel over this slot failed: the kernel may still run, so the slot is never
   /// reused or freed (kept alive forever, and it stays counted as in use).
   bool kernel_may_run = false;
@@ -69,9 +78,12 @@ struct BatchSlot {
     const char* what = "request states (pinned staging)";
     std::size_t bytes = n * sizeof(RequestState);
     try {
+      outgrown_device.reserve(outgrown_device.size() + 4);  // the pushes below never throw
+      grow_without_freeing(staged, outgrown_staged, n);
       staged.assign(n, RequestState{});
       what = "request reports (pinned)";
       bytes = n * sizeof(RequestReport);
+      grow_without_freeing(reports, outgrown_reports, n);
       reports.assign(n, RequestReport{});
       what = "host bookkeeping";
       bytes = window * sizeof(CommandRecord) + n * (sizeof(std::shared_ptr<Mapping>) + 1 + sizeof(ChangeSignal*)) +
@@ -95,15 +107,28 @@ struct BatchSlot {
           std::tuple{&device_reports, n * sizeof(RequestReport), "request reports"},
           std::tuple{&device_poll_stop, sizeof(std::uint64_t), "poll kernel's stop word"}}) {
       if (buffer->size() >= bytes) continue;
-      *buffer = accel::DeviceBuffer();  // no kernel runs over an idle slot
-      auto grown = accel::DeviceBuffer::allocate(bytes);
+      auto grown = accel::DeviceBuffer::allocate(std::max(bytes, 2 * buffer->size()));
       if (!grown)
         return grown.status().with_context(
             fmt::format("local_nvme: device memory for the {} of a batch of {} requests", what, n));
+      if (buffer->size() != 0) outgrown_device.push_back(std::move(*buffer));  // reserved above
       *buffer = std::move(grown.value());
     }
     size = n;
     return Status::success();
+  }
+
+ private:
+  /// Gives `array` room for n elements, at least twice its capacity, without freeing its old storage
+  /// (kept in `outgrown`; see the file comment). Throws std::bad_alloc.
+  template <class T>
+  static void grow_without_freeing(KernelArray<T>& array, std::vector<KernelArray<T>>& outgrown, std::size_t n) {
+    if (n <= array.capacity()) return;
+    outgrown.reserve(outgrown.size() + 1);
+    KernelArray<T> bigger(array.get_allocator());
+    bigger.reserve(std::max(n, 2 * array.capacity()));
+    array.swap(bigger);
+    if (bigger.capacity() != 0) outgrown.push_back(std::move(bigger));
   }
 };
 

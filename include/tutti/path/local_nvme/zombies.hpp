@@ -46,11 +46,18 @@ class ZombieList {
   }
 
   /// Frees zombies whose completion arrived: their credit returns, their mapping may go. The
-  /// caller holds the kernel gate exclusively (see the file comment). Never waits.
+  /// caller holds the kernel gate exclusively (see the file comment). Never waits. A zombie on a
+  /// pair whose queue memory the host cannot reach (QueuePairInfo::host_accessible false: device
+  /// memory, where a CPU load faults) is left as it is: its credit, CID and mapping stay reserved
+  /// until the pair is deleted (release()).
   void reap(const std::vector<std::unique_ptr<Queue>>& queues) {
     std::scoped_lock lock(mutex_);
     for (std::size_t i = 0; i < zombies_.size();) {
       Queue& q = *queues[zombies_[i].queue_index];
+      if (!q.info.host_accessible) {
+        ++i;
+        continue;
+      }
       q.storage->queue().reap_completions();
       nvme::CompletionQueueEntry cqe{};
       if (q.storage->queue().take_completion(zombies_[i].cid, cqe)) {
