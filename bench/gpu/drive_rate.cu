@@ -163,6 +163,9 @@ Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_ho
   options.queue_depth = o.depth;
   options.stream = accel::StreamRef::from_native_handle(d->stream);
   options.max_batches_in_flight = std::max<std::uint32_t>(4, 2 * submitters);
+  // Every slot made now, before the service's persistent kernel starts (Options::prepared_batches).
+  options.prepared_batches = options.max_batches_in_flight;
+  options.prepared_batch_requests = std::max({o.iops_batch, o.gbps_batch, 1024u});
   auto path = local_nvme::LocalNvmeDataPath::create(*d->controller, options);
   if (!path) return path.status();
   d->runtime = std::make_unique<DriveRuntime>(DriveBackend{DriveNamespaceResolver{}, std::move(path.value())});

@@ -121,6 +121,9 @@ Row run_runtime(const Options& o, std::uint32_t batch, void* stream) {
   datapath.queue_depth = o.depth;
   datapath.stream = accel::StreamRef::from_native_handle(stream);
   datapath.max_batches_in_flight = std::max<std::uint32_t>(4, 2 * o.submitters);
+  // Every slot made now, before the null service's persistent kernel starts (Options::prepared_batches).
+  datapath.prepared_batches = datapath.max_batches_in_flight;
+  datapath.prepared_batch_requests = batch;
   auto path = local_nvme::LocalNvmeDataPath::create(controller, datapath);
   if (!path) {
     note_error(best, path.status().to_string());

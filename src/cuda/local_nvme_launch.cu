@@ -16,5 +16,10 @@ Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel
   return accel::launch(config, kernel);
 }
 
+Status preload_kernels() {
+  TUTTI_RETURN_IF_ERROR(accel::preload<AdmitKernel>());
+  return accel::preload<PollKernel>();
+}
+
 }  // namespace TUTTI_PROFILE_NAMESPACE
 }  // namespace tutti::local_nvme

@@ -66,6 +66,11 @@ struct Drive {
     options.command_timeout_ns = command_timeout_ns;
     options.abort_timeout_ns = command_timeout_ns;
     options.stream = accel::StreamRef::from_native_handle(stream);
+    // Every batch slot made before the service's persistent kernel starts: an allocation at submit
+    // would wait for that kernel to end (Options::prepared_batches).
+    options.max_batches_in_flight = 4;
+    options.prepared_batches = 4;
+    options.prepared_batch_requests = 64;
     auto path = local_nvme::LocalNvmeDataPath::create(*controller, options);
     REQUIRE_MESSAGE(path.is_ok(), path.status().to_string());
     runtime = std::make_unique<DriveRuntime>(DriveBackend{DriveNamespaceResolver{}, std::move(path.value())});

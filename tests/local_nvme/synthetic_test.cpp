@@ -178,6 +178,16 @@ TEST_CASE("invalid options are rejected naming the field") {
   CHECK(Path::create(**c, o).code() == StatusCode::INVALID_ARGUMENT);
   CHECK(Path::Options{}.max_batches_in_flight == Path::Options::kDefaultMaxBatchesInFlight);
   o = {};
+  o.max_batches_in_flight = 4;
+  o.prepared_batches = 5;
+  CHECK(Path::create(**c, o).status().message().find("prepared_batches = 5 above max_batches_in_flight = 4") !=
+        std::string::npos);
+  o.prepared_batches = 2;
+  CHECK(Path::create(**c, o).status().message().find("prepared_batch_requests = 0 outside 1..65536") !=
+        std::string::npos);
+  o.prepared_batch_requests = Path::Options::kMaxPreparedBatchRequests + 1;
+  CHECK(Path::create(**c, o).code() == StatusCode::INVALID_ARGUMENT);
+  o = {};
   o.device_target_cache_entries = Path::Options::kMaxDeviceTargetCacheEntries + 1;
   CHECK(Path::create(**c, o).status().message().find("device_target_cache_entries = 65537 outside 0..65536") !=
         std::string::npos);
@@ -672,6 +682,36 @@ TEST_CASE("the batch pool: a submit past max_batches_in_flight is rejected whole
   }
   CHECK(rig.path->batch_slots_allocated() == 2);
   CHECK(rig.path->batches_in_flight() == 1);
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+TEST_CASE("prepared batch slots exist after create and serve submits up to their size without a new slot") {
+  Path::Options o;
+  o.max_batches_in_flight = 4;
+  o.prepared_batches = 3;
+  o.prepared_batch_requests = 16;
+  Rig rig(o);
+  CHECK(rig.path->batch_slots_allocated() == 3);
+  CHECK(rig.path->batches_in_flight() == 0);
+  auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  std::vector<std::vector<PathRequest<Path>>> requests(3);
+  std::vector<std::vector<Status>> states(3, std::vector<Status>(16));
+  std::vector<Path::batch> batches;
+  for (std::size_t b = 0; b < 3; ++b) {
+    for (std::uint64_t i = 0; i < 16; ++i)
+      requests[b].push_back(rig.request(Direction::READ, m, buffer, (b * 16 + i) * 4096, t, (b * 16 + i) * 4096, 4096));
+    batches.push_back(rig.path->submit(requests[b], states[b]));
+    for (auto& s : states[b]) REQUIRE(s.is_ok());
+  }
+  CHECK(rig.path->batch_slots_allocated() == 3);  // three batches in flight, no slot made at submit
+  for (auto& b : batches) {
+    std::vector<RequestCompletion> c(16);
+    REQUIRE(rig.path->progress(b, c, 10 * kSecond).is_ok());
+    for (auto& one : c) CHECK(one.confirmed_bytes == 4096);
+  }
+  batches.clear();
   CHECK(rig.path->unregister_memory(m).is_ok());
 }
 

@@ -26,6 +26,21 @@ __global__ void launch_entry(Kernel kernel) {
 
 inline namespace TUTTI_PROFILE_NAMESPACE {
 
+/// Loads the GPU code of accel::launch's entry for Kernel now. Under CUDA's lazy module loading (the
+/// default since CUDA 12.2, CUDA_MODULE_LOADING=LAZY) the first launch of a kernel loads it, and the
+/// load may wait for every kernel running on the device: behind a kernel that runs until another
+/// kernel does something (a persistent GPU-resident controller, a persistent poller, NCCL), that first
+/// launch stalls until the running kernel ends. Calling this before such kernels start avoids it
+/// (CUDA Programming Guide, "Lazy Loading": "Concurrent execution"). Errors: DEVICE_ERROR with CUDA's
+/// text. Thread-safe.
+template <class Kernel>
+Status preload() {
+  cudaFuncAttributes attributes{};
+  const cudaError_t result = cudaFuncGetAttributes(&attributes, detail::launch_entry<Kernel>);
+  if (result != cudaSuccess) return error(StatusCode::DEVICE_ERROR, "preload: {}", cudaGetErrorString(result));
+  return Status::success();
+}
+
 template <class Kernel>
 Status launch(const LaunchConfig& config, const Kernel& kernel) {
   TUTTI_RETURN_IF_ERROR(detail::check_launch(config));

@@ -99,7 +99,29 @@ struct Engine {
     // admitted ("resubmit later" forever). The window adapts to what the queues can ever give.
     for (const auto& q : engine->queues)
       engine->options.request_window = std::min(engine->options.request_window, q->info.depth - 1);
+    TUTTI_RETURN_IF_ERROR(engine->prepare_batches());
     return Result<std::unique_ptr<Engine>>(std::move(engine));
+  }
+
+  /// Makes Options::prepared_batches idle slots of the pool, each sized for
+  /// Options::prepared_batch_requests requests (before any kernel of this DataPath runs). Errors:
+  /// BatchSlot::prepare's, naming the slot.
+  Status prepare_batches() {
+    const std::size_t n = options.prepared_batch_requests;
+    for (std::uint32_t i = 0; i < options.prepared_batches; ++i) {
+      auto slot = std::unique_ptr<BatchSlot>(new (std::nothrow) BatchSlot());
+      if (!slot) return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for prepared batch slot {}", i);
+      if (Status s =
+              slot->prepare(n, options.request_window, std::min<std::size_t>(n, options.device_target_cache_entries));
+          !s.is_ok())
+        return s.with_context(fmt::format("local_nvme: prepared batch slot {} of {}", i, options.prepared_batches));
+      try {
+        pool->idle.push_back(std::move(slot));
+      } catch (const std::bad_alloc&) {
+        return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for prepared batch slot {}", i);
+      }
+    }
+    return Status::success();
   }
 
   /// Frees zombies whose completion finally arrived (ZombieList::reap). Never waits: skipped

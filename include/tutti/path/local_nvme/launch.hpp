@@ -33,6 +33,12 @@ inline namespace TUTTI_PROFILE_NAMESPACE {
 Status launch_kernel(const accel::LaunchConfig& config, const AdmitKernel& kernel);
 Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel);
 
+/// cuda profile: loads both kernels' GPU code now (accel::preload), so that the DataPath's first
+/// launch never waits for a module load behind kernels already running on the device (a persistent
+/// GPU-resident controller would hold it until it ends). LocalNvmeDataPath::create calls it.
+/// Errors: DEVICE_ERROR with CUDA's text. Defined in libtutti_cuda only.
+Status preload_kernels();
+
 }  // namespace TUTTI_PROFILE_NAMESPACE
 
 /// How long a wait for work just enqueued on Options::stream may take, ns: command_timeout_ns

@@ -28,6 +28,7 @@ struct Options {
   static constexpr std::uint32_t kDefaultThreadsPerBlock = 32;
   static constexpr std::uint32_t kDefaultMaxBatchesInFlight = 256;
   static constexpr std::uint32_t kMaxBatchesInFlightLimit = 65536;
+  static constexpr std::uint32_t kMaxPreparedBatchRequests = 65536;  ///< the DataPath's max_batch_requests
   static constexpr std::uint32_t kDefaultDeviceTargetCacheEntries = 256;
   static constexpr std::uint32_t kMaxDeviceTargetCacheEntries = 65536;
   static constexpr std::uint32_t kDefaultDeviceTargetCacheEntryExtents = 256;
@@ -74,6 +75,18 @@ struct Options {
   /// memory sizeof(RequestState) + request_window x sizeof(CommandRecord) + sizeof(RequestReport)
   /// bytes, pinned memory sizeof(RequestState) + sizeof(RequestReport) bytes.
   std::uint32_t max_batches_in_flight = kDefaultMaxBatchesInFlight;
+  /// Batch slots create makes ahead, each with room for prepared_batch_requests requests
+  /// (0..max_batches_in_flight; 0: every slot is made by the submit that first needs it). In the
+  /// cuda profile a device or pinned allocation keeps kernels enqueued after it from running
+  /// concurrently with kernels launched before it (CUDA Programming Guide, "Implicit
+  /// Synchronization"), so a submit that allocates waits for whatever runs on the device: behind a
+  /// persistent kernel, until it ends. Slots prepared at create keep every allocation off the submit
+  /// path for up to this many batches of up to prepared_batch_requests requests each. Memory: as
+  /// max_batches_in_flight says, per prepared slot and request.
+  std::uint32_t prepared_batches = 0;
+  /// Requests each prepared slot has room for (1..kMaxPreparedBatchRequests when prepared_batches
+  /// is not 0; ignored otherwise).
+  std::uint32_t prepared_batch_requests = 0;
   /// L1 of the target handle cache (path/local_nvme/target_cache.hpp; docs/local-nvme.md, "The
   /// target handle cache"): targets whose extents are resident at once in accelerator memory
   /// (0..kMaxDeviceTargetCacheEntries; 0 disables L1: every submit reads the L2 copy). L1 is one
@@ -140,6 +153,14 @@ inline Result<std::uint64_t> validate_options(const Options& options, const nvme
   if (options.max_batches_in_flight == 0 || options.max_batches_in_flight > Options::kMaxBatchesInFlightLimit)
     return error(StatusCode::INVALID_ARGUMENT, "local_nvme: max_batches_in_flight = {} outside 1..{}",
                  options.max_batches_in_flight, Options::kMaxBatchesInFlightLimit);
+  if (options.prepared_batches > options.max_batches_in_flight)
+    return error(StatusCode::INVALID_ARGUMENT, "local_nvme: prepared_batches = {} above max_batches_in_flight = {}",
+                 options.prepared_batches, options.max_batches_in_flight);
+  if (options.prepared_batches != 0 &&
+      (options.prepared_batch_requests == 0 || options.prepared_batch_requests > Options::kMaxPreparedBatchRequests))
+    return error(StatusCode::INVALID_ARGUMENT,
+                 "local_nvme: prepared_batch_requests = {} outside 1..{} (prepared_batches = {})",
+                 options.prepared_batch_requests, Options::kMaxPreparedBatchRequests, options.prepared_batches);
   if (options.device_target_cache_entries > Options::kMaxDeviceTargetCacheEntries)
     return error(StatusCode::INVALID_ARGUMENT, "local_nvme: device_target_cache_entries = {} outside 0..{}",
                  options.device_target_cache_entries, Options::kMaxDeviceTargetCacheEntries);
