@@ -65,7 +65,8 @@ def sleep_cycles(seconds):
 
 def fenced_read(rt, target, payload, fenced):
     """On stream s: a 200 ms kernel, then a kernel that fills the region with 0xAA; then a READ of the
-    file into the region; after wait(), a comparison kernel queued on s. Returns the wrong bytes."""
+    file into the region; after wait(), a comparison kernel queued on s. Returns the wrong bytes and
+    whether s had finished the sleep and the fill when wait() returned."""
     s = torch.cuda.Stream()
     region = tutti.empty(len(payload), torch.uint8, device="cuda")
     memory = rt.register(region, stream=s if fenced else None)
@@ -75,20 +76,23 @@ def fenced_read(rt, target, payload, fenced):
         torch.cuda._sleep(sleep_cycles(200e-3))
         region.fill_(0xAA)  # a kernel still "using" the region when the READ is submitted
     rt.submit([(tutti.READ, memory, 0, target, 0, len(payload))]).wait(timeout_s=30)
+    earlier_work_done = s.query()  # before anything else is queued on s
     with torch.cuda.stream(s):  # queued on s after wait(): no synchronize of any kind before it
         wrong = (region != expected).sum()
     count = int(wrong.item())  # reading the answer back is the only host wait, after the check ran
     memory.unregister()
-    return count
+    return count, earlier_work_done
 
 
 def test_stream_fence_orders_the_read_after_earlier_work_and_before_later_kernels(data_dir):
     path, payload = random_file(data_dir, "fence.bin", 4 << 20)
     with tutti.Runtime("uring") as rt:
         target = rt.open("file://" + path)
-        assert fenced_read(rt, target, payload, fenced=True) == 0
-        # Control: without the fence the copy lands before the 0xAA fill, which then overwrites it.
-        assert fenced_read(rt, target, payload, fenced=False) > 0
+        wrong, earlier_work_done = fenced_read(rt, target, payload, fenced=True)
+        # The READ waited for the 200 ms sleep and the fill queued before it, and the comparison queued
+        # after wait() saw the file's bytes.
+        assert earlier_work_done
+        assert wrong == 0
 
 
 def test_ten_thousand_kv_blocks_stored_from_and_loaded_into_cuda_tensors(data_dir):
