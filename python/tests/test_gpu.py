@@ -31,6 +31,28 @@ def random_file(directory, name, nbytes):
     return path, payload
 
 
+@pytest.fixture
+def nvme_soft(ext4):
+    """Opens a nvme-soft runtime over the module's ext4 image (use as `with nvme_soft() as rt:`): the
+    soft controller in accelerator mode, GPU threads submitting and reaping its NVMe commands (root)."""
+    return lambda: tutti.Runtime("nvme-soft", **ext4.runtime_options())
+
+
+def registered_kv_layers(store, blocks, block_bytes, layers, seed):
+    """`layers` source tensors of (blocks, block_bytes) random bytes (torch generator `seed`) and as
+    many zeroed destination tensors, all CUDA tensors registered with the store; synchronized."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    sources = [store.register(tutti.empty((blocks, block_bytes), torch.uint8, device="cuda")) for _ in range(layers)]
+    for t in sources:
+        t.copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8, device="cuda", generator=generator))
+    destinations = [store.register(tutti.empty((blocks, block_bytes), torch.uint8, device="cuda"))
+                    for _ in range(layers)]
+    for t in destinations:
+        t.zero_()
+    torch.cuda.synchronize()
+    return sources, destinations
+
+
 def test_cuda_tensors_register_as_device_memory_and_round_trip(data_dir):
     path, payload = random_file(data_dir, "device.bin", 8 << 20)
     with tutti.Runtime("uring") as rt:
@@ -102,16 +124,7 @@ def test_ten_thousand_kv_blocks_stored_from_and_loaded_into_cuda_tensors(data_di
     keys = [hashlib.sha256(i.to_bytes(4, "little")).digest() for i in range(blocks)]
     with tutti.Runtime("uring") as rt, tutti.KvStore(rt, os.path.join(data_dir, "kv"), ns,
                                                       capacity_bytes=layers * (blocks + 16) * block_bytes) as store:
-        generator = torch.Generator(device="cuda").manual_seed(1)
-        sources = [store.register(tutti.empty((blocks, block_bytes), torch.uint8, device="cuda"))
-                   for _ in range(layers)]
-        for t in sources:
-            t.copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8, device="cuda", generator=generator))
-        destinations = [store.register(tutti.empty((blocks, block_bytes), torch.uint8, device="cuda"))
-                        for _ in range(layers)]
-        for t in destinations:
-            t.zero_()
-        torch.cuda.synchronize()
+        sources, destinations = registered_kv_layers(store, blocks, block_bytes, layers, seed=1)
         chunk = 2000
         for first in range(0, blocks, chunk):
             ids = list(range(first, first + chunk))
@@ -132,7 +145,7 @@ def test_ten_thousand_kv_blocks_stored_from_and_loaded_into_cuda_tensors(data_di
         assert stats["hits"] == blocks * layers and stats["verification_failures"] == 0
 
 
-def test_nvme_soft_writes_and_reads_cuda_tensors_through_gpu_driven_queues(ext4):
+def test_nvme_soft_writes_and_reads_cuda_tensors_through_gpu_driven_queues(ext4, nvme_soft):
     """nvme-soft in the CUDA build: the soft controller in accelerator mode, GPU threads submitting
     and reaping its NVMe commands, CUDA tensors as DEVICE memory. WRITE a random CUDA tensor into a
     file on the ext4 image in 1 MiB commands, READ it back into another CUDA tensor in a different
@@ -141,7 +154,7 @@ def test_nvme_soft_writes_and_reads_cuda_tensors_through_gpu_driven_queues(ext4)
     nbytes, piece = 8 << 20, 1 << 20
     path = ext4.create_file("gpu-nvme-soft.bin", nbytes)
     generator = torch.Generator(device="cuda").manual_seed(7)
-    with tutti.Runtime("nvme-soft", **ext4.runtime_options()) as rt:
+    with nvme_soft() as rt:
         target = rt.open("file://" + path, writable=True)
         source = tutti.empty(nbytes, torch.uint8, device="cuda")
         destination = tutti.empty(nbytes, torch.uint8, device="cuda")
@@ -165,7 +178,7 @@ def test_nvme_soft_writes_and_reads_cuda_tensors_through_gpu_driven_queues(ext4)
     assert torch.equal(written, expected)
 
 
-def test_kv_store_over_nvme_soft_round_trips_cuda_tensors(ext4):
+def test_kv_store_over_nvme_soft_round_trips_cuda_tensors(ext4, nvme_soft):
     """The KV store over a nvme-soft runtime in the CUDA build: blocks stored from CUDA tensors
     (checksummed by the GPU kernels), loaded into other CUDA tensors in reverse row order, every byte
     verified by the store and compared on the GPU."""
@@ -173,19 +186,10 @@ def test_kv_store_over_nvme_soft_round_trips_cuda_tensors(ext4):
     ns = {"model": "gpu-nvme-soft", "dtype": "uint8", "block_tokens": 16, "layers": layers,
           "piece_bytes": [block_bytes], "kv_split": False, "hash_algorithm": "sha256"}
     keys = [hashlib.sha256(b"nvme-soft" + i.to_bytes(4, "little")).digest() for i in range(blocks)]
-    with tutti.Runtime("nvme-soft", **ext4.runtime_options()) as rt, tutti.KvStore(
+    with nvme_soft() as rt, tutti.KvStore(
             rt, os.path.join(ext4.mount_point, "kv-gpu"), ns,
             capacity_bytes=layers * (blocks + 16) * block_bytes) as store:
-        generator = torch.Generator(device="cuda").manual_seed(3)
-        sources = [store.register(tutti.empty((blocks, block_bytes), torch.uint8, device="cuda"))
-                   for _ in range(layers)]
-        for t in sources:
-            t.copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8, device="cuda", generator=generator))
-        destinations = [store.register(tutti.empty((blocks, block_bytes), torch.uint8, device="cuda"))
-                        for _ in range(layers)]
-        for t in destinations:
-            t.zero_()
-        torch.cuda.synchronize()
+        sources, destinations = registered_kv_layers(store, blocks, block_bytes, layers, seed=3)
         store.store_layers(keys, sources, blocks=list(range(blocks)))
         for layer in range(layers):
             assert all(r.ok for r in store.wait_layer(layer, timeout_s=120))
