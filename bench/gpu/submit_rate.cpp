@@ -50,9 +50,9 @@
 namespace {
 
 using namespace tutti;
-using tutti::bench::gpu::AgentBuffer;
 using tutti::bench::gpu::NullNamespaceResolver;
 using tutti::bench::gpu::NullNvmeController;
+using tutti::test::AgentBuffer;
 using Options = tutti::bench::gpu::SubmitRateOptions;
 using NullBackend = Backend<NullNamespaceResolver, local_nvme::LocalNvmeDataPath>;
 using NullRuntime = StorageRuntime<NullBackend>;

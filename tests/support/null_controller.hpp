@@ -31,6 +31,41 @@
 
 namespace tutti::test {
 
+/// SQEs announced by the SQ tail doorbell value `tail_slot` (< depth) and not yet fetched, after
+/// `fetched` SQEs (absolute count) of a ring of `depth` entries (Base 2.0, 3.3.1: the controller
+/// consumes from SQ Head up to the doorbell's SQ Tail).
+TUTTI_HOST_DEVICE inline std::uint32_t announced_entries(std::uint32_t tail_slot, std::uint64_t fetched,
+                                                         std::uint32_t depth) noexcept {
+  return (tail_slot + depth - static_cast<std::uint32_t>(fetched % depth)) % depth;
+}
+
+/// Free CQ slots after `cq_tail` CQEs posted (absolute count), with the CQ head doorbell value
+/// `head_slot` (< depth): a CQ is full when Tail + 1 == Head (Base 2.0, 3.3.1).
+TUTTI_HOST_DEVICE inline std::uint32_t free_completion_slots(std::uint64_t cq_tail, std::uint32_t head_slot,
+                                                             std::uint32_t depth) noexcept {
+  return depth - 1 - (static_cast<std::uint32_t>(cq_tail % depth) + depth - head_slot) % depth;
+}
+
+/// Posts the CQE at absolute CQ position `cq_position` of `cq` (depth entries) for the SQE at
+/// absolute SQ position `sq_position` of queue `qid` (Base 2.0, 4.2): DW0 = `dw0`, DW1 = 0, the SQ
+/// Head Pointer after that SQE, the SQ Identifier, then DW3 (CID, Status Field with `sct`/`sc`,
+/// DNR and the Phase Tag of the CQ pass, first pass 1) by one release store at system scope, after
+/// dwords 0-2. The caller orders the command's data stores before it.
+TUTTI_HOST_DEVICE inline void post_completion(nvme::CompletionQueueEntry* cq, std::uint32_t depth,
+                                              std::uint64_t cq_position, std::uint64_t sq_position, std::uint16_t qid,
+                                              std::uint16_t cid, std::uint32_t dw0, std::uint8_t sct, std::uint8_t sc,
+                                              bool dnr) noexcept {
+  nvme::CompletionQueueEntry& cqe = cq[cq_position % depth];
+  const std::uint8_t phase = ((cq_position / depth) & 1u) == 0 ? 1 : 0;  // first pass: Phase Tag 1
+  cqe.dw0 = dw0;
+  cqe.dw1 = 0;
+  cqe.sq_head = static_cast<std::uint16_t>((sq_position + 1) % depth);  // SQ Head Pointer after this SQE
+  cqe.sq_identifier = qid;
+  accel::SystemAtomicRef<std::uint32_t>(cqe.dw3).store(
+      nvme::CompletionQueueEntry::make_dw3(cid, nvme::StatusField::make(sct, sc, dnr, phase)),
+      accel::MemoryOrder::release);
+}
+
 /// Controller-side state of one queue pair, owned by the servicing warp or thread. Zero-initialise,
 /// then set drop_command (kNoDrop for none). 8-byte aligned.
 struct NullControllerState {
@@ -83,9 +118,8 @@ struct NullControllerQueue {
     const std::uint32_t tail_slot = accel::mmio_load32(sq_tail_doorbell);
     const std::uint32_t head_slot = accel::mmio_load32(cq_head_doorbell);
     if (tail_slot >= depth || head_slot >= depth) return batch;  // invalid doorbell value: ignore
-    const std::uint32_t announced = (tail_slot + depth - static_cast<std::uint32_t>(batch.sq_head % depth)) % depth;
-    const std::uint32_t cq_used = (static_cast<std::uint32_t>(batch.cq_tail % depth) + depth - head_slot) % depth;
-    const std::uint32_t cq_free = depth - 1 - cq_used;  // a CQ is full when Tail + 1 == Head
+    const std::uint32_t announced = announced_entries(tail_slot, batch.sq_head, depth);
+    const std::uint32_t cq_free = free_completion_slots(batch.cq_tail, head_slot, depth);
     std::uint32_t count = announced < cq_free ? announced : cq_free;
     if (count > max_count) count = max_count;
     batch.count = count;
@@ -108,15 +142,8 @@ struct NullControllerQueue {
     const std::uint16_t cid = sqe.command_identifier;
     const std::uint32_t cdw10 = sqe.cdw10;
     const std::uint64_t cq_position = batch.cq_tail + index - (index > batch.drop_offset ? 1 : 0);
-    nvme::CompletionQueueEntry& cqe = cq[cq_position % depth];
-    const std::uint8_t phase = ((cq_position / depth) & 1u) == 0 ? 1 : 0;  // first pass: Phase Tag 1
-    cqe.dw0 = cdw10;  // null-controller echo (see the header comment)
-    cqe.dw1 = 0;
-    cqe.sq_head = static_cast<std::uint16_t>((position + 1) % depth);  // SQ Head Pointer after this SQE
-    cqe.sq_identifier = qid;
-    accel::SystemAtomicRef<std::uint32_t>(cqe.dw3).store(
-        nvme::CompletionQueueEntry::make_dw3(cid, nvme::StatusField::make(0, 0, false, phase)),
-        accel::MemoryOrder::release);
+    // DW0: the null-controller echo of CDW10 (see the header comment).
+    post_completion(cq, depth, cq_position, position, qid, cid, cdw10, 0, 0, false);
   }
 
   /// Advances the controller state past `batch`. One thread, after every post() of the batch is

@@ -1,6 +1,8 @@
 // A data-moving NVMe controller executed by GPU warps, for the GPU suite and the drive-rate
 // benchmark (cuda profile only; not library code). It follows the same queue protocol as the null
-// controller (tests/support/null_controller.hpp), but each command moves its bytes between a RAM
+// controller (tests/support/null_controller.hpp: announced_entries, free_completion_slots,
+// post_completion) and shares its nvme::Controller side (test::AgentNvmeController,
+// tests/support/agent_nvme_controller.hpp), but each command moves its bytes between a RAM
 // namespace and the PRP-described memory and completes after a configurable latency, under a
 // bandwidth cap, so that one instance behaves like one PCIe Gen5 x4 drive.
 //
@@ -58,6 +60,9 @@
 #include <tutti/core/status.hpp>
 #include <tutti/nvme/commands.hpp>
 #include <tutti/nvme/controller.hpp>
+
+#include "agent_nvme_controller.hpp"  // tests/support
+#include "null_controller.hpp"        // tests/support
 
 namespace tutti::gpu_test {
 
@@ -213,7 +218,7 @@ __device__ inline std::uint32_t service(const DriveQueueView& q) {
   if (lane == 0) {
     const std::uint32_t tail = accel::mmio_load32(q.sq_tail_doorbell);
     if (tail < q.depth) {
-      const std::uint32_t announced = (tail + q.depth - static_cast<std::uint32_t>(fetched % q.depth)) % q.depth;
+      const std::uint32_t announced = test::announced_entries(tail, fetched, q.depth);
       const std::uint64_t room = q.depth - 1 - (fetched - completed);
       count = announced < room ? announced : static_cast<std::uint32_t>(room);
       if (count > 32) count = 32;
@@ -270,8 +275,7 @@ __device__ inline std::uint32_t service(const DriveQueueView& q) {
   std::uint32_t cq_free = 0;
   if (lane == 0) {
     const std::uint32_t head = accel::mmio_load32(q.cq_head_doorbell);
-    if (head < q.depth)
-      cq_free = q.depth - 1 - (static_cast<std::uint32_t>(s.cq_tail % q.depth) + q.depth - head) % q.depth;
+    if (head < q.depth) cq_free = test::free_completion_slots(s.cq_tail, head, q.depth);
   }
   cq_free = __shfl_sync(0xffffffffu, cq_free, 0);
   if (ready > cq_free) ready = cq_free;  // a dropped command needs no slot, counted as one: conservative
@@ -295,18 +299,9 @@ __device__ inline std::uint32_t service(const DriveQueueView& q) {
       continue;
     }
     if (c.status != 0) ++failed;
-    if (lane == 0) {
-      nvme::CompletionQueueEntry& cqe = q.cq[cq_tail % q.depth];
-      const std::uint8_t phase = ((cq_tail / q.depth) & 1u) == 0 ? 1 : 0;
-      cqe.dw0 = 0;
-      cqe.dw1 = 0;
-      cqe.sq_head = static_cast<std::uint16_t>((position + 1) % q.depth);
-      cqe.sq_identifier = q.qid;
-      const auto sct = static_cast<std::uint8_t>(c.status >> 8), sc = static_cast<std::uint8_t>(c.status & 0xff);
-      accel::SystemAtomicRef<std::uint32_t>(cqe.dw3).store(
-          nvme::CompletionQueueEntry::make_dw3(c.cid, nvme::StatusField::make(sct, sc, c.status != 0, phase)),
-          accel::MemoryOrder::release);
-    }
+    if (lane == 0)
+      test::post_completion(q.cq, q.depth, cq_tail, position, q.qid, c.cid, 0, static_cast<std::uint8_t>(c.status >> 8),
+                            static_cast<std::uint8_t>(c.status & 0xff), c.status != 0);
     ++cq_tail;
   }
   __syncwarp();
@@ -363,59 +358,13 @@ static __global__ void drive_controller_kernel(const DriveQueueView* queues, std
 }
 #endif  // __CUDACC__
 
-/// Device memory (accel::allocate_device), freed on destruction.
-class DriveBuffer {
- public:
-  DriveBuffer() = default;
-  static Result<DriveBuffer> device(std::size_t bytes) {
-    auto p = accel::allocate_device(bytes);
-    if (!p) return p.status();
-    DriveBuffer b;
-    b.data_ = *p;
-    b.host_ = false;
-    return Result<DriveBuffer>(std::move(b));  // explicit: nvcc's front end does not move implicitly here
-  }
-  static Result<DriveBuffer> mapped_host(std::size_t bytes) {
-    auto p = accel::allocate_mapped_host(bytes);
-    if (!p) return p.status();
-    DriveBuffer b;
-    b.data_ = *p;
-    b.host_ = true;
-    return Result<DriveBuffer>(std::move(b));
-  }
-  DriveBuffer(DriveBuffer&& o) noexcept { *this = std::move(o); }
-  DriveBuffer& operator=(DriveBuffer&& o) noexcept {
-    std::swap(data_, o.data_);
-    std::swap(host_, o.host_);
-    return *this;
-  }
-  DriveBuffer(const DriveBuffer&) = delete;
-  DriveBuffer& operator=(const DriveBuffer&) = delete;
-  ~DriveBuffer() {
-    if (host_)
-      accel::free_mapped_host(data_);
-    else
-      accel::free_device(data_);
-  }
-  template <class T>
-  T* as() const noexcept {
-    return static_cast<T*>(data_);
-  }
-
- private:
-  void* data_ = nullptr;
-  bool host_ = false;
-};
-
 /// The data-moving controller behind nvme::Controller (see the file comment). Bring it up, create
 /// the DataPath over it, then start a DriveService over its queues; delete nothing and free no
 /// device memory while the service runs (cudaFree waits for every kernel, the service included).
-class DriveNvmeController final : public nvme::Controller {
+class DriveNvmeController final : public test::AgentNvmeController {
  public:
-  static constexpr std::uint32_t kMaxQueueEntries = 65536;
-  static constexpr std::uint16_t kMaxQueuePairs = 1024;
-
-  explicit DriveNvmeController(DriveSettings settings = {}) : settings_(settings) {}
+  explicit DriveNvmeController(DriveSettings settings = {})
+      : AgentNvmeController("drive controller"), settings_(settings) {}
 
   std::string_view kind() const noexcept override { return "drive (GPU-resident, data-moving)"; }
 
@@ -424,35 +373,18 @@ class DriveNvmeController final : public nvme::Controller {
       return error(StatusCode::INVALID_ARGUMENT,
                    "drive controller: namespace_bytes = {} must be a positive multiple of 4096",
                    settings_.namespace_bytes);
-    auto ns = settings_.namespace_in_host ? DriveBuffer::mapped_host(settings_.namespace_bytes)
-                                          : DriveBuffer::device(settings_.namespace_bytes);
+    auto ns = settings_.namespace_in_host ? test::AgentBuffer::mapped_host(settings_.namespace_bytes)
+                                          : test::AgentBuffer::allocate(settings_.namespace_bytes);
     if (!ns) return ns.status().with_context("drive controller: namespace");
     namespace_ = std::move(*ns);
-    auto state = DriveBuffer::device(sizeof(DriveControllerState));
+    auto state = test::AgentBuffer::allocate(sizeof(DriveControllerState));
     if (!state) return state.status().with_context("drive controller: state");
     state_ = std::move(*state);
-    DriveControllerState s{};
-    s.namespace_data = namespace_.as<std::uint8_t>();
-    s.namespace_bytes = settings_.namespace_bytes;
-    s.latency_ns = settings_.latency_ns;
-    s.bytes_per_second = settings_.bytes_per_second;
-    TUTTI_RETURN_IF_ERROR(accel::copy_to_device(state_.as<void>(), &s, sizeof(s)));
-    identity_ = nvme::ControllerIdentity{};
-    identity_.nsid = options.nsid;
-    identity_.lba_size = kDriveLbaSize;
-    identity_.namespace_size_lbas = settings_.namespace_bytes / kDriveLbaSize;
-    identity_.max_data_transfer_bytes = 1u << 20;
-    identity_.memory_page_size = 4096;
-    identity_.max_queue_entries = kMaxQueueEntries;
-    identity_.io_submission_queues_allocated = kMaxQueuePairs;
-    identity_.io_completion_queues_allocated = kMaxQueuePairs;
-    identity_.number_of_namespaces = 1;
-    identity_.model_number = "GPU-resident drive controller (tests and benchmarks)";
+    TUTTI_RETURN_IF_ERROR(set_timing(settings_.latency_ns, settings_.bytes_per_second));
+    set_identity(options.nsid, settings_.namespace_bytes / kDriveLbaSize,
+                 "GPU-resident drive controller (tests and benchmarks)");
     return Status::success();
   }
-  Status shutdown(std::uint64_t) override { return Status::success(); }
-  const nvme::ControllerIdentity& identity() const noexcept override { return identity_; }
-  nvme::ControllerStatus controller_status() const noexcept override { return nvme::ControllerStatus{1}; }
 
   /// Changes the latency and the link cap (and resets the link's reservation). Only while no
   /// service runs over this controller. Errors: the copy's.
@@ -471,49 +403,6 @@ class DriveNvmeController final : public nvme::Controller {
   std::uint8_t* namespace_data() const noexcept { return namespace_.as<std::uint8_t>(); }
   const DriveSettings& settings() const noexcept { return settings_; }
 
-  Result<nvme::QueuePairInfo> create_io_queue_pair(std::uint32_t depth) override {
-    if (depth < 2 || depth > kMaxQueueEntries)
-      return error(StatusCode::INVALID_ARGUMENT, "drive controller: depth = {} outside 2..{}", depth, kMaxQueueEntries);
-    std::scoped_lock lock(mutex_);
-    std::uint16_t qid = 1;
-    while (queues_.count(qid) != 0) ++qid;
-    if (qid > kMaxQueuePairs)
-      return error(StatusCode::RESOURCE_EXHAUSTED, "drive controller: {} queue pairs in use", kMaxQueuePairs);
-    Queue q;
-    auto rings = DriveBuffer::device(depth * (sizeof(nvme::SubmissionQueueEntry) + sizeof(nvme::CompletionQueueEntry)));
-    auto words = DriveBuffer::device(4096);  // SQ tail doorbell at 0, CQ head at 64, CSTS at 128, state at 1024
-    auto commands = DriveBuffer::device(depth * sizeof(DriveCommand));
-    if (!rings || !words || !commands)
-      return error(StatusCode::RESOURCE_EXHAUSTED, "drive controller: no GPU memory for a queue pair of depth {}",
-                   depth);
-    q.rings = std::move(*rings);
-    q.words = std::move(*words);
-    q.commands = std::move(*commands);
-    const std::uint32_t ready = 1;  // CSTS.RDY
-    TUTTI_RETURN_IF_ERROR(accel::copy_to_device(q.words.as<char>() + 128, &ready, sizeof(ready)));
-    DriveQueueState state{};
-    state.drop_command = kDriveNoFault;
-    state.fail_command = kDriveNoFault;
-    TUTTI_RETURN_IF_ERROR(accel::copy_to_device(q.words.as<char>() + 1024, &state, sizeof(state)));
-    q.info.qid = qid;
-    q.info.depth = depth;
-    q.info.submission_queue = q.rings.as<nvme::SubmissionQueueEntry>();
-    q.info.completion_queue =
-        reinterpret_cast<nvme::CompletionQueueEntry*>(q.rings.as<char>() + depth * sizeof(nvme::SubmissionQueueEntry));
-    q.info.submission_queue_tail_doorbell = reinterpret_cast<volatile std::uint32_t*>(q.words.as<char>());
-    q.info.completion_queue_head_doorbell = reinterpret_cast<volatile std::uint32_t*>(q.words.as<char>() + 64);
-    q.info.controller_status = reinterpret_cast<const volatile std::uint32_t*>(q.words.as<char>() + 128);
-    q.info.host_accessible = false;  // GPU memory
-    const nvme::QueuePairInfo info = q.info;
-    queues_.emplace(qid, std::move(q));
-    return info;
-  }
-  Status delete_io_queue_pair(std::uint16_t qid) override {
-    std::scoped_lock lock(mutex_);
-    if (queues_.erase(qid) == 0) return error(StatusCode::NOT_FOUND, "drive controller: no queue pair {}", qid);
-    return Status::success();
-  }
-
   /// The service's views of every I/O queue pair, in qid order.
   std::vector<DriveQueueView> views() const {
     std::scoped_lock lock(mutex_);
@@ -526,7 +415,7 @@ class DriveNvmeController final : public nvme::Controller {
       v.cq_head_doorbell = q.info.completion_queue_head_doorbell;
       v.depth = q.info.depth;
       v.qid = qid;
-      v.state = reinterpret_cast<DriveQueueState*>(q.words.as<char>() + 1024);
+      v.state = static_cast<DriveQueueState*>(q.state());
       v.commands = q.commands.as<DriveCommand>();
       v.controller = state_.as<DriveControllerState>();
       out.push_back(v);
@@ -539,7 +428,7 @@ class DriveNvmeController final : public nvme::Controller {
     const auto found = queues_.find(qid);
     if (found == queues_.end()) return error(StatusCode::NOT_FOUND, "drive controller: no queue pair {}", qid);
     DriveQueueState s{};
-    TUTTI_RETURN_IF_ERROR(accel::copy_from_device(&s, found->second.words.as<char>() + 1024, sizeof(s)));
+    TUTTI_RETURN_IF_ERROR(accel::copy_from_device(&s, found->second.state(), sizeof(s)));
     return s;
   }
   /// Sets queue `qid`'s fault words (absolute SQ positions; kDriveNoFault: none). Only while no
@@ -551,55 +440,20 @@ class DriveNvmeController final : public nvme::Controller {
     s->fail_status = fail_status;
     s->drop_command = drop_command;
     std::scoped_lock lock(mutex_);
-    return accel::copy_to_device(queues_.at(qid).words.as<char>() + 1024, &s.value(), sizeof(DriveQueueState));
+    return accel::copy_to_device(queues_.at(qid).state(), &s.value(), sizeof(DriveQueueState));
   }
-
-  Result<nvme::DmaMapping> dma_map(void* host_address, std::size_t length) override {
-    return map(host_address, length, nvme::DmaMemoryKind::host);
-  }
-  Result<nvme::DmaMapping> dma_map_device(void* device_address, std::size_t length) override {
-    return map(device_address, length, nvme::DmaMemoryKind::device);
-  }
-  Status dma_unmap(std::uint64_t id) override {
-    std::scoped_lock lock(mutex_);
-    return mappings_.erase(id) != 0 ? Status::success()
-                                    : error(StatusCode::NOT_FOUND, "drive controller: no mapping {}", id);
-  }
-  /// Mapped pinned host memory: bus address == host address (the GPU reads PRP lists there).
-  Result<nvme::DmaBuffer> allocate_dma_buffer(std::size_t length) override {
-    if (length == 0) return error(StatusCode::INVALID_ARGUMENT, "drive controller: allocate_dma_buffer of 0 bytes");
-    const std::size_t rounded = (length + 4095) / 4096 * 4096;
-    auto b = DriveBuffer::mapped_host(rounded);
-    if (!b) return b.status().with_context("drive controller: DMA buffer");
-    std::scoped_lock lock(mutex_);
-    nvme::DmaBuffer out{b->as<void>(), reinterpret_cast<std::uint64_t>(b->as<void>()), rounded, ++next_id_};
-    buffers_.emplace(out.id, std::move(*b));
-    return out;
-  }
-  Status free_dma_buffer(std::uint64_t id) override {
-    std::scoped_lock lock(mutex_);
-    return buffers_.erase(id) != 0 ? Status::success()
-                                   : error(StatusCode::NOT_FOUND, "drive controller: no DMA buffer {}", id);
-  }
-  Result<nvme::CompletionQueueEntry> submit_admin(const nvme::SubmissionQueueEntry& command, std::uint64_t) override {
-    nvme::CompletionQueueEntry cqe{};
-    cqe.dw3 = nvme::CompletionQueueEntry::make_dw3(command.command_identifier, nvme::StatusField::make(0, 0, false, 1));
-    return cqe;
-  }
-  Result<bool> abort(std::uint16_t, std::uint16_t, std::uint64_t) override { return false; }
 
  private:
-  struct Queue {
-    nvme::QueuePairInfo info;
-    DriveBuffer rings, words, commands;
-  };
+  std::size_t command_bytes_per_entry() const noexcept override { return sizeof(DriveCommand); }
+  Status initialise_queue_state(void* state) override {
+    DriveQueueState initial{};
+    initial.drop_command = kDriveNoFault;
+    initial.fail_command = kDriveNoFault;
+    return accel::copy_to_device(state, &initial, sizeof(initial));
+  }
   /// GPU memory, or host memory the GPU reaches at the same address (mapped pinned; cudaHostRegister'd
-  /// memory with UVA): bus address = address. Anything else is refused.
-  Result<nvme::DmaMapping> map(void* address, std::size_t length, nvme::DmaMemoryKind kind) {
-    const auto at = reinterpret_cast<std::uintptr_t>(address);
-    if (address == nullptr || length == 0 || at % 4096 != 0 || length % 4096 != 0)
-      return error(StatusCode::INVALID_ARGUMENT,
-                   "drive controller: dma_map({}, {} bytes) needs 4096-aligned, non-empty memory", address, length);
+  /// memory with UVA). Anything else is refused.
+  Status check_dma_memory(void* address) override {
     cudaPointerAttributes attributes{};
     if (cudaPointerGetAttributes(&attributes, address) != cudaSuccess ||
         (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeHost) ||
@@ -610,25 +464,17 @@ class DriveNvmeController final : public nvme::Controller {
                    "same address; register DEVICE memory or cudaHostAlloc'd memory",
                    address);
     }
-    std::scoped_lock lock(mutex_);
-    nvme::DmaMapping m;
-    m.id = ++next_id_;
-    m.host_address = address;
-    m.length = length;
-    m.memory_kind = kind;
-    for (std::size_t page = 0; page < length / 4096; ++page) m.bus_addresses.push_back(at + page * 4096);
-    mappings_.emplace(m.id, length);
-    return m;
+    return Status::success();
+  }
+  /// Bus address == address (the GPU reaches both kinds of memory there).
+  std::uint64_t bus_address(void* address, std::size_t) override { return reinterpret_cast<std::uint64_t>(address); }
+  /// Mapped pinned host memory (the GPU reads PRP lists there).
+  Result<test::AgentBuffer> dma_buffer_memory(std::size_t bytes) override {
+    return test::AgentBuffer::mapped_host(bytes);
   }
 
   DriveSettings settings_;
-  mutable std::mutex mutex_;
-  nvme::ControllerIdentity identity_;
-  DriveBuffer namespace_, state_;
-  std::map<std::uint16_t, Queue> queues_;
-  std::map<std::uint64_t, std::size_t> mappings_;
-  std::map<std::uint64_t, DriveBuffer> buffers_;
-  std::uint64_t next_id_ = 0;
+  test::AgentBuffer namespace_, state_;
 };
 
 #if defined(__CUDACC__)
@@ -649,8 +495,8 @@ class DriveService {
     for (DriveNvmeController* c : controllers)
       for (const DriveQueueView& v : c->views()) all.push_back(v);
     if (all.empty()) return error(StatusCode::INVALID_ARGUMENT, "drive service: no queues");
-    auto views = DriveBuffer::device(all.size() * sizeof(DriveQueueView));
-    auto control = DriveBuffer::mapped_host(sizeof(DriveControl));
+    auto views = test::AgentBuffer::allocate(all.size() * sizeof(DriveQueueView));
+    auto control = test::AgentBuffer::mapped_host(sizeof(DriveControl));
     if (!views || !control) return error(StatusCode::RESOURCE_EXHAUSTED, "drive service: no memory for its views");
     views_ = std::move(*views);
     control_ = std::move(*control);
@@ -688,7 +534,7 @@ class DriveService {
   std::uint32_t warps() const noexcept { return warps_; }
 
  private:
-  DriveBuffer views_, control_;
+  test::AgentBuffer views_, control_;
   cudaStream_t stream_ = nullptr;
   std::uint32_t warps_ = 0;
   bool started_ = false;
