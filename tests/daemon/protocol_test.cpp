@@ -2,12 +2,9 @@
 // the value and what was expected; good ones round-trip; the committed fuzz corpus keeps the invariant.
 #include <doctest/doctest.h>
 
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <vector>
 
+#include "corpus_replay.hpp"
 #include "protocol.hpp"
 #include "protocol_fuzz.hpp"
 #include "require_ok.hpp"
@@ -91,16 +88,5 @@ TEST_CASE("malformed requests are refused with a message naming the key, the val
 }
 
 TEST_CASE("every committed protocol fuzz corpus input keeps the parser's invariant") {
-  const char* directory = std::getenv("TUTTI_DAEMON_FUZZ_CORPUS");
-  REQUIRE_MESSAGE(directory != nullptr, "set TUTTI_DAEMON_FUZZ_CORPUS to tests/daemon/corpus");
-  std::size_t replayed = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
-    if (!entry.is_regular_file()) continue;
-    std::ifstream in(entry.path(), std::ios::binary);
-    const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    CAPTURE(entry.path().string());
-    CHECK(tutti::daemon::fuzz::run_one(bytes.data(), bytes.size()) == "");
-    ++replayed;
-  }
-  CHECK(replayed >= 10);
+  tutti::testing::replay_corpus("TUTTI_DAEMON_FUZZ_CORPUS", "tests/daemon/corpus", tutti::daemon::fuzz::run_one);
 }
