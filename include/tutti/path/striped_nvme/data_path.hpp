@@ -129,14 +129,13 @@ class StripedNvmeDataPath {
   using batch = Batch;
 
   static constexpr std::string_view name = "striped_nvme";
-  static constexpr Capabilities capabilities{
-      .offset_alignment = 4096,
-      .memory_alignment = 4,
-      .max_request_bytes = std::uint64_t{1} << 30,
-      .max_batch_requests = 65536,
-      .memory_kinds = local_nvme::LocalNvmeDataPath::capabilities.memory_kinds,
-      .unaligned_tail_at_end_of_target = false,  // the logical size is whole units
-  };
+  /// local_nvme's limits (each piece is a local_nvme request), except that a striped target's
+  /// logical size is whole units: no unaligned tail.
+  static constexpr Capabilities capabilities = [] {
+    Capabilities c = local_nvme::LocalNvmeDataPath::capabilities;
+    c.unaligned_tail_at_end_of_target = false;
+    return c;
+  }();
 
   /// Creates the queue pairs on every controller (brought up), with the same `options` for each,
   /// and the device table over them. Errors: INVALID_ARGUMENT (no controller, more than
