@@ -42,6 +42,7 @@
 #include <tutti/path/local_nvme.hpp>
 
 #include "local_nvme_host_unit.hpp"
+#include "path_rig.hpp"  // tests/support
 
 using namespace tutti;
 using Path = local_nvme::LocalNvmeDataPath;
@@ -109,9 +110,10 @@ struct DeviceMemory {
 };
 
 /// A soft controller in accelerator_mode on a pattern-filled file, its driver and a Path.
-struct Rig {
+struct Rig : tutti::testing::PathRig<Path> {
   explicit Rig(Path::Options options = {}, libnvm::SoftControllerConfig config = {},
-               std::uint64_t backing_bytes = 64 << 20) {
+               std::uint64_t backing_bytes = 64 << 20)
+      : PathRig(60 * kSecond) {
     backing = make_backing(seed, backing_bytes);
     config.backing_path = backing;
     config.accelerator_mode = true;
@@ -143,27 +145,7 @@ struct Rig {
     t.file_size = size;
     t.lba_size = controller->identity().lba_size;
     t.nsid = controller->identity().nsid;
-    auto o = path->open(std::move(t), {});
-    REQUIRE_MESSAGE(o.is_ok(), o.status().to_string());
-    return std::move(o.value());
-  }
-  Path::registered_memory map(const DeviceMemory& m) {
-    auto r = path->register_memory(m.view());
-    REQUIRE_MESSAGE(r.is_ok(), r.status().to_string());
-    return std::move(r.value());
-  }
-  PathRequest<Path> request(Direction d, Path::registered_memory& r, const DeviceMemory& m, std::uint64_t memory_offset,
-                            Path::open_target& t, std::uint64_t offset, std::uint64_t length) {
-    return PathRequest<Path>{d, &r, m.view(), memory_offset, &t, offset, length};
-  }
-  std::pair<std::vector<Status>, std::vector<RequestCompletion>> run(const std::vector<PathRequest<Path>>& rs,
-                                                                     std::uint64_t budget = 60 * kSecond) {
-    std::vector<Status> states(rs.size());
-    auto b = path->submit(rs, states);
-    std::vector<RequestCompletion> completions(rs.size());
-    const Status s = path->progress(b, completions, budget);
-    REQUIRE_MESSAGE(s.is_ok(), s.to_string());
-    return {states, completions};
+    return open_or_fail(std::move(t));
   }
   /// The file's bytes [offset, offset + n) through `extents`.
   std::vector<std::uint8_t> expected(const std::vector<local_file::Extent>& extents, std::uint64_t offset,
@@ -188,7 +170,6 @@ struct Rig {
   std::string backing;
   std::shared_ptr<libnvm::SoftController> device;
   std::unique_ptr<libnvm::Controller> controller;
-  std::optional<Path> path;
 };
 
 /// `blocks` file blocks scattered over the namespace in reverse order, `run` blocks per extent.

@@ -15,6 +15,7 @@
 #include <tutti/nvme/status.hpp>
 
 #include "host_buffer.hpp"
+#include "path_rig.hpp"
 #include "test_files.hpp"
 
 using namespace tutti;
@@ -51,14 +52,7 @@ std::unique_ptr<SoftLocalNvme> make_stack(const ScratchFilesystem& fs, std::uint
 using tutti::testing::Buffer;
 
 IoResult run(LocalNvmeRuntime& rt, const std::vector<IoRequest>& requests) {
-  auto outcome = rt.submit(requests);
-  for (std::size_t i = 0; i < requests.size(); ++i)
-    REQUIRE_MESSAGE(outcome.initial_states[i].is_ok(), outcome.initial_states[i].to_string());
-  auto result = rt.wait(outcome.io, 30 * kSecond);
-  REQUIRE_MESSAGE(result.is_ok(), result.status().to_string());
-  IoResult r = result.value();
-  REQUIRE(rt.release(outcome.io).is_ok());
-  return r;
+  return tutti::testing::run_to_completion(rt, requests, 30 * kSecond);
 }
 
 /// Reads [offset, offset + length) of the open target through NVMe, in one request.

@@ -9,6 +9,8 @@
 
 #include <doctest/doctest.h>
 
+#include <tutti/core/io.hpp>
+
 namespace tutti::testing {
 
 /// `size` bytes of host memory aligned to 4096 bytes, filled with 0xEE (a value no test pattern
@@ -23,6 +25,8 @@ struct Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   std::uint8_t* bytes() { return static_cast<std::uint8_t*>(data); }
+  /// The whole buffer as HOST memory (device -1).
+  MemoryView view() const { return MemoryView{data, size, MemoryKind::HOST, -1}; }
   void* data = nullptr;
   std::size_t size;  ///< Bytes.
 };

@@ -17,6 +17,8 @@
 #include <tutti/path/local_nvme.hpp>
 
 #include "host_buffer.hpp"
+#include "path_rig.hpp"
+#include "soft_drive.hpp"
 #include "test_files.hpp"
 
 using namespace tutti;
@@ -29,35 +31,14 @@ constexpr std::uint64_t kSecond = 1'000'000'000;
 using tutti::testing::Buffer;
 
 /// A soft controller on a pattern-filled backing file, its driver and a Path.
-struct Rig {
+/// The PathRig base comes second: its Path is destroyed before the SoftDrive's controller.
+struct Rig : tutti::testing::SoftDrive, tutti::testing::PathRig<Path> {
   explicit Rig(Path::Options options = {}, libnvm::SoftControllerConfig config = {},
-               std::uint64_t backing_bytes = 64 << 20) {
-    if (!config.null_mode) {
-      char name[] = "/tmp/tutti-lnvme-XXXXXX";
-      const int fd = mkstemp(name);
-      REQUIRE(fd >= 0);
-      ::close(fd);
-      backing = name;
-      tutti::testing::write_pattern_file(backing, 77, backing_bytes);
-      config.backing_path = backing;
-    }
-    config.scatter_bus_pages = true;
-    auto d = libnvm::SoftController::create(config);
-    REQUIRE_MESSAGE(d.is_ok(), d.status().to_string());
-    device = *d;
-    auto c = libnvm::open_soft_controller(device);
-    REQUIRE(c.is_ok());
-    controller = std::move(c.value());
-    REQUIRE(controller->bring_up({}).is_ok());
+               std::uint64_t backing_bytes = 64 << 20)
+      : SoftDrive(config, backing_bytes, 77, "/tmp/tutti-lnvme-"), PathRig(20 * kSecond) {
     auto p = Path::create(*controller, options);
     REQUIRE_MESSAGE(p.is_ok(), p.status().to_string());
     path.emplace(std::move(p.value()));
-  }
-  ~Rig() {
-    path.reset();
-    controller.reset();
-    device.reset();
-    if (!backing.empty()) ::unlink(backing.c_str());
   }
 
   Path::open_target open(std::vector<local_file::Extent> extents, std::uint64_t size) {
@@ -66,39 +47,12 @@ struct Rig {
     t.extents = std::move(extents);
     t.file_size = size;
     t.lba_size = controller->identity().lba_size;
-    auto o = path->open(std::move(t), {});
-    REQUIRE_MESSAGE(o.is_ok(), o.status().to_string());
-    return std::move(o.value());
-  }
-  Path::registered_memory map(Buffer& b) {
-    auto m = path->register_memory({b.data, b.size, MemoryKind::HOST, -1});
-    REQUIRE_MESSAGE(m.is_ok(), m.status().to_string());
-    return std::move(m.value());
-  }
-  PathRequest<Path> request(Direction d, Path::registered_memory& m, Buffer& b, std::uint64_t memory_offset,
-                            Path::open_target& t, std::uint64_t offset, std::uint64_t length) {
-    return PathRequest<Path>{d,      &m,    MemoryView{b.data, b.size, MemoryKind::HOST, -1}, memory_offset, &t,
-                             offset, length};
-  }
-  /// Submits and waits; returns the states and completions.
-  std::pair<std::vector<Status>, std::vector<RequestCompletion>> run(const std::vector<PathRequest<Path>>& rs,
-                                                                     std::uint64_t budget = 20 * kSecond) {
-    std::vector<Status> states(rs.size());
-    auto b = path->submit(rs, states);
-    std::vector<RequestCompletion> completions(rs.size());
-    Status s = path->progress(b, completions, budget);
-    REQUIRE_MESSAGE(s.is_ok(), s.to_string());
-    return {states, completions};
+    return open_or_fail(std::move(t));
   }
   /// Bytes of the backing file (the namespace) at byte offset `at`.
   std::vector<std::uint8_t> device_bytes(std::uint64_t at, std::uint64_t n) {
     return tutti::testing::read_file(backing, at, n);
   }
-
-  std::string backing;
-  std::shared_ptr<libnvm::SoftController> device;
-  std::unique_ptr<nvme::Controller> controller;
-  std::optional<Path> path;
 };
 
 /// Extents that scatter file blocks over the namespace in reverse order, `run` LBAs per extent.

@@ -22,6 +22,7 @@
 #include <tutti/libnvm/soft_striped_nvme.hpp>
 
 #include "host_buffer.hpp"
+#include "path_rig.hpp"
 #include "test_files.hpp"
 
 using namespace tutti;
@@ -101,14 +102,7 @@ struct Rig {
 };
 
 IoResult run(StripedMixedRuntime& rt, const std::vector<IoRequest>& requests) {
-  auto outcome = rt.submit(requests);
-  for (std::size_t i = 0; i < requests.size(); ++i)
-    REQUIRE_MESSAGE(outcome.initial_states[i].is_ok(), outcome.initial_states[i].to_string());
-  auto result = rt.wait(outcome.io, 30 * kSecond);
-  REQUIRE_MESSAGE(result.is_ok(), result.status().to_string());
-  IoResult r = result.value();
-  REQUIRE(rt.release(outcome.io).is_ok());
-  return r;
+  return tutti::testing::run_to_completion(rt, requests, 30 * kSecond);
 }
 
 std::string uri(const std::string& name, const std::string& devs, std::uint64_t unit) {

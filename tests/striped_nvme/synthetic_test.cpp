@@ -20,6 +20,8 @@
 #include <tutti/path/striped_nvme.hpp>
 
 #include "host_buffer.hpp"
+#include "path_rig.hpp"
+#include "soft_drive.hpp"
 #include "test_files.hpp"
 
 using namespace tutti;
@@ -32,47 +34,25 @@ constexpr std::uint64_t kSecond = 1'000'000'000;
 constexpr std::uint64_t kChunk = 64 << 10;  // extent size of the hand-built shard files
 
 /// N soft controllers on pattern-filled backing files (or null mode), their drivers, and a Path.
-struct Rig {
+struct Rig : tutti::testing::PathRig<Path> {
   Rig(std::uint32_t n, std::uint64_t shard_bytes, Path::Options options = {}, bool null_mode = false)
-      : shard_bytes(shard_bytes) {
+      : PathRig(30 * kSecond), shard_bytes(shard_bytes) {
     std::vector<nvme::Controller*> raw;
     for (std::uint32_t d = 0; d < n; ++d) {
       libnvm::SoftControllerConfig config;
       config.null_mode = null_mode;
-      config.scatter_bus_pages = true;
       // CUDA profile: GPU threads write the SQEs and ring the doorbells (suite gpu).
       config.accelerator_mode = accel::kProfile == accel::Profile::cuda;
-      if (null_mode) {
-        config.namespace_size_lbas = (shard_bytes + (2 << 20)) / 4096;
-      } else {
-        char name[] = "/tmp/tutti-striped-XXXXXX";
-        const int fd = mkstemp(name);
-        REQUIRE(fd >= 0);
-        ::close(fd);
-        backing.emplace_back(name);
-        tutti::testing::write_pattern_file(backing.back(), 100 + d, shard_bytes + (2 << 20));
-        config.backing_path = backing.back();
-      }
-      auto device = libnvm::SoftController::create(config);
-      REQUIRE_MESSAGE(device.is_ok(), device.status().to_string());
-      devices.push_back(*device);
-      auto c = libnvm::open_soft_controller(devices.back());
-      REQUIRE(c.is_ok());
-      controllers.push_back(std::move(c.value()));
-      REQUIRE(controllers.back()->bring_up({}).is_ok());
-      raw.push_back(controllers.back().get());
+      if (null_mode) config.namespace_size_lbas = (shard_bytes + (2 << 20)) / 4096;
+      drives.push_back(
+          std::make_unique<tutti::testing::SoftDrive>(config, shard_bytes + (2 << 20), 100 + d, "/tmp/tutti-striped-"));
+      raw.push_back(drives.back()->controller.get());
     }
     auto p = Path::create(raw, options);
     REQUIRE_MESSAGE(p.is_ok(), p.status().to_string());
     path.emplace(std::move(p.value()));
   }
-  ~Rig() {
-    path.reset();
-    controllers.clear();
-    devices.clear();
-    for (const auto& b : backing) ::unlink(b.c_str());
-  }
-
+  ~Rig() { path.reset(); }  // before the controllers
   /// Shard d's extents: the file's kChunk chunks stored in reverse order from device byte
   /// 1 MiB + d * 64 KiB on (a different layout per shard).
   std::vector<local_file::Extent> extents(std::uint32_t d) const {
@@ -85,7 +65,7 @@ struct Rig {
     striped_file::Target t;
     t.name = "synthetic";
     t.unit_bytes = unit;
-    for (std::uint32_t d = 0; d < controllers.size(); ++d) {
+    for (std::uint32_t d = 0; d < drives.size(); ++d) {
       local_file::Target s;
       s.path = "shard" + std::to_string(d);
       s.extents = extents(d);
@@ -93,33 +73,12 @@ struct Rig {
       s.lba_size = 4096;
       t.shards.push_back(std::move(s));
     }
-    t.logical_size = (shard_bytes / unit) * unit * controllers.size();
-    auto o = path->open(std::move(t), {});
-    REQUIRE_MESSAGE(o.is_ok(), o.status().to_string());
-    return std::move(o.value());
-  }
-  Path::registered_memory map(Buffer& b) {
-    auto m = path->register_memory({b.data, b.size, MemoryKind::HOST, -1});
-    REQUIRE_MESSAGE(m.is_ok(), m.status().to_string());
-    return std::move(m.value());
-  }
-  static PathRequest<Path> request(Direction d, Path::registered_memory& m, Buffer& b, std::uint64_t memory_offset,
-                                   Path::open_target& t, std::uint64_t offset, std::uint64_t length) {
-    return PathRequest<Path>{d,      &m,    MemoryView{b.data, b.size, MemoryKind::HOST, -1}, memory_offset, &t,
-                             offset, length};
-  }
-  std::pair<std::vector<Status>, std::vector<RequestCompletion>> run(const std::vector<PathRequest<Path>>& rs,
-                                                                     std::uint64_t budget = 30 * kSecond) {
-    std::vector<Status> states(rs.size());
-    auto b = path->submit(rs, states);
-    std::vector<RequestCompletion> completions(rs.size());
-    const Status s = path->progress(b, completions, budget);
-    REQUIRE_MESSAGE(s.is_ok(), s.to_string());
-    return {states, completions};
+    t.logical_size = (shard_bytes / unit) * unit * drives.size();
+    return open_or_fail(std::move(t));
   }
   /// The device byte of logical byte x (placement, then shard d's extents).
   std::pair<std::uint32_t, std::uint64_t> device_byte(std::uint64_t x, std::uint64_t unit) const {
-    const auto n = static_cast<std::uint32_t>(controllers.size());
+    const auto n = static_cast<std::uint32_t>(drives.size());
     const std::uint64_t u = x / unit, shard_offset = (u / n) * unit + x % unit;
     const std::uint64_t count = shard_bytes / kChunk, j = shard_offset / kChunk;
     const std::uint32_t d = static_cast<std::uint32_t>(u % n);
@@ -132,7 +91,7 @@ struct Rig {
     for (std::uint64_t at = x; at < x + length;) {
       const std::uint64_t step = std::min<std::uint64_t>(x + length, (at / 4096 + 1) * 4096) - at;
       const auto [d, device_offset] = device_byte(at, unit);
-      auto part = tutti::testing::read_file(backing[d], device_offset, step);
+      auto part = tutti::testing::read_file(drives[d]->backing, device_offset, step);
       out.insert(out.end(), part.begin(), part.end());
       at += step;
     }
@@ -140,10 +99,7 @@ struct Rig {
   }
 
   std::uint64_t shard_bytes;
-  std::vector<std::string> backing;
-  std::vector<std::shared_ptr<libnvm::SoftController>> devices;
-  std::vector<std::unique_ptr<nvme::Controller>> controllers;
-  std::optional<Path> path;
+  std::vector<std::unique_ptr<tutti::testing::SoftDrive>> drives;
 };
 
 }  // namespace
@@ -300,7 +256,7 @@ TEST_CASE("several striped targets in one batch, and a flush reaches every contr
   CHECK(std::vector<std::uint8_t>(buffer.bytes() + (1 << 20), buffer.bytes() + (2 << 20)) ==
         rig.expected(128 << 10, 1 << 20, 256 << 10));
   CHECK(done[2].commands == 3);
-  for (const auto& d : rig.devices) CHECK(d->counters().flush_commands == 1);
+  for (const auto& d : rig.drives) CHECK(d->device->counters().flush_commands == 1);
   CHECK(rig.path->close(small).is_ok());
   CHECK(rig.path->close(large).is_ok());
   CHECK(rig.path->unregister_memory(m).is_ok());
@@ -318,7 +274,7 @@ TEST_CASE("eight controllers in null mode: every unit piece reaches its controll
   REQUIRE(done[1].status.is_ok());
   CHECK(done[0].confirmed_bytes == 8 << 20);
   CHECK(done[0].commands == 512);
-  for (std::uint32_t d = 0; d < 8; ++d) CHECK(rig.devices[d]->counters().read_commands == (d < 2 ? 65u : 64u));
+  for (std::uint32_t d = 0; d < 8; ++d) CHECK(rig.drives[d]->device->counters().read_commands == (d < 2 ? 65u : 64u));
   CHECK(rig.path->close(t).is_ok());
   CHECK(rig.path->unregister_memory(m).is_ok());
 }
@@ -330,7 +286,7 @@ TEST_CASE("one controller failing with an error status (DNR set) fails exactly t
   auto t = rig.open(64 << 10);
   libnvm::SoftFaultRule rule;  // Unrecovered Read Error, DNR 1: no retry may hide it
   rule.max_fires = 0;
-  rig.devices[2]->inject_fault(rule);
+  rig.drives[2]->device->inject_fault(rule);
   // Units 0..3 are on controllers 0..3: a request over units 0-1, one over 2, one over 3-5.
   auto [states, done] = rig.run({Rig::request(Direction::READ, m, buffer, 0, t, 0, 128 << 10),
                                  Rig::request(Direction::READ, m, buffer, 1 << 20, t, 128 << 10, 64 << 10),
@@ -344,7 +300,7 @@ TEST_CASE("one controller failing with an error status (DNR set) fails exactly t
   CHECK(done[1].confirmed_bytes == 0);
   CHECK(done[1].status.message().find("controller 2") != std::string::npos);
   CHECK(done[2].status.is_ok());
-  CHECK(rig.devices[2]->counters().injected_faults == 1);
+  CHECK(rig.drives[2]->device->counters().injected_faults == 1);
   CHECK(rig.path->close(t).is_ok());
   CHECK(rig.path->unregister_memory(m).is_ok());
 }
@@ -359,7 +315,7 @@ TEST_CASE("one controller losing its completions times out only the requests tha
   libnvm::SoftFaultRule rule;
   rule.action = libnvm::SoftFaultRule::Action::lose_completion;
   rule.max_fires = 0;
-  rig.devices[1]->inject_fault(rule);
+  rig.drives[1]->device->inject_fault(rule);
   const auto start = accel::timer_ns();
   // Units 0, 2, 3 and 4 avoid controller 1; the second request's second piece (unit 5) is on it.
   auto [states, done] = rig.run({Rig::request(Direction::READ, m, buffer, 0, t, 0, 64 << 10),
