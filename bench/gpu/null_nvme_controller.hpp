@@ -59,18 +59,9 @@ class NullNvmeController final : public test::AgentNvmeController {
   /// The null controller's view of queue pair `qid` (for the servicing agent), or an empty view.
   test::NullControllerQueue controller_view(std::uint16_t qid) const {
     std::scoped_lock lock(mutex_);
-    test::NullControllerQueue view;
     const auto found = queues_.find(qid);
-    if (found == queues_.end()) return view;
-    const QueuePair& q = found->second;
-    view.sq = q.info.submission_queue;
-    view.cq = q.info.completion_queue;
-    view.sq_tail_doorbell = q.info.submission_queue_tail_doorbell;
-    view.cq_head_doorbell = q.info.completion_queue_head_doorbell;
-    view.depth = q.info.depth;
-    view.qid = qid;
-    view.state = static_cast<test::NullControllerState*>(q.state());
-    return view;
+    if (found == queues_.end()) return test::NullControllerQueue{};
+    return queue_view<test::NullControllerQueue>(qid, found->second);
   }
 
  private:

@@ -205,6 +205,21 @@ class AgentNvmeController : public nvme::Controller {
     void* state() const noexcept { return words.as<char>() + kQueueState; }
   };
 
+  /// A servicing agent's view of queue pair `qid` (a trivially copyable struct with the members sq,
+  /// cq, sq_tail_doorbell, cq_head_doorbell, depth, qid and a `state` pointer to the per-queue state).
+  template <class View>
+  static View queue_view(std::uint16_t qid, const QueuePair& q) {
+    View v;
+    v.sq = q.info.submission_queue;
+    v.cq = q.info.completion_queue;
+    v.sq_tail_doorbell = q.info.submission_queue_tail_doorbell;
+    v.cq_head_doorbell = q.info.completion_queue_head_doorbell;
+    v.depth = q.info.depth;
+    v.qid = qid;
+    v.state = static_cast<decltype(v.state)>(q.state());
+    return v;
+  }
+
   /// Bytes of controller-private command memory per queue entry (QueuePair::commands; 0: none).
   virtual std::size_t command_bytes_per_entry() const noexcept { return 0; }
   /// Writes a new queue pair's initial per-queue state at `state` (agent memory).

@@ -408,14 +408,7 @@ class DriveNvmeController final : public test::AgentNvmeController {
     std::scoped_lock lock(mutex_);
     std::vector<DriveQueueView> out;
     for (const auto& [qid, q] : queues_) {
-      DriveQueueView v;
-      v.sq = q.info.submission_queue;
-      v.cq = q.info.completion_queue;
-      v.sq_tail_doorbell = q.info.submission_queue_tail_doorbell;
-      v.cq_head_doorbell = q.info.completion_queue_head_doorbell;
-      v.depth = q.info.depth;
-      v.qid = qid;
-      v.state = static_cast<DriveQueueState*>(q.state());
+      DriveQueueView v = queue_view<DriveQueueView>(qid, q);
       v.commands = q.commands.as<DriveCommand>();
       v.controller = state_.as<DriveControllerState>();
       out.push_back(v);
