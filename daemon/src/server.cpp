@@ -121,6 +121,10 @@ class Server {
   std::map<std::uint64_t, Lease> leases_;
   std::uint64_t next_lease_ = 1;
   int listen_fd_ = -1, signal_fd_ = -1;
+  /// A descriptor held in reserve (/dev/null): when accept fails with EMFILE or ENFILE, it is closed
+  /// to accept and close the waiting connection, then taken again. Without it the pending
+  /// connection keeps the listening socket readable and poll() returns at once, forever.
+  int spare_fd_ = -1;
   bool draining_ = false, stopping_ = false;
   std::uint64_t drain_deadline_ns_ = 0;
   std::string drain_reason_;
@@ -141,6 +145,7 @@ Server::~Server() {
     ::unlink(config_.socket_path.c_str());
   }
   if (signal_fd_ >= 0) ::close(signal_fd_);
+  if (spare_fd_ >= 0) ::close(spare_fd_);
 }
 
 // Restart policy (docs/daemon.md, "Restart"): revoke all and tell. A soft controller lives in the daemon's
@@ -233,6 +238,9 @@ Status Server::start() {
     return error(StatusCode::INTERNAL, "sigprocmask: {}", std::strerror(errno));
   signal_fd_ = ::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signal_fd_ < 0) return error(StatusCode::INTERNAL, "signalfd: {}", std::strerror(errno));
+  spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (spare_fd_ < 0)
+    return error(StatusCode::INTERNAL, "open /dev/null (the spare descriptor): {}", std::strerror(errno));
   TUTTI_RETURN_IF_ERROR(adopt_or_revoke_previous_state());
   // Bring-up, in the configured order. A controller that fails stays listed (state failed, its error):
   // leases on it are refused with "unavailable", the others serve.
@@ -276,7 +284,19 @@ void Server::send(int fd, const json& message, const std::vector<int>& fds) {
 void Server::accept_client() {
   for (;;) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;
+    if (fd < 0) {
+      const int accept_errno = errno;
+      if ((accept_errno == EMFILE || accept_errno == ENFILE) && spare_fd_ >= 0) {
+        // Out of descriptors: refuse the waiting connection with the spare one (see spare_fd_).
+        ::close(spare_fd_);
+        const int refused = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (refused >= 0) ::close(refused);
+        spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        say("refused a connection: out of file descriptors ({})", accept_errno == ENFILE ? "ENFILE" : "EMFILE");
+        if (refused >= 0) continue;
+      }
+      return;
+    }
     if (clients_.size() >= kMaxConnections) {  // a member of the socket's group cannot exhaust the daemon's fds
       say("refused a connection: {} connections open (the limit)", clients_.size());
       ::close(fd);
@@ -291,9 +311,17 @@ void Server::accept_client() {
       continue;
     }
     client.peer = {credentials.pid, credentials.uid, credentials.gid, {}};
+    // SO_PEERGROUPS fails with ERANGE and sets the length it needs when the buffer is short (more
+    // than 256 supplementary groups, up to NGROUPS_MAX 65536): ask again with that size.
     std::vector<gid_t> groups(256);
     socklen_t groups_length = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &groups_length) == 0) {
+    int got = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &groups_length);
+    if (got != 0 && errno == ERANGE && groups_length > groups.size() * sizeof(gid_t)) {
+      groups.resize(groups_length / sizeof(gid_t));
+      groups_length = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+      got = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &groups_length);
+    }
+    if (got == 0) {
       groups.resize(groups_length / sizeof(gid_t));
       client.peer.groups = groups;
     }

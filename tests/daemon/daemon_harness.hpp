@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -60,7 +61,10 @@ class TestDaemon {
  public:
   /// `controller_keys`: extra keys of the soft controller's object; `socket_keys`: extra keys of "socket".
   /// `grace_ms`: shutdown_grace_ms.
-  explicit TestDaemon(std::string controller_keys = "", std::string socket_keys = "", int grace_ms = 400) {
+  /// `open_files_limit`: RLIMIT_NOFILE of the daemon (0: inherited).
+  explicit TestDaemon(std::string controller_keys = "", std::string socket_keys = "", int grace_ms = 400,
+                      rlim_t open_files_limit = 0)
+      : open_files_limit_(open_files_limit) {
     dir_ = std::filesystem::temp_directory_path() / fmt::format("tuttid-test-{}-{}", ::getpid(), counter()++);
     std::filesystem::create_directories(dir_);
     ::chmod(dir_.c_str(), 0755);
@@ -95,6 +99,10 @@ class TestDaemon {
     if (pid_ == 0) {
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       ::dup2(fd, 2);
+      if (open_files_limit_ != 0) {
+        const rlimit limit{open_files_limit_, open_files_limit_};
+        if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(126);
+      }
       ::execl(binary.c_str(), binary.c_str(), "--config", config.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
@@ -145,6 +153,7 @@ class TestDaemon {
   std::filesystem::path dir_;
   std::string config_text_;
   pid_t pid_ = -1;
+  rlim_t open_files_limit_ = 0;
 };
 
 inline json acquire_request(std::uint32_t queues, std::uint64_t pinned_bytes = 4096) {

@@ -10,7 +10,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <set>
+#include <sstream>
 
 #include <tutti/nvme/commands.hpp>
 #include <tutti/nvme/opcodes.hpp>
@@ -388,6 +391,46 @@ TEST_CASE("a second tuttid on the same socket refuses to start, and leaves the f
   while ((n = std::fread(buffer, 1, sizeof buffer, p)) > 0) out.append(buffer, n);
   CHECK(WEXITSTATUS(::pclose(p)) == 1);
   CHECK(out.find("another tuttid listens on") != std::string::npos);
+  CHECK(d.call({{"tutti", 1}, {"op", "status"}})["ok"] == true);
+}
+
+/// CPU time (user + system) of process `pid` in clock ticks, from /proc/PID/stat (fields 14 and 15).
+std::uint64_t cpu_ticks(pid_t pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));  // from field 3, after "pid (comm) "
+  std::string field;
+  std::uint64_t ticks = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i)
+    if (i >= 14) ticks += std::stoull(field);
+  return ticks;
+}
+
+TEST_CASE("out of file descriptors, tuttid refuses new connections without spinning and serves again once some close") {
+  TestDaemon d("", "", 400, 48);  // a low RLIMIT_NOFILE for the daemon
+  std::vector<Connection> held;
+  bool refused = false;
+  for (int i = 0; i < 80 && !refused; ++i) {
+    auto c = Connection::connect(d.socket_path());
+    REQUIRE(c.is_ok());  // the kernel queues the connection whether or not tuttid can accept it
+    auto status = c->call({{"tutti", 1}, {"op", "status"}}, 2'000'000'000ull);
+    if (!status.is_ok())
+      refused = true;  // accepted with the spare descriptor and closed at once
+    else
+      held.push_back(std::move(*c));
+  }
+  REQUIRE_MESSAGE(refused, "tuttid never ran out of descriptors with RLIMIT_NOFILE 48: " << d.log_text());
+  CHECK(d.log_text().find("refused a connection: out of file descriptors (EMFILE)") != std::string::npos);
+  // One more connection waits in the backlog while tuttid is out of descriptors; before the spare
+  // descriptor, poll() then returned at once forever (a busy loop). Over 2 s it must stay mostly idle.
+  auto waiting = Connection::connect(d.socket_path());
+  REQUIRE(waiting.is_ok());
+  const std::uint64_t before = cpu_ticks(d.pid());
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const std::uint64_t used = cpu_ticks(d.pid()) - before;
+  CHECK_MESSAGE(used < static_cast<std::uint64_t>(::sysconf(_SC_CLK_TCK)), "tuttid used " << used << " ticks in 2 s");
+  held.clear();  // descriptors come back to tuttid
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   CHECK(d.call({{"tutti", 1}, {"op", "status"}})["ok"] == true);
 }
 
