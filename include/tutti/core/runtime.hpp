@@ -642,7 +642,13 @@ class StorageRuntime {
   struct IoEntry {
     /// An IO of `requests` requests: the arena is sized so that every bucket's arrays fit in its first
     /// block, which it allocates on first use (an IO of no request allocates nothing there).
-    explicit IoEntry(std::size_t requests) : arena(arena_bytes(requests)), parts(Bucket<Backends>(&arena)...) {}
+    /// Each bucket is built in place from the arena (no Bucket is moved: moving one moves its empty
+    /// std::optional batch, which GCC 12 under -O2 with ASan flags as maybe-uninitialized).
+    explicit IoEntry(std::size_t requests) : arena(arena_bytes(requests)), parts(arena_for<Backends>(&arena)...) {}
+    template <class>
+    static std::pmr::memory_resource* arena_for(std::pmr::memory_resource* resource) {
+      return resource;
+    }
     static std::size_t arena_bytes(std::size_t requests) {
       constexpr std::size_t kAlignmentRoom = 4 * kBackends * alignof(std::max_align_t) + 256;  // + the block header
       return (... + (std::min<std::size_t>(requests, Backends::datapath_type::capabilities.max_batch_requests) *
