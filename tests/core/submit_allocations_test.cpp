@@ -94,9 +94,10 @@ class UncountedMemfs : public memfs::MemfsDataPath {
       forwarded.push_back({r.direction, r.memory, r.memory_view, r.memory_offset, r.target, r.target_offset, r.length});
     return inner_type::submit(forwarded, states);
   }
-  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
+  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns,
+                  ProgressUntil until = ProgressUntil::ALL) {
     NotCounted pause;
-    return inner_type::progress(b, completions, timeout_ns);
+    return inner_type::progress(b, completions, timeout_ns, until);
   }
 };
 static_assert(DataPath<UncountedMemfs>);

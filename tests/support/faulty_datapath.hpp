@@ -3,6 +3,8 @@
 //   - reject the request at a chosen position of every submit (RESOURCE_EXHAUSTED),
 //   - fail progress() itself (DEVICE_ERROR: outcome unknown, IO stays in flight),
 //   - hold every completion behind a gate until the test opens it (IO stays in flight),
+//   - meter completions: pass on one completed request per credit the test releases, so requests
+//     complete one at a time, when the test says (release_completions),
 //   - fail a request after N bytes (DATA_LOSS with confirmed_bytes = N, as a short transfer),
 //   - refuse unregister_memory with BUSY (a device that has not let go of the memory yet),
 //   - answer close() with TIMEOUT a number of times (a flush that did not finish in its budget).
@@ -28,13 +30,32 @@
 namespace tutti::testing {
 
 struct Faults {
-  std::atomic<long> reject_at_position{-1};     ///< Position in each submit's span to reject; -1 none.
-  std::atomic<bool> fail_progress{false};       ///< progress() returns DEVICE_ERROR.
-  std::atomic<long long> fail_after_bytes{-1};  ///< Requests longer than this fail with DATA_LOSS; -1 none.
-  std::atomic<std::uint32_t> device_status{0};  ///< Raw device status reported with injected failures.
-  std::atomic<bool> unregister_busy{false};     ///< unregister_memory says the device still uses the memory.
-  std::atomic<int> close_timeouts{0};           ///< The next N close() calls return TIMEOUT, target left open.
-  std::atomic<int> closes{0};                   ///< close() calls that reached the inner DataPath (released a target).
+  std::atomic<long> reject_at_position{-1};      ///< Position in each submit's span to reject; -1 none.
+  std::atomic<bool> fail_progress{false};        ///< progress() returns DEVICE_ERROR.
+  std::atomic<long long> fail_after_bytes{-1};   ///< Requests longer than this fail with DATA_LOSS; -1 none.
+  std::atomic<std::uint32_t> device_status{0};   ///< Raw device status reported with injected failures.
+  std::atomic<bool> unregister_busy{false};      ///< unregister_memory says the device still uses the memory.
+  std::atomic<int> close_timeouts{0};            ///< The next N close() calls return TIMEOUT, target left open.
+  std::atomic<int> closes{0};                    ///< close() calls that reached the inner DataPath (released a target).
+  std::atomic<bool> metered{false};              ///< progress() passes on one completion per credit (below).
+  std::atomic<std::uint64_t> progress_calls{0};  ///< progress() calls so far (every mode, every batch).
+
+  /// Metered mode: lets progress() pass on n more completed requests (it waits for a credit within
+  /// its budget when it has a completion to pass on and none is left).
+  void release_completions(std::uint32_t n) {
+    {
+      std::scoped_lock lock(mutex);
+      credits += n;
+    }
+    cv.notify_all();
+  }
+  bool take_credit(std::uint64_t timeout_ns) {
+    std::unique_lock lock(mutex);
+    const std::uint64_t budget = std::min<std::uint64_t>(timeout_ns, std::uint64_t{1} << 62);  // no chrono overflow
+    if (!cv.wait_for(lock, std::chrono::nanoseconds(budget), [&] { return credits > 0; })) return false;
+    --credits;
+    return true;
+  }
 
   /// Holds completions back until open_gate(); progress honours its time budget meanwhile.
   void close_gate() {
@@ -57,6 +78,7 @@ struct Faults {
   std::mutex mutex;
   std::condition_variable cv;
   bool gate_open = true;
+  std::uint64_t credits = 0;
 };
 
 class FaultyDataPath {
@@ -70,6 +92,9 @@ class FaultyDataPath {
     std::vector<std::size_t> inner_to_outer;  // inner span position -> our span position
     std::vector<std::uint64_t> lengths;       // per inner position
     std::vector<RequestCompletion> scratch;
+    std::vector<bool> passed;  // per inner position: copied into the caller's completions
+    std::size_t passed_count = 0;
+    std::size_t accepted = 0;  // requests the inner DataPath accepted
   };
   static constexpr std::string_view name = "faulty";
   static constexpr Capabilities capabilities = [] {
@@ -116,17 +141,33 @@ class FaultyDataPath {
     }
     std::vector<Status> inner_states(forwarded.size());
     b.inner = inner_.submit(forwarded, inner_states);
-    for (std::size_t j = 0; j < forwarded.size(); ++j) states[b.inner_to_outer[j]] = inner_states[j];
+    for (std::size_t j = 0; j < forwarded.size(); ++j) {
+      states[b.inner_to_outer[j]] = inner_states[j];
+      b.accepted += inner_states[j].is_ok() ? 1 : 0;
+    }
     b.scratch.resize(forwarded.size());
+    b.passed.resize(forwarded.size());
     return b;
   }
 
-  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
+  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns,
+                  ProgressUntil until = ProgressUntil::ALL) {
+    faults_->progress_calls.fetch_add(1);
     if (faults_->fail_progress.load()) return Status(StatusCode::DEVICE_ERROR, "injected progress failure");
+    const std::uint64_t deadline = deadline_after_ns(timeout_ns);
     if (!faults_->wait_gate(timeout_ns)) return Status(StatusCode::NOT_READY, "gate closed");
-    Status s = inner_.progress(b.inner, b.scratch, timeout_ns);
+    const bool metered = faults_->metered.load();
+    // Metered: the inner DataPath (a memory copy) finishes everything it can within the budget; what
+    // it finished is then passed on one credit at a time.
+    Status s = inner_.progress(b.inner, b.scratch, remaining_ns(deadline), metered ? ProgressUntil::ALL : until);
+    if (!s.is_ok() && s.code() != StatusCode::NOT_READY) return s;
+    std::size_t passed_now = 0;
     for (std::size_t j = 0; j < b.scratch.size(); ++j) {
-      if (!b.scratch[j].done) continue;
+      if (!b.scratch[j].done || b.passed[j]) continue;
+      if (metered) {
+        if (until == ProgressUntil::SOME && passed_now > 0) break;  // SOME: one new completion is enough
+        if (!faults_->take_credit(remaining_ns(deadline))) break;
+      }
       RequestCompletion c = b.scratch[j];
       const long long limit = faults_->fail_after_bytes.load();
       if (limit >= 0 && b.lengths[j] > static_cast<std::uint64_t>(limit)) {
@@ -135,8 +176,11 @@ class FaultyDataPath {
         c.device_status = faults_->device_status.load();
       }
       completions[b.inner_to_outer[j]] = c;
+      b.passed[j] = true;
+      ++b.passed_count;
+      ++passed_now;
     }
-    return s;
+    return b.passed_count == b.accepted ? Status::success() : Status(StatusCode::NOT_READY, "batch in flight");
   }
 
  private:

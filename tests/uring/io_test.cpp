@@ -3,10 +3,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
+
+#include <tutti/core/clock.hpp>
 
 #include "uring_test_support.hpp"
 
@@ -371,6 +377,123 @@ TEST_CASE("the DataPath itself refuses unregister and close while its commands a
   CHECK(matches_pattern(b.get(), 0, 8 * 4096, 14));
   CHECK(d.unregister_memory(*m).is_ok());
   CHECK(d.close(*t).is_ok());
+}
+
+namespace {
+
+/// A READ target over the read end of a pipe, built by hand (the file resolver opens regular files
+/// only): a READ of it stays in flight, polled by io_uring, until the test writes into the pipe.
+file::Target pipe_target(int read_end, std::uint64_t size) {
+  file::Target t;
+  t.fd = FileDescriptor(read_end);
+  t.path = "pipe (read end)";
+  t.filesystem = "pipefs";
+  t.size = size;
+  return t;
+}
+
+/// Writes 4096 pattern bytes of `seed` into the pipe (one write of at most PIPE_BUF bytes is atomic,
+/// so a 4096-byte READ waiting on the pipe gets all of them at once).
+void feed_pipe(int write_end, std::uint32_t seed) {
+  std::vector<std::byte> bytes(4096);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = pattern_byte(i, seed);
+  REQUIRE(::write(write_end, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "progress(SOME) returns NOT_READY as soon as one request of a batch completed while another stays in flight; "
+    "ALL on the same batch waits for its whole budget") {
+  TempDirectory dir;
+  const auto path = dir.file("some");
+  write_pattern_file(path, 4096, 50);
+  // Declared so that they go in reverse: were a check to end the test with the pipe's READ held, the
+  // write end closes first (the READ ends at end of file, moving no byte), then the DataPath drains,
+  // then the buffer is freed.
+  AlignedBuffer b(2 * 4096);
+  uring::UringDataPath d = require_ok(uring::UringDataPath::create());
+  int ends[2] = {-1, -1};
+  REQUIRE(::pipe2(ends, O_CLOEXEC) == 0);
+  FileDescriptor write_end(ends[1]);
+  auto held = d.open(pipe_target(ends[0], 1 << 20), {});
+  REQUIRE_MESSAGE(held.is_ok(), held.status().to_string());
+  auto payload = file::FileResolver{}.resolve("file://" + path, {});
+  REQUIRE_MESSAGE(payload.is_ok(), payload.status().to_string());
+  auto file = d.open(std::move(payload).value(), {});
+  REQUIRE_MESSAGE(file.is_ok(), file.status().to_string());
+  auto m = d.register_memory(b.view());
+  REQUIRE(m.is_ok());
+  // Request 0 (the pipe) is held; request 1 (the regular file) completes at once. The held one comes
+  // first so that SOME cannot be satisfied by reporting the span in order.
+  const std::vector<PathRequest<uring::UringDataPath>> requests{
+      {Direction::READ, &*m, b.view(), 0, &*held, 0, 4096},
+      {Direction::READ, &*m, b.view(), 4096, &*file, 0, 4096},
+  };
+  std::vector<Status> states(requests.size());
+  auto batch = d.submit(requests, states);
+  REQUIRE(states[0].is_ok());
+  REQUIRE(states[1].is_ok());
+  std::vector<RequestCompletion> completions(requests.size());
+
+  // A watchdog feeds the pipe after 5 s unless SOME returned first. Were SOME to wait like ALL, the
+  // pipe's READ would then complete inside this call and it would return OK with both entries done.
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool returned = false;
+  bool fed = false;
+  std::thread watchdog([&] {
+    std::unique_lock lock(mutex);
+    if (!cv.wait_for(lock, std::chrono::seconds(5), [&] { return returned; })) {
+      feed_pipe(write_end.get(), 51);
+      fed = true;
+    }
+  });
+  const Status some = d.progress(batch, completions, 60 * kSecond, ProgressUntil::SOME);
+  {
+    std::lock_guard lock(mutex);
+    returned = true;
+  }
+  cv.notify_one();
+  watchdog.join();
+  REQUIRE_FALSE_MESSAGE(fed, "progress(SOME) did not return within 5 s of the regular file's READ completing");
+  REQUIRE_MESSAGE(some.code() == StatusCode::NOT_READY, some.to_string());
+  REQUIRE(completions[1].done);
+  CHECK_MESSAGE(completions[1].status.is_ok(), completions[1].status.to_string());
+  CHECK(completions[1].confirmed_bytes == 4096);
+  CHECK(matches_pattern(b.get() + 4096, 0, 4096, 50));
+  CHECK_FALSE(completions[0].done);
+
+  // ALL on the same batch: the pipe's READ is still held, so it waits out its whole budget, and the
+  // file's entry stays as written.
+  constexpr std::uint64_t kBudgetNs = 100'000'000;
+  std::uint64_t start = monotonic_ns();
+  const Status all = d.progress(batch, completions, kBudgetNs, ProgressUntil::ALL);
+  CHECK(monotonic_ns() - start >= kBudgetNs);
+  CHECK_MESSAGE(all.code() == StatusCode::NOT_READY, all.to_string());
+  CHECK_FALSE(completions[0].done);
+  CHECK(completions[1].done);
+  CHECK(completions[1].confirmed_bytes == 4096);
+
+  // SOME with nothing new: the file's completion was reported by an earlier call and does not count,
+  // so this call waits out its budget too.
+  start = monotonic_ns();
+  const Status nothing_new = d.progress(batch, completions, kBudgetNs, ProgressUntil::SOME);
+  CHECK(monotonic_ns() - start >= kBudgetNs);
+  CHECK_MESSAGE(nothing_new.code() == StatusCode::NOT_READY, nothing_new.to_string());
+  CHECK_FALSE(completions[0].done);
+
+  // Releasing the pipe completes the batch: OK, with the bytes written into the pipe.
+  feed_pipe(write_end.get(), 52);
+  const Status done = d.progress(batch, completions, 10 * kSecond, ProgressUntil::SOME);
+  REQUIRE_MESSAGE(done.is_ok(), done.to_string());
+  REQUIRE(completions[0].done);
+  CHECK_MESSAGE(completions[0].status.is_ok(), completions[0].status.to_string());
+  CHECK(completions[0].confirmed_bytes == 4096);
+  CHECK(matches_pattern(b.get(), 0, 4096, 52));
+  CHECK(d.unregister_memory(*m).is_ok());
+  CHECK(d.close(*held).is_ok());
+  CHECK(d.close(*file).is_ok());
 }
 
 TEST_CASE("an unaligned tail WRITE on O_DIRECT without a tail descriptor is rejected at submit, naming the file") {

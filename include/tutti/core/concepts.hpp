@@ -54,6 +54,15 @@ struct PathRequest {
   std::uint64_t length;         ///< Bytes; 0 for FLUSH.
 };
 
+/// How long one DataPath progress() call keeps waiting (requirement 6 of DataPath); the names follow
+/// MPI_Waitall / MPI_Waitsome, which StorageRuntime::wait / wait_some mirror.
+///  - ALL: until every accepted request of the batch completed, or the budget ran out.
+///  - SOME: until at least one request completed that no earlier progress call on the batch
+///    reported (already reported ones do not count), or every request completed, or the budget ran
+///    out: StorageRuntime::wait_some hands completions out as they arrive without slicing its wait.
+/// The return codes are the same in both: OK only when every accepted request completed.
+enum class ProgressUntil : std::uint8_t { ALL, SOME };
+
 /// A DataPath. Requirements:
 ///  1. types: `target_type` (the payload it opens), `open_target` (its state for one open target),
 ///     `registered_memory` (its state for one registration), `batch` (one submit's in-flight state);
@@ -64,10 +73,14 @@ struct PathRequest {
 ///     -> Status (only called with no IO in flight);
 ///  5. `submit(requests, states)` -> batch: never blocks; sets states[i] to OK (accepted) or to the
 ///     reason it rejected request i (RESOURCE_EXHAUSTED for backpressure); rejected requests never run;
-///  6. `progress(batch&, completions, timeout_ns)` -> Status: fills completions[i] (same indexing as
-///     the submitted span) of accepted requests as they complete; returns OK once all accepted requests
-///     completed, NOT_READY when the budget ran out first, any other code when progress itself failed
-///     (the requests then stay in flight and their memory registered);
+///  6. `progress(batch&, completions, timeout_ns, until)` -> Status: fills completions[i] (same
+///     indexing as the submitted span) of accepted requests as they complete, each once (an entry
+///     stays as written); waits at most timeout_ns (0: look once, never block) and, with
+///     until = ProgressUntil::SOME, returns as soon as it filled at least one entry no earlier call
+///     filled; returns OK once all accepted requests completed, NOT_READY when they have not (the
+///     budget ran out first, or SOME returned early), any other code when progress itself failed
+///     (the requests then stay in flight and their memory registered). The DataPaths in this tree
+///     default `until` to ProgressUntil::ALL for their own calls;
 ///  7. submit and progress on different batches may run concurrently from several threads.
 template <class D>
 concept DataPath = requires(D& d, typename D::target_type&& payload, const OpenOptions& options,
@@ -75,7 +88,7 @@ concept DataPath = requires(D& d, typename D::target_type&& payload, const OpenO
                             typename D::registered_memory& memory, const MemoryView& view,
                             std::span<const PathRequest<D>> requests, std::span<Status> states,
                             typename D::batch& batch, std::span<RequestCompletion> completions,
-                            std::uint64_t timeout_ns) {
+                            std::uint64_t timeout_ns, ProgressUntil until) {
   requires TargetPayload<typename D::target_type>;
   requires std::movable<typename D::open_target>;
   requires std::movable<typename D::registered_memory>;
@@ -88,7 +101,7 @@ concept DataPath = requires(D& d, typename D::target_type&& payload, const OpenO
   { d.register_memory(view) } -> std::same_as<Result<typename D::registered_memory>>;
   { d.unregister_memory(memory) } -> std::same_as<Status>;
   { d.submit(requests, states) } -> std::same_as<typename D::batch>;
-  { d.progress(batch, completions, timeout_ns) } -> std::same_as<Status>;
+  { d.progress(batch, completions, timeout_ns, until) } -> std::same_as<Status>;
 };
 
 /// Binds a Resolver to a DataPath. Compiles only when both agree on the payload type; otherwise

@@ -106,9 +106,11 @@ class StorageRuntime {
   static_assert(sizeof...(Backends) >= 1, "tutti::StorageRuntime needs at least one Backend<Resolver, DataPath>");
 
   static constexpr std::size_t kBackends = sizeof...(Backends);
-  /// wait_some()'s step: how long one DataPath progress call may wait before new completions are
-  /// handed out (a 1 MiB read at 10 GB/s takes 100 us).
-  static constexpr std::uint64_t kWaitSomeSliceNs = 100'000;
+  /// wait_some() on an IO with several unfinished backends waits on each in turn (advance): the first
+  /// turn, and the longest a turn grows to while nothing arrives, in ns. An IO on one backend never
+  /// takes turns: its DataPath's progress(ProgressUntil::SOME) waits for the whole budget.
+  static constexpr std::uint64_t kFirstTurnNs = 50'000;
+  static constexpr std::uint64_t kLongestTurnNs = 1'000'000;
   template <std::size_t I>
   using backend_at = std::tuple_element_t<I, std::tuple<Backends...>>;
   template <std::size_t I>
@@ -431,8 +433,9 @@ class StorageRuntime {
   /// checksum, while the IO's other requests are still in flight. A completion's status is judged as
   /// wait() judges it (success means every byte moved); `request_index` is the position in submit()'s
   /// input. The buffers of returned requests are no longer written by the device; those of the others
-  /// may be. wait() still returns the whole IoResult, and release() is still needed. Slices its wait
-  /// in steps of at most 100 us so that a completion is handed out within about that time.
+  /// may be. wait() still returns the whole IoResult, and release() is still needed. It does not
+  /// slice its wait: each DataPath waits in progress(ProgressUntil::SOME), which returns at the first
+  /// new completion; an IO on several backends waits on them in turns (see advance).
   /// Errors: bad handle, BUSY while another thread waits on the same IO, a DataPath progress error
   /// (the IO stays in flight). Thread-safe.
   Result<std::vector<RequestCompletion>> wait_some(IoHandle handle, std::uint64_t timeout_ns) {
@@ -442,21 +445,19 @@ class StorageRuntime {
     std::unique_lock guard((*io)->mutex, std::defer_lock);
     if (!guard.try_lock_for(as_duration(timeout_ns)))
       return error(StatusCode::BUSY, "{} is being waited on by another thread", handle.to_string());
+    Status s = advance(**io, remaining_ns(deadline), ProgressUntil::SOME);
+    if (!s.is_ok() && s.code() != StatusCode::TIMEOUT) return s;
     std::vector<RequestCompletion> out;
-    for (;;) {
-      Status s = advance(**io, std::min<std::uint64_t>(remaining_ns(deadline), kWaitSomeSliceNs));
-      if (!s.is_ok() && s.code() != StatusCode::TIMEOUT) return s;
-      detail::for_each_index<kBackends>([&](auto I) {
-        auto& bucket = std::get<I>((*io)->parts);
-        for (std::size_t k = 0; k < bucket.staged.size(); ++k) {
-          Staged& staged = bucket.staged[k];
-          if (!staged.accepted || staged.handed_out || !bucket.completions[k].done) continue;
-          staged.handed_out = true;
-          out.push_back(judged<I>(bucket, k));
-        }
-      });
-      if (!out.empty() || (*io)->complete || remaining_ns(deadline) == 0) return out;
-    }
+    detail::for_each_index<kBackends>([&](auto I) {
+      auto& bucket = std::get<I>((*io)->parts);
+      for (std::size_t k = 0; k < bucket.staged.size(); ++k) {
+        Staged& staged = bucket.staged[k];
+        if (!staged.accepted || staged.handed_out || !bucket.completions[k].done) continue;
+        staged.handed_out = true;
+        out.push_back(judged<I>(bucket, k));
+      }
+    });
+    return out;
   }
 
   /// Frees a completed IO's handle. Errors: bad handle, BUSY while its requests are in flight.
@@ -641,7 +642,13 @@ class StorageRuntime {
   struct IoEntry {
     /// An IO of `requests` requests: the arena is sized so that every bucket's arrays fit in its first
     /// block, which it allocates on first use (an IO of no request allocates nothing there).
-    explicit IoEntry(std::size_t requests) : arena(arena_bytes(requests)), parts(Bucket<Backends>(&arena)...) {}
+    /// Each bucket is built in place from the arena (no Bucket is moved: moving one moves its empty
+    /// std::optional batch, which GCC 12 under -O2 with ASan flags as maybe-uninitialized).
+    explicit IoEntry(std::size_t requests) : arena(arena_bytes(requests)), parts(arena_for<Backends>(&arena)...) {}
+    template <class>
+    static std::pmr::memory_resource* arena_for(std::pmr::memory_resource* resource) {
+      return resource;
+    }
     static std::size_t arena_bytes(std::size_t requests) {
       constexpr std::size_t kAlignmentRoom = 4 * kBackends * alignof(std::max_align_t) + 256;  // + the block header
       return (... + (std::min<std::size_t>(requests, Backends::datapath_type::capabilities.max_batch_requests) *
@@ -861,31 +868,105 @@ class StorageRuntime {
     return state_->ios.owner(handle, "io");
   }
 
-  /// Drives an IO's DataPath batches for up to budget_ns (io->mutex held). OK once complete; TIMEOUT
-  /// when not complete in time; a DataPath's progress error otherwise.
-  Status advance(IoEntry& io, std::uint64_t budget_ns) {
+  /// Drives an IO's DataPath batches for up to budget_ns (io->mutex held). until = ALL: OK once the
+  /// IO is complete. until = SOME (wait_some): OK once it is complete or a completion that wait_some
+  /// has not handed out is there. TIMEOUT when neither happened in time; a DataPath's progress error
+  /// otherwise (other backends' completions reaped before it stay recorded).
+  ///
+  /// An IO that spans several backends: no single DataPath call can wait on two devices, so each
+  /// round first asks every unfinished backend for what is ready without waiting (timeout 0), so a
+  /// later backend's completions are reaped however long an earlier one takes; then it waits:
+  ///  - with one backend unfinished, or until = ALL (wait() needs every backend anyway, so waiting
+  ///    on the first unfinished one for the whole remaining budget loses nothing: the next round
+  ///    reaps the others), on that backend for the whole remaining budget;
+  ///  - with until = SOME and several unfinished, on each in turn for a turn that starts at
+  ///    kFirstTurnNs and doubles up to kLongestTurnNs while nothing arrives, so a completion on any
+  ///    backend is handed out within about (backends x kLongestTurnNs) and an idle wait costs at
+  ///    most a few wake-ups per millisecond, instead of every backend getting an equal share of the
+  ///    budget (which would leave a later backend unwatched for seconds).
+  /// A runtime with one backend, or an IO on one backend, never slices: one progress call waits.
+  Status advance(IoEntry& io, std::uint64_t budget_ns, ProgressUntil until = ProgressUntil::ALL) {
     if (io.complete) return Status::success();
     const std::uint64_t deadline = deadline_after_ns(budget_ns);
+    std::uint64_t turn_ns = kFirstTurnNs;
+    for (bool waited = false;; waited = true) {
+      std::size_t unfinished = unfinished_backends(io);
+      if (unfinished > 1) {
+        TUTTI_RETURN_IF_ERROR(progress_backends(io, kBackends, 0, until, [] { return false; }));
+        unfinished = unfinished_backends(io);
+      }
+      if (unfinished == 0) {
+        finish(io);
+        return Status::success();
+      }
+      if (until == ProgressUntil::SOME && has_unhanded_completion(io)) return Status::success();
+      const std::uint64_t left = remaining_ns(deadline);
+      if (waited && left == 0) return error(StatusCode::TIMEOUT, "IO not complete after {} ns", budget_ns);
+      if (unfinished == 1 || until == ProgressUntil::ALL) {
+        TUTTI_RETURN_IF_ERROR(progress_backends(io, first_unfinished_backend(io), left, until, [] { return false; }));
+      } else {
+        // Each unfinished backend in turn; stop the round as soon as one has something to hand out.
+        TUTTI_RETURN_IF_ERROR(progress_backends(io, kBackends, std::min(left, turn_ns), until,
+                                                [&] { return has_unhanded_completion(io); }));
+        turn_ns = std::min(turn_ns * 2, kLongestTurnNs);
+      }
+    }
+  }
+
+  /// Calls progress(timeout_ns, until) on backend `which` of the IO (kBackends: on every unfinished
+  /// backend in order, each with timeout_ns from its own call, stopping once `enough()`), marking the
+  /// buckets that complete. OK, or the first progress error other than NOT_READY.
+  template <class Enough>
+  Status progress_backends(IoEntry& io, std::size_t which, std::uint64_t timeout_ns, ProgressUntil until,
+                           Enough&& enough) {
     Status failure;
+    bool stop = false;
     detail::for_each_index<kBackends>([&](auto I) {
       auto& bucket = std::get<I>(io.parts);
-      if (!failure.is_ok() || bucket.complete || bucket.accepted == 0) {
-        if (bucket.accepted == 0) bucket.complete = true;
+      if (bucket.accepted == 0) bucket.complete = true;
+      if (stop || bucket.complete || (which != kBackends && which != I)) return;
+      Status s =
+          std::get<I>(state_->backends)
+              ->datapath.progress(*bucket.batch, std::span<RequestCompletion>(bucket.completions), timeout_ns, until);
+      if (s.is_ok()) {
+        bucket.complete = true;
+      } else if (s.code() != StatusCode::NOT_READY) {
+        failure = s.with_context(fmt::format("progress of backend '{}'", datapath_at<I>::name));
+        stop = true;
         return;
       }
-      Status s = std::get<I>(state_->backends)
-                     ->datapath.progress(*bucket.batch, std::span<RequestCompletion>(bucket.completions),
-                                         remaining_ns(deadline));
-      if (s.is_ok())
-        bucket.complete = true;
-      else
-        failure = s.code() == StatusCode::NOT_READY
-                      ? error(StatusCode::TIMEOUT, "IO not complete after {} ns", budget_ns)
-                      : s.with_context(fmt::format("progress of backend '{}'", datapath_at<I>::name));
+      stop = enough();
     });
-    if (!failure.is_ok()) return failure;
-    finish(io);
-    return Status::success();
+    return failure;
+  }
+
+  /// Backends of the IO whose part has not completed (a backend with no accepted request counts as complete).
+  std::size_t unfinished_backends(const IoEntry& io) const {
+    std::size_t n = 0;
+    detail::for_each_index<kBackends>([&](auto I) {
+      const auto& bucket = std::get<I>(io.parts);
+      n += bucket.accepted != 0 && !bucket.complete ? 1 : 0;
+    });
+    return n;
+  }
+  std::size_t first_unfinished_backend(const IoEntry& io) const {
+    std::size_t first = kBackends;
+    detail::for_each_index<kBackends>([&](auto I) {
+      const auto& bucket = std::get<I>(io.parts);
+      if (first == kBackends && bucket.accepted != 0 && !bucket.complete) first = I;
+    });
+    return first;
+  }
+
+  /// True when a request of the IO completed and wait_some has not handed it out yet.
+  static bool has_unhanded_completion(const IoEntry& io) {
+    bool found = false;
+    detail::for_each_index<kBackends>([&](auto I) {
+      const auto& bucket = std::get<I>(io.parts);
+      for (std::size_t k = 0; !found && k < bucket.staged.size(); ++k)
+        found = bucket.staged[k].accepted && !bucket.staged[k].handed_out && bucket.completions[k].done;
+    });
+    return found;
   }
 
   /// Request k of backend I's bucket as the caller sees it: its submit() index, and success only

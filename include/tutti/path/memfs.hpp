@@ -148,11 +148,15 @@ class MemfsDataPath {
     return batch{std::move(state)};
   }
 
-  /// Waits up to timeout_ns for the batch; OK when all accepted requests completed, else NOT_READY.
-  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
+  /// Waits up to timeout_ns for the batch (until = ALL) or for at least one request not reported
+  /// before (until = SOME; the worker signals each request as it finishes); OK when all accepted
+  /// requests completed, else NOT_READY.
+  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns,
+                  ProgressUntil until = ProgressUntil::ALL) {
     BatchState& s = *b.state;
     std::unique_lock lock(s.mutex);
-    s.done_cv.wait_for(lock, as_duration(timeout_ns), [&] { return s.remaining == 0; });
+    s.done_cv.wait_for(lock, as_duration(timeout_ns),
+                       [&] { return s.remaining == 0 || (until == ProgressUntil::SOME && !s.finished.empty()); });
     for (std::size_t j : s.finished) {
       const Work& w = s.work[j];
       RequestCompletion& c = completions[w.position];

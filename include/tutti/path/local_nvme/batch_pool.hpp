@@ -68,6 +68,14 @@ struct BatchSlot {
   /// reused or freed (kept alive forever, and it stays counted as in use).
   bool kernel_may_run = false;
 
+  /// True when the last reports copied back show an accepted request done that progress has not
+  /// reported yet (it completed at submit, or in a step of a call that returned before handling it).
+  bool has_unreported_done() const {
+    for (std::size_t i = 0; i < size; ++i)
+      if (reports[i].accepted && reports[i].done && !reported[i]) return true;
+    return false;
+  }
+
   /// Sizes the slot for `n` requests with `window` records each, reusing its capacity (allocates
   /// only when n exceeds the largest batch it served); `pin_capacity`: L1 entries the batch may
   /// pin. Only while no kernel runs over the slot. Errors, each naming the batch size, the array

@@ -296,8 +296,13 @@ class LocalNvmeDataPath {
   /// completed, NOT_READY when the budget ran out first; a failed kernel wait or copy (TIMEOUT /
   /// DEVICE_ERROR) abandons the batch to its kernel, and every later progress on it returns
   /// DEVICE_ERROR without launching. Each wait is bounded by command_timeout_ns plus the budget of
-  /// this DataPath's poll kernels queued ahead on the shared stream.
-  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
+  /// this DataPath's poll kernels queued ahead on the shared stream. until = ProgressUntil::SOME:
+  /// returns after the first step that completed a request (NOT_READY unless it was the last), and
+  /// each poll kernel stops polling as soon as one of its requests completes (PollKernel::
+  /// stop_at_first_done) instead of polling on for its whole budget; a request that completed at
+  /// submit and is not reported yet makes the first launch a one-pass kernel.
+  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns,
+                  ProgressUntil until = ProgressUntil::ALL) {
     if (!b.slot) return Status::success();  // nothing was accepted
     if (b.slot->kernel_may_run)
       // A wait failed earlier: a kernel may still run over this batch's state; launching another
@@ -314,11 +319,15 @@ class LocalNvmeDataPath {
     auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
     accel::Backoff backoff;
     raise_changed_targets(slot);  // changed files first: their kernel threads issue nothing more
+    const bool some = until == ProgressUntil::SOME;
+    bool report_waiting = some && slot.has_unreported_done();
     for (;;) {
       // ONE launch (polling on the accelerator for up to its budget) and ONE copy of the reports
       // back per step, then ONE bounded wait.
       const std::uint64_t now = accel::timer_ns();
-      const std::uint64_t budget = std::min(e.options.poll_kernel_budget_ns, deadline > now ? deadline - now : 0);
+      const std::uint64_t budget =
+          report_waiting ? 0 : std::min(e.options.poll_kernel_budget_ns, deadline > now ? deadline - now : 0);
+      report_waiting = false;
       {
         std::shared_lock gate(e.kernel_gate);  // no zombie reaping while this kernel may run
         if (budget != 0)
@@ -326,7 +335,8 @@ class LocalNvmeDataPath {
               accel::copy_to_device_async(stop_word, e.zero_word.data(), sizeof(std::uint64_t), stream)
                   .with_context("local_nvme: zeroing the poll kernel's stop word"));
         TUTTI_RETURN_IF_ERROR(launch_over(
-            e.options, n, PollKernel{device_requests, e.device_queues.data(), n, device_reports, stop_word, budget}));
+            e.options, n,
+            PollKernel{device_requests, e.device_queues.data(), n, device_reports, stop_word, budget, some}));
         e.poll_kernel_launches.fetch_add(1, std::memory_order_relaxed);
         const std::uint64_t in_flight = e.poll_launches_in_flight.fetch_add(1) + 1;  // this one and those ahead
         const PollLaunchCount counted{e.poll_launches_in_flight};
@@ -371,7 +381,8 @@ class LocalNvmeDataPath {
       }
       e.reap_zombies();
       if (all_done) return Status::success();
-      if (accel::timer_ns() >= deadline) return Status(StatusCode::NOT_READY, "local_nvme: batch still in flight");
+      if ((some && any_new) || accel::timer_ns() >= deadline)
+        return Status(StatusCode::NOT_READY, "local_nvme: batch still in flight");
       if (any_new || budget != 0) {
         backoff.reset();  // the kernel itself polled (or something completed): relaunch at once
       } else {

@@ -590,7 +590,11 @@ TUTTI_HOST_DEVICE inline std::uint64_t warp_poll_stop(std::uint64_t* stop_word, 
 /// the clock read where it runs, issue further commands, finish idle requests) until none of them
 /// is waiting, or one needs the host (a record timed_out or zombie: the Abort and the zombie
 /// hand-off are the host's), or the kernel-wide stop time (warp_poll_stop) has passed; then it
-/// writes the reports. budget_ns = 0: one pass, no stop word read. Between passes the warp backs
+/// writes the reports. With stop_at_first_done (ProgressUntil::SOME), a warp in which a request
+/// that was waiting at launch is now done stops, and sets the stop word to 1 (a time that has
+/// passed), which the other warps read on every pass: the kernel returns about one pass after the
+/// first completion instead of polling on for its budget. budget_ns = 0: one pass, no stop word
+/// read. Between passes the warp backs
 /// off with accel::Backoff (__nanosleep on a GPU). Every loop condition is a warp ballot, so the
 /// lanes stay convergent for the warp-collective steps. Same memory rules as AdmitKernel;
 /// `stop_word` in device memory (8 bytes, zeroed by the host before each launch with a budget).
@@ -600,11 +604,13 @@ struct PollKernel {
   std::uint64_t count = 0;
   RequestReport* reports = nullptr;  ///< count entries
   std::uint64_t* stop_word = nullptr;
-  std::uint64_t budget_ns = 0;  ///< how long the kernel may poll, ns on the kernels' clock
+  std::uint64_t budget_ns = 0;      ///< how long the kernel may poll, ns on the kernels' clock
+  bool stop_at_first_done = false;  ///< end every warp's polling once one request completes
   TUTTI_HOST_DEVICE void operator()(accel::ThreadIndex t) const noexcept {
     const std::uint64_t i = t.global();
     RequestState* r = i < count ? &requests[i] : nullptr;
-    const std::uint64_t stop = budget_ns == 0 ? 0 : warp_poll_stop(stop_word, budget_ns);
+    std::uint64_t stop = budget_ns == 0 ? 0 : warp_poll_stop(stop_word, budget_ns);
+    const bool waiting_at_launch = r != nullptr && r->accepted && !r->done;
     accel::Backoff backoff(
         accel::Backoff::Settings{.spin_steps = 4, .yield_steps = 4, .first_sleep_ns = 256, .max_sleep_ns = 8192});
     for (;;) {
@@ -620,6 +626,18 @@ struct PollKernel {
       const bool waiting = r != nullptr && r->accepted && !r->done;
       if (accel::warp_ballot(waiting) == 0 || accel::warp_ballot(host) != 0 || accel::warp_ballot(now >= stop) != 0)
         break;
+      if (stop_at_first_done && budget_ns != 0) {
+        if (accel::warp_ballot(waiting_at_launch && !waiting) != 0) {
+          if (accel::lane_id() == 0)
+            accel::DeviceAtomicRef<std::uint64_t>(*stop_word).store(1, accel::MemoryOrder::relaxed);
+          break;
+        }
+        std::uint64_t seen = 0;  // another warp's first completion ends this warp's polling too
+        if (accel::lane_id() == 0)
+          seen = accel::DeviceAtomicRef<std::uint64_t>(*stop_word).load(accel::MemoryOrder::relaxed);
+        stop = accel::warp_broadcast(seen, 0);
+        if (now >= stop) break;
+      }
       backoff.pause();
     }
     if (r != nullptr) write_report(*r, reports[i]);

@@ -489,8 +489,11 @@ class StripedNvmeDataPath {
   /// controller, Aborts and zombie hand-off between steps (as LocalNvmeDataPath::progress).
   /// completions[i] is filled once every piece of request i completed. OK when every accepted
   /// request completed, NOT_READY when the budget ran out first; a failed kernel wait or copy
-  /// abandons the batch (DEVICE_ERROR on every later progress).
-  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
+  /// abandons the batch (DEVICE_ERROR on every later progress). until = ProgressUntil::SOME: returns
+  /// after the first step that completed a request (all its pieces; NOT_READY unless it was the last),
+  /// and each poll kernel stops once one of its pieces completes (PollKernel::stop_at_first_done).
+  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns,
+                  ProgressUntil until = ProgressUntil::ALL) {
     if (!b.pieces.slot) return Status::success();
     local_nvme::BatchSlot& slot = *b.pieces.slot;
     if (slot.kernel_may_run)
@@ -507,9 +510,13 @@ class StripedNvmeDataPath {
     auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
     accel::Backoff backoff;
     raise_changed_targets(slot);
+    const bool some = until == ProgressUntil::SOME;
+    bool report_waiting = some && slot.has_unreported_done();  // a one-pass launch brings it back
     for (;;) {
       const std::uint64_t now = accel::timer_ns();
-      const std::uint64_t budget = std::min(s.options.poll_kernel_budget_ns, deadline > now ? deadline - now : 0);
+      const std::uint64_t budget =
+          report_waiting ? 0 : std::min(s.options.poll_kernel_budget_ns, deadline > now ? deadline - now : 0);
+      report_waiting = false;
       {
         Gates gates(s);
         TUTTI_RETURN_IF_ERROR(admit_deferred(slot, f));
@@ -517,9 +524,9 @@ class StripedNvmeDataPath {
           TUTTI_RETURN_IF_ERROR(
               accel::copy_to_device_async(stop_word, s.engines[0]->zero_word.data(), sizeof(std::uint64_t), stream)
                   .with_context("striped_nvme: zeroing the poll kernel's stop word"));
-        TUTTI_RETURN_IF_ERROR(local_nvme::launch_over(
-            s.options, m,
-            local_nvme::PollKernel{device_requests, s.device_table.data(), m, device_reports, stop_word, budget}));
+        TUTTI_RETURN_IF_ERROR(local_nvme::launch_over(s.options, m,
+                                                      local_nvme::PollKernel{device_requests, s.device_table.data(), m,
+                                                                             device_reports, stop_word, budget, some}));
         s.launches.fetch_add(1, std::memory_order_relaxed);
         const std::uint64_t in_flight = s.poll_in_flight.fetch_add(1) + 1;
         const local_nvme::PollLaunchCount counted{s.poll_in_flight};
@@ -533,6 +540,7 @@ class StripedNvmeDataPath {
       }
       bool all_done = true;
       bool any_new = false;
+      bool request_done = false;  // a request of the caller's span completed in this step (all its pieces)
       raise_changed_targets(slot);
       const bool deferral_over = accel::timer_ns() >= f.deferred_deadline;
       for (std::size_t j = 0; j < m; ++j) {
@@ -546,7 +554,10 @@ class StripedNvmeDataPath {
             local_nvme::detail::assign(f.refused[j], refusal(slot, f, j));
             slot.reported[j] = 1;
             const std::uint32_t i = f.request_of[j];
-            if (--f.remaining[i] == 0) completions[i] = gather(f, i);
+            if (--f.remaining[i] == 0) {
+              completions[i] = gather(f, i);
+              request_done = true;
+            }
             continue;
           } else {
             all_done = false;
@@ -571,11 +582,15 @@ class StripedNvmeDataPath {
         slot.reported[j] = 1;
         any_new = true;
         const std::uint32_t i = f.request_of[j];
-        if (--f.remaining[i] == 0) completions[i] = gather(f, i);
+        if (--f.remaining[i] == 0) {
+          completions[i] = gather(f, i);
+          request_done = true;
+        }
       }
       for (auto& e : s.engines) e->reap_zombies();
       if (all_done) return Status::success();
-      if (accel::timer_ns() >= deadline) return Status(StatusCode::NOT_READY, "striped_nvme: batch still in flight");
+      if ((some && request_done) || accel::timer_ns() >= deadline)
+        return Status(StatusCode::NOT_READY, "striped_nvme: batch still in flight");
       if (any_new || budget != 0) {
         backoff.reset();
       } else {

@@ -143,8 +143,9 @@ inline void Engine::finish(Command& c, Retired& retired) {
   }
 }
 
-/// Copies the finished requests of `b` into completions (completion mutex held).
-inline void Engine::report(BatchState& b, std::span<RequestCompletion> completions) {
+/// Copies the finished requests of `b` into completions (completion mutex held); returns how many.
+inline std::size_t Engine::report(BatchState& b, std::span<RequestCompletion> completions) {
+  const std::size_t reported = b.finished.size();
   for (std::uint32_t index : b.finished) {
     const RequestState& r = b.requests[index];
     RequestCompletion& c = completions[r.position];
@@ -155,10 +156,13 @@ inline void Engine::report(BatchState& b, std::span<RequestCompletion> completio
     c.done = true;
   }
   b.finished.clear();
+  return reported;
 }
 
-inline Status Engine::progress(BatchState& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
+inline Status Engine::progress(BatchState& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns,
+                               ProgressUntil until) {
   const std::uint64_t deadline = deadline_after_ns(timeout_ns);
+  const auto in_flight = [&] { return Status(StatusCode::NOT_READY, "uring batch in flight"); };
   for (;;) {
     std::unique_lock lock(completion_mutex, std::defer_lock);
     waiting_reapers.fetch_add(1);
@@ -168,16 +172,19 @@ inline Status Engine::progress(BatchState& b, std::span<RequestCompletion> compl
     bool staged_pending = false;
     reap();
     if constexpr (kStagesDeviceMemory) staged_pending = pump_staging();
-    report(b, completions);
+    // SOME: requests another thread's reaping completed count too (they are new to this caller).
+    bool some = report(b, completions) > 0 && until == ProgressUntil::SOME;
     if (b.remaining_requests == 0) return Status::success();
+    if (some) return in_flight();
     const std::uint64_t now = monotonic_ns();
-    if (now >= deadline) return Status(StatusCode::NOT_READY, "uring batch in flight");
+    if (now >= deadline) return in_flight();
     std::uint64_t slice = std::min(deadline - now, options.wait_slice_ns);
     if (staged_pending) slice = std::min<std::uint64_t>(slice, 20'000);  // copies complete without CQEs
     ring.wait_for_cqe(slice);
     reap();
-    report(b, completions);
+    some = report(b, completions) > 0 && until == ProgressUntil::SOME;
     if (b.remaining_requests == 0) return Status::success();
+    if (some) return in_flight();
     lock.unlock();
     if (waiting_reapers.load() > 0) std::this_thread::yield();  // let another batch's caller reap
   }

@@ -245,10 +245,14 @@ class UringDataPath {
     return batch{engine_->submit(requests, states)};
   }
 
-  /// Reaps completions until every accepted request of `b` completed (OK) or timeout_ns ran out
-  /// (NOT_READY). Fills completions[i] for each request i of `b` that completed since the last call.
-  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns) {
-    return engine_->progress(*b.state, completions, timeout_ns);
+  /// Reaps completions until every accepted request of `b` completed (OK), or timeout_ns ran out
+  /// (NOT_READY), or, with until = ProgressUntil::SOME, at least one request of `b` completed since
+  /// the last call (NOT_READY unless that was the last one): it waits on the CQ
+  /// (io_uring_wait_cqe_timeout) for the next CQE and then drains every CQE that is ready. Fills
+  /// completions[i] for each request i of `b` that completed since the last call.
+  Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns,
+                  ProgressUntil until = ProgressUntil::ALL) {
+    return engine_->progress(*b.state, completions, timeout_ns, until);
   }
 
  private:

@@ -98,8 +98,9 @@ struct Engine {
   void complete(Command& c, int res, std::vector<Command*>& resubmit, Retired& retired);
   void chunk_transferred(Command& c, Retired& retired);
   void finish(Command& c, Retired& retired);
-  static void report(BatchState& b, std::span<RequestCompletion> completions);
-  Status progress(BatchState& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns);
+  static std::size_t report(BatchState& b, std::span<RequestCompletion> completions);
+  Status progress(BatchState& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns,
+                  ProgressUntil until = ProgressUntil::ALL);
   bool drain(std::uint64_t timeout_ns);
 
   // --- staging_pipeline.hpp (every caller guards these with if constexpr (kStagesDeviceMemory)) --
