@@ -282,6 +282,7 @@ void Server::send(int fd, const json& message, const std::vector<int>& fds) {
 }
 
 void Server::accept_client() {
+  if (spare_fd_ < 0) spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // a failed reopen is retried here
   for (;;) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {

@@ -340,6 +340,13 @@ TEST_CASE("create and open refuse what they cannot serve, naming the value and t
   REQUIRE_FALSE(none.is_ok());
   CHECK(none.status().code() == StatusCode::INVALID_ARGUMENT);
   CHECK(none.status().message().find("0 controllers; expected 1 to 64") != std::string::npos);
+  nvme::Controller* const unused[1] = {nullptr};
+  Path::Options prepared;
+  prepared.prepared_batches = 2;
+  prepared.prepared_batch_requests = 8;
+  auto refused_prepared = Path::create(std::span<nvme::Controller* const>(unused), prepared);
+  REQUIRE_FALSE(refused_prepared.is_ok());
+  CHECK(refused_prepared.status().message().find("prepared_batches = 2; only 0 is supported") != std::string::npos);
   Rig rig(2, 1 << 20);
   striped_file::Target one;
   one.name = "one";

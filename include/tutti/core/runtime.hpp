@@ -876,23 +876,25 @@ class StorageRuntime {
   /// An IO that spans several backends: no single DataPath call can wait on two devices, so each
   /// round first asks every unfinished backend for what is ready without waiting (timeout 0), so a
   /// later backend's completions are reaped however long an earlier one takes; then it waits:
-  ///  - with one backend unfinished, or until = ALL (wait() needs every backend anyway, so waiting
-  ///    on the first unfinished one for the whole remaining budget loses nothing: the next round
-  ///    reaps the others), on that backend for the whole remaining budget;
-  ///  - with until = SOME and several unfinished, on each in turn for a turn that starts at
-  ///    kFirstTurnNs and doubles up to kLongestTurnNs while nothing arrives, so a completion on any
-  ///    backend is handed out within about (backends x kLongestTurnNs) and an idle wait costs at
-  ///    most a few wake-ups per millisecond, instead of every backend getting an equal share of the
-  ///    budget (which would leave a later backend unwatched for seconds).
+  ///  - with one backend unfinished, on that backend for the whole remaining budget;
+  ///  - with several unfinished, on each in turn for a turn that starts at kFirstTurnNs and doubles up
+  ///    to kLongestTurnNs while nothing arrives, each call capped by the deadline. Taking turns also
+  ///    for until = ALL matters: a DataPath whose progress drives its IO (local_nvme issues commands
+  ///    past request_window, Aborts and deferred admissions only inside progress) would stall while
+  ///    another backend is waited on for the whole budget. A completion on any backend is handed out
+  ///    within about (backends x kLongestTurnNs), and an idle wait costs at most a few wake-ups per
+  ///    millisecond.
   /// A runtime with one backend, or an IO on one backend, never slices: one progress call waits.
   Status advance(IoEntry& io, std::uint64_t budget_ns, ProgressUntil until = ProgressUntil::ALL) {
     if (io.complete) return Status::success();
     const std::uint64_t deadline = deadline_after_ns(budget_ns);
     std::uint64_t turn_ns = kFirstTurnNs;
+    const auto nothing_yet = [] { return false; };
     for (bool waited = false;; waited = true) {
       std::size_t unfinished = unfinished_backends(io);
-      if (unfinished > 1) {
-        TUTTI_RETURN_IF_ERROR(progress_backends(io, kBackends, 0, until, [] { return false; }));
+      const bool polled_every_backend = unfinished > 1;
+      if (polled_every_backend) {
+        TUTTI_RETURN_IF_ERROR(progress_backends(io, kBackends, 0, deadline, until, nothing_yet));
         unfinished = unfinished_backends(io);
       }
       if (unfinished == 0) {
@@ -901,33 +903,39 @@ class StorageRuntime {
       }
       if (until == ProgressUntil::SOME && has_unhanded_completion(io)) return Status::success();
       const std::uint64_t left = remaining_ns(deadline);
-      if (waited && left == 0) return error(StatusCode::TIMEOUT, "IO not complete after {} ns", budget_ns);
-      if (unfinished == 1 || until == ProgressUntil::ALL) {
-        TUTTI_RETURN_IF_ERROR(progress_backends(io, first_unfinished_backend(io), left, until, [] { return false; }));
+      // No time left: one look was all a zero budget asked for (the zero-timeout round above, or the
+      // single backend's call below on the first pass).
+      if (left == 0 && (waited || polled_every_backend))
+        return error(StatusCode::TIMEOUT, "IO not complete after {} ns", budget_ns);
+      if (unfinished == 1) {
+        TUTTI_RETURN_IF_ERROR(progress_backends(io, first_unfinished_backend(io), left, deadline, until, nothing_yet));
       } else {
-        // Each unfinished backend in turn; stop the round as soon as one has something to hand out.
-        TUTTI_RETURN_IF_ERROR(progress_backends(io, kBackends, std::min(left, turn_ns), until,
-                                                [&] { return has_unhanded_completion(io); }));
+        // Each unfinished backend in turn; with SOME, stop the round as soon as one has something to hand out.
+        TUTTI_RETURN_IF_ERROR(progress_backends(io, kBackends, turn_ns, deadline, until, [&] {
+          return until == ProgressUntil::SOME && has_unhanded_completion(io);
+        }));
         turn_ns = std::min(turn_ns * 2, kLongestTurnNs);
       }
     }
   }
 
-  /// Calls progress(timeout_ns, until) on backend `which` of the IO (kBackends: on every unfinished
-  /// backend in order, each with timeout_ns from its own call, stopping once `enough()`), marking the
-  /// buckets that complete. OK, or the first progress error other than NOT_READY.
+  /// Calls progress(min(timeout_ns, what is left until deadline), until) on backend `which` of the IO
+  /// (kBackends: on every unfinished backend in order, each call capped anew, stopping once
+  /// `enough()`), marking the buckets that complete. OK, or the first progress error other than
+  /// NOT_READY.
   template <class Enough>
-  Status progress_backends(IoEntry& io, std::size_t which, std::uint64_t timeout_ns, ProgressUntil until,
-                           Enough&& enough) {
+  Status progress_backends(IoEntry& io, std::size_t which, std::uint64_t timeout_ns, std::uint64_t deadline,
+                           ProgressUntil until, Enough&& enough) {
     Status failure;
     bool stop = false;
     detail::for_each_index<kBackends>([&](auto I) {
       auto& bucket = std::get<I>(io.parts);
       if (bucket.accepted == 0) bucket.complete = true;
       if (stop || bucket.complete || (which != kBackends && which != I)) return;
+      const std::uint64_t capped = std::min(timeout_ns, remaining_ns(deadline));
       Status s =
           std::get<I>(state_->backends)
-              ->datapath.progress(*bucket.batch, std::span<RequestCompletion>(bucket.completions), timeout_ns, until);
+              ->datapath.progress(*bucket.batch, std::span<RequestCompletion>(bucket.completions), capped, until);
       if (s.is_ok()) {
         bucket.complete = true;
       } else if (s.code() != StatusCode::NOT_READY) {

@@ -63,15 +63,12 @@ class LocalNvmeDataPath {
 
   /// Creates the queue pairs on a brought-up controller. Errors: INVALID_ARGUMENT (options out of
   /// range, controller not brought up, LBA size not 512/4096, memory page size not 4096..65536),
-  /// and the controller's create_io_queue_pair errors (queues already created are deleted); cuda
-  /// profile: DEVICE_ERROR when CUDA cannot load the kernels (preload_kernels, launch.hpp).
+  /// and the controller's create_io_queue_pair errors (queues already created are deleted); the
+  /// prepared batch slots' errors ("local_nvme: prepared batch slot i of N": RESOURCE_EXHAUSTED or
+  /// the allocator's); cuda profile: DEVICE_ERROR when CUDA cannot load the kernels
+  /// (preload_kernels, launch.hpp). All of these come from Engine::create.
   static Result<LocalNvmeDataPath> create(nvme::Controller& controller) { return create(controller, Options()); }
   static Result<LocalNvmeDataPath> create(nvme::Controller& controller, Options options) {
-    if constexpr (accel::kProfile == accel::Profile::cuda) {
-      // Load the kernels before the first submit (launch.hpp: a lazy load there may wait for
-      // every kernel running on the device).
-      if (Status loaded = preload_kernels(); !loaded.is_ok()) return loaded.with_context("local_nvme: create");
-    }
     auto engine = Engine::create(controller, options);
     if (!engine) return engine.status();
     return LocalNvmeDataPath(std::move(engine.value()));

@@ -22,6 +22,7 @@
 #include <tutti/path/local_nvme/batch_pool.hpp>
 #include <tutti/path/local_nvme/kernel_array.hpp>
 #include <tutti/path/local_nvme/kernels.hpp>
+#include <tutti/path/local_nvme/launch.hpp>
 #include <tutti/path/local_nvme/options.hpp>
 #include <tutti/path/local_nvme/queues.hpp>
 #include <tutti/path/local_nvme/target_cache.hpp>
@@ -68,6 +69,11 @@ struct Engine {
   static Result<std::unique_ptr<Engine>> create(nvme::Controller& controller, const Options& options) {
     auto max_bytes = validate_options(options, controller.identity());
     if (!max_bytes) return max_bytes.status();
+    if constexpr (accel::kProfile == accel::Profile::cuda) {
+      // Load the kernels before the first submit (launch.hpp: a lazy load there may wait for every
+      // kernel running on the device). Every DataPath over engines (local_nvme, striped_nvme) gets it.
+      if (Status loaded = preload_kernels(); !loaded.is_ok()) return loaded.with_context("local_nvme: create");
+    }
     auto engine = std::make_unique<Engine>();
     engine->controller = &controller;
     engine->options = options;

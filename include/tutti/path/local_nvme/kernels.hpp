@@ -624,14 +624,17 @@ struct PollKernel {
       if (r != nullptr) detail::finish_if_idle(*r, queues[r->queue_index]);
       const bool host = r != nullptr && records_needing_host(*r) != 0;
       const bool waiting = r != nullptr && r->accepted && !r->done;
-      if (accel::warp_ballot(waiting) == 0 || accel::warp_ballot(host) != 0 || accel::warp_ballot(now >= stop) != 0)
+      // A request of this warp finished in this pass: with stop_at_first_done it ends every warp's
+      // polling (the stop word becomes 1, a time long past), also when this warp leaves because it has
+      // nothing left to wait for. The condition before the ballot is the same in every lane.
+      const bool first_done =
+          stop_at_first_done && budget_ns != 0 && accel::warp_ballot(waiting_at_launch && !waiting) != 0;
+      if (first_done && accel::lane_id() == 0)
+        accel::DeviceAtomicRef<std::uint64_t>(*stop_word).store(1, accel::MemoryOrder::relaxed);
+      if (first_done || accel::warp_ballot(waiting) == 0 || accel::warp_ballot(host) != 0 ||
+          accel::warp_ballot(now >= stop) != 0)
         break;
       if (stop_at_first_done && budget_ns != 0) {
-        if (accel::warp_ballot(waiting_at_launch && !waiting) != 0) {
-          if (accel::lane_id() == 0)
-            accel::DeviceAtomicRef<std::uint64_t>(*stop_word).store(1, accel::MemoryOrder::relaxed);
-          break;
-        }
         std::uint64_t seen = 0;  // another warp's first completion ends this warp's polling too
         if (accel::lane_id() == 0)
           seen = accel::DeviceAtomicRef<std::uint64_t>(*stop_word).load(accel::MemoryOrder::relaxed);

@@ -139,12 +139,17 @@ class StripedNvmeDataPath {
 
   /// Creates the queue pairs on every controller (brought up), with the same `options` for each,
   /// and the device table over them. Errors: INVALID_ARGUMENT (no controller, more than
-  /// kMaxControllers, a null controller), and local_nvme::Engine::create's for controller d
-  /// (with context "striped_nvme: controller d"; queues already created are deleted).
+  /// kMaxControllers, a null controller, Options::prepared_batches other than 0), and local_nvme::Engine::create's for
+  /// controller d (with context "striped_nvme: controller d"; queues already created are deleted).
   static Result<StripedNvmeDataPath> create(std::span<nvme::Controller* const> controllers, Options options = {}) {
     if (controllers.empty() || controllers.size() > kMaxControllers)
       return error(StatusCode::INVALID_ARGUMENT, "striped_nvme: {} controllers; expected 1 to {}", controllers.size(),
                    kMaxControllers);
+    // Each engine would fill a pool striped_nvme never takes slots from (its own pool holds pieces).
+    if (options.prepared_batches != 0)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "striped_nvme: prepared_batches = {}; only 0 is supported (batch slots are made by the submits)",
+                   options.prepared_batches);
     auto state = std::make_unique<State>();
     state->options = options;
     state->pool->limit = options.max_batches_in_flight;
