@@ -47,12 +47,6 @@ class GpuNullService final : public NullService {
       settings.stop_relay = relay_;
     }
     TUTTI_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
-    // The raw rows' kernel is loaded before the persistent controller starts: under lazy module
-    // loading its first launch could otherwise wait for the controller kernel to end
-    // (accel::preload in tutti/accel/launch_cuda.hpp says why).
-    cudaFuncAttributes attributes{};
-    TUTTI_RETURN_IF_ERROR(
-        cuda_status(cudaFuncGetAttributes(&attributes, gpu_test::raw_command_kernel), "preload raw_command_kernel"));
     constexpr std::uint32_t kWarpsPerBlock = 4;
     const auto warps = static_cast<std::uint32_t>(views.size());
     const std::uint32_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;

@@ -139,7 +139,7 @@ TEST_CASE("invalid options are rejected naming the field") {
   o.prepared_batches = 2;
   CHECK(Path::create(**c, o).status().message().find("prepared_batch_requests = 0 outside 1..65536") !=
         std::string::npos);
-  o.prepared_batch_requests = Path::Options::kMaxPreparedBatchRequests + 1;
+  o.prepared_batch_requests = Path::Options::kMaxBatchRequests + 1;
   CHECK(Path::create(**c, o).code() == StatusCode::INVALID_ARGUMENT);
   o = {};
   o.device_target_cache_entries = Path::Options::kMaxDeviceTargetCacheEntries + 1;

@@ -106,9 +106,9 @@ class StorageRuntime {
   static_assert(sizeof...(Backends) >= 1, "tutti::StorageRuntime needs at least one Backend<Resolver, DataPath>");
 
   static constexpr std::size_t kBackends = sizeof...(Backends);
-  /// wait_some() on an IO with several unfinished backends waits on each in turn (advance): the first
-  /// turn, and the longest a turn grows to while nothing arrives, in ns. An IO on one backend never
-  /// takes turns: its DataPath's progress(ProgressUntil::SOME) waits for the whole budget.
+  /// wait() and wait_some() on an IO with several unfinished backends wait on each in turn (advance):
+  /// the first turn, and the longest a turn grows to while nothing arrives, in ns. An IO on one
+  /// backend never takes turns: its DataPath's progress waits for the whole budget.
   static constexpr std::uint64_t kFirstTurnNs = 50'000;
   static constexpr std::uint64_t kLongestTurnNs = 1'000'000;
   template <std::size_t I>

@@ -54,7 +54,7 @@ class LocalNvmeDataPath {
       .offset_alignment = 4096,
       .memory_alignment = 4,
       .max_request_bytes = std::uint64_t{1} << 30,
-      .max_batch_requests = 65536,
+      .max_batch_requests = Options::kMaxBatchRequests,
       .memory_kinds = accel::kProfile == accel::Profile::cuda
                           ? MemoryKindSet{MemoryKind::HOST, MemoryKind::PINNED_HOST, MemoryKind::DEVICE}
                           : MemoryKindSet{MemoryKind::HOST, MemoryKind::PINNED_HOST},
@@ -210,8 +210,7 @@ class LocalNvmeDataPath {
     batch b = std::move(acquired.value());
     local_file::poll_changes();  // a target whose file changed is refused below, by its kernel thread
     BatchSlot& slot = *b.slot;
-    if (Status prepared = slot.prepare(n, window, std::min<std::size_t>(n, e.options.device_target_cache_entries));
-        !prepared.is_ok()) {
+    if (Status prepared = slot.prepare(n, window, e.pin_capacity(n)); !prepared.is_ok()) {
       reject_all(prepared);
       b.slot.reset();  // nothing ran over it: back to the pool
       return b;

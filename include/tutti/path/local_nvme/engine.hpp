@@ -9,6 +9,7 @@
 // Thread-safety: the counters are atomics; see each member.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -109,6 +110,11 @@ struct Engine {
     return Result<std::unique_ptr<Engine>>(std::move(engine));
   }
 
+  /// L1 entries of the target handle cache a batch of n requests may pin (BatchSlot::prepare).
+  std::size_t pin_capacity(std::size_t n) const noexcept {
+    return std::min<std::size_t>(n, options.device_target_cache_entries);
+  }
+
   /// Makes Options::prepared_batches idle slots of the pool, each sized for
   /// Options::prepared_batch_requests requests (before any kernel of this DataPath runs). Errors:
   /// BatchSlot::prepare's, naming the slot.
@@ -117,9 +123,7 @@ struct Engine {
     for (std::uint32_t i = 0; i < options.prepared_batches; ++i) {
       auto slot = std::unique_ptr<BatchSlot>(new (std::nothrow) BatchSlot());
       if (!slot) return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for prepared batch slot {}", i);
-      if (Status s =
-              slot->prepare(n, options.request_window, std::min<std::size_t>(n, options.device_target_cache_entries));
-          !s.is_ok())
+      if (Status s = slot->prepare(n, options.request_window, pin_capacity(n)); !s.is_ok())
         return s.with_context(fmt::format("local_nvme: prepared batch slot {} of {}", i, options.prepared_batches));
       try {
         pool->idle.push_back(std::move(slot));

@@ -35,7 +35,7 @@ Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel
 
 /// cuda profile: loads both kernels' GPU code now (accel::preload), so that the DataPath's first
 /// launch never waits for a module load behind kernels already running on the device (a persistent
-/// GPU-resident controller would hold it until it ends). LocalNvmeDataPath::create calls it.
+/// GPU-resident controller would hold it until it ends). Engine::create calls it.
 /// Errors: DEVICE_ERROR with CUDA's text. Defined in libtutti_cuda only.
 Status preload_kernels();
 

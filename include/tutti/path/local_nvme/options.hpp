@@ -28,7 +28,7 @@ struct Options {
   static constexpr std::uint32_t kDefaultThreadsPerBlock = 32;
   static constexpr std::uint32_t kDefaultMaxBatchesInFlight = 256;
   static constexpr std::uint32_t kMaxBatchesInFlightLimit = 65536;
-  static constexpr std::uint32_t kMaxPreparedBatchRequests = 65536;  ///< the DataPath's max_batch_requests
+  static constexpr std::uint32_t kMaxBatchRequests = 65536;  ///< requests per submit (capabilities.max_batch_requests)
   static constexpr std::uint32_t kDefaultDeviceTargetCacheEntries = 256;
   static constexpr std::uint32_t kMaxDeviceTargetCacheEntries = 65536;
   static constexpr std::uint32_t kDefaultDeviceTargetCacheEntryExtents = 256;
@@ -84,7 +84,7 @@ struct Options {
   /// path for up to this many batches of up to prepared_batch_requests requests each. Memory: as
   /// max_batches_in_flight says, per prepared slot and request.
   std::uint32_t prepared_batches = 0;
-  /// Requests each prepared slot has room for (1..kMaxPreparedBatchRequests when prepared_batches
+  /// Requests each prepared slot has room for (1..kMaxBatchRequests when prepared_batches
   /// is not 0; ignored otherwise).
   std::uint32_t prepared_batch_requests = 0;
   /// L1 of the target handle cache (path/local_nvme/target_cache.hpp; docs/local-nvme.md, "The
@@ -157,10 +157,10 @@ inline Result<std::uint64_t> validate_options(const Options& options, const nvme
     return error(StatusCode::INVALID_ARGUMENT, "local_nvme: prepared_batches = {} above max_batches_in_flight = {}",
                  options.prepared_batches, options.max_batches_in_flight);
   if (options.prepared_batches != 0 &&
-      (options.prepared_batch_requests == 0 || options.prepared_batch_requests > Options::kMaxPreparedBatchRequests))
+      (options.prepared_batch_requests == 0 || options.prepared_batch_requests > Options::kMaxBatchRequests))
     return error(StatusCode::INVALID_ARGUMENT,
                  "local_nvme: prepared_batch_requests = {} outside 1..{} (prepared_batches = {})",
-                 options.prepared_batch_requests, Options::kMaxPreparedBatchRequests, options.prepared_batches);
+                 options.prepared_batch_requests, Options::kMaxBatchRequests, options.prepared_batches);
   if (options.device_target_cache_entries > Options::kMaxDeviceTargetCacheEntries)
     return error(StatusCode::INVALID_ARGUMENT, "local_nvme: device_target_cache_entries = {} outside 0..{}",
                  options.device_target_cache_entries, Options::kMaxDeviceTargetCacheEntries);

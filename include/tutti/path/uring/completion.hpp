@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -163,6 +164,14 @@ inline Status Engine::progress(BatchState& b, std::span<RequestCompletion> compl
                                ProgressUntil until) {
   const std::uint64_t deadline = deadline_after_ns(timeout_ns);
   const auto in_flight = [&] { return Status(StatusCode::NOT_READY, "uring batch in flight"); };
+  // Reports what finished; the status to return now, if any. SOME: requests another thread's reaping
+  // completed count too (they are new to this caller).
+  const auto reported = [&]() -> std::optional<Status> {
+    const bool some = report(b, completions) > 0 && until == ProgressUntil::SOME;
+    if (b.remaining_requests == 0) return Status::success();
+    if (some) return in_flight();
+    return std::nullopt;
+  };
   for (;;) {
     std::unique_lock lock(completion_mutex, std::defer_lock);
     waiting_reapers.fetch_add(1);
@@ -172,19 +181,14 @@ inline Status Engine::progress(BatchState& b, std::span<RequestCompletion> compl
     bool staged_pending = false;
     reap();
     if constexpr (kStagesDeviceMemory) staged_pending = pump_staging();
-    // SOME: requests another thread's reaping completed count too (they are new to this caller).
-    bool some = report(b, completions) > 0 && until == ProgressUntil::SOME;
-    if (b.remaining_requests == 0) return Status::success();
-    if (some) return in_flight();
+    if (auto now_status = reported()) return *now_status;
     const std::uint64_t now = monotonic_ns();
     if (now >= deadline) return in_flight();
     std::uint64_t slice = std::min(deadline - now, options.wait_slice_ns);
     if (staged_pending) slice = std::min<std::uint64_t>(slice, 20'000);  // copies complete without CQEs
     ring.wait_for_cqe(slice);
     reap();
-    some = report(b, completions) > 0 && until == ProgressUntil::SOME;
-    if (b.remaining_requests == 0) return Status::success();
-    if (some) return in_flight();
+    if (auto now_status = reported()) return *now_status;
     lock.unlock();
     if (waiting_reapers.load() > 0) std::this_thread::yield();  // let another batch's caller reap
   }
