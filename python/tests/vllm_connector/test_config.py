@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
-from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec  # noqa: E402
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,  # noqa: E402
+                                        KVQuantMode, SlidingWindowSpec)
 
 from tutti.kv_connector import stores  # noqa: E402
 from tutti.kv_connector.config import DEFAULTS, ConfigError  # noqa: E402
@@ -168,6 +169,43 @@ def test_hybrid_allocator_and_other_attention_kinds_are_refused(data_dir):
         build(data_dir, good(data_dir), kv_config=sliding)
 
 
+def one_group(shape, names=None, **spec_changes) -> KVCacheConfig:
+    """The harness's KV cache configuration with its one spec changed (a field vLLM sets for other models)."""
+    spec = FullAttentionSpec(block_size=shape.block_size, num_kv_heads=shape.kv_heads, head_size=shape.head_size,
+                             dtype=shape.dtype, **spec_changes)
+    return KVCacheConfig(num_blocks=shape.num_blocks, kv_cache_tensors=[],
+                         kv_cache_groups=[KVCacheGroupSpec(shape.layer_names if names is None else names, spec)])
+
+
+def unresolved_layout(config):
+    config.cache_config.kv_cache_layout = None
+
+
+KV_CACHE_CONFIGS = [
+    (lambda shape: KVCacheConfig(num_blocks=shape.num_blocks, kv_cache_tensors=[], kv_cache_groups=[]), None,
+     r"kv_cache_config\.kv_cache_groups is empty: the model has no KV cache"),
+    (lambda shape: one_group(shape, page_size_padded=shape.spec.page_size_bytes + 4096), None,
+     r"kv_cache_spec\.page_size_padded = \d+ bytes \(page \d+ bytes\): padded pages \(hybrid models\) are not "
+     r"supported"),
+    (lambda shape: one_group(shape, kv_quant_mode=KVQuantMode.FP8_PER_TENSOR), None,
+     r"kv_cache_spec\.kv_quant_mode = FP8_PER_TENSOR: quantized caches with scales in the pages are not supported"),
+    (lambda shape: one_group(shape, names=[]), None, r"kv_cache_config: no attention layers"),
+    (None, unresolved_layout, r"cache_config\.kv_cache_layout is not resolved"),
+    (None, lambda c: setattr(c.kv_transfer_config, "kv_role", "kv_bogus"),
+     r"kv_transfer_config\.kv_role = 'kv_bogus': must be one of kv_both"),
+]
+
+
+@pytest.mark.parametrize("make,tweak,message", KV_CACHE_CONFIGS, ids=[m[:30] for _, _, m in KV_CACHE_CONFIGS])
+@pytest.mark.parametrize("role", [SCHEDULER, WORKER], ids=["scheduler", "worker"])
+def test_kv_cache_configurations_vllm_makes_for_other_models_are_refused_naming_the_field(data_dir, make, tweak,
+                                                                                        message, role):
+    shape = H.Shape()
+    with pytest.raises(ConfigError, match=message):
+        build(data_dir, good(data_dir), role, kv_config=make(shape) if make else None, tweak=tweak)
+    assert not os.path.exists(os.path.join(data_dir, "kv")), "a refused configuration created the store"
+
+
 def test_bad_backend_options_and_bad_store_paths_fail_at_register_kv_caches(data_dir):
     shape = H.Shape()
     worker = build(data_dir, dict(good(data_dir), backend_options={"queue_dept": 8}), WORKER)
@@ -204,6 +242,12 @@ def test_kv_caches_that_are_not_vllm_pages_are_refused(data_dir):
     missing.pop(shape.layer_names[1])
     with pytest.raises(ConfigError, match=r"no KV cache for layer 'model\.layers\.1\.self_attn\.attn'"):
         worker.register_kv_caches(missing)
+    # a layer with fewer blocks than the others
+    short = dict(caches)
+    short[shape.layer_names[2]] = caches[shape.layer_names[2]][:shape.num_blocks - 1]
+    with pytest.raises(ConfigError, match=rf"layer 'model\.layers\.2\.self_attn\.attn' has {shape.num_blocks - 1} "
+                                          rf"blocks, other layers {shape.num_blocks}"):
+        worker.register_kv_caches(short)
     # a layer view whose block is not one contiguous page (the heads outermost in memory)
     split = dict(caches)
     name = shape.layer_names[0]

@@ -5,6 +5,7 @@ file system (uring, O_DIRECT) and compares restored KV bytes with what was compu
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -146,21 +147,28 @@ def test_preemption_waits_for_the_saves_of_the_preempted_request_and_it_resumes_
         real_finish, real_preempt = inner._finish, inner.handle_preemptions
 
         def finish(group, failed=False, _real=real_finish):
+            if not any(e[0] == "preempted" for e in events):
+                time.sleep(0.05)  # a slow disk: a save group is still running when vLLM preempts its request
             _real(group, failed)
             events.append(("saved", group.step, tuple(group.requests)))
 
-        def preempt(preempted, _real=real_preempt):
+        def preempt(preempted, _real=real_preempt, _inner=inner):
+            running = [g for g in list(_inner._groups) if not g.done and set(preempted).intersection(g.requests)]
             _real(preempted)
             if preempted:
-                events.append(("preempted", tuple(sorted(preempted))))
+                events.append(("preempted", tuple(sorted(preempted)), len(running), all(g.done for g in running)))
 
         inner._finish, inner.handle_preemptions = finish, preempt
     matches = spy_matches(engine)
     a = engine.request("a", PROMPT[:64], max_tokens=90)
     b = engine.request("b", list(range(300, 364)), max_tokens=90)
-    engine.run(max_steps=400)
+    engine.run(max_steps=2000, timeout_s=120)
     preemptions = [e for e in events if e[0] == "preempted"]
     assert preemptions, "the scenario must preempt a request"
+    # handle_preemptions returned only after every save group of the preempted request had finished, and
+    # at least once such a group was still running when it was called (so the wait was exercised)
+    assert all(e[3] for e in preemptions), preemptions
+    assert sum(e[2] for e in preemptions) > 0, preemptions
     victim = preemptions[0][1][0]
     at = events.index(preemptions[0])
     # every save group holding the victim that was built before the preemption finished before
@@ -299,6 +307,50 @@ def test_cross_layer_layout_round_trip(engines):
     out = engine.step()
     assert out.num_scheduled_tokens == {"second": 6}
     assert engine.check_blocks(second, 64) == 4 * engine.shape.layers
+    engine.run()
+
+
+class _LoadLog:
+    """Stands in front of a worker's store and logs ("submit", layer) and ("wait", layer) of its loads."""
+
+    def __init__(self, store):
+        self._store, self.log, self._layer_of = store, [], {}
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def load(self, keys, layer, *args, **kwargs):
+        io = self._store.load(keys, layer, *args, **kwargs)
+        self._layer_of[id(io)] = layer
+        self.log.append(("submit", layer))
+        return io
+
+    def wait(self, io, *args, **kwargs):
+        layer = self._layer_of.pop(id(io), None)
+        if layer is not None:
+            self.log.append(("wait", layer))
+        return self._store.wait(io, *args, **kwargs)
+
+
+@pytest.mark.parametrize("lookahead", [1, 2, 5])
+def test_layer_l_is_waited_for_while_the_next_lookahead_layers_are_already_loading(engines, lookahead):
+    layers = 5
+    engine = engines({"lookahead_layers": lookahead}, shape=H.Shape(layers=layers))
+    engine.request("first", PROMPT)
+    engine.run()
+    fresh_gpu(engine)
+    inner = engine.workers[0].worker
+    logged = inner.store = _LoadLog(inner.store)
+    second = engine.request("second", PROMPT)
+    engine.step()
+    assert engine.load_errors[-1] == set()
+    assert engine.check_blocks(second, 64) == 4 * layers
+    waits = [layer for what, layer in logged.log if what == "wait"]
+    assert waits == list(range(layers)), logged.log  # each layer waited for once, in order
+    for layer in range(layers):
+        submitted = {n for what, n in logged.log[:logged.log.index(("wait", layer))] if what == "submit"}
+        # while layer L is waited for (its compute is next), layers L+1 .. L+lookahead are in flight
+        assert submitted == set(range(min(layer + lookahead, layers - 1) + 1)), (layer, logged.log)
     engine.run()
 
 

@@ -67,8 +67,62 @@ def test_an_offloaded_prefix_is_loaded_back_into_vllms_kv_cache(offloading, data
     assert first.block_hashes[:4] == second.block_hashes[:4]
 
 
+def test_blocks_the_store_evicts_are_announced_removed_and_only_those(offloading):
+    page = H.Shape().spec.page_size_bytes
+    engine = offloading({"capacity_bytes": 6 * page * H.Shape().layers})  # 6 blocks per rank
+    manager = engine.connector.connector_scheduler.manager
+    announced, removed = set(), set()
+    real_take_events = manager.take_events
+
+    def take_events():  # vLLM's scheduler drains the manager every step: keep what it hands out
+        events = list(real_take_events())
+        for event in events:
+            (removed if event.removed else announced).update(event.keys)
+        return events
+
+    manager.take_events = take_events
+
+    def drain():
+        manager.take_events()
+
+    for i, start in enumerate((100, 600, 1100)):  # 3 prompts of 4 full blocks each: 12 blocks into 6
+        engine.request(f"r{i}", list(range(start, start + 70)))
+        engine.run()
+        deadline = time.monotonic() + 60
+        while manager._storing:
+            assert time.monotonic() < deadline, "stores not reported done after 60 s"
+            engine.step()
+            time.sleep(0.01)
+        drain()
+    drain()  # every announced block checked at least once (fewer than REMOVAL_CHECKS_PER_CALL of them)
+    assert len(announced) >= 8, announced
+    assert removed, "the store evicted blocks but no removal was announced"
+    assert removed <= announced
+    for key in announced:  # removed exactly when no longer stored
+        assert manager._stored(key) == (key not in removed), key.hex()[:16]
+    assert real_take_events() == []  # each removal announced once
+
+
 def test_the_spec_refuses_bad_extra_config_naming_the_key(offloading):
     with pytest.raises(ConfigError, match=r"kv_connector_extra_config\.capacity_bytes = -1"):
         offloading({"capacity_bytes": -1})
     with pytest.raises(ConfigError, match=r"kv_connector_extra_config\.pathh = '/x': unknown key"):
         offloading({"pathh": "/x"})
+
+
+SPEC_REFUSALS = [
+    (dict(extra={"blocks_per_chunk": 2}), r"kv_connector_extra_config\.blocks_per_chunk = 2: TuttiOffloadingSpec "
+                                          r"stores vLLM blocks one by one"),
+    (dict(extra={"canonical_layout": True}), r"kv_connector_extra_config\.canonical_layout = True: not supported"),
+    (dict(tp=2, extra={"path": "/var/tmp/tutti-offload-no-rank"}),
+     r"path = '/var/tmp/tutti-offload-no-rank': tensor_parallel_size = 2 needs \{rank\} in the path"),
+    (dict(shape=H.Shape(head_size=8, kv_heads=1)), r"KV page = 512 bytes .*not a multiple of 4096 bytes"),
+]
+
+
+@pytest.mark.parametrize("args,message", SPEC_REFUSALS, ids=[m[:30] for _, m in SPEC_REFUSALS])
+def test_the_spec_refuses_engine_settings_it_does_not_support(offloading, data_dir, args, message):
+    args = dict(args)
+    with pytest.raises(ConfigError, match=message):
+        offloading(args.pop("extra", None), **args)
+    assert not os.path.exists(os.path.join(data_dir, "kv")), "a refused configuration created the store"

@@ -13,6 +13,7 @@ TuttiConnector is the connector that recomputes failed loads.
 
 from __future__ import annotations
 
+import collections
 import os
 from typing import Collection, Iterable
 
@@ -60,7 +61,17 @@ class TuttiLoadStoreSpec(LoadStoreSpec):
 
 
 class TuttiOffloadingManager(OffloadingManager):
-    """Scheduler side: lookups in every rank's store (read-only), the minimum over ranks."""
+    """Scheduler side: lookups in every rank's store (read-only), the minimum over ranks.
+
+    Events: a block is announced stored (``removed=False``) when its store completes, and announced removed
+    (``removed=True``) once some rank's store no longer holds it: the stores evict on the worker side under
+    their byte bound, so each ``take_events`` call checks the ``REMOVAL_CHECKS_PER_CALL`` longest-unchecked
+    announced blocks (one index lookup per rank each). A removal is therefore announced within
+    (announced blocks / ``REMOVAL_CHECKS_PER_CALL``) calls of the eviction. At most ``ANNOUNCED_LIMIT``
+    announced blocks are remembered; older ones are dropped without a removal event."""
+
+    REMOVAL_CHECKS_PER_CALL = 256
+    ANNOUNCED_LIMIT = 1 << 16
 
     def __init__(self, config: ConnectorConfig, directories: list[str], namespaces: list[dict]):
         self.config = config
@@ -68,6 +79,7 @@ class TuttiOffloadingManager(OffloadingManager):
         self.namespaces = namespaces
         self._storing: set[bytes] = set()
         self._events: list[OffloadingEvent] = []
+        self._announced: collections.OrderedDict[bytes, None] = collections.OrderedDict()  # oldest check first
 
     def _stored(self, key: bytes) -> bool:
         return all(stores.lookup(self.config, d, ns, [key]) == 1 for d, ns in zip(self.directories, self.namespaces))
@@ -89,11 +101,25 @@ class TuttiOffloadingManager(OffloadingManager):
         self._storing.difference_update(keys)
         if success and keys:
             self._events.append(OffloadingEvent(keys=list(keys), medium=Medium.STORAGE, removed=False))
+            for key in keys:
+                self._announced[key] = None
+                self._announced.move_to_end(key)
+            while len(self._announced) > self.ANNOUNCED_LIMIT:
+                self._announced.popitem(last=False)
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
 
     def take_events(self) -> Iterable[OffloadingEvent]:
+        removed = []
+        for _ in range(min(self.REMOVAL_CHECKS_PER_CALL, len(self._announced))):
+            key, _ = self._announced.popitem(last=False)
+            if self._stored(key):
+                self._announced[key] = None  # checked again after every other announced block
+            else:
+                removed.append(key)
+        if removed:
+            self._events.append(OffloadingEvent(keys=removed, medium=Medium.STORAGE, removed=True))
         events, self._events = self._events, []
         return events
 
