@@ -510,6 +510,47 @@ TEST_CASE("progress never hangs: a short budget returns NOT_READY and the IO fin
   CHECK(path.unregister_memory(*lost.mapping).is_ok());
 }
 
+TEST_CASE("progress(SOME) returns at the first new completion while another command is held; ALL waits for all") {
+  Path::Options o;
+  o.command_timeout_ns = 2 * kSecond;  // the held command times out (and is aborted) after 2 s
+  Rig rig(o);
+  auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  libnvm::SoftFaultRule rule;
+  rule.action = libnvm::SoftFaultRule::Action::lose_completion;
+  rule.lba_range_only = true;
+  rule.first_lba = 16;
+  rule.last_lba = 16;
+  rig.device->inject_fault(rule);
+  std::vector<Status> states(2);
+  std::vector<PathRequest<Path>> rs{rig.request(Direction::READ, m, buffer, 0, t, 16 * 4096, 4096),
+                                    rig.request(Direction::READ, m, buffer, 8192, t, 0, 4096)};
+  auto batch = rig.path->submit(rs, states);
+  REQUIRE(states[0].is_ok());
+  REQUIRE(states[1].is_ok());
+  std::vector<RequestCompletion> completions(2);
+  // Were SOME to wait like ALL, this call would return only after the held command's 2 s timeout,
+  // with both entries done.
+  const Status some = rig.path->progress(batch, completions, 60 * kSecond, ProgressUntil::SOME);
+  CHECK_MESSAGE(some.code() == StatusCode::NOT_READY, some.to_string());
+  REQUIRE(completions[1].done);
+  CHECK(completions[1].status.is_ok());
+  CHECK(completions[1].confirmed_bytes == 4096);
+  CHECK_FALSE(completions[0].done);
+  // Nothing new: a short SOME call reports nothing more.
+  const Status nothing_new = rig.path->progress(batch, completions, 20'000'000, ProgressUntil::SOME);
+  CHECK_MESSAGE(nothing_new.code() == StatusCode::NOT_READY, nothing_new.to_string());
+  CHECK_FALSE(completions[0].done);
+  // ALL waits for the held command: it times out, is aborted, and the batch is done.
+  const Status all = rig.path->progress(batch, completions, 20 * kSecond, ProgressUntil::ALL);
+  CHECK_MESSAGE(all.is_ok(), all.to_string());
+  REQUIRE(completions[0].done);
+  CHECK(completions[0].status.code() == StatusCode::TIMEOUT);
+  CHECK(completions[0].confirmed_bytes == 0);
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
 TEST_CASE("a polling kernel stays within progress's timeout: a lost completion, a 10 ms budget, a 20 ms progress") {
   Path::Options o;
   o.command_timeout_ns = kSecond;
