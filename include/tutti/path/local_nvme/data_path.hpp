@@ -309,43 +309,30 @@ class LocalNvmeDataPath {
     const std::uint64_t deadline = accel::deadline_after(timeout_ns);
     BatchSlot& slot = *b.slot;
     const std::size_t n = slot.size;
-    void* stream = e.options.stream.native_handle();
-    auto* device_requests = static_cast<RequestState*>(slot.device_requests.data());
-    auto* device_reports = static_cast<RequestReport*>(slot.device_reports.data());
-    auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
     accel::Backoff backoff;
     raise_changed_targets(slot);  // changed files first: their kernel threads issue nothing more
     const bool some = until == ProgressUntil::SOME;
     bool report_waiting = some && slot.has_unreported_done();
     for (;;) {
       // ONE launch (polling on the accelerator for up to its budget) and ONE copy of the reports
-      // back per step, then ONE bounded wait.
+      // back per step, then ONE bounded wait (poll_step).
       const std::uint64_t now = accel::timer_ns();
       const std::uint64_t budget =
           report_waiting ? 0 : std::min(e.options.poll_kernel_budget_ns, deadline > now ? deadline - now : 0);
       report_waiting = false;
       {
         std::shared_lock gate(e.kernel_gate);  // no zombie reaping while this kernel may run
-        if (budget != 0)
-          TUTTI_RETURN_IF_ERROR(
-              accel::copy_to_device_async(stop_word, e.zero_word.data(), sizeof(std::uint64_t), stream)
-                  .with_context("local_nvme: zeroing the poll kernel's stop word"));
-        TUTTI_RETURN_IF_ERROR(launch_over(
-            e.options, n,
-            PollKernel{device_requests, e.device_queues.data(), n, device_reports, stop_word, budget, some}));
-        e.poll_kernel_launches.fetch_add(1, std::memory_order_relaxed);
-        const std::uint64_t in_flight = e.poll_launches_in_flight.fetch_add(1) + 1;  // this one and those ahead
-        const PollLaunchCount counted{e.poll_launches_in_flight};
-        Status copied =
-            accel::copy_from_device_async(slot.reports.data(), device_reports, n * sizeof(RequestReport), stream);
-        Status waited = accel::synchronize(stream, kernel_wait_bound_ns(e.options, in_flight));
-        if (!copied.is_ok() || !waited.is_ok()) {
+        bool kernel_may_run = false;
+        const Status stepped =
+            poll_step(e.options, slot, e.device_queues.data(), e.zero_word.data(), e.poll_kernel_launches,
+                      e.poll_launches_in_flight, budget, some, &kernel_may_run);
+        if (kernel_may_run) {
           // The kernel may still run (or its reports never came back): the slot is abandoned to it
           // (never reused or freed, even after the caller destroys the batch).
           slot.kernel_may_run = true;
           e.kernel_abandoned.store(true);
-          return (copied.is_ok() ? waited : copied).with_context("local_nvme: poll kernel");
         }
+        TUTTI_RETURN_IF_ERROR(stepped.with_context("local_nvme: poll kernel"));
       }
       bool all_done = true;
       bool any_new = false;

@@ -18,6 +18,7 @@
 #include <shared_mutex>
 #include <vector>
 
+#include <tutti/accel/async_copy.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/nvme/controller.hpp>
 #include <tutti/path/local_nvme/batch_pool.hpp>
@@ -165,5 +166,40 @@ struct Engine {
     zombies.release(all_deleted);
   }
 };
+
+/// One poll step over a batch slot, the step LocalNvmeDataPath::progress and
+/// StripedNvmeDataPath::progress both repeat: zeroes the slot's stop word when the kernel may poll
+/// (budget_ns != 0), makes ONE PollKernel launch over the slot's `slot.size` requests against
+/// `queues` (the kernels' device queue table), ONE copy of their reports back into slot.reports,
+/// and ONE wait bounded by kernel_wait_bound_ns. `launches` counts launches; `in_flight` counts
+/// the DataPath's poll kernels queued on the stream (this one is taken off again when the step
+/// returns). The caller holds its kernel gate(s) across the call. Units: ns.
+/// Errors: a failed zeroing or launch returns its status and leaves nothing running over the slot;
+/// a failed copy or wait returns its status with `*kernel_may_run` set: the kernel may still run
+/// over the slot, which the caller must then abandon (never reuse or free).
+inline Status poll_step(const Options& options, BatchSlot& slot, const DeviceQueue* queues, const void* zero_word,
+                        std::atomic<std::uint64_t>& launches, std::atomic<std::uint64_t>& in_flight,
+                        std::uint64_t budget_ns, bool stop_at_first_done, bool* kernel_may_run) {
+  *kernel_may_run = false;
+  void* stream = options.stream.native_handle();
+  const std::size_t n = slot.size;
+  auto* device_reports = static_cast<RequestReport*>(slot.device_reports.data());
+  auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
+  if (budget_ns != 0)
+    TUTTI_RETURN_IF_ERROR(accel::copy_to_device_async(stop_word, zero_word, sizeof(std::uint64_t), stream)
+                              .with_context("zeroing the poll kernel's stop word"));
+  TUTTI_RETURN_IF_ERROR(launch_over(options, n,
+                                    PollKernel{static_cast<RequestState*>(slot.device_requests.data()), queues, n,
+                                               device_reports, stop_word, budget_ns, stop_at_first_done}));
+  launches.fetch_add(1, std::memory_order_relaxed);
+  const std::uint64_t queued = in_flight.fetch_add(1) + 1;  // this one and those ahead of it on the stream
+  const PollLaunchCount counted{in_flight};
+  const Status copied =
+      accel::copy_from_device_async(slot.reports.data(), device_reports, n * sizeof(RequestReport), stream);
+  const Status waited = accel::synchronize(stream, kernel_wait_bound_ns(options, queued));
+  if (copied.is_ok() && waited.is_ok()) return Status::success();
+  *kernel_may_run = true;
+  return copied.is_ok() ? waited : copied;
+}
 
 }  // namespace tutti::local_nvme

@@ -509,10 +509,6 @@ class StripedNvmeDataPath {
     Fanout& f = *b.fanout;
     const std::uint64_t deadline = accel::deadline_after(timeout_ns);
     const std::size_t m = slot.size;
-    void* stream = s.options.stream.native_handle();
-    auto* device_requests = static_cast<local_nvme::RequestState*>(slot.device_requests.data());
-    auto* device_reports = static_cast<local_nvme::RequestReport*>(slot.device_reports.data());
-    auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
     accel::Backoff backoff;
     raise_changed_targets(slot);
     const bool some = until == ProgressUntil::SOME;
@@ -525,23 +521,12 @@ class StripedNvmeDataPath {
       {
         Gates gates(s);
         TUTTI_RETURN_IF_ERROR(admit_deferred(slot, f));
-        if (budget != 0)
-          TUTTI_RETURN_IF_ERROR(
-              accel::copy_to_device_async(stop_word, s.engines[0]->zero_word.data(), sizeof(std::uint64_t), stream)
-                  .with_context("striped_nvme: zeroing the poll kernel's stop word"));
-        TUTTI_RETURN_IF_ERROR(local_nvme::launch_over(s.options, m,
-                                                      local_nvme::PollKernel{device_requests, s.device_table.data(), m,
-                                                                             device_reports, stop_word, budget, some}));
-        s.launches.fetch_add(1, std::memory_order_relaxed);
-        const std::uint64_t in_flight = s.poll_in_flight.fetch_add(1) + 1;
-        const local_nvme::PollLaunchCount counted{s.poll_in_flight};
-        const Status copied = accel::copy_from_device_async(slot.reports.data(), device_reports,
-                                                            m * sizeof(local_nvme::RequestReport), stream);
-        const Status waited = accel::synchronize(stream, local_nvme::kernel_wait_bound_ns(s.options, in_flight));
-        if (!copied.is_ok() || !waited.is_ok()) {
-          abandon(slot);
-          return (copied.is_ok() ? waited : copied).with_context("striped_nvme: poll kernel");
-        }
+        bool kernel_may_run = false;
+        const Status stepped =
+            local_nvme::poll_step(s.options, slot, s.device_table.data(), s.engines[0]->zero_word.data(), s.launches,
+                                  s.poll_in_flight, budget, some, &kernel_may_run);
+        if (kernel_may_run) abandon(slot);
+        TUTTI_RETURN_IF_ERROR(stepped.with_context("striped_nvme: poll kernel"));
       }
       bool all_done = true;
       bool any_new = false;
