@@ -16,6 +16,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -125,7 +126,72 @@ struct Stream {
   cudaStream_t stream = nullptr;
 };
 
+/// The per-thread stack CUDA reserves for every kernel (cudaLimitStackSize), bytes; 0 when unknown.
+/// The driver grows it at the launch of a kernel that needs more, and only while the device is
+/// idle: such a launch waits for every running kernel, a persistent one included.
+std::size_t stack_limit() {
+  std::size_t bytes = 0;
+  if (cudaDeviceGetLimit(&bytes, cudaLimitStackSize) != cudaSuccess) (void)cudaGetLastError();
+  return bytes;
+}
+
+/// Says where a late batch stops, in one GPU run (issue 23): the service's kernel and control
+/// words, the controller's view of every queue pair (DriveNvmeController::debug_dump: doorbells,
+/// fetched / completed / CQEs posted, the commands in flight with their due times, the SQEs not
+/// fetched, the CQ), the DataPath's view of the same queue pairs (tickets reserved, announced and
+/// fetched, the CQ head and Phase Tag it expects, CQEs reaped, stale and invalid ones), its
+/// counters and stream, and the IO's progress. Bounded (every device read waits at most 1 s, the
+/// queries never wait); printed to stderr. Never on a hot path: only when a check already failed.
+void diagnose(const std::string& when, Drive& drive, const DriveService& service, cudaStream_t stream,
+              const IoHandle* io) {
+  std::string text = fmt::format("---- drive controller diagnostics: {} ----\n", when);
+  text += service.describe() + "\n";
+  text += drive.controller->debug_dump();
+  auto& path = drive.runtime->datapath();
+  for (std::uint32_t i = 0; i < path.options().queue_pairs; ++i) {
+    const nvme::QueuePairState s = path.queue_statistics(i);
+    text += fmt::format(
+        "local_nvme queue pair {}: SQ tickets reserved {}, announced by the tail doorbell {}, fetched (head ticket "
+        "from CQEs) {} | CQ head {} expecting Phase Tag {} | doorbell writes {}, CQEs reaped {}, stale {}, abandoned "
+        "{}, invalid {} | locks held: doorbell {}, CQ {}\n",
+        i, s.sq_reserved, s.sq_doorbell_ticket, s.sq_head_ticket, s.cq_head, s.cq_phase, s.doorbell_writes,
+        s.completions_reaped, s.stale_completions, s.abandoned_completions, s.invalid_completions, s.sq_doorbell_lock,
+        s.cq_lock);
+  }
+  const cudaError_t stream_state = cudaStreamQuery(stream);
+  const cudaError_t last = cudaPeekAtLastError();
+  text += fmt::format(
+      "local_nvme: poll kernel launches {}, Aborts sent {}, batches in flight {} | its stream: {} | last CUDA error: "
+      "{} | per-thread stack limit {} bytes\n",
+      path.poll_kernel_launches(), path.aborts_sent(), path.batches_in_flight(),
+      stream_state == cudaSuccess         ? "idle"
+      : stream_state == cudaErrorNotReady ? "busy"
+                                          : cudaGetErrorString(stream_state),
+      cudaGetErrorName(last), stack_limit());
+  if (io != nullptr) {
+    auto progress = drive.runtime->query(*io);
+    text += progress.is_ok() ? fmt::format("IO: complete {}, {} of {} requests completed\n", progress->complete,
+                                           progress->completed_requests, progress->requests)
+                             : fmt::format("IO: {}\n", progress.status().to_string());
+  }
+  text += "---- end of diagnostics ----\n";
+  std::fputs(text.c_str(), stderr);
+}
+
+/// Each request's completion as the runtime reports it (status, bytes, commands, NVMe status).
+std::string describe_completions(const std::vector<RequestCompletion>& completions) {
+  std::string text;
+  for (const RequestCompletion& c : completions)
+    text +=
+        fmt::format("  request {}: {} | confirmed {} bytes | {} commands, {} retries | NVMe status {:#05x}\n",
+                    c.request_index, c.status.to_string(), c.confirmed_bytes, c.commands, c.retries, c.device_status);
+  return text;
+}
+
 /// Reads of mixed sizes (one batch), checked byte for byte and against the controller's counters.
+/// On a late batch (not complete 2 s after submit; healthy: about a millisecond) or any disagreement
+/// it prints diagnose()'s dump, so one GPU run says where it stops; every run prints one line with
+/// the submit's duration and the stack limit around it.
 void check_reads(bool namespace_in_host) {
   Stream stream;
   DriveSettings settings;
@@ -133,8 +199,10 @@ void check_reads(bool namespace_in_host) {
   settings.namespace_in_host = namespace_in_host;
   settings.latency_ns = 50'000;
   std::uint64_t posted_before = 0;
+  const std::size_t stack_at_start = stack_limit();
   {
     Drive drive(settings, namespace_in_host ? 7 : 3, 2, 5 * kSecond, stream.stream);
+    const std::size_t stack_after_create = stack_limit();
     // (memory offset, target offset, length): PRP1 only; PRP1 + PRP2; PRP lists; several commands.
     const std::vector<std::array<std::uint64_t, 3>> shapes{{0, 4096 * 9, 4096},
                                                            {8192, 4096 * 1000, 12288},
@@ -151,16 +219,47 @@ void check_reads(bool namespace_in_host) {
     REQUIRE(service.start({drive.controller.get()}, 0, 20 * kSecond).is_ok());
     const auto began = std::chrono::steady_clock::now();
     auto outcome = drive.runtime->submit(requests);
+    const auto submit_took = std::chrono::steady_clock::now() - began;
+    // One line in every run: a submit that waited for the service's kernel shows here (seconds,
+    // with the service's warps gone by their budget), and so does a stack that grew at submit.
+    fmt::print(stderr,
+               "check_reads(namespace in {}): submit took {} us; per-thread stack limit {} bytes at start, {} after "
+               "create, {} after submit; {}\n",
+               namespace_in_host ? "pinned host memory" : "GPU memory",
+               std::chrono::duration_cast<std::chrono::microseconds>(submit_took).count(), stack_at_start,
+               stack_after_create, stack_limit(), service.describe());
+    bool accepted = true;
+    for (const Status& s : outcome.initial_states) accepted = accepted && s.is_ok();
+    if (!accepted) diagnose("a request was refused at submit", drive, service, stream.stream, nullptr);
     for (const Status& s : outcome.initial_states) REQUIRE_MESSAGE(s.is_ok(), s.to_string());
-    auto result = drive.runtime->wait(outcome.io, 10 * kSecond);
+    // Waited for in two steps, to look at the queues while the commands are still within their
+    // 5 s timeout: a healthy batch completes in about a millisecond.
+    auto result = drive.runtime->wait(outcome.io, 2 * kSecond);
+    if (!result.is_ok() && result.status().code() == StatusCode::TIMEOUT) {
+      diagnose("IO not complete 2 s after submit", drive, service, stream.stream, &outcome.io);
+      result = drive.runtime->wait(outcome.io, 8 * kSecond);
+    }
     const auto took = std::chrono::steady_clock::now() - began;
+    if (!result.is_ok()) {
+      diagnose(fmt::format("IO not complete 10 s after submit: {}", result.status().to_string()), drive, service,
+               stream.stream, &outcome.io);
+      // The requests done so far (one bounded progress step); those not listed are still in flight.
+      auto done = drive.runtime->wait_some(outcome.io, 1'000'000);
+      fmt::print(stderr, "requests done 10 s after submit (the others are in flight):\n{}",
+                 done.is_ok() ? describe_completions(*done) : done.status().to_string() + "\n");
+    } else if (!result->status.is_ok()) {
+      fmt::print(stderr, "check_reads: the IO completed with {}; per request:\n{}", result->status.to_string(),
+                 describe_completions(result->completions));
+      diagnose("IO completed with an error", drive, service, stream.stream, &outcome.io);
+    }
     REQUIRE_MESSAGE(result.is_ok(), result.status().to_string());
     CHECK_MESSAGE(result->status.is_ok(), result->status.to_string());
     CHECK(result->confirmed_bytes == bytes);
     CHECK(took >= std::chrono::microseconds(50));  // the controller's latency holds every command
     const std::uint64_t commands = result->commands;
     (void)drive.runtime->release(outcome.io);
-    CHECK(service.stop() == 0);
+    const std::uint32_t budget_exits = service.stop();
+    CHECK_MESSAGE(budget_exits == 0, service.describe());
     for (const auto& s : shapes) CHECK(drive.memory_bytes_at(s[0], s[2]) == drive.expected(s[1], s[2]));
     // Bytes around the requests were not touched.
     CHECK(drive.memory_bytes_at(4096, 4096) == std::vector<std::uint8_t>(4096, 0xEE));
@@ -174,6 +273,10 @@ void check_reads(bool namespace_in_host) {
     }
     CHECK(moved == bytes);
     CHECK(completed == commands);
+    if (moved != bytes || completed != commands || budget_exits != 0)
+      diagnose(fmt::format("after stop(): the controller moved {} of {} bytes and posted {} CQEs for {} commands",
+                           moved, bytes, completed, commands),
+               drive, service, stream.stream, nullptr);
   }
   CHECK(posted_before == 0);
 }

@@ -36,6 +36,10 @@
 //            never completed (a lost completion; the data does not move).
 // The controller trusts the PRPs (it writes where they point, as a drive's DMA would): the
 // DataPath builds them from its registrations.
+// Diagnostics (a batch that is late): DriveNvmeController::debug_dump (doorbells, the controller's
+// per-queue state, the commands in flight with their due times against the GPU's clock, the SQEs
+// announced and not fetched, the CQ around the next CQE; every read a bounded copy on its own
+// stream) and DriveService::describe (the kernel running or not, the control words).
 // Threading: one warp per queue at a time; the host reads the statistics after stop().
 #pragma once
 
@@ -51,6 +55,8 @@
 #include <string_view>
 #include <thread>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include <tutti/accel/memory.hpp>
 #include <tutti/accel/primitives.hpp>
@@ -356,6 +362,13 @@ static __global__ void drive_controller_kernel(const DriveQueueView* queues, std
     if (in_flight == 0) __nanosleep(500);
   }
 }
+
+/// The diagnostics' probe (DriveNvmeController::debug_dump): writes the GPU's clock
+/// (accel::timer_ns, the clock of every due time) to *out. That it ran at all says that a kernel
+/// launched now gets to run beside whatever runs on the device.
+static __global__ void drive_clock_probe_kernel(unsigned long long* out) {
+  if (threadIdx.x == 0) *out = accel::timer_ns();
+}
 #endif  // __CUDACC__
 
 /// The data-moving controller behind nvme::Controller (see the file comment). Bring it up, create
@@ -365,6 +378,11 @@ class DriveNvmeController final : public test::AgentNvmeController {
  public:
   explicit DriveNvmeController(DriveSettings settings = {})
       : AgentNvmeController("drive controller"), settings_(settings) {}
+  ~DriveNvmeController() override {
+    if (debug_stream_ != nullptr) (void)cudaStreamDestroy(debug_stream_);
+  }
+  DriveNvmeController(const DriveNvmeController&) = delete;
+  DriveNvmeController& operator=(const DriveNvmeController&) = delete;
 
   std::string_view kind() const noexcept override { return "drive (GPU-resident, data-moving)"; }
 
@@ -381,6 +399,15 @@ class DriveNvmeController final : public test::AgentNvmeController {
     if (!state) return state.status().with_context("drive controller: state");
     state_ = std::move(*state);
     TUTTI_RETURN_IF_ERROR(set_timing(settings_.latency_ns, settings_.bytes_per_second));
+    // The diagnostics' staging memory and stream, made now: an allocation while a service runs
+    // would keep later kernels from running beside it (debug_dump).
+    auto staging = test::AgentBuffer::mapped_host(kDebugStagingBytes);
+    if (!staging) return staging.status().with_context("drive controller: diagnostics staging");
+    debug_staging_ = std::move(*staging);
+    if (debug_stream_ == nullptr && cudaStreamCreateWithFlags(&debug_stream_, cudaStreamNonBlocking) != cudaSuccess) {
+      debug_stream_ = nullptr;
+      return error(StatusCode::DEVICE_ERROR, "drive controller: cudaStreamCreateWithFlags for diagnostics failed");
+    }
     set_identity(options.nsid, settings_.namespace_bytes / kDriveLbaSize,
                  "GPU-resident drive controller (tests and benchmarks)");
     return Status::success();
@@ -436,6 +463,140 @@ class DriveNvmeController final : public test::AgentNvmeController {
     return accel::copy_to_device(queues_.at(qid).state(), &s.value(), sizeof(DriveQueueState));
   }
 
+#if defined(__CUDACC__)
+  /// Diagnostics for a batch that is late (tests and benchmarks call it on a timeout; never on a
+  /// hot path). A text dump of, first, whether a kernel launched now runs (a probe kernel reads the
+  /// GPU's clock), then, per I/O queue pair in qid order (at most `max_queues`): the SQ tail and CQ
+  /// head doorbells and CSTS as the controller reads them; the controller's state (SQEs fetched,
+  /// commands completed, CQEs posted with the CQ slot and Phase Tag of the next one, bytes moved,
+  /// failed, dropped, the fault words); the commands fetched and not completed (at most
+  /// `max_entries`: SQ position, CID, opcode, SLBA, blocks, PRP1/PRP2, the status decided at fetch,
+  /// the due time against the GPU's clock); the SQEs announced by the tail doorbell and not yet
+  /// fetched (at most `max_entries`); and the CQ slots before and at the next CQE (dword 3: CID,
+  /// status, Phase Tag; SQ head pointer). Every read is one asynchronous copy on the controller's
+  /// own non-blocking stream into pinned memory made at bring_up, waited for at most `timeout_ns`:
+  /// safe while a service runs (it neither allocates nor touches the legacy default stream), and
+  /// bounded when the device is stuck (the dump then says which read did not finish and stops; the
+  /// copy may still land later, into the staging memory only). Thread-safety: one caller at a time;
+  /// takes the queue mutex.
+  std::string debug_dump(std::uint32_t max_queues = 16, std::uint32_t max_entries = 8,
+                         std::uint64_t timeout_ns = 1'000'000'000) const {
+    if (debug_stream_ == nullptr || debug_staging_.as<void>() == nullptr)
+      return "drive controller: not brought up (no diagnostics stream)\n";
+    auto* staging = debug_staging_.as<unsigned char>();
+    const auto wait = [&](const char* what) -> Status {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
+      for (;;) {
+        const cudaError_t state = cudaStreamQuery(debug_stream_);
+        if (state == cudaSuccess) return Status::success();
+        if (state != cudaErrorNotReady)
+          return error(StatusCode::DEVICE_ERROR, "{}: {} ({})", what, cudaGetErrorString(state),
+                       cudaGetErrorName(state));
+        if (std::chrono::steady_clock::now() > deadline)
+          return error(StatusCode::TIMEOUT, "{}: not finished after {} ns (the device runs no new work now)", what,
+                       timeout_ns);
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    };
+    // One read of `bytes` at `from` (GPU memory) into the staging memory, bounded.
+    const auto read = [&](const void* from, std::size_t bytes, const char* what) -> Status {
+      if (bytes > kDebugStagingBytes)
+        return error(StatusCode::INVALID_ARGUMENT, "{}: {} bytes > staging {}", what, bytes, kDebugStagingBytes);
+      if (const cudaError_t e = cudaMemcpyAsync(staging, from, bytes, cudaMemcpyDefault, debug_stream_);
+          e != cudaSuccess)
+        return error(StatusCode::DEVICE_ERROR, "{}: cudaMemcpyAsync: {}", what, cudaGetErrorString(e));
+      return wait(what);
+    };
+    std::string out =
+        fmt::format("drive controller ({} queue pairs, latency {} ns, link cap {} B/s, namespace in {}):\n",
+                    queues_size(), settings_.latency_ns, settings_.bytes_per_second,
+                    settings_.namespace_in_host ? "pinned host memory" : "GPU memory");
+    // The probe kernel: does new work run at all, and what does the GPU's clock read?
+    auto* clock = reinterpret_cast<volatile unsigned long long*>(staging + kDebugStagingBytes - 64);
+    *clock = 0;
+    drive_clock_probe_kernel<<<1, 32, 0, debug_stream_>>>(
+        reinterpret_cast<unsigned long long*>(staging + kDebugStagingBytes - 64));
+    const cudaError_t launched = cudaGetLastError();
+    const Status probed = launched == cudaSuccess ? wait("probe kernel")
+                                                  : error(StatusCode::DEVICE_ERROR, "probe kernel launch: {}",
+                                                          cudaGetErrorString(launched));
+    if (!probed.is_ok()) return out + "  " + probed.to_string() + "; no further reads\n";
+    const std::uint64_t now = *clock;
+    out += fmt::format("  a probe kernel launched now ran: GPU clock {} ns\n", now);
+    std::scoped_lock lock(mutex_);
+    std::uint32_t shown = 0;
+    for (const auto& [qid, q] : queues_) {
+      if (shown++ == max_queues) {
+        out += fmt::format("  ({} more queue pairs not shown)\n", queues_.size() - max_queues);
+        break;
+      }
+      const std::uint32_t depth = q.info.depth;
+      if (Status s = read(q.words.as<void>(), kQueueState + sizeof(DriveQueueState), "word page"); !s.is_ok())
+        return out + fmt::format("  qid {}: {}; no further reads\n", qid, s.to_string());
+      std::uint32_t sq_tail = 0, cq_head = 0, csts = 0;
+      std::memcpy(&sq_tail, staging + kSubmissionTailDoorbell, 4);
+      std::memcpy(&cq_head, staging + kCompletionHeadDoorbell, 4);
+      std::memcpy(&csts, staging + kControllerStatus, 4);
+      DriveQueueState st{};
+      std::memcpy(&st, staging + kQueueState, sizeof(st));
+      const auto fault = [](std::uint64_t p) { return p == kDriveNoFault ? std::string("none") : std::to_string(p); };
+      const std::uint32_t announced = sq_tail < depth ? test::announced_entries(sq_tail, st.fetched, depth) : 0;
+      out += fmt::format(
+          "  qid {} (depth {}): SQ tail doorbell {}{} | CQ head doorbell {}{} | CSTS {:#x} | fetched {} completed {} "
+          "(in flight {}) announced-not-fetched {} | CQEs posted {} (next CQ slot {}, Phase Tag {}) free CQ slots {} | "
+          "bytes moved {} failed {} dropped {} | fail_command {} drop_command {}\n",
+          qid, depth, sq_tail, sq_tail < depth ? "" : " (INVALID: >= depth, ignored)", cq_head,
+          cq_head < depth ? "" : " (INVALID: >= depth: no CQE is posted)", csts, st.fetched, st.completed,
+          st.fetched - st.completed, announced, st.cq_tail, st.cq_tail % depth,
+          ((st.cq_tail / depth) & 1u) == 0 ? 1 : 0,
+          cq_head < depth ? test::free_completion_slots(st.cq_tail, cq_head, depth) : 0, st.bytes_moved, st.failed,
+          st.dropped, fault(st.fail_command), fault(st.drop_command));
+      const std::uint64_t in_flight = st.fetched - st.completed;
+      for (std::uint64_t k = 0; k < in_flight && k < max_entries; ++k) {
+        const std::uint64_t position = st.completed + k;
+        if (Status s = read(q.commands.as<DriveCommand>() + position % depth, sizeof(DriveCommand), "command");
+            !s.is_ok())
+          return out + fmt::format("    {}; no further reads\n", s.to_string());
+        DriveCommand c{};
+        std::memcpy(&c, staging, sizeof(c));
+        out += fmt::format(
+            "    fetched, not completed: SQ position {} CID {:#06x} opcode {:#04x} SLBA {} blocks {} PRP1 {:#x} PRP2 "
+            "{:#x} status {:#05x}{} due {} ns ({})\n",
+            position, c.cid, c.opcode, c.starting_lba, c.blocks, c.prp1, c.prp2, c.status, c.drop ? " DROP" : "",
+            c.due_ns,
+            c.due_ns <= now ? fmt::format("{} ns overdue", now - c.due_ns)
+                            : fmt::format("due in {} ns", c.due_ns - now));
+      }
+      if (in_flight > max_entries) out += fmt::format("    ({} more in flight not shown)\n", in_flight - max_entries);
+      for (std::uint64_t k = 0; k < announced && k < max_entries; ++k) {
+        const std::uint64_t position = st.fetched + k;
+        if (Status s = read(q.info.submission_queue + position % depth, sizeof(nvme::SubmissionQueueEntry), "SQE");
+            !s.is_ok())
+          return out + fmt::format("    {}; no further reads\n", s.to_string());
+        nvme::SubmissionQueueEntry e{};
+        std::memcpy(&e, staging, sizeof(e));
+        out += fmt::format(
+            "    announced, not fetched: SQ position {} CID {:#06x} opcode {:#04x} NSID {} PSDT {} SLBA {} blocks {} "
+            "PRP1 {:#x} PRP2 {:#x}\n",
+            position, e.command_identifier, e.opcode, e.nsid, e.flags >> 6, (std::uint64_t{e.cdw11} << 32) | e.cdw10,
+            (e.cdw12 & 0xffffu) + 1, e.data_pointer.prp.prp1, e.data_pointer.prp.prp2);
+      }
+      for (std::uint64_t position = st.cq_tail >= 2 ? st.cq_tail - 2 : 0; position <= st.cq_tail; ++position) {
+        if (Status s = read(q.info.completion_queue + position % depth, sizeof(nvme::CompletionQueueEntry), "CQE");
+            !s.is_ok())
+          return out + fmt::format("    {}; no further reads\n", s.to_string());
+        nvme::CompletionQueueEntry e{};
+        std::memcpy(&e, staging, sizeof(e));
+        out += fmt::format("    CQ slot {} ({}): CID {:#06x} SCT {:#x} SC {:#04x} Phase Tag {} SQ head {} SQ id {}\n",
+                           position % depth, position == st.cq_tail ? "next to post" : "posted", e.command_identifier(),
+                           e.status().status_code_type(), e.status().status_code(), e.status().phase(), e.sq_head,
+                           e.sq_identifier);
+      }
+    }
+    return out;
+  }
+#endif  // __CUDACC__
+
  private:
   std::size_t command_bytes_per_entry() const noexcept override { return sizeof(DriveCommand); }
   Status initialise_queue_state(void* state) override {
@@ -466,8 +627,16 @@ class DriveNvmeController final : public test::AgentNvmeController {
     return test::AgentBuffer::mapped_host(bytes);
   }
 
+  std::size_t queues_size() const {
+    std::scoped_lock lock(mutex_);
+    return queues_.size();
+  }
+
+  static constexpr std::size_t kDebugStagingBytes = 8192;  ///< the word page (4096) and the probe's clock
   DriveSettings settings_;
   test::AgentBuffer namespace_, state_;
+  test::AgentBuffer debug_staging_;  ///< mapped pinned host memory for debug_dump's reads
+  cudaStream_t debug_stream_ = nullptr;
 };
 
 #if defined(__CUDACC__)
@@ -506,6 +675,8 @@ class DriveService {
       return error(StatusCode::DEVICE_ERROR, "drive service: launch of {} warps: {}", warps_,
                    cudaGetErrorString(launched));
     started_ = true;
+    queue_count_ = static_cast<std::uint32_t>(all.size());
+    budget_ns_ = budget_ns;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     const volatile DriveControl* c = control_.as<DriveControl>();
     while (c->running_warps < warps_) {
@@ -526,9 +697,33 @@ class DriveService {
   }
   std::uint32_t warps() const noexcept { return warps_; }
 
+  /// Diagnostics (never on a hot path): whether the service's kernel still runs (a query of its
+  /// stream, which never waits), and its control words: the stop word, the warps that started and
+  /// those that left because the budget ran out. Thread-safety: any thread; the words are read
+  /// as they are now.
+  std::string describe() const {
+    if (control_.as<void>() == nullptr) return "drive service: not started";
+    const volatile DriveControl* c = control_.as<DriveControl>();
+    std::string kernel = "ended";
+    if (stream_ != nullptr) {
+      const cudaError_t state = cudaStreamQuery(stream_);
+      if (state == cudaErrorNotReady)
+        kernel = "running";
+      else if (state != cudaSuccess)
+        kernel = fmt::format("failed: {} ({})", cudaGetErrorString(state), cudaGetErrorName(state));
+    }
+    return fmt::format(
+        "drive service: {} warps over {} queues, budget {} ns, kernel {}, stop word {}, warps started {}, warps that "
+        "left because the budget ran out {}{}",
+        warps_, queue_count_, budget_ns_, kernel, c->stop, c->running_warps, c->deadline_exits,
+        started_ ? "" : " (stop() called)");
+  }
+
  private:
   test::AgentBuffer views_, control_;
   cudaStream_t stream_ = nullptr;
+  std::uint32_t queue_count_ = 0;
+  std::uint64_t budget_ns_ = 0;
   std::uint32_t warps_ = 0;
   bool started_ = false;
   std::uint32_t deadline_exits_ = 0;
