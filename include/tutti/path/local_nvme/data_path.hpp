@@ -65,8 +65,11 @@ class LocalNvmeDataPath {
   /// range, controller not brought up, LBA size not 512/4096, memory page size not 4096..65536),
   /// and the controller's create_io_queue_pair errors (queues already created are deleted); the
   /// prepared batch slots' errors ("local_nvme: prepared batch slot i of N": RESOURCE_EXHAUSTED or
-  /// the allocator's); cuda profile: DEVICE_ERROR when CUDA cannot load the kernels
-  /// (preload_kernels, launch.hpp). All of these come from Engine::create.
+  /// the allocator's); cuda profile: DEVICE_ERROR when CUDA cannot load or launch the kernels,
+  /// TIMEOUT when their first launch (no request; it grows CUDA's per-thread stack) did not finish
+  /// within command_timeout_ns because a kernel running on the device holds it (preload_kernels,
+  /// launch.hpp: create the DataPath before starting persistent kernels). All of these come from
+  /// Engine::create.
   static Result<LocalNvmeDataPath> create(nvme::Controller& controller) { return create(controller, Options()); }
   static Result<LocalNvmeDataPath> create(nvme::Controller& controller, Options options) {
     auto engine = Engine::create(controller, options);

@@ -72,9 +72,11 @@ struct Engine {
     auto max_bytes = validate_options(options, controller.identity());
     if (!max_bytes) return max_bytes.status();
     if constexpr (accel::kProfile == accel::Profile::cuda) {
-      // Load the kernels before the first submit (launch.hpp: a lazy load there may wait for every
-      // kernel running on the device). Every DataPath over engines (local_nvme, striped_nvme) gets it.
-      if (Status loaded = preload_kernels(); !loaded.is_ok()) return loaded.with_context("local_nvme: create");
+      // Load the kernels and grow the per-thread stack to theirs before the first submit
+      // (launch.hpp: either, at a submit, may wait for every kernel running on the device, a
+      // persistent one until it ends). Every DataPath over engines (local_nvme, striped_nvme) gets it.
+      if (Status loaded = preload_kernels(options.command_timeout_ns); !loaded.is_ok())
+        return loaded.with_context("local_nvme: create");
     }
     auto engine = std::make_unique<Engine>();
     engine->controller = &controller;

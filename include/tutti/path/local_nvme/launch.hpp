@@ -33,11 +33,20 @@ inline namespace TUTTI_PROFILE_NAMESPACE {
 Status launch_kernel(const accel::LaunchConfig& config, const AdmitKernel& kernel);
 Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel);
 
-/// cuda profile: loads both kernels' GPU code now (accel::preload), so that the DataPath's first
-/// launch never waits for a module load behind kernels already running on the device (a persistent
-/// GPU-resident controller would hold it until it ends). Engine::create calls it.
-/// Errors: DEVICE_ERROR with CUDA's text. Defined in libtutti_cuda only.
-Status preload_kernels();
+/// cuda profile: makes the DataPath's first launches run beside kernels already running on the
+/// device (a persistent GPU-resident controller, or a serving engine's persistent kernel, would
+/// otherwise hold them until it ends). Two things a first launch may wait for, done now:
+///  - the module load (accel::preload of both kernels; a lazy load waits for running kernels);
+///  - the per-thread stack: both kernels keep a request's planned SQEs on their stack (about
+///    4.4 KiB per thread at sm_90, ptxas "stack frame"; CUDA's default cudaLimitStackSize is
+///    1 KiB), and CUDA grows the stack at the first launch that needs more, only once the device is
+///    idle (cuCtxSetLimit, CU_LIMIT_STACK_SIZE: the size is never reset afterwards). One launch of
+///    each kernel with no request, on a private non-blocking stream, waited for at most timeout_ns,
+///    grows it here.
+/// Engine::create calls it (with command_timeout_ns), so create a DataPath before starting
+/// persistent kernels. Errors: DEVICE_ERROR with CUDA's text; TIMEOUT when the launches did not
+/// finish within timeout_ns (a running kernel holds the device). Defined in libtutti_cuda only.
+Status preload_kernels(std::uint64_t timeout_ns);
 
 }  // namespace TUTTI_PROFILE_NAMESPACE
 
