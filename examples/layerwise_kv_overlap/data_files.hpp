@@ -5,6 +5,9 @@
 //
 //   <data dir>/layer-00000.kv ... (kv::Layout::file_name)   layer_file_bytes() each, every byte written
 //   <data dir>/manifest.json     the shape and its layout (shape_json), written last
+// Striped (Shape::stripe_devices N > 1, dataset.hpp): shard i of every layer lives in its own folder
+// (one per ext4 image) under the same file name, shard_file_bytes() each, every byte written; that
+// folder's manifest also names the shard.
 //   <data dir>/layerwise.lock    flock(2) of the run using the folder (DataDirLock)
 #pragma once
 
@@ -28,6 +31,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <tutti/bind/striped_file.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/core/errno.hpp>
 
@@ -40,15 +44,25 @@ namespace fs = std::filesystem;
 
 /// The manifest of a data set: what its files hold and where (the store's layout). hit_percent belongs
 /// to it because the missed chunks hold the last run's recomputed tensors, not the prepared content.
-/// Format 3: the KV store's layout (format 2 named the files layer-NNN.kv).
+/// Format 3: the KV store's layout (format 2 named the files layer-NNN.kv). A striped shape adds
+/// "stripe": {"devices": N, "unit_bytes": tensor_bytes}.
 inline nlohmann::json shape_json(const Shape& s) {
-  return {{"layers", s.layers},
-          {"context_tokens", s.context_tokens},
-          {"chunk_tokens", s.chunk_tokens},
-          {"tensor_bytes", s.tensor_bytes},
-          {"hit_percent", s.hit_percent},
-          {"layout", s.layout().to_json()},
-          {"format", 3}};
+  nlohmann::json j = {{"layers", s.layers},
+                      {"context_tokens", s.context_tokens},
+                      {"chunk_tokens", s.chunk_tokens},
+                      {"tensor_bytes", s.tensor_bytes},
+                      {"hit_percent", s.hit_percent},
+                      {"layout", s.layout().to_json()},
+                      {"format", 3}};
+  if (s.stripe_devices > 1) j["stripe"] = {{"devices", s.stripe_devices}, {"unit_bytes", s.tensor_bytes}};
+  return j;
+}
+
+/// The manifest of shard `shard` of a data set: shape_json, and for a striped shape the shard's index.
+inline nlohmann::json manifest_json(const Shape& s, std::uint32_t shard) {
+  nlohmann::json j = shape_json(s);
+  if (s.stripe_devices > 1) j["stripe"]["shard"] = shard;
+  return j;
 }
 
 /// Bytes of the whole data set (every layer file); saturates at UINT64_MAX.
@@ -57,15 +71,16 @@ inline std::uint64_t data_set_bytes(const Shape& s) {
   return bytes > UINT64_MAX ? UINT64_MAX : static_cast<std::uint64_t>(bytes);
 }
 
-/// Whether `dir` holds the complete data set of `shape`: its manifest, and every layer file at its size.
-inline bool data_set_complete(const Shape& shape, const fs::path& dir) {
+/// Whether `dir` holds the complete data set of `shape` (striped: its shard `shard`): its manifest, and
+/// every layer file at its size.
+inline bool data_set_complete(const Shape& shape, const fs::path& dir, std::uint32_t shard = 0) {
   std::error_code ec;
   std::ifstream in(dir / "manifest.json");
   if (!in) return false;
   auto saved = nlohmann::json::parse(in, nullptr, false);
-  if (saved.is_discarded() || saved != shape_json(shape)) return false;
+  if (saved.is_discarded() || saved != manifest_json(shape, shard)) return false;
   for (std::uint32_t l = 0; l < shape.layers; ++l)
-    if (fs::file_size(dir / shape.layer_file_name(l), ec) != shape.layer_file_bytes() || ec) return false;
+    if (fs::file_size(dir / shape.layer_file_name(l), ec) != shape.shard_file_bytes() || ec) return false;
   return true;
 }
 
@@ -92,16 +107,27 @@ inline void remove_stale_layer_files(const Shape& shape, const fs::path& dir) {
 /// not gigabytes later; skipped where the file system has no fallocate), then every tensor is written
 /// with its content (fill_tensor, salt 0) and the file fsynced; the manifest is written last, so an
 /// interrupted preparation is redone by the next run. Progress goes to stderr.
+/// Striped (shape.stripe_devices N > 1): writes shard `shard` (0 to N-1) of every layer instead, the
+/// tensors striped_file::place puts on it at their shard offsets and zeros in its units past the layer.
 /// Errors (naming the file): those of open, fallocate, pwrite and fsync as tutti::status_from_errno
-/// classifies them (RESOURCE_EXHAUSTED for ENOSPC and EDQUOT, INVALID_ARGUMENT for EACCES and EROFS, ...).
-inline tutti::Status prepare_files(const Shape& shape, const fs::path& dir) {
-  if (data_set_complete(shape, dir)) return tutti::Status::success();
+/// classifies them (RESOURCE_EXHAUSTED for ENOSPC and EDQUOT, INVALID_ARGUMENT for EACCES and EROFS, ...);
+/// INVALID_ARGUMENT for a shard index of N or more.
+inline tutti::Status prepare_files(const Shape& shape, const fs::path& dir, std::uint32_t shard = 0) {
+  const std::uint32_t devices = std::max(1u, shape.stripe_devices);
+  if (shard >= devices)
+    return tutti::error(tutti::StatusCode::INVALID_ARGUMENT, "shard = {}; expected 0 to {}", shard, devices - 1);
+  if (data_set_complete(shape, dir, shard)) return tutti::Status::success();
   std::error_code ec;
   fs::remove(dir / "manifest.json", ec);
   remove_stale_layer_files(shape, dir);
-  fmt::print(stderr, "writing the data set: {} layer files of {} ({}) in '{}'\n", shape.layers,
-             format_bytes(shape.layer_file_bytes()), format_bytes(data_set_bytes(shape)), dir.string());
-  Progress progress("writing the data set", data_set_bytes(shape), Progress::Unit::bytes);
+  const std::uint64_t file_bytes = shape.shard_file_bytes();
+  const unsigned __int128 all = static_cast<unsigned __int128>(shape.layers) * file_bytes;
+  const std::uint64_t total = all > UINT64_MAX ? UINT64_MAX : static_cast<std::uint64_t>(all);
+  const std::string label =
+      devices == 1 ? std::string("the data set") : fmt::format("shard {} of {} of the data set", shard, devices);
+  fmt::print(stderr, "writing {}: {} layer files of {} ({}) in '{}'\n", label, shape.layers, format_bytes(file_bytes),
+             format_bytes(total), dir.string());
+  Progress progress("writing " + label, total, Progress::Unit::bytes);
   std::vector<std::byte> tensor(shape.tensor_bytes);
   std::uint64_t written = 0;
   for (std::uint32_t l = 0; l < shape.layers; ++l) {
@@ -113,26 +139,39 @@ inline tutti::Status prepare_files(const Shape& shape, const fs::path& dir) {
       ::close(fd);
       return tutti::status_from_errno(err, fmt::format("{} '{}'", what, path.string()));
     };
-    const int allocated = ::fallocate(fd, 0, 0, static_cast<off_t>(shape.layer_file_bytes()));
+    auto write_at = [&](std::uint64_t offset) {
+      const ssize_t n = ::pwrite(fd, tensor.data(), tensor.size(), static_cast<off_t>(offset));
+      if (n != static_cast<ssize_t>(tensor.size())) {
+        if (n >= 0) errno = ENOSPC;  // a short write: the file system ran out of room
+        return false;
+      }
+      written += tensor.size();
+      progress.update(written);
+      return true;
+    };
+    const int allocated = ::fallocate(fd, 0, 0, static_cast<off_t>(file_bytes));
     if (allocated != 0 && errno != EOPNOTSUPP) return fail("fallocate");
+    std::uint64_t units_here = 0;  // the shard's units holding a tensor
     for (std::uint32_t c = 0; c < shape.chunks(); ++c)
       for (std::uint32_t k = 0; k < 2; ++k) {
+        // One shard: the identity (shard 0, the layer offset).
+        const auto at = tutti::striped_file::place(shape.tensor_offset(c, k), shape.tensor_bytes, devices);
+        if (at.shard != shard) continue;
         fill_tensor(tensor, l, c, k);
-        const auto offset = static_cast<off_t>(shape.tensor_offset(c, k));
-        const ssize_t n = ::pwrite(fd, tensor.data(), tensor.size(), offset);
-        if (n != static_cast<ssize_t>(tensor.size())) {
-          if (n >= 0) errno = ENOSPC;  // a short write: the file system ran out of room
-          return fail("write");
-        }
-        written += tensor.size();
-        progress.update(written);
+        if (!write_at(at.shard_offset)) return fail("write");
+        ++units_here;
       }
+    // Striped: the shard's units past the layer's last tensor hold zeros (every byte written, so
+    // FIEMAP finds no unwritten extent).
+    std::fill(tensor.begin(), tensor.end(), std::byte{0});
+    for (std::uint64_t u = units_here; devices > 1 && u < file_bytes / shape.tensor_bytes; ++u)
+      if (!write_at(u * shape.tensor_bytes)) return fail("write");
     if (::fsync(fd) != 0) return fail("fsync");
     ::close(fd);
   }
-  progress.update(data_set_bytes(shape));
+  progress.update(total);
   std::ofstream manifest(dir / "manifest.json");
-  manifest << shape_json(shape).dump(2) << "\n";
+  manifest << manifest_json(shape, shard).dump(2) << "\n";
   manifest.close();
   if (!manifest)
     return tutti::error(tutti::StatusCode::DEVICE_ERROR, "could not write '{}'", (dir / "manifest.json").string());

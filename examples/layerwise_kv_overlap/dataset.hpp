@@ -11,6 +11,13 @@
 //
 // Hits and misses: the first `hit_chunks` chunks of the prefix are in the SSD cache (restored by
 // reads); the remaining chunks are recomputed and written back (writes of layer L-1).
+//
+// Striping (--backend nvme-soft-striped, stripe_devices > 1): each layer's logical file is the
+// striped:// target of `stripe_devices` shard files, one per ext4 image, in units of one K or V tensor
+// (tensor_bytes), round robin (tutti::striped_file::place, docs/striping.md): the tensor at logical
+// offset x lies in shard (x / tensor_bytes) % N at (x / tensor_bytes / N) * tensor_bytes. Each shard file
+// holds shard_file_bytes(): its units, the last ones zero-filled where the layer's unit count is not a
+// multiple of N (so the logical size, N x the shortest shard, covers the whole layer).
 #pragma once
 
 #include <xxhash.h>
@@ -35,6 +42,8 @@ struct Shape {
   std::uint32_t chunk_tokens = 256;
   std::uint32_t hit_percent = 75;           ///< Share of the prefix's chunks found in the cache.
   std::uint64_t tensor_bytes = 512 * 1024;  ///< One K or V tensor of one chunk of one layer.
+  /// Shard files per layer (1: one plain layer file; N > 1: striped over N devices, a unit per tensor).
+  std::uint32_t stripe_devices = 1;
 
   std::uint32_t chunks() const { return (context_tokens + chunk_tokens - 1) / chunk_tokens; }
   std::uint32_t hit_chunks() const { return static_cast<std::uint32_t>(std::uint64_t{chunks()} * hit_percent / 100); }
@@ -54,6 +63,13 @@ struct Shape {
   /// Byte offset of chunk `chunk`'s K (kind 0) or V (kind 1) tensor in its layer file.
   std::uint64_t tensor_offset(std::uint32_t chunk, std::uint32_t kind) const { return layout().offset(chunk, kind); }
   std::string layer_file_name(std::uint32_t layer) const { return tutti::kv::Layout::file_name(layer); }
+  /// Bytes of one shard file of a layer: layer_file_bytes() with stripe_devices 1; else the layer's
+  /// tensor_bytes units (rounded up) divided over the shards, rounded up to whole units.
+  std::uint64_t shard_file_bytes() const {
+    if (stripe_devices <= 1 || tensor_bytes == 0) return layer_file_bytes();
+    const std::uint64_t units = (layer_file_bytes() + tensor_bytes - 1) / tensor_bytes;
+    return (units + stripe_devices - 1) / stripe_devices * tensor_bytes;
+  }
 };
 
 /// The splitmix64 seed of one tensor, from its coordinates and salt (see fill_tensor).

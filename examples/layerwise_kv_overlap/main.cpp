@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include <tutti/libnvm/soft_local_nvme.hpp>
+#include <tutti/libnvm/soft_striped_nvme.hpp>
 #include <tutti/tutti.hpp>
 
 #include "baselines.hpp"
@@ -56,10 +57,15 @@ constexpr int kExitMismatch = 1;
 constexpr int kExitRefused = 2;
 constexpr int kExitFailed = 3;
 
+/// Most devices --backend nvme-soft-striped stripes over (--stripe-devices): one ext4 image, loop
+/// device and soft NVMe controller each, plus the plain targets' controller.
+constexpr std::uint32_t kMaxStripeDevices = 8;
+
 struct Options {
   Settings settings;
   ModelShape model;
   std::string backend = "uring";
+  std::uint32_t stripe_devices = 2;  ///< --stripe-devices: the nvme-soft-striped backend's devices
   std::string data_dir;
   std::string json_path;
   std::uint32_t repeat = 3;
@@ -81,19 +87,33 @@ struct Options {
 #endif
 };
 
-/// file:// URI of an absolute path, each segment percent-encoded.
-std::string file_uri(const fs::path& path) {
-  std::string uri = "file://";
+/// An absolute path, each segment percent-encoded ("/a%20b/c%2Cd": a ',' too, as striped:// needs).
+std::string escaped_path(const fs::path& path) {
+  std::string out;
   for (const auto& part : fs::absolute(path)) {
     if (part == "/") continue;
     const std::string segment = part.string();
     std::string escaped(segment.size() * 3 + 1, '\0');
     char* end = uriEscapeA(segment.c_str(), escaped.data(), URI_FALSE, URI_FALSE);
     escaped.resize(static_cast<std::size_t>(end - escaped.data()));
-    uri += "/" + escaped;
+    out += "/" + escaped;
   }
-  return uri;
+  return out;
 }
+
+/// file:// URI of an absolute path, each segment percent-encoded.
+std::string file_uri(const fs::path& path) { return "file://" + escaped_path(path); }
+
+/// striped:// URI of layer file `name` striped over `shard_dirs` (shard i is `shard_dirs[i] / name`) in
+/// units of `unit_bytes` (docs/striping.md): "striped://layer-00000?devs=/d0/layer-00000.kv,...&unit=...".
+std::string striped_uri(const std::string& name, const std::vector<fs::path>& shard_dirs, std::uint64_t unit_bytes) {
+  std::string devs;
+  for (const auto& dir : shard_dirs) devs += (devs.empty() ? "" : ",") + escaped_path(dir / name);
+  return fmt::format("striped://{}?devs={}&unit={}", fs::path(name).stem().string(), devs, unit_bytes);
+}
+
+/// Whether the backend is one of the soft NVMe controller's (nvme-soft, nvme-soft-striped).
+bool soft_nvme_backend(const std::string& backend) { return backend == "nvme-soft" || backend == "nvme-soft-striped"; }
 
 /// Prints "error: CODE: message" to stderr and returns `exit_code`.
 int fail_with(const tutti::Status& s, int exit_code, std::string_view context = {}) {
@@ -132,6 +152,11 @@ void print_header(const Options& o, const DataPlace& place) {
     fmt::print(
         "  note           : nvme-soft is the software NVMe controller (pread/pwrite on an image file): its "
         "figures measure the emulation, not an NVMe drive\n");
+  if (o.backend == "nvme-soft-striped")
+    fmt::print(
+        "  note           : nvme-soft-striped is {} software NVMe controllers (pread/pwrite on an image file each): "
+        "its figures measure the emulation, not NVMe drives\n",
+        s.stripe_devices);
   if (o.model.kv_heads)
     fmt::print("  model          : {}: {}\n", o.model.name, o.model.describe());
   else
@@ -151,9 +176,16 @@ void print_header(const Options& o, const DataPlace& place) {
     std::fflush(stdout);
     return;
   }
+  std::string inside;
+  if (o.backend == "nvme-soft") inside = ", inside an ext4 image under nvme-soft/";
+  if (o.backend == "nvme-soft-striped")
+    inside = fmt::format(
+        ", each striped over {} ext4 images under nvme-soft-striped/ in units of one K or V tensor ({}): "
+        "{} shard files of {}",
+        s.stripe_devices, format_bytes(s.tensor_bytes), std::uint64_t{s.layers} * s.stripe_devices,
+        format_bytes(s.shard_file_bytes()));
   fmt::print("  data           : {} in {} layer files of {} in '{}' ({}){}\n", format_bytes(data_set_bytes(s)),
-             s.layers, format_bytes(s.layer_file_bytes()), place.dir.string(), place.filesystem.describe(),
-             o.backend == "nvme-soft" ? ", inside an ext4 image under nvme-soft/" : "");
+             s.layers, format_bytes(s.layer_file_bytes()), place.dir.string(), place.filesystem.describe(), inside);
   if (!place.filesystem.ram_backed.empty())
     fmt::print(
         "  warning        : '{}' is on {}: {}, so the figures below measure memory, not a disk; pick a folder "
@@ -411,10 +443,11 @@ int finish(const Options& o, const std::vector<Report>& runs, const std::vector<
   return kExitVerified;
 }
 
-/// Runs every phase on one runtime, o.repeat times. `uris[l]` names layer l's target; `dir` holds the
-/// layer files when `file_backed` (the pread baselines read them).
+/// Runs every phase on one runtime, o.repeat times. `uris[l]` names layer l's target; `dirs` hold the
+/// layer files when `file_backed` (the pread baselines read them): one folder, or (striped) shard i's
+/// folder at i.
 template <class Runtime>
-int run(Runtime& runtime, const Options& o, const DataPlace& place, const fs::path& dir,
+int run(Runtime& runtime, const Options& o, const DataPlace& place, const std::vector<fs::path>& dirs,
         const std::vector<std::string>& uris, bool file_backed,
         const std::function<tutti::Status(Runtime&)>& prepare_in_runtime) {
   const Checksums sums = expected_checksums(o.settings.shape);
@@ -432,12 +465,12 @@ int run(Runtime& runtime, const Options& o, const DataPlace& place, const fs::pa
     if (auto s = pipeline.restore_only(report); !s.is_ok()) return fail_with(s, kExitFailed, "restore");
     if (file_backed && o.pread_baseline) {
       drop_page_cache(o);
-      if (auto s = pread_baseline(settings, dir, pipeline, sums, report); !s.is_ok())
+      if (auto s = pread_baseline(settings, dirs, pipeline, sums, report); !s.is_ok())
         return fail_with(s, kExitFailed, "pread baseline");
       drop_page_cache(o);
       const auto threads =
           static_cast<std::uint32_t>(std::min<std::uint64_t>(report.restore_max_in_flight, kMaxPreadThreads));
-      if (auto s = pread_parallel_baseline(settings, dir, pipeline, sums, threads, report); !s.is_ok())
+      if (auto s = pread_parallel_baseline(settings, dirs, pipeline, sums, threads, report); !s.is_ok())
         return fail_with(s, kExitFailed, "parallel pread baseline");
     }
     drop_page_cache(o);
@@ -637,31 +670,34 @@ int run_gpu(Options o, const DataPlace& place) {
 }
 #endif  // LAYERWISE_GPU
 
-/// nvme-soft: the layer files live on an ext4 image (4096-byte blocks) loop-mounted under the data
-/// directory; a software NVMe controller is backed by the same image, files are resolved to LBAs with
-/// FIEMAP and every IO is an NVMe command on its queues. Needs root (losetup, mount).
-/// CUDA build: GPU threads run local_nvme's submit and poll kernels (compiled once in libtutti_cuda,
-/// so this host-compiled file launches them too) against the soft controller in accelerator_mode;
-/// with --memory device the KV slots are GPU memory, which the controller reaches with map_device.
-int run_nvme_soft(const Options& o, const DataPlace& place) {
-  const fs::path& dir = place.dir;
-  if (geteuid() != 0) {
-    fmt::print(stderr, "error: --backend nvme-soft loop-mounts an ext4 image and needs root\n");
-    return kExitRefused;
+/// An ext4 image (4096-byte blocks) attached to a loop device and mounted; unmounted and detached on
+/// destruction. Made by mount_image.
+struct LoopMount {
+  fs::path image, mount_point;
+  std::string loop;  ///< the loop device, "/dev/loopN"
+  LoopMount() = default;
+  LoopMount(const LoopMount&) = delete;
+  LoopMount& operator=(const LoopMount&) = delete;
+  ~LoopMount() {
+    shell(fmt::format("umount '{}'", mount_point.string()));
+    shell("losetup -d " + loop);
   }
-  const Shape& shape = o.settings.shape;
-  const fs::path base = dir / "nvme-soft", image = base / "disk.img", mount_point = base / "mnt";
+};
+
+/// Creates the ext4 image `image` of `bytes` bytes (kept when one of that size is there from an earlier
+/// run: its files are reused when complete), attaches it to a free loop device and mounts it at
+/// `mount_point` (created). Needs root. nullptr after printing what failed (truncate, mkfs.ext4,
+/// losetup, mount).
+std::unique_ptr<LoopMount> mount_image(const fs::path& image, const fs::path& mount_point, std::uint64_t bytes) {
   std::error_code ec;
   fs::create_directories(mount_point, ec);
-  const std::uint64_t image_bytes =
-      (shape.layers * shape.layer_file_bytes() * 5 / 4 + (std::uint64_t{64} << 20)) / 4096 * 4096;
-  if (!fs::exists(image) || fs::file_size(image) != image_bytes) {
+  if (!fs::exists(image) || fs::file_size(image, ec) != bytes) {
     fs::remove(image, ec);
     if (!shell(
             fmt::format("truncate -s {} '{}' && mkfs.ext4 -q -F -b 4096 -E lazy_itable_init=0,lazy_journal_init=0 '{}'",
-                        image_bytes, image.string(), image.string()))) {
+                        bytes, image.string(), image.string()))) {
       fmt::print(stderr, "error: could not create the ext4 image '{}' (truncate, mkfs.ext4)\n", image.string());
-      return kExitFailed;
+      return nullptr;
     }
   }
   std::string loop;
@@ -674,18 +710,101 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
   if (loop.empty() || !shell(fmt::format("mount '{}' '{}'", loop, mount_point.string()))) {
     if (!loop.empty()) shell("losetup -d " + loop);
     fmt::print(stderr, "error: could not loop-mount '{}' (losetup, mount)\n", image.string());
-    return kExitFailed;
+    return nullptr;
   }
-  struct Unmount {
-    std::string loop, mount_point;
-    ~Unmount() {
-      shell(fmt::format("umount '{}'", mount_point));
-      shell("losetup -d " + loop);
-    }
-  } unmount{loop, mount_point.string()};
+  auto mounted = std::make_unique<LoopMount>();
+  mounted->image = image;
+  mounted->mount_point = mount_point;
+  mounted->loop = loop;
+  return mounted;
+}
 
-  if (auto s = prepare_files(shape, mount_point); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
+/// The soft controller's counters as one summary line, labelled `label`.
+void print_soft_counters(const std::string& label, const tutti::libnvm::SoftController& device) {
+  const auto counters = device.counters();
+  fmt::print("  {:<15}: {} NVMe I/O commands, {} MiB read, {} MiB written, {} errors, {} DMA faults\n", label,
+             counters.io_commands, counters.bytes_read >> 20, counters.bytes_written >> 20, counters.errors,
+             counters.dma_faults);
+}
+
+/// nvme-soft-striped on its stack: one striped:// target per layer over the shard files in `dirs`
+/// (shard i on device i), every IO an NVMe command on the N soft controllers, one launch per submit
+/// (striped_nvme). Host-memory KV slots in both builds (the CUDA build's kernels drive the queues).
+int run_striped_stack(const Options& o, const DataPlace& place, const std::vector<fs::path>& dirs,
+                      const std::vector<std::unique_ptr<LoopMount>>& mounts) {
+  const Shape& shape = o.settings.shape;
+  tutti::SoftStripedNvmeOptions nvme;
+  for (const auto& m : mounts) {
+    tutti::SoftStripedDevice device;
+    device.backing_path = m->image.string();
+    device.block_device_path = m->loop;
+    device.soft.worker_threads = 1;  // N controllers on a machine of a few cores: one poller each
+    nvme.devices.push_back(std::move(device));
+  }
+  auto stack = tutti::make_soft_striped_nvme(nvme);
+  if (!stack) return fail_with(stack.status(), kExitFailed, "soft striped NVMe controllers");
+  tutti::StripedMixedRuntime& runtime = *stack.value()->runtime;
+  const auto& datapath = runtime.datapath<0>();
+  // The stripe unit is one K or V tensor: it must be a whole number of every device's LBAs (NVMe Base
+  // Specification 2.0, 5.17.2.1). Tensors are multiples of 4096 bytes and the soft controllers'
+  // LBAs 4096 bytes, so this holds; refuse clearly should either change.
+  for (std::size_t d = 0; d < datapath.controller_count(); ++d)
+    if (shape.tensor_bytes % datapath.lba_size(d) != 0) {
+      fmt::print(stderr,
+                 "error: INVALID_ARGUMENT: the stripe unit, one K or V tensor of {} bytes, is not a multiple of "
+                 "device {}'s LBA size of {} bytes: change --tokens-per-block or --tensor-bytes\n",
+                 shape.tensor_bytes, d, datapath.lba_size(d));
+      return kExitRefused;
+    }
+  std::vector<std::string> uris;
+  for (std::uint32_t l = 0; l < shape.layers; ++l)
+    uris.push_back(striped_uri(shape.layer_file_name(l), dirs, shape.tensor_bytes));
+  const int rc = run<tutti::StripedMixedRuntime>(runtime, o, place, dirs, uris, true, {});
+  fmt::print("  striped_nvme   : {} controllers, unit {}, {} launches, {} Aborts sent\n", datapath.controller_count(),
+             format_bytes(shape.tensor_bytes), datapath.launches(), datapath.aborts_sent());
+  for (std::size_t d = 0; d < stack.value()->devices.size(); ++d)
+    print_soft_counters(fmt::format("soft device {}", d), *stack.value()->devices[d]);
+  return rc;
+}
+
+/// nvme-soft: the layer files live on an ext4 image (4096-byte blocks) loop-mounted under the data
+/// directory; a software NVMe controller is backed by the same image, files are resolved to LBAs with
+/// FIEMAP and every IO is an NVMe command on its queues. Needs root (losetup, mount).
+/// nvme-soft-striped: the same with --stripe-devices N images, N soft controllers, and each layer a
+/// striped:// target of N shard files, one per image, in units of one K or V tensor (run_striped_stack).
+/// CUDA build: GPU threads run local_nvme's submit and poll kernels (compiled once in libtutti_cuda,
+/// so this host-compiled file launches them too) against the soft controller in accelerator_mode;
+/// with --memory device (nvme-soft) the KV slots are GPU memory, which the controller reaches with
+/// map_device.
+int run_nvme_soft(const Options& o, const DataPlace& place) {
+  const fs::path& dir = place.dir;
+  if (geteuid() != 0) {
+    fmt::print(stderr, "error: --backend {} loop-mounts {} and needs root\n", o.backend,
+               o.backend == "nvme-soft" ? "an ext4 image" : "ext4 images");
+    return kExitRefused;
+  }
+  const Shape& shape = o.settings.shape;
+  const bool striped = o.backend == "nvme-soft-striped";
+  const std::uint32_t devices = striped ? shape.stripe_devices : 1;
+  const fs::path base = dir / o.backend;
+  const std::uint64_t image_bytes =
+      (shape.layers * shape.shard_file_bytes() * 5 / 4 + (std::uint64_t{64} << 20)) / 4096 * 4096;
+  std::vector<std::unique_ptr<LoopMount>> mounts;  // unmounted in reverse order on return
+  std::vector<fs::path> dirs;
+  for (std::uint32_t i = 0; i < devices; ++i) {
+    auto mounted = striped
+                       ? mount_image(base / fmt::format("disk-{}.img", i), base / fmt::format("mnt-{}", i), image_bytes)
+                       : mount_image(base / "disk.img", base / "mnt", image_bytes);
+    if (!mounted) return kExitFailed;
+    dirs.push_back(mounted->mount_point);
+    mounts.push_back(std::move(mounted));
+  }
+  for (std::uint32_t i = 0; i < devices; ++i)
+    if (auto s = prepare_files(shape, dirs[i], i); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
   ::sync();
+  if (striped) return run_striped_stack(o, place, dirs, mounts);
+
+  const fs::path& mount_point = dirs.front();
   std::vector<std::string> uris, paths;
   for (std::uint32_t l = 0; l < shape.layers; ++l) {
     uris.push_back(file_uri(mount_point / shape.layer_file_name(l)));
@@ -701,8 +820,8 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
   }
 #endif
   tutti::SoftLocalNvmeOptions nvme;
-  nvme.backing_path = image.string();
-  nvme.block_device_path = loop;
+  nvme.backing_path = mounts.front()->image.string();
+  nvme.block_device_path = mounts.front()->loop;
   nvme.soft.worker_threads = 2;
   auto stack = tutti::make_soft_local_nvme(nvme);
   if (!stack) return fail_with(stack.status(), kExitFailed, "soft NVMe controller");
@@ -717,13 +836,10 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
                                                    *stack.value()->runtime);
   } else
 #endif
-    rc = run<tutti::LocalNvmeRuntime>(*stack.value()->runtime, o, place, mount_point, uris, true, {});
+    rc = run<tutti::LocalNvmeRuntime>(*stack.value()->runtime, o, place, dirs, uris, true, {});
   fmt::print("  local_nvme     : {} NVMe commands sent again after a retryable status, {} Aborts sent\n",
              stack.value()->runtime->datapath().commands_retried(), stack.value()->runtime->datapath().aborts_sent());
-  const auto counters = stack.value()->device->counters();
-  fmt::print("  soft controller: {} NVMe I/O commands, {} MiB read, {} MiB written, {} errors, {} DMA faults\n",
-             counters.io_commands, counters.bytes_read >> 20, counters.bytes_written >> 20, counters.errors,
-             counters.dma_faults);
+  print_soft_counters("soft controller", *stack.value()->device);
   return rc;
 }
 
@@ -855,9 +971,18 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--backend", o.backend,
                  "Backend: uring (io_uring + O_DIRECT, any file system), nvme-soft (FIEMAP + NVMe queues of the "
-                 "software NVMe controller, on an ext4 image it loop-mounts; root) or memfs (host memory)")
-      ->check(CLI::IsMember({"uring", "nvme-soft", "memfs"}))
+                 "software NVMe controller, on an ext4 image it loop-mounts; root), nvme-soft-striped (each layer "
+                 "striped over --stripe-devices ext4 images and soft controllers, one K or V tensor per unit; root) "
+                 "or memfs (host memory)")
+      ->check(CLI::IsMember({"uring", "nvme-soft", "nvme-soft-striped", "memfs"}))
       ->capture_default_str();
+  CLI::Option* stripe_option =
+      app.add_option("--stripe-devices", o.stripe_devices,
+                     fmt::format("Devices (ext4 image + soft NVMe controller each) --backend nvme-soft-striped "
+                                 "stripes every layer over, 1 to {}",
+                                 kMaxStripeDevices))
+          ->check(kDecimal)
+          ->capture_default_str();
   app.add_option("--data-dir", o.data_dir,
                  "Folder of the layer files, created when missing (default: $TMPDIR/tutti-layerwise-kv, or "
                  "/var/tmp/tutti-layerwise-kv without TMPDIR); one run at a time per folder")
@@ -917,16 +1042,25 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "error: INVALID_ARGUMENT: {}\n", message);
     return kExitRefused;
   };
+  if (o.stripe_devices < 1 || o.stripe_devices > kMaxStripeDevices)
+    return refuse(fmt::format(
+        "--stripe-devices = {} is out of range: expected 1 to {} (one ext4 image and soft NVMe controller each)",
+        o.stripe_devices, kMaxStripeDevices));
+  if (stripe_option->count() && o.backend != "nvme-soft-striped")
+    return refuse(fmt::format("--stripe-devices applies to --backend nvme-soft-striped, not --backend {}", o.backend));
+  if (o.backend == "nvme-soft-striped") shape.stripe_devices = o.stripe_devices;
 #if defined(LAYERWISE_GPU)
+  // nvme-soft-striped keeps its KV slots in host memory (its GPU kernels still drive the queues).
+  const bool device_capable = o.backend == "uring" || o.backend == "nvme-soft";
   if (o.memory == "auto") {
-    o.memory = o.backend != "memfs" && gpu::device_count() > 0 ? "device" : "host";
-    if (o.backend != "memfs" && o.memory == "host")
+    o.memory = device_capable && gpu::device_count() > 0 ? "device" : "host";
+    if (device_capable && o.memory == "host")
       fmt::print(stderr, "note: no CUDA device found: the KV slots live in host memory (--memory host)\n");
   }
-  if (o.memory == "device" && o.backend == "memfs")
-    return refuse(
-        "--memory device needs --backend uring or nvme-soft (memfs moves host memory only); use --memory "
-        "host");
+  if (o.memory == "device" && !device_capable)
+    return refuse(fmt::format(
+        "--memory device needs --backend uring or nvme-soft ({}); use --memory host",
+        o.backend == "memfs" ? "memfs moves host memory only" : "nvme-soft-striped keeps its KV slots in host memory"));
   if (o.memory == "device" && o.hidden % 8 != 0)
     return refuse(fmt::format("--hidden = {} must be a multiple of 8", o.hidden));
 #endif
@@ -988,6 +1122,13 @@ int main(int argc, char** argv) {
   if (shape.layer_file_bytes() > kMaxDataSetBytes / shape.layers)
     return refuse(fmt::format("the data set (--layers = {} x {} bytes per layer file) exceeds the limit of {} bytes",
                               shape.layers, shape.layer_file_bytes(), kMaxDataSetBytes));
+  // Striped, a unit is one K or V tensor: the layer's tensors must lie back to back from offset 0 (they
+  // do whenever the tensor is a multiple of 4096 bytes, as checked above), so each unit holds one tensor.
+  if (shape.stripe_devices > 1 && shape.layer_file_bytes() != std::uint64_t{2} * shape.chunks() * shape.tensor_bytes)
+    return refuse(fmt::format(
+        "--backend nvme-soft-striped stripes in units of one K or V tensor ({} bytes), but a layer file of this "
+        "shape is {} bytes, not {} chunks x 2 tensors: pick a tensor size that is a multiple of 4096",
+        shape.tensor_bytes, shape.layer_file_bytes(), shape.chunks()));
   const std::uint64_t data_bytes = data_set_bytes(shape);
   if (o.backend == "memfs" && (shape.layer_file_bytes() > tutti::memfs::Store::Options::kDefaultMaxFileBytes ||
                                data_bytes > tutti::memfs::Store::Options::kDefaultMaxTotalBytes))
@@ -998,7 +1139,9 @@ int main(int argc, char** argv) {
   if (o.prepare_only && o.backend != "uring")
     return refuse(fmt::format("--prepare-only writes the layer files of the uring backend; --backend {} {}", o.backend,
                               o.backend == "memfs" ? "keeps its data in host memory"
-                                                   : "writes its files into the ext4 image it creates itself"));
+                              : o.backend == "nvme-soft"
+                                  ? "writes its files into the ext4 image it creates itself"
+                                  : "writes its shard files into the ext4 images it creates itself"));
 
   DataPlace place;
   if (o.backend == "memfs") {
@@ -1049,7 +1192,7 @@ int main(int argc, char** argv) {
         shape.layers, format_bytes(data_bytes), dir.string());
     return kExitVerified;
   }
-  if (o.backend == "nvme-soft") return run_nvme_soft(o, place);
+  if (soft_nvme_backend(o.backend)) return run_nvme_soft(o, place);
 
 #if defined(LAYERWISE_GPU)
   if (o.memory == "device") return run_gpu(o, place);
@@ -1059,5 +1202,5 @@ int main(int argc, char** argv) {
   for (std::uint32_t l = 0; l < shape.layers; ++l) uris.push_back(file_uri(dir / shape.layer_file_name(l)));
   auto runtime = tutti::make_uring_runtime();
   if (!runtime) return fail_with(runtime.status(), kExitFailed);
-  return run<tutti::UringRuntime>(*runtime, o, place, dir, uris, true, {});
+  return run<tutti::UringRuntime>(*runtime, o, place, {dir}, uris, true, {});
 }

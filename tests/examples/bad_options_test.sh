@@ -56,6 +56,14 @@ touch "$dir/a-file"
 expect_refused 2 "INVALID_ARGUMENT: --data-dir '$dir/a-file' is not a directory" --backend uring --layers 1 \
   --data-dir "$dir/a-file"
 expect_refused 2 "--prepare-only writes the layer files of the uring backend" --backend memfs --prepare-only
+# --stripe-devices: 1 to 8 devices, for nvme-soft-striped only (refused before the root check and any mount).
+expect_refused 2 "INVALID_ARGUMENT: --stripe-devices = 0 is out of range: expected 1 to 8" \
+  --backend nvme-soft-striped --stripe-devices 0
+expect_refused 2 "INVALID_ARGUMENT: --stripe-devices = 9 is out of range: expected 1 to 8" \
+  --backend nvme-soft-striped --stripe-devices 9
+expect_refused 2 "--stripe-devices" --backend nvme-soft-striped --stripe-devices 02
+expect_refused 2 "--stripe-devices applies to --backend nvme-soft-striped, not --backend uring" --stripe-devices 2
+expect_refused 2 "--prepare-only writes the layer files of the uring backend" --backend nvme-soft-striped --prepare-only
 
 # Every row of the doc's exit-code table whose last cell gives example arguments: run them (in a fresh
 # data folder, as the table's commands are relative to it) and compare the exit code.

@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
 # example_test.sh EXAMPLE BACKEND KV_CACHE_DOC [gpu]: runs the layer-wise example on a small shape in a fresh
 # data directory and checks that it verifies and prints every summary line KV_CACHE_DOC
-# (docs/kv-cache.md) lists; then corrupts one cached tensor on disk (file backends) and checks that the
-# example fails with exit code 1 and names the mismatch.
+# (docs/kv-cache.md) lists; then corrupts one cached tensor on disk (uring: a layer file; nvme-soft-striped:
+# a shard file inside its ext4 image) and checks that the example fails with exit code 1 and names the
+# mismatch. BACKEND nvme-soft-striped:N runs --backend nvme-soft-striped --stripe-devices N and also checks
+# that every one of the N soft controllers moved tensors.
 set -euo pipefail
 example=$1 backend=$2 doc=$3 gpu=${4:-}
-if [ "$backend" = nvme-soft ] && [ "$(id -u)" -ne 0 ]; then echo "SKIP: nvme-soft needs root"; exit 77; fi
-# The cuda build's nvme-soft runs local_nvme's kernels on a GPU (the soft controller in
-# accelerator_mode needs one): without a usable GPU it skips.
-if [ "$backend" = nvme-soft ] && "$example" --help 2>/dev/null | grep -q -- "--memory"; then
-  if ! { nvidia-smi -L >/dev/null 2>&1 || [ -e /dev/nvidia0 ]; }; then echo "SKIP: nvme-soft in the cuda build needs a GPU"; exit 77; fi
-fi
+stripe=
+case "$backend" in nvme-soft-striped:*) stripe=${backend#*:} backend=nvme-soft-striped ;; esac
+case "$backend" in
+  nvme-soft*)
+    if [ "$(id -u)" -ne 0 ]; then echo "SKIP: $backend needs root"; exit 77; fi
+    # The cuda build's nvme-soft backends run local_nvme's kernels on a GPU (the soft controllers in
+    # accelerator_mode need one): without a usable GPU they skip.
+    if "$example" --help 2>/dev/null | grep -q -- "--memory"; then
+      if ! { nvidia-smi -L >/dev/null 2>&1 || [ -e /dev/nvidia0 ]; }; then
+        echo "SKIP: $backend in the cuda build needs a GPU"
+        exit 77
+      fi
+    fi
+    ;;
+esac
 # gpu: the run must have put the KV slots in GPU memory (the cuda build, --memory device).
 extra=()
 [ "$gpu" = gpu ] && extra=(--memory device --compute sleep)
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+# (the striped case mounts a shard's image at $dir/corrupt for a moment: unmount it before removing)
+trap 'if mountpoint -q "$dir/corrupt" 2>/dev/null; then umount "$dir/corrupt"; fi; rm -rf "$dir"' EXIT
 base=(--backend "$backend" --layers 6 --context-tokens 1024 --tokens-per-block 256 --tensor-bytes 65536
-      --data-dir "$dir/data" --no-drop-caches --repeat 1)
+      --data-dir "$dir/data" --no-drop-caches --repeat 1 ${stripe:+--stripe-devices "$stripe"})
 args=("${base[@]}" "${extra[@]}" --compute-ms 0.5 --json "$dir/report.json")
 rc=0
 "$example" "${args[@]}" >"$dir/out.txt" 2>&1 || rc=$?
@@ -42,10 +54,15 @@ verdict_line='^  per layer      : restore alone [0-9.]* ms, \(GPU \)\?compute [0
 verdict_line+='\(compute\|read\|write\)-bound: compute waited [0-9.]* ms for IO, .*'
 verdict=$(sed -n "s/$verdict_line/\\2/p" "$dir/out.txt")
 [ -n "$verdict" ] || { cat "$dir/out.txt"; echo "FAIL: no 'per layer' verdict line"; exit 1; }
-python3 - "$dir/report.json" "$backend" "$verdict" <<'PY'
+python3 - "$dir/report.json" "$backend" "$verdict" "$stripe" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-backend, verdict = sys.argv[2], sys.argv[3]
+backend, verdict, stripe = sys.argv[2], sys.argv[3], sys.argv[4]
+assert r["backend"] == backend, r["backend"]
+if stripe:  # every layer striped over the N devices, one K or V tensor per unit
+    assert r["shape"]["stripe"] == {"devices": int(stripe), "unit_bytes": 65536}, r["shape"]
+else:
+    assert "stripe" not in r["shape"], r["shape"]
 # 6 layers x 3 cached chunks x 2 tensors, read in the restore and pipeline phases, + written tensors read back.
 assert r["restore_only"]["requests"] == 36, r
 assert r["pipeline_reads"]["requests"] == 36, r
@@ -97,7 +114,7 @@ PY
 while IFS= read -r label; do
   case "$label" in
     warning) continue ;;                                               # only for a RAM-backed data folder
-    note) [ "$backend" = nvme-soft ] || continue ;;                    # only for nvme-soft
+    note) [[ "$backend" == nvme-soft* ]] || continue ;;                # only for the nvme-soft backends
     "pread 1 thread") [ "$backend" != memfs ] || continue ;;           # memfs has no files to pread
     "pread N thr") [ "$backend" != memfs ] || continue; label="pread [0-9]+ thr" ;;
   esac
@@ -127,6 +144,36 @@ case "$backend" in
   memfs) expect_bound compute --compute-ms 20 ;;
   uring) expect_bound read --compute-ms 0 --hit-percent 100 ;;
 esac
+if [ -n "$stripe" ]; then
+  # The stripe: one striped_nvme line naming the N controllers, and every soft device answered NVMe I/O
+  # commands and read tensors (6 layers x 24 units of 64 KiB round robin: at least 2 per device).
+  grep -qE "^  striped_nvme   : $stripe controllers, unit 64 KiB, [1-9][0-9]* launches, 0 Aborts sent$" "$dir/out.txt" ||
+    { cat "$dir/out.txt"; echo "FAIL: no striped_nvme line for $stripe controllers"; exit 1; }
+  for ((i = 0; i < stripe; i++)); do
+    grep -qE "^  soft device $i +: [1-9][0-9]* NVMe I/O commands, .* 0 errors, 0 DMA faults$" "$dir/out.txt" ||
+      { cat "$dir/out.txt"; echo "FAIL: soft device $i moved nothing or failed"; exit 1; }
+  done
+  [ "$(grep -c '^  soft device ' "$dir/out.txt")" -eq "$stripe" ] ||
+    { cat "$dir/out.txt"; echo "FAIL: not exactly $stripe soft device lines"; exit 1; }
+  echo "striped over $stripe soft controllers, each of them moving tensors"
+  # Corrupt layer 2, chunk 1, V tensor in its shard: logical unit 2*1+1 = 3 of 64 KiB lies on shard 3 % N at
+  # shard offset (3 / N) * 65536 (docs/striping.md). The shard file is inside that shard's ext4 image: mount
+  # it, write two bytes, unmount; the next run finds its data set complete and reads it as it is.
+  shard=$((3 % stripe)) offset=$(((3 / stripe) * 65536 + 100))
+  mnt=$dir/corrupt
+  mkdir -p "$mnt"
+  mount -o loop "$dir/data/nvme-soft-striped/disk-$shard.img" "$mnt"
+  printf '\xff\x00' | dd of="$mnt/layer-00002.kv" bs=1 seek="$offset" conv=notrunc,fsync status=none
+  umount "$mnt"
+  set +e
+  "$example" "${args[@]}" --no-pread-baseline >"$dir/out2.txt" 2>&1
+  rc=$?
+  set -e
+  if [ $rc -ne 1 ]; then cat "$dir/out2.txt"; echo "FAIL: a corrupted shard gave exit code $rc, expected 1"; exit 1; fi
+  grep -q "layer 2 chunk 1 V" "$dir/out2.txt" || { cat "$dir/out2.txt"; echo "FAIL: mismatch not named"; exit 1; }
+  echo "corruption in shard $shard detected"
+  exit 0
+fi
 [ "$backend" = uring ] || exit 0  # the corruption check edits plain files in the data directory
 # The 100% run rewrote the data set; write the 75% one back before corrupting it.
 rc=0

@@ -323,3 +323,58 @@ TEST_CASE("preparing a folder writes the shape's files and removes layer files i
   CHECK(checksum(tensor) == expected_checksums(shape).at(1, 3, 1));
   fs::remove_all(dir);
 }
+
+TEST_CASE("a striped data set puts every tensor on its shard at its shard offset, and pads shards with zeros") {
+  // nvme-soft-striped's files without the images (main.cpp mounts one ext4 image per shard folder): 3
+  // shards of 5 chunks x 2 tensors = 10 units per layer, so shards 0..2 hold 4, 3, 3 tensors and each
+  // shard file is 4 units, the last one of shards 1 and 2 zeros. Reassembling the layer through
+  // striped_file::place must give back every tensor of the unstriped layer file.
+  namespace fs = std::filesystem;
+  std::string pattern = (fs::temp_directory_path() / "layerwise-striped-XXXXXX").string();
+  const char* made = ::mkdtemp(pattern.data());
+  REQUIRE(made != nullptr);
+  const fs::path root(made);
+  Shape shape;
+  shape.layers = 2;
+  shape.context_tokens = 1280;
+  shape.chunk_tokens = 256;
+  shape.tensor_bytes = 8192;
+  shape.stripe_devices = 3;
+  CHECK(shape.shard_file_bytes() == 4 * 8192);
+  std::vector<fs::path> dirs;
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    dirs.push_back(root / fmt::format("shard-{}", i));
+    fs::create_directories(dirs.back());
+    REQUIRE(prepare_files(shape, dirs.back(), i).is_ok());
+    CHECK(data_set_complete(shape, dirs.back(), i));
+    CHECK_FALSE(data_set_complete(shape, dirs.back(), (i + 1) % 3));  // the manifest names its shard
+    CHECK(fs::file_size(dirs.back() / shape.layer_file_name(1)) == shape.shard_file_bytes());
+  }
+  CHECK(prepare_files(shape, dirs[0], 3).code() == tutti::StatusCode::INVALID_ARGUMENT);
+  const Checksums sums = expected_checksums(shape);
+  auto read_at = [&](const fs::path& path, std::uint64_t offset) {
+    std::vector<std::byte> bytes(shape.tensor_bytes);
+    std::ifstream in(path, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    REQUIRE(in.gcount() == static_cast<std::streamsize>(bytes.size()));
+    return bytes;
+  };
+  for (std::uint32_t l = 0; l < shape.layers; ++l) {
+    for (std::uint32_t c = 0; c < shape.chunks(); ++c)
+      for (std::uint32_t k = 0; k < 2; ++k) {
+        const auto at = tutti::striped_file::place(shape.tensor_offset(c, k), shape.tensor_bytes, 3);
+        CHECK(at.shard == (2 * c + k) % 3);
+        CHECK(checksum(read_at(dirs[at.shard] / shape.layer_file_name(l), at.shard_offset)) == sums.at(l, c, k));
+      }
+    for (std::uint32_t shard : {1u, 2u}) {  // the padding unit past the layer's 10 tensors
+      const auto pad = read_at(dirs[shard] / shape.layer_file_name(l), 3 * shape.tensor_bytes);
+      CHECK(std::all_of(pad.begin(), pad.end(), [](std::byte b) { return b == std::byte{0}; }));
+    }
+  }
+  // One device is the plain layer file: same size, same manifest as before striping existed.
+  shape.stripe_devices = 1;
+  CHECK(shape.shard_file_bytes() == shape.layer_file_bytes());
+  CHECK_FALSE(shape_json(shape).contains("stripe"));
+  fs::remove_all(root);
+}
