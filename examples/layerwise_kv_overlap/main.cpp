@@ -978,8 +978,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI::Option* stripe_option =
       app.add_option("--stripe-devices", o.stripe_devices,
-                     fmt::format("Devices (ext4 image + soft NVMe controller each) --backend nvme-soft-striped "
-                                 "stripes every layer over, 1 to {}",
+                     fmt::format("Devices to stripe every layer over with --backend nvme-soft-striped (an ext4 "
+                                 "image and a soft NVMe controller each), 1 to {}",
                                  kMaxStripeDevices))
           ->check(kDecimal)
           ->capture_default_str();
