@@ -691,7 +691,7 @@ struct LoopMount {
 std::unique_ptr<LoopMount> mount_image(const fs::path& image, const fs::path& mount_point, std::uint64_t bytes) {
   std::error_code ec;
   fs::create_directories(mount_point, ec);
-  if (!fs::exists(image) || fs::file_size(image, ec) != bytes) {
+  if (!fs::exists(image, ec) || fs::file_size(image, ec) != bytes) {  // error_code forms: never throw
     fs::remove(image, ec);
     if (!shell(
             fmt::format("truncate -s {} '{}' && mkfs.ext4 -q -F -b 4096 -E lazy_itable_init=0,lazy_journal_init=0 '{}'",

@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
+#include <set>
 
 #include <tutti/accel/primitives.hpp>
 #include <tutti/accel/warp.hpp>
@@ -24,6 +26,16 @@ Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel
 Status preload_kernels(std::uint64_t timeout_ns) {
   TUTTI_RETURN_IF_ERROR(accel::preload<AdmitKernel>());
   TUTTI_RETURN_IF_ERROR(accel::preload<PollKernel>());
+  // The stack never shrinks, so one growing launch per device and process is enough: later DataPaths
+  // (a second engine, every engine of a striped DataPath) launch nothing here, and so cannot be
+  // delayed by kernels that fill the device.
+  int device = 0;
+  if (const cudaError_t got = cudaGetDevice(&device); got != cudaSuccess)
+    return error(StatusCode::DEVICE_ERROR, "preload_kernels: cudaGetDevice: {}", cudaGetErrorString(got));
+  static std::mutex mutex;
+  static std::set<int> grown;  // devices whose stack the launch below already grew
+  std::lock_guard lock(mutex);
+  if (grown.count(device) != 0) return Status::success();
   // One launch of each with no request (every lane finds no request and touches nothing), on a
   // private stream, so that CUDA grows the per-thread stack to what they need now (see launch.hpp).
   cudaStream_t stream = nullptr;
@@ -39,6 +51,7 @@ Status preload_kernels(std::uint64_t timeout_ns) {
         "preload_kernels: the first launch of the submit and progress kernels (no request) did not finish: CUDA "
         "grows the per-thread stack they need (above its 1 KiB default) only once the device is idle, so a kernel "
         "running on the device (a persistent one) holds it; create the DataPath before starting such kernels");
+  grown.insert(device);
   return Status::success();
 }
 

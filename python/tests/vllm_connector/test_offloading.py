@@ -69,8 +69,9 @@ def test_an_offloaded_prefix_is_loaded_back_into_vllms_kv_cache(offloading, data
 
 def test_blocks_the_store_evicts_are_announced_removed_and_only_those(offloading):
     page = H.Shape().spec.page_size_bytes
-    engine = offloading({"capacity_bytes": 6 * page * H.Shape().layers})  # 6 blocks per rank
+    engine = offloading({"capacity_bytes": 6 * page * H.Shape().layers}, events=True)  # 6 blocks per rank
     manager = engine.connector.connector_scheduler.manager
+    assert manager.enable_events
     announced, removed = set(), set()
     real_take_events = manager.take_events
 
@@ -101,6 +102,47 @@ def test_blocks_the_store_evicts_are_announced_removed_and_only_those(offloading
     for key in announced:  # removed exactly when no longer stored
         assert manager._stored(key) == (key not in removed), key.hex()[:16]
     assert real_take_events() == []  # each removal announced once
+
+
+def test_without_kv_events_the_manager_records_nothing(offloading):
+    engine = offloading()  # vLLM's default: no KV event publisher, so take_events is never drained
+    manager = engine.connector.connector_scheduler.manager
+    assert not manager.enable_events
+    engine.request("first", PROMPT)
+    engine.run()
+    deadline = time.monotonic() + 60
+    while manager._storing:
+        assert time.monotonic() < deadline, "stores not reported done after 60 s"
+        engine.step()
+        time.sleep(0.01)
+    assert manager._events == [] and len(manager._announced) == 0
+
+
+def test_a_failing_lookup_in_take_events_is_logged_and_retried_never_raised(offloading, caplog):
+    engine = offloading(events=True)
+    manager = engine.connector.connector_scheduler.manager
+    engine.request("first", PROMPT)
+    engine.run()
+    deadline = time.monotonic() + 60
+    while manager._storing:
+        assert time.monotonic() < deadline, "stores not reported done after 60 s"
+        engine.step()
+        time.sleep(0.01)
+    manager.take_events()
+    announced = list(manager._announced)
+    assert announced
+    real = manager._stored
+
+    def broken(key):
+        raise OSError("the store's directory is gone")
+
+    manager._stored = broken
+    assert manager.take_events() == []
+    assert "checking announced blocks failed" in caplog.text
+    assert list(manager._announced) == announced  # nothing lost: checked again at the next call
+    manager._stored = real
+    assert all(not e.removed for e in manager.take_events())
+    assert set(manager._announced) == set(announced)
 
 
 def test_the_spec_refuses_bad_extra_config_naming_the_key(offloading):

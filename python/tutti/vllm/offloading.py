@@ -14,6 +14,7 @@ TuttiConnector is the connector that recomputes failed loads.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 from typing import Collection, Iterable
 
@@ -46,6 +47,8 @@ from tutti.kv_connector.config import (
 from tutti.kv_connector.offload import OffloadRunner
 
 #: kv_connector_extra_config keys that vLLM's offloading connector reads itself (0.33.0).
+log = logging.getLogger(__name__)
+
 VLLM_OFFLOADING_KEYS = ("block_size", "blocks_per_chunk", "canonical_layout", "sync_load_budget_bytes",
                         "self_describing_kv_events", "offload_prompt_only", "hash_algorithm")
 
@@ -63,20 +66,26 @@ class TuttiLoadStoreSpec(LoadStoreSpec):
 class TuttiOffloadingManager(OffloadingManager):
     """Scheduler side: lookups in every rank's store (read-only), the minimum over ranks.
 
-    Events: a block is announced stored (``removed=False``) when its store completes, and announced removed
-    (``removed=True``) once some rank's store no longer holds it: the stores evict on the worker side under
-    their byte bound, so each ``take_events`` call checks the ``REMOVAL_CHECKS_PER_CALL`` longest-unchecked
-    announced blocks (one index lookup per rank each). A removal is therefore announced within
-    (announced blocks / ``REMOVAL_CHECKS_PER_CALL``) calls of the eviction. At most ``ANNOUNCED_LIMIT``
-    announced blocks are remembered; older ones are dropped without a removal event."""
+    Events, only when vLLM publishes KV events (``enable_events``; otherwise vLLM never drains
+    ``take_events`` and nothing is recorded): a block is announced stored (``removed=False``) when its
+    store completes, and announced removed (``removed=True``) once some rank's store no longer holds it.
+    The stores evict on the worker side under their byte bound, so each ``take_events`` call checks the
+    ``REMOVAL_CHECKS_PER_CALL`` longest-unchecked announced blocks (one index lookup per rank each): a
+    removal is announced within (announced blocks / ``REMOVAL_CHECKS_PER_CALL``) calls of the eviction. At
+    most ``ANNOUNCED_LIMIT`` announced blocks are remembered; the oldest beyond it are announced removed
+    (a router then misses a block that may still be stored, never the reverse). A lookup that fails (the
+    store's directory gone) is logged and retried at the next call; ``take_events`` itself never raises.
+    Thread-safety: vLLM calls the manager from its scheduler thread only."""
 
     REMOVAL_CHECKS_PER_CALL = 256
     ANNOUNCED_LIMIT = 1 << 16
 
-    def __init__(self, config: ConnectorConfig, directories: list[str], namespaces: list[dict]):
+    def __init__(self, config: ConnectorConfig, directories: list[str], namespaces: list[dict],
+                 enable_events: bool = False):
         self.config = config
         self.directories = directories
         self.namespaces = namespaces
+        self.enable_events = enable_events
         self._storing: set[bytes] = set()
         self._events: list[OffloadingEvent] = []
         self._announced: collections.OrderedDict[bytes, None] = collections.OrderedDict()  # oldest check first
@@ -99,13 +108,16 @@ class TuttiOffloadingManager(OffloadingManager):
 
     def complete_store(self, keys: Collection[bytes], req_context: ReqContext, success: bool = True):
         self._storing.difference_update(keys)
-        if success and keys:
+        if success and keys and self.enable_events:
             self._events.append(OffloadingEvent(keys=list(keys), medium=Medium.STORAGE, removed=False))
             for key in keys:
                 self._announced[key] = None
                 self._announced.move_to_end(key)
+            forgotten = []
             while len(self._announced) > self.ANNOUNCED_LIMIT:
-                self._announced.popitem(last=False)
+                forgotten.append(self._announced.popitem(last=False)[0])
+            if forgotten:
+                self._events.append(OffloadingEvent(keys=forgotten, medium=Medium.STORAGE, removed=True))
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
@@ -113,8 +125,14 @@ class TuttiOffloadingManager(OffloadingManager):
     def take_events(self) -> Iterable[OffloadingEvent]:
         removed = []
         for _ in range(min(self.REMOVAL_CHECKS_PER_CALL, len(self._announced))):
-            key, _ = self._announced.popitem(last=False)
-            if self._stored(key):
+            key = next(iter(self._announced))
+            try:
+                stored = self._stored(key)
+            except Exception as e:  # noqa: BLE001 - inside vLLM's scheduler step: log, never raise
+                log.warning("tutti offloading: checking announced blocks failed (retried next step): %s", e)
+                break
+            del self._announced[key]
+            if stored:
                 self._announced[key] = None  # checked again after every other announced block
             else:
                 removed.append(key)
@@ -220,7 +238,8 @@ class TuttiOffloadingSpec(OffloadingSpec):
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
-            self._manager = TuttiOffloadingManager(self.tutti_config, self.directories, self.namespaces)
+            self._manager = TuttiOffloadingManager(self.tutti_config, self.directories, self.namespaces,
+                                                   enable_events=self.kv_events_config.enable_kv_cache_events)
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:

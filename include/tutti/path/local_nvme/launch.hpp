@@ -42,10 +42,13 @@ Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel
 ///    1 KiB), and CUDA grows the stack at the first launch that needs more, only once the device is
 ///    idle (cuCtxSetLimit, CU_LIMIT_STACK_SIZE: the size is never reset afterwards). One launch of
 ///    each kernel with no request, on a private non-blocking stream, waited for at most timeout_ns,
-///    grows it here.
-/// Engine::create calls it (with command_timeout_ns), so create a DataPath before starting
-/// persistent kernels. Errors: DEVICE_ERROR with CUDA's text; TIMEOUT when the launches did not
-/// finish within timeout_ns (a running kernel holds the device). Defined in libtutti_cuda only.
+///    grows it here, once per device (the current one, cudaGetDevice) and process: later calls
+///    launch nothing.
+/// Engine::create calls it (with command_timeout_ns), so create the first DataPath of a device
+/// before starting persistent kernels on it: with one already running, CUDA may hold the launch
+/// call itself until that kernel ends, which no timeout here can bound. Errors: DEVICE_ERROR with
+/// CUDA's text; TIMEOUT when the launches did not finish within timeout_ns (nothing recorded: the
+/// next call launches again). Thread-safe. Defined in libtutti_cuda only.
 Status preload_kernels(std::uint64_t timeout_ns);
 
 }  // namespace TUTTI_PROFILE_NAMESPACE
