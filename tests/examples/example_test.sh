@@ -31,9 +31,20 @@ trap 'if mountpoint -q "$dir/corrupt" 2>/dev/null; then umount "$dir/corrupt"; f
 base=(--backend "$backend" --layers 6 --context-tokens 1024 --tokens-per-block 256 --tensor-bytes 65536
       --data-dir "$dir/data" --no-drop-caches --repeat 1 ${stripe:+--stripe-devices "$stripe"})
 args=("${base[@]}" "${extra[@]}" --compute-ms 0.5 --json "$dir/report.json")
+# After every run of an nvme-soft backend: nothing stays mounted under the data directory and no loop
+# device holds one of its images (the example detaches what it attached, on every exit path).
+released() {
+  if grep -qF " $dir/data" /proc/self/mounts; then grep -F " $dir/data" /proc/self/mounts; echo "FAIL: $1: still mounted"; exit 1; fi
+  local image
+  for image in "$dir"/data/nvme-soft*/*.img; do
+    [ -e "$image" ] || continue
+    if [ -n "$(losetup -j "$image")" ]; then losetup -j "$image"; echo "FAIL: $1: loop device still attached"; exit 1; fi
+  done
+}
 rc=0
 "$example" "${args[@]}" >"$dir/out.txt" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { cat "$dir/out.txt"; echo "FAIL: example exited $rc"; exit 1; }
+released "first run"
 grep -q "0 mismatched -> VERIFIED" "$dir/out.txt" || { cat "$dir/out.txt"; echo "FAIL: no VERIFIED line"; exit 1; }
 # Every check is counted, per source: 6 layers x 3 cached chunks x 2 tensors per read pass (restore,
 # the pread baselines on file backends: 1 thread, and 6 threads = the 6 requests per layer Tutti keeps
@@ -170,6 +181,7 @@ if [ -n "$stripe" ]; then
   rc=$?
   set -e
   if [ $rc -ne 1 ]; then cat "$dir/out2.txt"; echo "FAIL: a corrupted shard gave exit code $rc, expected 1"; exit 1; fi
+  released "the run that found the corrupted shard"
   grep -q "layer 2 chunk 1 V" "$dir/out2.txt" || { cat "$dir/out2.txt"; echo "FAIL: mismatch not named"; exit 1; }
   echo "corruption in shard $shard detected"
   exit 0
