@@ -6,12 +6,13 @@
 #include <linux/magic.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include <doctest/doctest.h>
+
+#include <real_files.hpp>
 
 #include "layerwise_kv_overlap/data_files.hpp"
 #include "layerwise_kv_overlap/model_shapes.hpp"
@@ -297,10 +298,8 @@ TEST_CASE("the example's data set is laid out as the KV block store lays out a s
 
 TEST_CASE("preparing a folder writes the shape's files and removes layer files it has no use for") {
   namespace fs = std::filesystem;
-  std::string pattern = (fs::temp_directory_path() / "layerwise-prepare-XXXXXX").string();
-  const char* made = ::mkdtemp(pattern.data());
-  REQUIRE(made != nullptr);
-  const fs::path dir(made);
+  const tutti::testing::TempDirectory scratch;  // removed with its files on every exit
+  const fs::path dir(scratch.path);
   Shape shape;
   shape.layers = 2;
   shape.context_tokens = 1024;
@@ -321,7 +320,6 @@ TEST_CASE("preparing a folder writes the shape's files and removes layer files i
   in.seekg(static_cast<std::streamoff>(shape.tensor_offset(3, 1)));
   in.read(reinterpret_cast<char*>(tensor.data()), static_cast<std::streamsize>(tensor.size()));
   CHECK(checksum(tensor) == expected_checksums(shape).at(1, 3, 1));
-  fs::remove_all(dir);
 }
 
 TEST_CASE("a striped data set puts every tensor on its shard at its shard offset, and pads shards with zeros") {
@@ -330,10 +328,8 @@ TEST_CASE("a striped data set puts every tensor on its shard at its shard offset
   // shard file is 4 units, the last one of shards 1 and 2 zeros. Reassembling the layer through
   // striped_file::place must give back every tensor of the unstriped layer file.
   namespace fs = std::filesystem;
-  std::string pattern = (fs::temp_directory_path() / "layerwise-striped-XXXXXX").string();
-  const char* made = ::mkdtemp(pattern.data());
-  REQUIRE(made != nullptr);
-  const fs::path root(made);
+  const tutti::testing::TempDirectory scratch;  // removed with its files on every exit
+  const fs::path root(scratch.path);
   Shape shape;
   shape.layers = 2;
   shape.context_tokens = 1280;
@@ -376,5 +372,4 @@ TEST_CASE("a striped data set puts every tensor on its shard at its shard offset
   shape.stripe_devices = 1;
   CHECK(shape.shard_file_bytes() == shape.layer_file_bytes());
   CHECK_FALSE(shape_json(shape).contains("stripe"));
-  fs::remove_all(root);
 }

@@ -446,6 +446,17 @@ TEST_CASE("an injected media error on an LBA range fails only the requests that 
   CHECK(rig.path->unregister_memory(m).is_ok());
 }
 
+/// Makes the rig's controller hold every command that touches `lba` unanswered (lose_completion):
+/// only Abort or SQ deletion ends such a command.
+void lose_completions_at(Rig& rig, std::uint64_t lba) {
+  libnvm::SoftFaultRule rule;
+  rule.action = libnvm::SoftFaultRule::Action::lose_completion;
+  rule.lba_range_only = true;
+  rule.first_lba = lba;
+  rule.last_lba = lba;
+  rig.device->inject_fault(rule);
+}
+
 TEST_CASE("a lost completion times out, is aborted with NVMe Abort, and reports TIMEOUT") {
   Path::Options o;
   o.command_timeout_ns = 50'000'000;  // 50 ms
@@ -453,12 +464,7 @@ TEST_CASE("a lost completion times out, is aborted with NVMe Abort, and reports 
   auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
   Buffer buffer(1 << 20);
   auto m = rig.map(buffer);
-  libnvm::SoftFaultRule rule;
-  rule.action = libnvm::SoftFaultRule::Action::lose_completion;
-  rule.lba_range_only = true;
-  rule.first_lba = 16;
-  rule.last_lba = 16;
-  rig.device->inject_fault(rule);
+  lose_completions_at(rig, 16);
   const auto start = accel::timer_ns();
   auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, 0, t, 16 * 4096, 4096),
                                  rig.request(Direction::READ, m, buffer, 8192, t, 0, 4096)});
@@ -517,12 +523,7 @@ TEST_CASE("progress(SOME) returns at the first new completion while another comm
   auto t = rig.open({{0, 0, 16 << 20}}, 16 << 20);
   Buffer buffer(1 << 20);
   auto m = rig.map(buffer);
-  libnvm::SoftFaultRule rule;
-  rule.action = libnvm::SoftFaultRule::Action::lose_completion;
-  rule.lba_range_only = true;
-  rule.first_lba = 16;
-  rule.last_lba = 16;
-  rig.device->inject_fault(rule);
+  lose_completions_at(rig, 16);
   std::vector<Status> states(2);
   std::vector<PathRequest<Path>> rs{rig.request(Direction::READ, m, buffer, 0, t, 16 * 4096, 4096),
                                     rig.request(Direction::READ, m, buffer, 8192, t, 0, 4096)};

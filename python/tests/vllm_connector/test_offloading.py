@@ -37,18 +37,23 @@ def offloading(data_dir):
     stores.close_all()
 
 
-def test_an_offloaded_prefix_is_loaded_back_into_vllms_kv_cache(offloading, data_dir):
-    engine = offloading()
-    first = engine.request("first", PROMPT)
-    engine.run()
-    # vLLM's offloading worker submits stores at the start of the next step and reports them done in a later
-    # one; until then the manager offers nothing (a request arriving meanwhile misses, as with vLLM's CPU tier)
+def step_until_stored(engine):
+    """Steps until the manager has no store in flight: vLLM's offloading worker submits stores at the start of
+    the next step and reports them done in a later one; until then the manager offers nothing (a request
+    arriving meanwhile misses, as with vLLM's CPU tier). Bounded by 60 s."""
     manager = engine.connector.connector_scheduler.manager
     deadline = time.monotonic() + 60
     while manager._storing:
         assert time.monotonic() < deadline, "stores not reported done after 60 s"
         engine.step()
         time.sleep(0.01)
+
+
+def test_an_offloaded_prefix_is_loaded_back_into_vllms_kv_cache(offloading, data_dir):
+    engine = offloading()
+    first = engine.request("first", PROMPT)
+    engine.run()
+    step_until_stored(engine)
     assert engine.scheduler.reset_prefix_cache()
     engine.scramble()
     second = engine.request("second", PROMPT)
@@ -89,11 +94,7 @@ def test_blocks_the_store_evicts_are_announced_removed_and_only_those(offloading
     for i, start in enumerate((100, 600, 1100)):  # 3 prompts of 4 full blocks each: 12 blocks into 6
         engine.request(f"r{i}", list(range(start, start + 70)))
         engine.run()
-        deadline = time.monotonic() + 60
-        while manager._storing:
-            assert time.monotonic() < deadline, "stores not reported done after 60 s"
-            engine.step()
-            time.sleep(0.01)
+        step_until_stored(engine)
         drain()
     drain()  # every announced block checked at least once (fewer than REMOVAL_CHECKS_PER_CALL of them)
     assert len(announced) >= 8, announced
@@ -110,11 +111,7 @@ def test_without_kv_events_the_manager_records_nothing(offloading):
     assert not manager.enable_events
     engine.request("first", PROMPT)
     engine.run()
-    deadline = time.monotonic() + 60
-    while manager._storing:
-        assert time.monotonic() < deadline, "stores not reported done after 60 s"
-        engine.step()
-        time.sleep(0.01)
+    step_until_stored(engine)
     assert manager._events == [] and len(manager._announced) == 0
 
 
@@ -123,11 +120,7 @@ def test_a_failing_lookup_in_take_events_is_logged_and_retried_never_raised(offl
     manager = engine.connector.connector_scheduler.manager
     engine.request("first", PROMPT)
     engine.run()
-    deadline = time.monotonic() + 60
-    while manager._storing:
-        assert time.monotonic() < deadline, "stores not reported done after 60 s"
-        engine.step()
-        time.sleep(0.01)
+    step_until_stored(engine)
     manager.take_events()
     announced = list(manager._announced)
     assert announced
