@@ -132,5 +132,8 @@ std::uint64_t ControllerSlot::namespace_size_lbas() const noexcept {
   return driver_ ? driver_->identity().namespace_size_lbas : 0;
 }
 std::uint32_t ControllerSlot::lba_size() const noexcept { return driver_ ? driver_->identity().lba_size : 0; }
+const nvme::ControllerIdentity* ControllerSlot::identity() const noexcept {
+  return driver_ ? &driver_->identity() : nullptr;
+}
 
 }  // namespace tutti::daemon

@@ -47,6 +47,8 @@ class ControllerSlot {
   std::uint64_t bring_up_errors() const noexcept { return bring_up_errors_; }
   std::uint64_t namespace_size_lbas() const noexcept;
   std::uint32_t lba_size() const noexcept;
+  /// The controller's identity (bring_up's Identify), or null before a successful bring-up.
+  const nvme::ControllerIdentity* identity() const noexcept;
   const std::vector<std::uint16_t>& kernel_qids() const noexcept { return kernel_qids_; }
   /// A leased queue pair as created (rings and doorbells in the daemon's mappings).
   const nvme::QueuePairInfo* queue_info(std::uint16_t qid) const;

@@ -439,6 +439,13 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
                        {"lba_size", slot.lba_size()},
                        {"namespace_size_lbas", slot.namespace_size_lbas()},
                        {"accelerators", c.accelerators}};
+  // What a client needs to drive the queues as a controller of its own (LeasedController's identity).
+  if (const nvme::ControllerIdentity* id = slot.identity()) {
+    response["lease"]["nsid"] = id->nsid;
+    response["lease"]["max_data_transfer_bytes"] = id->max_data_transfer_bytes;
+    response["lease"]["memory_page_size"] = id->memory_page_size;
+    response["lease"]["doorbell_stride"] = id->doorbell_stride;
+  }
   // Soft mode: the memfds of BAR0 and of each queue's rings travel with the response (SCM_RIGHTS); "fd" is
   // the index among the descriptors received.
   auto range = [&slot, &out_fds](const void* address) -> json {

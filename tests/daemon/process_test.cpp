@@ -18,12 +18,15 @@
 #include <tutti/nvme/commands.hpp>
 #include <tutti/nvme/opcodes.hpp>
 #include <tutti/nvme/queue.hpp>
+#include <tutti/path/local_nvme.hpp>
 
 #include "daemon_harness.hpp"
+#include "leased_controller.hpp"
 
 using namespace tutti::daemon::testing;
 using tutti::monotonic_ns;
 using tutti::daemon::Connection;
+using tutti::daemon::LeasedController;
 
 namespace {
 
@@ -113,6 +116,72 @@ json move_two_blocks(Connection& c, bool write, std::uint64_t lba, std::uint8_t 
     out["mismatches"] = mismatches;
   }
   return out;
+}
+
+/// In a client process: a LeasedController over 2 leased queues, the local_nvme DataPath on them, and 256 KiB
+/// at LBA `lba` written from (write) or read into memory of allocate_host_memory, as 8 requests of 32 KiB in
+/// one batch. Returns what happened; for a read, how many bytes differ from the pattern of `seed`.
+json move_through_local_nvme(const std::string& socket, bool write, std::uint64_t lba, std::uint8_t seed) {
+  using Path = tutti::local_nvme::LocalNvmeDataPath;
+  constexpr std::size_t kBytes = 256 << 10, kRequest = 32 << 10;
+  auto controller = LeasedController::acquire({socket, "soft0", 2, 1 << 20});
+  if (!controller) return json{{"step", "acquire"}, {"status", controller.status().to_string()}};
+  LeasedController& leased = **controller;
+  json out{{"queues", leased.queue_ids()}, {"lease", leased.lease_id()}};
+  {
+    tutti::local_nvme::Options options;
+    options.queue_pairs = 2;
+    options.queue_depth = 16;  // not the lease's 32: refused, naming both
+    auto wrong_depth = Path::create(leased, options);
+    out["wrong_depth"] = wrong_depth ? "accepted" : wrong_depth.status().to_string();
+  }
+  tutti::local_nvme::Options options;
+  options.queue_pairs = 2;
+  options.queue_depth = leased.queue_depth();
+  auto path = Path::create(leased, options);
+  if (!path) return json{{"step", "create"}, {"status", path.status().to_string()}};
+  // Memory tuttid's process cannot reach is refused, naming where to get memory it can.
+  std::vector<std::uint8_t> plain(kBytes + 4096);
+  auto* aligned = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(plain.data()) + 4095) & ~4095ull);
+  auto refused = path->register_memory(tutti::MemoryView{aligned, kBytes, tutti::MemoryKind::HOST, -1});
+  out["plain_memory"] = refused ? "accepted" : refused.status().to_string();
+  auto memory = leased.allocate_host_memory(kBytes);
+  if (!memory) return json{{"step", "allocate"}, {"status", memory.status().to_string()}};
+  auto* bytes = static_cast<std::uint8_t*>(*memory);
+  for (std::size_t i = 0; i < kBytes; ++i) bytes[i] = write ? pattern(seed, i) : 0;
+  const tutti::MemoryView view{bytes, kBytes, tutti::MemoryKind::HOST, -1};
+  auto registered = path->register_memory(view);
+  if (!registered) return json{{"step", "register"}, {"status", registered.status().to_string()}};
+  tutti::local_file::Target target;
+  target.path = "leased-namespace";
+  target.extents = {{0, lba * 4096, kBytes}};
+  target.file_size = kBytes;
+  target.lba_size = leased.identity().lba_size;
+  auto opened = path->open(std::move(target), {});
+  if (!opened) return json{{"step", "open"}, {"status", opened.status().to_string()}};
+  std::vector<tutti::PathRequest<Path>> requests;
+  for (std::size_t at = 0; at < kBytes; at += kRequest)
+    requests.push_back({write ? tutti::Direction::WRITE : tutti::Direction::READ, &registered.value(), view, at,
+                        &opened.value(), at, kRequest});
+  std::vector<tutti::Status> states(requests.size());
+  auto batch = path->submit(requests, states);
+  std::vector<tutti::RequestCompletion> completions(requests.size());
+  const tutti::Status progressed = path->progress(batch, completions, 10'000'000'000ull);
+  out["progress"] = progressed.to_string();
+  std::uint64_t confirmed = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (!states[i].is_ok()) out["refused"].push_back(states[i].to_string());
+    if (!completions[i].status.is_ok()) out["failed"].push_back(completions[i].status.to_string());
+    confirmed += completions[i].confirmed_bytes;
+  }
+  out["confirmed_bytes"] = confirmed;
+  if (!write) {
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < kBytes; ++i) mismatches += bytes[i] != pattern(seed, i);
+    out["mismatches"] = mismatches;
+  }
+  out["step"] = "done";
+  return out;  // the path, then the controller (the lease) end here
 }
 
 }  // namespace
@@ -214,6 +283,78 @@ TEST_CASE("two client processes move verified data through their own leased queu
   const int status = d.stop(SIGTERM);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);  // under ASan: no leak, no use after free in the reclaim
+}
+
+TEST_CASE("the local_nvme DataPath runs on leased queues in two client processes (LeasedController)") {
+  TestDaemon d;
+  const std::string socket = d.socket_path();
+  ClientProcess writer(socket, [&socket](Connection&) { return move_through_local_nvme(socket, true, 300, 0x3c); });
+  const json w = writer.result();
+  INFO("writer: " << w.dump());
+  REQUIRE(w["step"] == "done");
+  CHECK(w["progress"] == "OK");
+  CHECK_FALSE(w.contains("refused"));
+  CHECK_FALSE(w.contains("failed"));
+  CHECK(w["confirmed_bytes"] == 256 << 10);
+  CHECK(w["queues"].size() == 2);
+  CHECK(w["wrong_depth"].get<std::string>().find("depth = 16, but lease") != std::string::npos);
+  CHECK(w["plain_memory"].get<std::string>().find("UNSUPPORTED") == 0);
+  CHECK(w["plain_memory"].get<std::string>().find("allocate_host_memory") != std::string::npos);
+  ClientProcess reader(socket, [&socket](Connection&) { return move_through_local_nvme(socket, false, 300, 0x3c); });
+  const json r = reader.result();
+  INFO("reader: " << r.dump());
+  REQUIRE(r["step"] == "done");
+  CHECK(r["progress"] == "OK");
+  CHECK(r["confirmed_bytes"] == 256 << 10);
+  CHECK(r["mismatches"] == 0);
+  // Both clients are still alive: their controllers' destructors released the leases.
+  CHECK(leases_now(d).empty());
+  // The bytes are on the soft controller's medium, the image file, at LBA 300.
+  std::ifstream image(d.dir() / "soft0.img", std::ios::binary);
+  image.seekg(300 * 4096);
+  std::vector<char> bytes(256 << 10);
+  image.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < bytes.size(); ++i) mismatches += static_cast<std::uint8_t>(bytes[i]) != pattern(0x3c, i);
+  CHECK(mismatches == 0);
+}
+
+TEST_CASE("LeasedController::acquire names what tuttid refused and every option out of range") {
+  TestDaemon d;
+  const std::string socket = d.socket_path();
+  auto refused = [](const tutti::daemon::LeaseOptions& o) {
+    auto c = LeasedController::acquire(o);
+    REQUIRE_FALSE(c.is_ok());
+    return c.status().to_string();
+  };
+  CHECK(refused({socket, "", 1, 4096}).find("LeaseOptions::controller") != std::string::npos);
+  CHECK(refused({socket, "soft0", 0, 4096}).find("LeaseOptions::queues = 0 outside 1..65535") != std::string::npos);
+  CHECK(refused({socket, "soft0", 1, 0}).find("LeaseOptions::pinned_bytes = 0") != std::string::npos);
+  CHECK(refused({socket, "soft0", 1, 4096, 0}).find("LeaseOptions::timeout_ns = 0") != std::string::npos);
+  const std::string over = refused({socket, "soft0", 5, 4096});
+  CHECK(over.find("RESOURCE_EXHAUSTED") == 0);
+  CHECK(over.find("over_limit") != std::string::npos);
+  CHECK(refused({socket, "nosuch", 1, 4096}).find("NOT_FOUND") == 0);
+  CHECK(refused({(d.dir() / "no.sock").string(), "soft0", 1, 4096}).find("NOT_FOUND") == 0);
+  // A lease's memory beyond its pinned_bytes is refused by tuttid, with its message.
+  auto c = LeasedController::acquire({socket, "soft0", 1, 8192});
+  REQUIRE_MESSAGE(c.is_ok(), c.status().to_string());
+  CHECK((*c)->allocate_host_memory(8192).is_ok());
+  auto beyond = (*c)->allocate_host_memory(4096);
+  REQUIRE_FALSE(beyond.is_ok());
+  CHECK(beyond.status().code() == tutti::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(beyond.status().message().find("pinned_bytes") != std::string::npos);
+  CHECK((*c)->allocate_host_memory(0).status().code() == tutti::StatusCode::INVALID_ARGUMENT);
+  // Admin commands stay with tuttid; queues beyond the lease are refused.
+  CHECK((*c)->bring_up({}).code() == tutti::StatusCode::UNSUPPORTED);
+  auto q = (*c)->create_io_queue_pair((*c)->queue_depth());
+  REQUIRE(q.is_ok());
+  CHECK((*c)->create_io_queue_pair((*c)->queue_depth()).status().code() == tutti::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK((*c)->delete_io_queue_pair(q->qid).is_ok());
+  CHECK((*c)->delete_io_queue_pair(q->qid).code() == tutti::StatusCode::NOT_FOUND);
+  CHECK(leases_now(d).size() == 1);
+  c.value().reset();
+  CHECK(leases_now(d).empty());
 }
 
 TEST_CASE("a client over its maximum queues or pinned bytes is refused with a message naming the limit") {

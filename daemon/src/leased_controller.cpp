@@ -1,0 +1,355 @@
+// An nvme::Controller over the queue pairs of one tuttid lease: see leased_controller.hpp.
+#include "leased_controller.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <new>
+
+#include <fmt/format.h>
+
+#include "protocol.hpp"
+
+namespace tutti::daemon {
+
+namespace {
+
+constexpr std::size_t kPage = 4096;
+constexpr std::size_t kMaxHostMemoryBytes = std::size_t{1} << 40;  // protocol.cpp's limit on "length"
+
+/// tuttid's error answer {"ok": false, "error": {"code", "message"}} as a Status of the matching code.
+Status refused(std::string_view what, const nlohmann::json& response) {
+  const nlohmann::json& e = response.value("error", nlohmann::json::object());
+  const std::string code = e.value("code", std::string("internal"));
+  const std::string message = e.value("message", response.dump());
+  StatusCode status = StatusCode::INTERNAL;
+  if (code == errors::kExhausted || code == errors::kOverLimit) status = StatusCode::RESOURCE_EXHAUSTED;
+  if (code == errors::kPermissionDenied) status = StatusCode::UNSUPPORTED;
+  if (code == errors::kNotFound) status = StatusCode::NOT_FOUND;
+  if (code == errors::kUnavailable || code == errors::kDraining) status = StatusCode::NOT_READY;
+  if (code == errors::kBadRequest || code == errors::kUnsupportedVersion) status = StatusCode::INVALID_ARGUMENT;
+  return error(status, "{}: tuttid answered {}: {}", what, code, message);
+}
+
+/// A JSON field of tuttid's answer that must be an unsigned number.
+Result<std::uint64_t> field(const nlohmann::json& object, std::string_view key) {
+  auto it = object.find(std::string(key));
+  if (it == object.end() || !it->is_number_unsigned())
+    return error(StatusCode::INTERNAL, "tuttid's acquire answer has no unsigned \"{}\" (it has {})", key,
+                 object.dump());
+  return it->get<std::uint64_t>();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LeasedController>> LeasedController::acquire(const LeaseOptions& options) {
+  if (options.controller.empty() || options.controller.size() > 32)
+    return error(StatusCode::INVALID_ARGUMENT, "LeaseOptions::controller = \"{}\": expected a name of 1 to 32 bytes",
+                 options.controller);
+  if (options.queues == 0 || options.queues > 65535)
+    return error(StatusCode::INVALID_ARGUMENT, "LeaseOptions::queues = {} outside 1..65535", options.queues);
+  if (options.pinned_bytes == 0 || options.pinned_bytes > kMaxHostMemoryBytes)
+    return error(StatusCode::INVALID_ARGUMENT, "LeaseOptions::pinned_bytes = {} outside 1..{}", options.pinned_bytes,
+                 kMaxHostMemoryBytes);
+  if (options.timeout_ns == 0)
+    return error(StatusCode::INVALID_ARGUMENT, "LeaseOptions::timeout_ns = 0: every call to tuttid needs a bound");
+  auto connection = Connection::connect(options.socket_path);
+  if (!connection) return connection.status();
+  std::unique_ptr<LeasedController> c(new (std::nothrow) LeasedController(std::move(connection.value()), options));
+  if (!c) return error(StatusCode::RESOURCE_EXHAUSTED, "LeasedController: no memory");
+  const nlohmann::json request{{"tutti", kProtocolVersion},
+                               {"op", "acquire"},
+                               {"controller", options.controller},
+                               {"queues", options.queues},
+                               {"pinned_bytes", options.pinned_bytes}};
+  std::vector<int> fds;
+  auto answer = c->connection_.call(request, options.timeout_ns, {}, fds);
+  if (!answer) {
+    for (int fd : fds) ::close(fd);
+    return answer.status().with_context(fmt::format("acquire {}", options.controller));
+  }
+  if (answer->value("ok", false) != true) {
+    for (int fd : fds) ::close(fd);
+    return refused(fmt::format("acquire {} ({} queues, {} pinned bytes)", options.controller, options.queues,
+                               options.pinned_bytes),
+                   *answer);
+  }
+  c->lease_id_ = (*answer)["lease"].value("id", std::uint64_t{0});
+  // From here on the destructor releases the lease, whatever fails below.
+  Status mapped = c->map_lease((*answer)["lease"], fds);
+  for (int fd : fds) ::close(fd);  // the mappings keep the memfds alive
+  if (!mapped.is_ok()) return mapped.with_context(fmt::format("lease {} on {}", c->lease_id_, options.controller));
+  return Result<std::unique_ptr<LeasedController>>(std::move(c));
+}
+
+Status LeasedController::map_lease(const nlohmann::json& lease, const std::vector<int>& fds) {
+  if (lease_id_ == 0) return error(StatusCode::INTERNAL, "tuttid's acquire answer has no lease id: {}", lease.dump());
+  auto nsid = field(lease, "nsid");
+  auto lba_size = field(lease, "lba_size");
+  auto lbas = field(lease, "namespace_size_lbas");
+  auto mdts = field(lease, "max_data_transfer_bytes");
+  auto page = field(lease, "memory_page_size");
+  auto stride = field(lease, "doorbell_stride");
+  auto depth = field(lease, "queue_depth");
+  for (const auto* f : {&nsid, &lba_size, &lbas, &mdts, &page, &stride, &depth})
+    if (!f->is_ok()) return f->status();
+  identity_.nsid = static_cast<std::uint32_t>(*nsid);
+  identity_.lba_size = static_cast<std::uint32_t>(*lba_size);
+  identity_.namespace_size_lbas = *lbas;
+  identity_.max_data_transfer_bytes = *mdts;
+  identity_.memory_page_size = static_cast<std::uint32_t>(*page);
+  identity_.doorbell_stride = static_cast<std::uint32_t>(*stride);
+  identity_.max_queue_entries = static_cast<std::uint32_t>(*depth);
+  identity_.number_of_namespaces = 1;
+  // Soft mode: BAR0 and the rings are memfds that came with the answer; "fd" indexes `fds`.
+  const nlohmann::json shared = lease.value("shared_memory", nlohmann::json());
+  if (!shared.is_object() || !shared.contains("bar0") || !shared["bar0"].is_object())
+    return error(StatusCode::UNSUPPORTED,
+                 "tuttid's lease has no shared memory: only soft controllers can be leased in this version "
+                 "(docs/daemon.md, \"What works today\")");
+  auto map = [&](const nlohmann::json& range, const char* what) -> Result<std::uint8_t*> {
+    const std::uint64_t index = range.value("fd", std::numeric_limits<std::uint64_t>::max());
+    const std::uint64_t offset = range.value("offset", std::uint64_t{0});
+    const std::uint64_t length = range.value("length", std::uint64_t{0});
+    if (index >= fds.size() || length == 0 || offset >= length)
+      return error(StatusCode::INTERNAL, "tuttid's {} range {} does not fit the {} descriptors sent", what,
+                   range.dump(), fds.size());
+    void* base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fds[index], 0);
+    if (base == MAP_FAILED)
+      return error(StatusCode::RESOURCE_EXHAUSTED, "mmap of tuttid's {} ({} bytes): {}", what, length,
+                   std::strerror(errno));
+    shared_.push_back({base, length});
+    return static_cast<std::uint8_t*>(base) + offset;
+  };
+  auto bar = map(shared["bar0"], "BAR0");
+  if (!bar) return bar.status();
+  const std::uint64_t csts_offset = shared.value("csts_offset", std::uint64_t{0x1c});
+  csts_ = reinterpret_cast<const volatile std::uint32_t*>(*bar + csts_offset);
+  for (const nlohmann::json& q : shared.value("queues", nlohmann::json::array())) {
+    auto sq = map(q["sq"], "submission queue");
+    if (!sq) return sq.status();
+    auto cq = map(q["cq"], "completion queue");
+    if (!cq) return cq.status();
+    nvme::QueuePairInfo info;
+    info.qid = q.value("qid", std::uint16_t{0});
+    info.depth = q.value("depth", std::uint32_t{0});
+    info.submission_queue = reinterpret_cast<nvme::SubmissionQueueEntry*>(*sq);
+    info.completion_queue = reinterpret_cast<nvme::CompletionQueueEntry*>(*cq);
+    info.submission_queue_tail_doorbell =
+        reinterpret_cast<volatile std::uint32_t*>(*bar + q.value("sq_tail_doorbell_offset", std::uint64_t{0}));
+    info.completion_queue_head_doorbell =
+        reinterpret_cast<volatile std::uint32_t*>(*bar + q.value("cq_head_doorbell_offset", std::uint64_t{0}));
+    info.controller_status = csts_;
+    info.doorbell_stride = identity_.doorbell_stride;
+    if (info.qid == 0 || info.depth != identity_.max_queue_entries)
+      return error(StatusCode::INTERNAL, "tuttid's queue {} does not match the lease's depth {}", q.dump(),
+                   identity_.max_queue_entries);
+    queues_.push_back(info);
+    qids_.push_back(info.qid);
+  }
+  if (queues_.size() != options_.queues)
+    return error(StatusCode::INTERNAL, "tuttid granted {} queues with memory, {} asked", queues_.size(),
+                 options_.queues);
+  handed_out_.assign(queues_.size(), false);
+  retired_.assign(queues_.size(), false);
+  identity_.io_submission_queues_allocated = static_cast<std::uint16_t>(queues_.size());
+  identity_.io_completion_queues_allocated = static_cast<std::uint16_t>(queues_.size());
+  return Status::success();
+}
+
+LeasedController::~LeasedController() {
+  if (lease_id_ != 0) {
+    // tuttid deletes the queues before it answers (Delete I/O SQ ends every command in them), so once the
+    // answer is here no command can touch the memory unmapped below. Without an answer (tuttid gone or slow)
+    // the lease ends when this process does; the daemon keeps its own mappings of the memfds until then.
+    std::vector<int> fds;
+    auto answer = connection_.call(nlohmann::json{{"tutti", kProtocolVersion}, {"op", "release"}, {"lease", lease_id_}},
+                                   options_.timeout_ns, {}, fds);
+    for (int fd : fds) ::close(fd);
+    (void)answer;
+  }
+  for (const Region& r : regions_) ::munmap(r.address, r.length);
+  for (const Shared& s : shared_) ::munmap(s.base, s.length);
+}
+
+Result<void*> LeasedController::allocate_host_memory(std::size_t length) {
+  std::lock_guard lock(mutex_);
+  auto region = register_region(length);
+  if (!region) return region.status();
+  return static_cast<void*>((*region)->address);
+}
+
+Result<const LeasedController::Region*> LeasedController::register_region(std::size_t length) {
+  if (length == 0 || length > kMaxHostMemoryBytes)
+    return error(StatusCode::INVALID_ARGUMENT, "LeasedController::allocate_host_memory: length = {} outside 1..{}",
+                 length, kMaxHostMemoryBytes);
+  const std::size_t bytes = (length + kPage - 1) / kPage * kPage;
+  const int memfd = ::memfd_create("tutti-leased-memory", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (memfd < 0)
+    return error(StatusCode::RESOURCE_EXHAUSTED, "allocate_host_memory: memfd_create: {}", std::strerror(errno));
+  // Sealed against shrinking: tuttid maps it and the controller may DMA into it (a shrink would raise SIGBUS
+  // in the daemon).
+  if (::ftruncate(memfd, static_cast<off_t>(bytes)) != 0 || ::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+    const int e = errno;
+    ::close(memfd);
+    return error(StatusCode::RESOURCE_EXHAUSTED, "allocate_host_memory: {} bytes of memfd: {}", bytes,
+                 std::strerror(e));
+  }
+  void* address = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  if (address == MAP_FAILED) {
+    const int e = errno;
+    ::close(memfd);
+    return error(StatusCode::RESOURCE_EXHAUSTED, "allocate_host_memory: mmap of {} bytes: {}", bytes, std::strerror(e));
+  }
+  std::vector<int> fds;
+  auto answer = connection_.call(
+      nlohmann::json{{"tutti", kProtocolVersion}, {"op", "register"}, {"lease", lease_id_}, {"length", bytes}},
+      options_.timeout_ns, {memfd}, fds);
+  ::close(memfd);  // tuttid mapped its own copy; ours is `address`
+  for (int fd : fds) ::close(fd);
+  if (!answer || answer->value("ok", false) != true) {
+    ::munmap(address, bytes);
+    if (!answer) return answer.status().with_context(fmt::format("register {} bytes on lease {}", bytes, lease_id_));
+    return refused(fmt::format("register {} bytes on lease {}", bytes, lease_id_), *answer);
+  }
+  Region region;
+  region.address = static_cast<std::uint8_t*>(address);
+  region.length = bytes;
+  const nlohmann::json& r = (*answer)["region"];
+  region.page_size = r.value("page_size", std::uint32_t{0});
+  region.bus_addresses = r.value("bus_addresses", std::vector<std::uint64_t>{});
+  if (region.page_size != kPage || region.bus_addresses.size() != bytes / kPage) {
+    ::munmap(address, bytes);  // tuttid keeps it registered until the lease ends; nothing here uses it
+    return error(StatusCode::INTERNAL, "tuttid's region for {} bytes has page size {} and {} bus addresses", bytes,
+                 region.page_size, region.bus_addresses.size());
+  }
+  regions_.push_back(std::move(region));
+  return &regions_.back();
+}
+
+const LeasedController::Region* LeasedController::region_of(const void* address, std::size_t length) const {
+  const auto* p = static_cast<const std::uint8_t*>(address);
+  for (const Region& r : regions_)
+    if (p >= r.address && p <= r.address + r.length && length <= static_cast<std::size_t>(r.address + r.length - p))
+      return &r;
+  return nullptr;
+}
+
+Status LeasedController::bring_up(const nvme::BringUpOptions&) {
+  return error(StatusCode::UNSUPPORTED, "bring_up: tuttid brings controller {} up; lease {} is ready as acquired",
+               options_.controller, lease_id_);
+}
+
+Status LeasedController::shutdown(std::uint64_t) {
+  return error(StatusCode::UNSUPPORTED,
+               "shutdown: tuttid shuts controller {} down; destroy the LeasedController to end lease {}",
+               options_.controller, lease_id_);
+}
+
+nvme::ControllerStatus LeasedController::controller_status() const noexcept {
+  return nvme::ControllerStatus{csts_ != nullptr ? *csts_ : 0xffffffffu};
+}
+
+Result<nvme::QueuePairInfo> LeasedController::create_io_queue_pair(std::uint32_t depth) {
+  std::lock_guard lock(mutex_);
+  if (depth != identity_.max_queue_entries)
+    return error(StatusCode::INVALID_ARGUMENT,
+                 "create_io_queue_pair: depth = {}, but lease {} has queues of {} entries (tuttid's queue_depth)",
+                 depth, lease_id_, identity_.max_queue_entries);
+  for (std::size_t i = 0; i < queues_.size(); ++i) {
+    if (handed_out_[i]) continue;
+    handed_out_[i] = true;
+    return queues_[i];
+  }
+  return error(StatusCode::RESOURCE_EXHAUSTED,
+               "create_io_queue_pair: all {} queue pairs of lease {} are handed out (acquire a lease with more "
+               "queues)",
+               queues_.size(), lease_id_);
+}
+
+Status LeasedController::delete_io_queue_pair(std::uint16_t qid) {
+  std::lock_guard lock(mutex_);
+  for (std::size_t i = 0; i < queues_.size(); ++i) {
+    if (queues_[i].qid != qid || !handed_out_[i] || retired_[i]) continue;
+    retired_[i] = true;  // tuttid deletes it when the lease ends
+    return Status::success();
+  }
+  return error(StatusCode::NOT_FOUND, "delete_io_queue_pair: queue {} is not a handed-out queue of lease {}", qid,
+               lease_id_);
+}
+
+Result<nvme::DmaMapping> LeasedController::dma_map(void* host_address, std::size_t length) {
+  const auto start = reinterpret_cast<std::uintptr_t>(host_address);
+  if (host_address == nullptr || length == 0 || start % kPage != 0 || length % kPage != 0)
+    return error(StatusCode::INVALID_ARGUMENT,
+                 "dma_map({}, {} bytes): the address and the length must be non-zero multiples of {}", host_address,
+                 length, kPage);
+  std::lock_guard lock(mutex_);
+  const Region* r = region_of(host_address, length);
+  if (r == nullptr)
+    return error(StatusCode::UNSUPPORTED,
+                 "dma_map({}, {} bytes): not memory of LeasedController::allocate_host_memory; controller {} runs "
+                 "in tuttid's process, which reaches only memory shared with it",
+                 host_address, length, options_.controller);
+  const std::size_t first = static_cast<std::size_t>(static_cast<std::uint8_t*>(host_address) - r->address) / kPage;
+  nvme::DmaMapping m;
+  m.id = next_id_++;
+  m.host_address = host_address;
+  m.length = length;
+  m.page_size = r->page_size;
+  m.bus_addresses.assign(r->bus_addresses.begin() + static_cast<std::ptrdiff_t>(first),
+                         r->bus_addresses.begin() + static_cast<std::ptrdiff_t>(first + length / kPage));
+  live_ids_.insert(m.id);
+  return m;
+}
+
+Status LeasedController::dma_unmap(std::uint64_t mapping_id) {
+  std::lock_guard lock(mutex_);
+  if (live_ids_.erase(mapping_id) == 0)
+    return error(StatusCode::NOT_FOUND, "dma_unmap: no mapping with id = {}", mapping_id);
+  return Status::success();
+}
+
+Result<nvme::DmaBuffer> LeasedController::allocate_dma_buffer(std::size_t length) {
+  std::lock_guard lock(mutex_);
+  auto region = register_region(length);
+  if (!region) return region.status();
+  const Region& r = **region;
+  for (std::size_t i = 1; i < r.bus_addresses.size(); ++i)
+    if (r.bus_addresses[i] != r.bus_addresses[0] + i * kPage)
+      return error(StatusCode::RESOURCE_EXHAUSTED,
+                   "allocate_dma_buffer({} bytes): tuttid mapped page {} at bus {:#x}, not contiguous after {:#x}",
+                   length, i, r.bus_addresses[i], r.bus_addresses[0]);
+  nvme::DmaBuffer b;
+  b.host_address = r.address;
+  b.bus_address = r.bus_addresses[0];
+  b.length = r.length;
+  b.id = next_id_++;
+  live_ids_.insert(b.id);
+  return b;
+}
+
+Status LeasedController::free_dma_buffer(std::uint64_t id) {
+  std::lock_guard lock(mutex_);
+  if (live_ids_.erase(id) == 0) return error(StatusCode::NOT_FOUND, "free_dma_buffer: no buffer with id = {}", id);
+  return Status::success();
+}
+
+Result<nvme::CompletionQueueEntry> LeasedController::submit_admin(const nvme::SubmissionQueueEntry& command,
+                                                                  std::uint64_t) {
+  return error(StatusCode::UNSUPPORTED, "submit_admin(opcode {:#x}): admin commands of controller {} stay with tuttid",
+               command.opcode, options_.controller);
+}
+
+Result<bool> LeasedController::abort(std::uint16_t sqid, std::uint16_t cid, std::uint64_t) {
+  return error(StatusCode::UNSUPPORTED,
+               "abort(queue {}, command {}): tuttid's protocol version 1 has no abort; the command ends when lease {} "
+               "does",
+               sqid, cid, lease_id_);
+}
+
+}  // namespace tutti::daemon
