@@ -211,6 +211,10 @@ static int snvme_ioc_create_group(struct snvme_file *f, struct snvme_queue_group
 	int i, ret, id;
 	u16 avail;
 
+	if (f->sealed) {
+		dev_err_ratelimited(ctrl->dev, "CREATE_QUEUE_GROUP: the file is sealed to its queue groups\n");
+		return -EPERM;
+	}
 	if (a->flags) {
 		dev_err_ratelimited(ctrl->dev, "CREATE_QUEUE_GROUP: flags 0x%x, must be 0\n",
 				    a->flags);
@@ -425,6 +429,12 @@ static int snvme_ioc_dma_map(struct snvme_file *f, struct snvme_dma_map *a)
 		dev_err_ratelimited(ctrl->dev, "DMA_MAP: vaddr + length overflows the address space\n");
 		return -EINVAL;
 	}
+	if (f->sealed && (a->length > f->max_dma_bytes ||
+			  f->dma_bytes > f->max_dma_bytes - a->length)) {
+		dev_err_ratelimited(ctrl->dev, "DMA_MAP: %llu bytes on top of %llu mapped exceed the seal's %llu\n",
+				    a->length, f->dma_bytes, f->max_dma_bytes);
+		return -EDQUOT;
+	}
 	if (a->max_addrs < a->length / PAGE_SIZE || !a->bus_addrs) {
 		dev_err_ratelimited(ctrl->dev, "DMA_MAP: bus_addrs holds %llu entries, need %llu\n",
 				    a->max_addrs, a->length / PAGE_SIZE);
@@ -459,6 +469,7 @@ static int snvme_ioc_dma_map(struct snvme_file *f, struct snvme_dma_map *a)
 		goto free;
 	}
 	m->id = id;
+	f->dma_bytes += m->length;
 	snvme_count(ctrl, 0, 1, 0);
 	a->map_id = id;
 	a->nr_pages = m->nr_pages;
@@ -466,6 +477,28 @@ static int snvme_ioc_dma_map(struct snvme_file *f, struct snvme_dma_map *a)
 free:
 	snvme_dmamap_free(f, m);
 	return ret;
+}
+
+static int snvme_ioc_seal(struct snvme_file *f, struct snvme_seal *a)
+{
+	struct snvme_ctrl *ctrl = f->ctrl;
+
+	if (f->sealed) {
+		dev_err_ratelimited(ctrl->dev, "SEAL: the file is sealed already\n");
+		return -EPERM;
+	}
+	if (a->flags || a->pad0) {
+		dev_err_ratelimited(ctrl->dev, "SEAL: flags 0x%x, must be 0\n", a->flags);
+		return -EINVAL;
+	}
+	if (!IS_ALIGNED(a->max_dma_bytes, PAGE_SIZE) || a->max_dma_bytes < f->dma_bytes) {
+		dev_err_ratelimited(ctrl->dev, "SEAL: max_dma_bytes %llu must be a multiple of %lu and >= the %llu bytes mapped\n",
+				    a->max_dma_bytes, PAGE_SIZE, f->dma_bytes);
+		return -EINVAL;
+	}
+	f->max_dma_bytes = a->max_dma_bytes;
+	f->sealed = true;
+	return 0;
 }
 
 /* ---- identify, abort ---------------------------------------------------- */
@@ -678,7 +711,7 @@ static void snvme_fill_info(struct snvme_ctrl *ctrl, struct snvme_info *in)
 	in->hdr.abi_version = SNVME_ABI_VERSION;
 	in->hdr.argsz = sizeof(*in);
 	in->caps = SNVME_CAP_QUEUE_GROUPS | SNVME_CAP_DMA_HOST | SNVME_CAP_IDENTIFY |
-		   SNVME_CAP_ABORT | SNVME_CAP_STATUS;
+		   SNVME_CAP_ABORT | SNVME_CAP_STATUS | SNVME_CAP_SEAL;
 	if (IS_ENABLED(SNVME_HAVE_NV_P2P))
 		in->caps |= SNVME_CAP_DMA_GPU;
 	if (device_iommu_mapped(ctrl->dev))
@@ -734,6 +767,7 @@ union snvme_ioc_arg {
 	struct snvme_dma_unmap unmap;
 	struct snvme_identify identify;
 	struct snvme_abort abort;
+	struct snvme_seal seal;
 };
 
 /*
@@ -767,6 +801,7 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	case SNVME_IOC_DMA_UNMAP:
 	case SNVME_IOC_IDENTIFY:
 	case SNVME_IOC_ABORT:
+	case SNVME_IOC_SEAL:
 		break;
 	default:
 		/* Also a known command with the wrong size (another ABI). */
@@ -819,8 +854,10 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		struct snvme_dmamap *m = idr_find(&f->maps, a->unmap.map_id);
 
 		ret = m ? 0 : -ENOENT;
-		if (m)
+		if (m) {
+			f->dma_bytes -= m->length;
 			snvme_dmamap_free(f, m);
+		}
 		break;
 	}
 	case SNVME_IOC_IDENTIFY:
@@ -828,6 +865,9 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		break;
 	case SNVME_IOC_ABORT:
 		ret = snvme_ioc_abort(f, &a->abort);
+		break;
+	case SNVME_IOC_SEAL:
+		ret = snvme_ioc_seal(f, &a->seal);
 		break;
 	}
 	if (!ret && (_IOC_DIR(cmd) & _IOC_READ) && copy_to_user(uarg, a, size)) {
@@ -840,8 +880,10 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		} else if (cmd == SNVME_IOC_DMA_MAP) {
 			struct snvme_dmamap *m = idr_find(&f->maps, a->map.map_id);
 
-			if (m)
+			if (m) {
+				f->dma_bytes -= m->length;
 				snvme_dmamap_free(f, m);
+			}
 		}
 		ret = -EFAULT;
 	}

@@ -199,6 +199,9 @@ struct snvme_file {
 	bool torn_down;			/* remove() has released everything */
 	u32 revoked;			/* 0 or SNVME_REVOKED_*, the gravest so far */
 	bool queues_gone;		/* a reset deleted its queues on the controller */
+	bool sealed;			/* SNVME_IOC_SEAL: no new groups, DMA capped */
+	u64 max_dma_bytes;		/* the seal's cap on dma_bytes */
+	u64 dma_bytes;			/* bytes of the maps in maps */
 	struct page *status_page;	/* struct snvme_status, mapped read-only */
 	struct xarray frozen;		/* mmap pgoff -> stand-in page after removal */
 	struct page *sink_page;		/* the doorbells' stand-in */

@@ -1578,6 +1578,82 @@ static int cmd_bad_dma(void)
 	return 0;
 }
 
+/*
+ * SNVME_IOC_SEAL (tuttid seals a lease's file before handing it over): a
+ * sealed file creates no queue group and maps at most max_dma_bytes at once,
+ * in every process that holds it; its queues keep moving data.
+ */
+static int cmd_seal(void)
+{
+	struct snvme_seal seal = { .hdr = { SNVME_ABI_VERSION, sizeof(seal) } };
+	struct snvme_queue_group g, g2;
+	struct uq_queue q[1], q2[1];
+	struct uq_buf one, two, three, list;
+	struct uq_ctrl c;
+	uint64_t slba;
+	int st, status;
+	pid_t pid;
+
+	must_open(&c);
+	check(c.info.caps & SNVME_CAP_SEAL, "GET_INFO announces SNVME_CAP_SEAL (caps 0x%llx)",
+	      (unsigned long long)c.info.caps);
+	if (uq_group_create(&c, 1, 8, &g, q) || uq_buf_alloc(&c, &one, 4096) ||
+	    uq_buf_alloc(&c, &list, 4096))
+		die("setup: %s", strerror(errno));
+	seal.flags = 1;
+	EXPECT(ioctl(c.fd, SNVME_IOC_SEAL, &seal), EINVAL, "SEAL with flags 1");
+	seal.flags = 0;
+	seal.max_dma_bytes = 4096;
+	EXPECT(ioctl(c.fd, SNVME_IOC_SEAL, &seal), EINVAL, "SEAL below the 8192 bytes mapped");
+	seal.max_dma_bytes = 4 * 4096 + 1;
+	EXPECT(ioctl(c.fd, SNVME_IOC_SEAL, &seal), EINVAL, "SEAL with max_dma_bytes not a page multiple");
+	seal.max_dma_bytes = 4 * 4096;
+	EXPECT(ioctl(c.fd, SNVME_IOC_SEAL, &seal), 0, "SEAL at 16384 bytes with 8192 mapped");
+	EXPECT(ioctl(c.fd, SNVME_IOC_SEAL, &seal), EPERM, "a second SEAL");
+	EXPECT(uq_group_create(&c, 1, 8, &g2, q2), EPERM, "CREATE_QUEUE_GROUP on the sealed file");
+	st = uq_buf_alloc(&c, &three, 3 * 4096);
+	check(st == -EDQUOT, "DMA_MAP of 12288 bytes over the seal -> %s (want %s)",
+	      st ? strerror(-st) : "success", strerror(EDQUOT));
+	uq_buf_free(&c, &three);
+	st = uq_buf_alloc(&c, &two, 2 * 4096);
+	check(st == 0, "DMA_MAP of 8192 bytes up to the seal -> %s", st ? strerror(-st) : "success");
+	/* The queue still moves data: 4 KiB at 250 MiB, past the file system's 240 MiB. */
+	slba = (250ull << 20) / c.lba_size;
+	fill_pattern(one.va, 4096, 0x5ea1);
+	st = uq_rw_sync(&q[0], UQ_OPC_WRITE, slba, 4096 / c.lba_size, &one, 0, &list, false);
+	check(st == 0, "a WRITE through the sealed file's queue: status 0x%x", st);
+	memset(two.va, 0, 4096);
+	st = uq_rw_sync(&q[0], UQ_OPC_READ, slba, 4096 / c.lba_size, &two, 0, &list, false);
+	check(st == 0 && !memcmp(one.va, two.va, 4096), "its READ returns the bytes written (status 0x%x)", st);
+	/* Unmapping makes room again; the seal stays. */
+	uq_buf_free(&c, &two);
+	st = uq_buf_alloc(&c, &two, 2 * 4096);
+	check(st == 0, "DMA_MAP of 8192 bytes after DMA_UNMAP of 8192 -> %s", st ? strerror(-st) : "success");
+	/* A child holding the same open file is sealed too (tuttid's SCM_RIGHTS case). */
+	pid = fork();
+	if (pid == 0) {
+		struct snvme_queue_group gc;
+		struct uq_queue qc[1];
+
+		_exit(uq_group_create(&c, 1, 8, &gc, qc) && errno == EPERM ? 0 : 1);
+	}
+	check(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+	      WEXITSTATUS(status) == 0, "a forked holder of the sealed file gets EPERM for CREATE_QUEUE_GROUP");
+	uq_buf_free(&c, &two);
+	uq_buf_free(&c, &one);
+	uq_buf_free(&c, &list);
+	uq_group_unmap(q, 1);
+	uq_group_destroy(&c, g.group_id);
+	uq_close(&c);
+	/* A new open is not sealed. */
+	must_open(&c);
+	EXPECT(uq_group_create(&c, 1, 8, &g, q), 0, "CREATE_QUEUE_GROUP on a new open of the device");
+	uq_group_unmap(q, 1);
+	uq_group_destroy(&c, g.group_id);
+	uq_close(&c);
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1619,10 +1695,12 @@ int main(int argc, char **argv)
 		return cmd_io_until_error(argv[2], argc >= 4 ? argv[3] : NULL);
 	if (argc >= 2 && !strcmp(argv[1], "bad-dma"))
 		return cmd_bad_dma();
+	if (argc >= 2 && !strcmp(argv[1], "seal"))
+		return cmd_seal();
 	fprintf(stderr, "usage: %s bind ADDR | info LBA SERIAL | perms ADDR | fiemap-read FILE... |\n"
 		"  fiemap-write FILE | wrap | hold-io [READY] | leaks | close-live | bad-ioctl |\n"
 		"  rebind ADDR N | fail ADDR | timeout-poll FILE DIR | timeout-abort-reset FILE DIR |\n"
 		"  timeout-fail FILE DIR | reset-revoke | removal-holder [READY] |\n"
-		"  io-until-error PATH [READY] | bad-dma\n", argv[0]);
+		"  io-until-error PATH [READY] | bad-dma | seal\n", argv[0]);
 	return 2;
 }

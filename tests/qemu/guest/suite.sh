@@ -102,6 +102,7 @@ queue_flags() {
 t queue-flush-fua queue_flags
 t info $T info "$LBA" deadbeef
 t bad-ioctl $T bad-ioctl
+t seal $T seal
 
 load_ext4() {
 	# crc32c-intel needs SSE4.2, which the emulated CPU may lack: optional.

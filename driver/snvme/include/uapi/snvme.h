@@ -49,6 +49,7 @@
 #define SNVME_CAP_IDENTIFY (1ull << 6)	   /* SNVME_IOC_IDENTIFY */
 #define SNVME_CAP_ABORT (1ull << 7)	   /* SNVME_IOC_ABORT */
 #define SNVME_CAP_STATUS (1ull << 8)	   /* status page, poll() and ESTALE on revocation */
+#define SNVME_CAP_SEAL (1ull << 9)	   /* SNVME_IOC_SEAL */
 
 /* Header of every ioctl argument. */
 struct snvme_hdr {
@@ -207,6 +208,23 @@ struct snvme_abort {
 };
 
 /*
+ * SNVME_IOC_SEAL: seals this file to what it holds, for good. tuttid seals a
+ * file after creating a lease's queue group on it and before it hands the
+ * file to the lease holder with SCM_RIGHTS (docs/daemon.md). From then on
+ * CREATE_QUEUE_GROUP fails with EPERM and DMA_MAP fails with EDQUOT when the
+ * bytes this file has mapped would exceed max_dma_bytes; a second SEAL fails
+ * with EPERM. DESTROY_QUEUE_GROUP, DMA_UNMAP, ABORT and I/O still work. The
+ * seal belongs to the open file, so every descriptor of it (dup, fork,
+ * SCM_RIGHTS) is sealed.
+ */
+struct snvme_seal {
+	struct snvme_hdr hdr;
+	__u64 max_dma_bytes;	/* in: page_size multiple, >= bytes mapped now */
+	__u32 flags;		/* in: must be 0 */
+	__u32 pad0;
+};
+
+/*
  * /dev/snvme-control: CAP_SYS_ADMIN only. pci_addr is "DDDD:BB:DD.F",
  * NUL terminated. BIND detaches whatever driver holds the device, sets
  * driver_override to "snvme" and probes; UNBIND releases it (files that
@@ -228,6 +246,7 @@ struct snvme_bind {
 #define SNVME_IOC_DMA_UNMAP _IOW(SNVME_IOC_MAGIC, 0x04, struct snvme_dma_unmap)
 #define SNVME_IOC_IDENTIFY _IOW(SNVME_IOC_MAGIC, 0x05, struct snvme_identify)
 #define SNVME_IOC_ABORT _IOWR(SNVME_IOC_MAGIC, 0x06, struct snvme_abort)
+#define SNVME_IOC_SEAL _IOW(SNVME_IOC_MAGIC, 0x07, struct snvme_seal)
 #define SNVME_IOC_BIND _IOWR(SNVME_IOC_MAGIC, 0x10, struct snvme_bind)
 #define SNVME_IOC_UNBIND _IOW(SNVME_IOC_MAGIC, 0x11, struct snvme_bind)
 
@@ -276,6 +295,7 @@ SNVME_STATIC_ASSERT(sizeof(struct snvme_dma_map) == 56, "snvme_dma_map");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_dma_unmap) == 16, "snvme_dma_unmap");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_identify) == 24, "snvme_identify");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_abort) == 16, "snvme_abort");
+SNVME_STATIC_ASSERT(sizeof(struct snvme_seal) == 24, "snvme_seal");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_bind) == 48, "snvme_bind");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_status) == 16, "snvme_status");
 #undef SNVME_STATIC_ASSERT
