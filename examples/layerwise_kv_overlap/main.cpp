@@ -767,6 +767,17 @@ int run_striped_stack(const Options& o, const DataPlace& place, const std::vecto
   return rc;
 }
 
+/// Bytes of each ext4 image of the soft NVMe backends: the device's share of the data set and a quarter
+/// more, plus 64 MiB for ext4's own metadata and journal, in whole 4096-byte blocks.
+std::uint64_t soft_image_bytes(const Shape& shape) {
+  return (shape.layers * shape.shard_file_bytes() * 5 / 4 + (std::uint64_t{64} << 20)) / 4096 * 4096;
+}
+
+/// The ext4 image of soft NVMe device `i` under `base` (the data folder's nvme-soft or nvme-soft-striped).
+fs::path soft_image_path(const fs::path& base, bool striped, std::uint32_t i) {
+  return striped ? base / fmt::format("disk-{}.img", i) : base / "disk.img";
+}
+
 /// nvme-soft: the layer files live on an ext4 image (4096-byte blocks) loop-mounted under the data
 /// directory; a software NVMe controller is backed by the same image, files are resolved to LBAs with
 /// FIEMAP and every IO is an NVMe command on its queues. Needs root (losetup, mount).
@@ -787,14 +798,12 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
   const bool striped = o.backend == "nvme-soft-striped";
   const std::uint32_t devices = striped ? shape.stripe_devices : 1;
   const fs::path base = dir / o.backend;
-  const std::uint64_t image_bytes =
-      (shape.layers * shape.shard_file_bytes() * 5 / 4 + (std::uint64_t{64} << 20)) / 4096 * 4096;
+  const std::uint64_t image_bytes = soft_image_bytes(shape);
   std::vector<std::unique_ptr<LoopMount>> mounts;  // unmounted in reverse order on return
   std::vector<fs::path> dirs;
   for (std::uint32_t i = 0; i < devices; ++i) {
-    auto mounted = striped
-                       ? mount_image(base / fmt::format("disk-{}.img", i), base / fmt::format("mnt-{}", i), image_bytes)
-                       : mount_image(base / "disk.img", base / "mnt", image_bytes);
+    auto mounted = mount_image(soft_image_path(base, striped, i),
+                               striped ? base / fmt::format("mnt-{}", i) : base / "mnt", image_bytes);
     if (!mounted) return kExitFailed;
     dirs.push_back(mounted->mount_point);
     mounts.push_back(std::move(mounted));
@@ -845,7 +854,8 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
 
 /// The data folder's checks, in the order that gives the clearest message: the folder itself (not a
 /// file, creatable), the lock (one run per folder), O_DIRECT on its file system (uring backend), then
-/// the free space. Fills place.filesystem; takes `lock`. Returns the exit code on refusal.
+/// the free space (for the soft NVMe backends, of their ext4 images, after removing the images of devices
+/// this run does not use). Fills place.filesystem; takes `lock`. Returns the exit code on refusal.
 std::optional<int> check_data_dir(const Options& o, DataPlace& place, DataDirLock& lock) {
   const Shape& shape = o.settings.shape;
   const fs::path& dir = place.dir;
@@ -881,13 +891,37 @@ std::optional<int> check_data_dir(const Options& o, DataPlace& place, DataDirLoc
     return fail_with(tutti::status_from_errno(ec.value(), fmt::format("--data-dir '{}': statvfs", dir.string())),
                      kExitRefused);
   const std::uint64_t data_bytes = data_set_bytes(shape);
-  const std::uint64_t reusable = fs::exists(dir / "manifest.json") ? data_bytes : 0;  // rewritten in place
-  if (data_bytes + data_bytes / 4 > space.available + reusable) {
+  std::uint64_t needed = data_bytes + data_bytes / 4;
+  std::uint64_t reusable = fs::exists(dir / "manifest.json", ec) ? data_bytes : 0;  // rewritten in place
+  std::string what =
+      fmt::format("the data set needs about {} ({} bytes and a quarter more)", format_bytes(needed), data_bytes);
+  if (soft_nvme_backend(o.backend)) {
+    // The layer files live inside ext4 images, each of soft_image_bytes. An image of that size from an
+    // earlier run is reused (its space is taken already); images of devices this run does not use (an
+    // earlier --stripe-devices was larger) are removed first, so they neither hold space nor linger.
+    const bool striped = o.backend == "nvme-soft-striped";
+    const std::uint32_t devices = striped ? shape.stripe_devices : 1;
+    const fs::path base = dir / o.backend;
+    for (std::uint32_t i = striped ? devices : kMaxStripeDevices; i < kMaxStripeDevices; ++i)
+      fs::remove(soft_image_path(base, true, i), ec);
+    const std::uint64_t image = soft_image_bytes(shape);
+    needed = devices * image;
+    reusable = 0;
+    for (std::uint32_t i = 0; i < devices; ++i) {
+      const fs::path p = soft_image_path(base, striped, i);
+      if (fs::exists(p, ec) && fs::file_size(p, ec) == image) reusable += image;
+    }
+    what = fmt::format(
+        "the ext4 image{} of --backend {} need{} about {} ({}{} bytes{}: the device's share of the data set, a "
+        "quarter more, and 64 MiB for ext4)",
+        devices > 1 ? "s" : "", o.backend, devices > 1 ? "" : "s", format_bytes(needed),
+        devices > 1 ? fmt::format("{} of ", devices) : std::string(), image, devices > 1 ? " each" : "");
+  }
+  if (needed > space.available + reusable) {
     fmt::print(stderr,
-               "error: RESOURCE_EXHAUSTED: the data set needs about {} ({} bytes and a quarter more) in "
-               "--data-dir '{}', which has {} available: free space there, pick another folder with "
-               "--data-dir, or shrink the data set (--model, --layers, --context-tokens)\n",
-               format_bytes(data_bytes + data_bytes / 4), data_bytes, dir.string(), format_bytes(space.available));
+               "error: RESOURCE_EXHAUSTED: {} in --data-dir '{}', which has {} available: free space there, pick "
+               "another folder with --data-dir, or shrink the data set (--model, --layers, --context-tokens)\n",
+               what, dir.string(), format_bytes(space.available));
     return kExitRefused;
   }
   return std::nullopt;

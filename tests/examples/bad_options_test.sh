@@ -64,6 +64,17 @@ expect_refused 2 "INVALID_ARGUMENT: --stripe-devices = 9 is out of range: expect
 expect_refused 2 "--stripe-devices" --backend nvme-soft-striped --stripe-devices 02
 expect_refused 2 "--stripe-devices applies to --backend nvme-soft-striped, not --backend uring" --stripe-devices 2
 expect_refused 2 "--prepare-only writes the layer files of the uring backend" --backend nvme-soft-striped --prepare-only
+# The soft NVMe backends' free-space check counts their ext4 images (the data set's share, a quarter more and
+# 64 MiB each), not the bare data set: a 1-layer set of 1 MiB does not fit a 48 MiB file system (root: tmpfs).
+if [ "$(id -u)" -eq 0 ]; then
+  mkdir -p "$dir/small"
+  mount -t tmpfs -o size=48m tmpfs "$dir/small"
+  expect_refused 2 "RESOURCE_EXHAUSTED: the ext4 image of --backend nvme-soft needs about" --backend nvme-soft \
+    --layers 1 --context-tokens 256 --data-dir "$dir/small/data"
+  expect_refused 2 "RESOURCE_EXHAUSTED: the ext4 images of --backend nvme-soft-striped need about" \
+    --backend nvme-soft-striped --stripe-devices 2 --layers 1 --context-tokens 256 --data-dir "$dir/small/data"
+  umount "$dir/small"
+fi
 
 # Every row of the doc's exit-code table whose last cell gives example arguments: run them (in a fresh
 # data folder, as the table's commands are relative to it) and compare the exit code.

@@ -176,6 +176,9 @@ if [ -n "$stripe" ]; then
   mount -o loop "$dir/data/nvme-soft-striped/disk-$shard.img" "$mnt"
   printf '\xff\x00' | dd of="$mnt/layer-00002.kv" bs=1 seek="$offset" conv=notrunc,fsync status=none
   umount "$mnt"
+  # An image of a device this run does not use (left by a run with more --stripe-devices) is removed.
+  stale=$dir/data/nvme-soft-striped/disk-7.img
+  truncate -s 1M "$stale"
   set +e
   "$example" "${args[@]}" --no-pread-baseline >"$dir/out2.txt" 2>&1
   rc=$?
@@ -184,6 +187,8 @@ if [ -n "$stripe" ]; then
   released "the run that found the corrupted shard"
   grep -q "layer 2 chunk 1 V" "$dir/out2.txt" || { cat "$dir/out2.txt"; echo "FAIL: mismatch not named"; exit 1; }
   echo "corruption in shard $shard detected"
+  [ ! -e "$stale" ] || { echo "FAIL: the stale image disk-7.img of an unused device is still there"; exit 1; }
+  echo "the stale image of an unused device was removed"
   exit 0
 fi
 [ "$backend" = uring ] || exit 0  # the corruption check edits plain files in the data directory
