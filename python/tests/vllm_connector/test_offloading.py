@@ -161,3 +161,38 @@ def test_the_spec_refuses_engine_settings_it_does_not_support(offloading, data_d
     with pytest.raises(ConfigError, match=message):
         offloading(args.pop("extra", None), **args)
     assert not os.path.exists(os.path.join(data_dir, "kv")), "a refused configuration created the store"
+
+
+def test_with_two_ranks_a_block_is_announced_removed_once_one_rank_no_longer_holds_it(data_dir):
+    """tensor_parallel_size = 2: a block counts as stored only while every rank's store holds it, so the
+    manager announces it removed once either rank's store lost it (here rank 1 drops it), and never a block
+    both ranks still hold. The manager and the two rank stores are the real ones; vLLM is not started."""
+    import tutti
+    from tutti.kv_connector.config import parse_config
+    from tutti.vllm.offloading import TuttiOffloadingManager
+
+    config = parse_config({"path": os.path.join(data_dir, "kv", "rank{rank}"), "capacity_bytes": 8 << 20})
+    page = 4096
+    namespaces = [{"model": "tp2-events", "dtype": "float16", "tensor_layout": "NHD", "kv_split": False,
+                   "cross_layer": True, "tp_rank": r, "tp_size": 2, "pp_stage": 0, "pp_size": 1,
+                   "block_tokens": 16, "layers": 1, "piece_bytes": [page], "hash_algorithm": "sha256+offload-key",
+                   "hash_seed": "test"} for r in range(2)]
+    directories = [os.path.join(data_dir, "kv", f"rank{r}") for r in range(2)]
+    kept, dropped = b"kept-by-both", b"dropped-by-rank-1"
+    writers = [stores.open_writer(config, d, ns) for d, ns in zip(directories, namespaces)]
+    try:
+        for store in writers:
+            source = store.register(tutti.empty((2, page), torch.uint8, "cpu"))
+            store.wait(store.store([kept, dropped], 0, source, blocks=[0, 1]), 10)
+            store.commit([kept, dropped])
+        manager = TuttiOffloadingManager(config, directories, namespaces, enable_events=True)
+        manager.complete_store([kept, dropped], None)
+        first = list(manager.take_events())
+        assert [(sorted(e.keys), e.removed) for e in first] == [(sorted([kept, dropped]), False)]
+        assert writers[1].evict([dropped]) == 1  # rank 1's store no longer holds it (as after eviction)
+        assert manager.lookup(dropped, None).name == "MISS" and manager.lookup(kept, None).name == "HIT"
+        second = list(manager.take_events())
+        assert [(e.keys, e.removed) for e in second] == [([dropped], True)]
+        assert list(manager.take_events()) == []  # kept is checked again and still held by both: nothing
+    finally:
+        stores.close_all()
