@@ -2,6 +2,8 @@
 #include "leased_controller.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -9,6 +11,8 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <span>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -20,6 +24,8 @@ namespace {
 
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kMaxHostMemoryBytes = std::size_t{1} << 40;  // protocol.cpp's limit on "length"
+constexpr std::uint64_t kMaxPinnedBytes = std::uint64_t{1} << 50;  // protocol.cpp's limit on "pinned_bytes"
+constexpr int kWatchIntervalMs = 10;                               // how old the queues' CSTS copy may be
 
 /// tuttid's error answer {"ok": false, "error": {"code", "message"}} as a Status of the matching code.
 Status refused(std::string_view what, const nlohmann::json& response) {
@@ -52,9 +58,9 @@ Result<std::unique_ptr<LeasedController>> LeasedController::acquire(const LeaseO
                  options.controller);
   if (options.queues == 0 || options.queues > 65535)
     return error(StatusCode::INVALID_ARGUMENT, "LeaseOptions::queues = {} outside 1..65535", options.queues);
-  if (options.pinned_bytes == 0 || options.pinned_bytes > kMaxHostMemoryBytes)
+  if (options.pinned_bytes == 0 || options.pinned_bytes > kMaxPinnedBytes)
     return error(StatusCode::INVALID_ARGUMENT, "LeaseOptions::pinned_bytes = {} outside 1..{}", options.pinned_bytes,
-                 kMaxHostMemoryBytes);
+                 kMaxPinnedBytes);
   if (options.timeout_ns == 0)
     return error(StatusCode::INVALID_ARGUMENT, "LeaseOptions::timeout_ns = 0: every call to tuttid needs a bound");
   auto connection = Connection::connect(options.socket_path);
@@ -78,10 +84,15 @@ Result<std::unique_ptr<LeasedController>> LeasedController::acquire(const LeaseO
                                options.pinned_bytes),
                    *answer);
   }
+  if (!(*answer).contains("lease") || !(*answer)["lease"].is_object()) {
+    for (int fd : fds) ::close(fd);
+    return error(StatusCode::INTERNAL, "tuttid's acquire answer has no lease: {}", answer->dump());
+  }
   c->lease_id_ = (*answer)["lease"].value("id", std::uint64_t{0});
   // From here on the destructor releases the lease, whatever fails below.
   Status mapped = c->map_lease((*answer)["lease"], fds);
   for (int fd : fds) ::close(fd);  // the mappings keep the memfds alive
+  if (mapped.is_ok()) mapped = c->start_watcher();
   if (!mapped.is_ok()) return mapped.with_context(fmt::format("lease {} on {}", c->lease_id_, options.controller));
   return Result<std::unique_ptr<LeasedController>>(std::move(c));
 }
@@ -105,15 +116,18 @@ Status LeasedController::map_lease(const nlohmann::json& lease, const std::vecto
   identity_.doorbell_stride = static_cast<std::uint32_t>(*stride);
   identity_.max_queue_entries = static_cast<std::uint32_t>(*depth);
   identity_.number_of_namespaces = 1;
-  // Soft mode: BAR0 and the rings are memfds that came with the answer; "fd" indexes `fds`.
+  // Soft mode: BAR0 and the rings are memfds that came with the answer; "fd" indexes `fds`. Every range,
+  // ring and doorbell is checked against what was mapped: the answer decides where this process writes.
   const nlohmann::json shared = lease.value("shared_memory", nlohmann::json());
   if (!shared.is_object() || !shared.contains("bar0") || !shared["bar0"].is_object())
     return error(StatusCode::UNSUPPORTED,
                  "tuttid's lease has no shared memory: only soft controllers can be leased in this version "
                  "(docs/daemon.md, \"What works today\")");
-  auto map = [&](const nlohmann::json& range, const char* what) -> Result<std::uint8_t*> {
+  // Maps range {fd, offset, length} and returns its bytes [offset, length) of the memfd.
+  auto map = [&](const nlohmann::json& range, const char* what) -> Result<std::span<std::uint8_t>> {
+    if (!range.is_object()) return error(StatusCode::INTERNAL, "tuttid's {} is not a range: {}", what, range.dump());
     const std::uint64_t index = range.value("fd", std::numeric_limits<std::uint64_t>::max());
-    const std::uint64_t offset = range.value("offset", std::uint64_t{0});
+    const std::uint64_t offset = range.value("offset", std::numeric_limits<std::uint64_t>::max());
     const std::uint64_t length = range.value("length", std::uint64_t{0});
     if (index >= fds.size() || length == 0 || offset >= length)
       return error(StatusCode::INTERNAL, "tuttid's {} range {} does not fit the {} descriptors sent", what,
@@ -123,31 +137,45 @@ Status LeasedController::map_lease(const nlohmann::json& lease, const std::vecto
       return error(StatusCode::RESOURCE_EXHAUSTED, "mmap of tuttid's {} ({} bytes): {}", what, length,
                    std::strerror(errno));
     shared_.push_back({base, length});
-    return static_cast<std::uint8_t*>(base) + offset;
+    return std::span<std::uint8_t>(static_cast<std::uint8_t*>(base) + offset, length - offset);
   };
   auto bar = map(shared["bar0"], "BAR0");
   if (!bar) return bar.status();
-  const std::uint64_t csts_offset = shared.value("csts_offset", std::uint64_t{0x1c});
-  csts_ = reinterpret_cast<const volatile std::uint32_t*>(*bar + csts_offset);
-  for (const nlohmann::json& q : shared.value("queues", nlohmann::json::array())) {
-    auto sq = map(q["sq"], "submission queue");
-    if (!sq) return sq.status();
-    auto cq = map(q["cq"], "completion queue");
-    if (!cq) return cq.status();
+  // A 4-byte register at `offset` of BAR0, or null when it lies outside the mapping.
+  auto bar_word = [&bar](std::uint64_t offset) -> volatile std::uint32_t* {
+    if (offset % 4 != 0 || offset > bar->size() - 4) return nullptr;
+    return reinterpret_cast<volatile std::uint32_t*>(bar->data() + offset);
+  };
+  csts_ = bar_word(shared.value("csts_offset", std::uint64_t{0x1c}));
+  if (csts_ == nullptr) return error(StatusCode::INTERNAL, "tuttid's csts_offset lies outside BAR0");
+  queue_csts_.store(*csts_, std::memory_order_relaxed);
+  const nlohmann::json queues = shared.value("queues", nlohmann::json::array());
+  if (!queues.is_array()) return error(StatusCode::INTERNAL, "tuttid's queues are not a list: {}", queues.dump());
+  for (const nlohmann::json& q : queues) {
+    if (!q.is_object()) return error(StatusCode::INTERNAL, "tuttid's queue is not an object: {}", q.dump());
     nvme::QueuePairInfo info;
     info.qid = q.value("qid", std::uint16_t{0});
     info.depth = q.value("depth", std::uint32_t{0});
-    info.submission_queue = reinterpret_cast<nvme::SubmissionQueueEntry*>(*sq);
-    info.completion_queue = reinterpret_cast<nvme::CompletionQueueEntry*>(*cq);
-    info.submission_queue_tail_doorbell =
-        reinterpret_cast<volatile std::uint32_t*>(*bar + q.value("sq_tail_doorbell_offset", std::uint64_t{0}));
-    info.completion_queue_head_doorbell =
-        reinterpret_cast<volatile std::uint32_t*>(*bar + q.value("cq_head_doorbell_offset", std::uint64_t{0}));
-    info.controller_status = csts_;
-    info.doorbell_stride = identity_.doorbell_stride;
     if (info.qid == 0 || info.depth != identity_.max_queue_entries)
       return error(StatusCode::INTERNAL, "tuttid's queue {} does not match the lease's depth {}", q.dump(),
                    identity_.max_queue_entries);
+    auto sq = map(q.value("sq", nlohmann::json()), "submission queue");
+    if (!sq) return sq.status();
+    auto cq = map(q.value("cq", nlohmann::json()), "completion queue");
+    if (!cq) return cq.status();
+    if (sq->size() < std::size_t{info.depth} * sizeof(nvme::SubmissionQueueEntry) ||
+        cq->size() < std::size_t{info.depth} * sizeof(nvme::CompletionQueueEntry))
+      return error(StatusCode::INTERNAL, "tuttid's rings of queue {} hold fewer than its {} entries", info.qid,
+                   info.depth);
+    info.submission_queue = reinterpret_cast<nvme::SubmissionQueueEntry*>(sq->data());
+    info.completion_queue = reinterpret_cast<nvme::CompletionQueueEntry*>(cq->data());
+    info.submission_queue_tail_doorbell = bar_word(q.value("sq_tail_doorbell_offset", std::uint64_t{1}));
+    info.completion_queue_head_doorbell = bar_word(q.value("cq_head_doorbell_offset", std::uint64_t{1}));
+    if (info.submission_queue_tail_doorbell == nullptr || info.completion_queue_head_doorbell == nullptr)
+      return error(StatusCode::INTERNAL, "tuttid's doorbells of queue {} lie outside BAR0", info.qid);
+    // The word the watcher keeps: the controller's CSTS, or all ones once the lease is gone.
+    info.controller_status = reinterpret_cast<const volatile std::uint32_t*>(&queue_csts_);
+    info.doorbell_stride = identity_.doorbell_stride;
     queues_.push_back(info);
     qids_.push_back(info.qid);
   }
@@ -161,19 +189,79 @@ Status LeasedController::map_lease(const nlohmann::json& lease, const std::vecto
   return Status::success();
 }
 
+Status LeasedController::start_watcher() {
+  stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (stop_fd_ < 0)
+    return error(StatusCode::RESOURCE_EXHAUSTED, "eventfd for the lease watcher: {}", std::strerror(errno));
+  try {
+    watcher_ = std::thread([this] { watch(); });
+  } catch (const std::system_error& e) {
+    return error(StatusCode::RESOURCE_EXHAUSTED, "the lease watcher thread: {}", e.what());
+  }
+  return Status::success();
+}
+
+void LeasedController::mark_gone(const std::string& why) {
+  if (broken_.is_ok()) broken_ = error(StatusCode::DEVICE_ERROR, "lease {}: {}", lease_id_, why);
+  gone_.store(true, std::memory_order_relaxed);
+  queue_csts_.store(0xffffffffu, std::memory_order_relaxed);  // "device gone" to every leased queue
+}
+
+void LeasedController::watch() {
+  for (;;) {
+    if (!gone_.load(std::memory_order_relaxed)) queue_csts_.store(*csts_, std::memory_order_relaxed);
+    pollfd p[2] = {{stop_fd_, POLLIN, 0}, {connection_.fd(), POLLIN, 0}};
+    const int ready = ::poll(p, gone_.load(std::memory_order_relaxed) ? 1 : 2, kWatchIntervalMs);
+    if (ready > 0 && (p[0].revents & POLLIN)) return;
+    if (gone_.load(std::memory_order_relaxed)) continue;
+    // Events (and a closed connection) are read only while no call is in flight: a call keeps the events it
+    // meets for next_event, and any message that arrives outside a call is an event. A busy mutex (a call in
+    // flight) waits for the next interval.
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock() || !broken_.is_ok()) continue;
+    for (;;) {
+      auto event = connection_.next_event((p[1].revents & (POLLIN | POLLHUP | POLLERR)) ? 1'000'000 : 0);
+      if (!event) {
+        if (event.code() != StatusCode::TIMEOUT) mark_gone(event.status().message());
+        break;
+      }
+      if (event->value("event", std::string()) == "revoked" && event->value("lease", std::uint64_t{0}) == lease_id_)
+        mark_gone("revoked by tuttid: " + event->value("reason", std::string("no reason given")));
+    }
+  }
+}
+
 LeasedController::~LeasedController() {
+  if (watcher_.joinable()) {
+    const std::uint64_t one = 1;
+    (void)!::write(stop_fd_, &one, sizeof one);
+    watcher_.join();
+  }
+  if (stop_fd_ >= 0) ::close(stop_fd_);
   if (lease_id_ != 0) {
     // tuttid deletes the queues before it answers (Delete I/O SQ ends every command in them), so once the
     // answer is here no command can touch the memory unmapped below. Without an answer (tuttid gone or slow)
     // the lease ends when this process does; the daemon keeps its own mappings of the memfds until then.
+    std::lock_guard lock(mutex_);
     std::vector<int> fds;
-    auto answer = connection_.call(nlohmann::json{{"tutti", kProtocolVersion}, {"op", "release"}, {"lease", lease_id_}},
-                                   options_.timeout_ns, {}, fds);
+    (void)call(nlohmann::json{{"tutti", kProtocolVersion}, {"op", "release"}, {"lease", lease_id_}}, {}, fds);
     for (int fd : fds) ::close(fd);
-    (void)answer;
   }
   for (const Region& r : regions_) ::munmap(r.address, r.length);
   for (const Shared& s : shared_) ::munmap(s.base, s.length);
+}
+
+Result<nlohmann::json> LeasedController::call(const nlohmann::json& request, const std::vector<int>& fds_out,
+                                              std::vector<int>& fds_in) {
+  if (!broken_.is_ok()) return broken_;
+  auto answer = connection_.call(request, options_.timeout_ns, fds_out, fds_in);
+  if (!answer) {
+    // A late answer to this request would be read as the next one's: no call may follow.
+    broken_ = answer.status().with_context(fmt::format("lease {}: the connection to tuttid is unusable after \"{}\"",
+                                                       lease_id_, request.value("op", std::string())));
+    return broken_;
+  }
+  return answer;
 }
 
 Result<void*> LeasedController::allocate_host_memory(std::size_t length) {
@@ -183,7 +271,7 @@ Result<void*> LeasedController::allocate_host_memory(std::size_t length) {
   return static_cast<void*>((*region)->address);
 }
 
-Result<const LeasedController::Region*> LeasedController::register_region(std::size_t length) {
+Result<LeasedController::Region*> LeasedController::register_region(std::size_t length) {
   if (length == 0 || length > kMaxHostMemoryBytes)
     return error(StatusCode::INVALID_ARGUMENT, "LeasedController::allocate_host_memory: length = {} outside 1..{}",
                  length, kMaxHostMemoryBytes);
@@ -206,9 +294,9 @@ Result<const LeasedController::Region*> LeasedController::register_region(std::s
     return error(StatusCode::RESOURCE_EXHAUSTED, "allocate_host_memory: mmap of {} bytes: {}", bytes, std::strerror(e));
   }
   std::vector<int> fds;
-  auto answer = connection_.call(
-      nlohmann::json{{"tutti", kProtocolVersion}, {"op", "register"}, {"lease", lease_id_}, {"length", bytes}},
-      options_.timeout_ns, {memfd}, fds);
+  auto answer =
+      call(nlohmann::json{{"tutti", kProtocolVersion}, {"op", "register"}, {"lease", lease_id_}, {"length", bytes}},
+           {memfd}, fds);
   ::close(memfd);  // tuttid mapped its own copy; ours is `address`
   for (int fd : fds) ::close(fd);
   if (!answer || answer->value("ok", false) != true) {
@@ -216,16 +304,24 @@ Result<const LeasedController::Region*> LeasedController::register_region(std::s
     if (!answer) return answer.status().with_context(fmt::format("register {} bytes on lease {}", bytes, lease_id_));
     return refused(fmt::format("register {} bytes on lease {}", bytes, lease_id_), *answer);
   }
+  // The page table comes as runs [first bus address, pages] (server.cpp): expand it to one address per page.
   Region region;
   region.address = static_cast<std::uint8_t*>(address);
   region.length = bytes;
-  const nlohmann::json& r = (*answer)["region"];
-  region.page_size = r.value("page_size", std::uint32_t{0});
-  region.bus_addresses = r.value("bus_addresses", std::vector<std::uint64_t>{});
-  if (region.page_size != kPage || region.bus_addresses.size() != bytes / kPage) {
+  const nlohmann::json r = answer->value("region", nlohmann::json());
+  const nlohmann::json runs = r.is_object() ? r.value("bus_runs", nlohmann::json()) : nlohmann::json();
+  bool well_formed = r.is_object() && r.value("page_size", std::uint32_t{0}) == kPage && runs.is_array();
+  for (std::size_t i = 0; well_formed && i < runs.size(); ++i) {
+    const nlohmann::json& run = runs[i];
+    well_formed = run.is_array() && run.size() == 2 && run[0].is_number_unsigned() && run[1].is_number_unsigned() &&
+                  run[1].get<std::uint64_t>() <= bytes / kPage - region.bus_addresses.size();
+    for (std::uint64_t k = 0; well_formed && k < run[1].get<std::uint64_t>(); ++k)
+      region.bus_addresses.push_back(run[0].get<std::uint64_t>() + k * kPage);
+  }
+  if (!well_formed || region.bus_addresses.size() != bytes / kPage) {
     ::munmap(address, bytes);  // tuttid keeps it registered until the lease ends; nothing here uses it
-    return error(StatusCode::INTERNAL, "tuttid's region for {} bytes has page size {} and {} bus addresses", bytes,
-                 region.page_size, region.bus_addresses.size());
+    return error(StatusCode::INTERNAL, "tuttid's region for {} bytes is not a page table of {} pages of 4096: {}",
+                 bytes, bytes / kPage, r.dump());
   }
   regions_.push_back(std::move(region));
   return &regions_.back();
@@ -251,7 +347,8 @@ Status LeasedController::shutdown(std::uint64_t) {
 }
 
 nvme::ControllerStatus LeasedController::controller_status() const noexcept {
-  return nvme::ControllerStatus{csts_ != nullptr ? *csts_ : 0xffffffffu};
+  if (csts_ == nullptr || gone_.load(std::memory_order_relaxed)) return nvme::ControllerStatus{0xffffffffu};
+  return nvme::ControllerStatus{*csts_};
 }
 
 Result<nvme::QueuePairInfo> LeasedController::create_io_queue_pair(std::uint32_t depth) {
@@ -274,9 +371,12 @@ Result<nvme::QueuePairInfo> LeasedController::create_io_queue_pair(std::uint32_t
 Status LeasedController::delete_io_queue_pair(std::uint16_t qid) {
   std::lock_guard lock(mutex_);
   for (std::size_t i = 0; i < queues_.size(); ++i) {
-    if (queues_[i].qid != qid || !handed_out_[i] || retired_[i]) continue;
-    retired_[i] = true;  // tuttid deletes it when the lease ends
-    return Status::success();
+    if (queues_[i].qid != qid || !handed_out_[i]) continue;
+    retired_[i] = true;
+    return error(StatusCode::BUSY,
+                 "delete_io_queue_pair({}): queue {} of lease {} is retired; tuttid deletes it, ending its commands, "
+                 "when the lease ends",
+                 qid, qid, lease_id_);
   }
   return error(StatusCode::NOT_FOUND, "delete_io_queue_pair: queue {} is not a handed-out queue of lease {}", qid,
                lease_id_);
@@ -300,7 +400,7 @@ Result<nvme::DmaMapping> LeasedController::dma_map(void* host_address, std::size
   m.id = next_id_++;
   m.host_address = host_address;
   m.length = length;
-  m.page_size = r->page_size;
+  m.page_size = static_cast<std::uint32_t>(kPage);
   m.bus_addresses.assign(r->bus_addresses.begin() + static_cast<std::ptrdiff_t>(first),
                          r->bus_addresses.begin() + static_cast<std::ptrdiff_t>(first + length / kPage));
   live_ids_.insert(m.id);
@@ -316,27 +416,42 @@ Status LeasedController::dma_unmap(std::uint64_t mapping_id) {
 
 Result<nvme::DmaBuffer> LeasedController::allocate_dma_buffer(std::size_t length) {
   std::lock_guard lock(mutex_);
-  auto region = register_region(length);
-  if (!region) return region.status();
-  const Region& r = **region;
-  for (std::size_t i = 1; i < r.bus_addresses.size(); ++i)
-    if (r.bus_addresses[i] != r.bus_addresses[0] + i * kPage)
-      return error(StatusCode::RESOURCE_EXHAUSTED,
-                   "allocate_dma_buffer({} bytes): tuttid mapped page {} at bus {:#x}, not contiguous after {:#x}",
-                   length, i, r.bus_addresses[i], r.bus_addresses[0]);
+  const std::size_t bytes = (length + kPage - 1) / kPage * kPage;
+  Region* reused = nullptr;
+  for (Region& r : regions_)
+    if (r.dma_buffer && r.buffer_id == 0 && r.length == bytes && length != 0) {
+      reused = &r;
+      std::memset(r.address, 0, r.length);  // as zeroed as a new one
+      break;
+    }
+  if (reused == nullptr) {
+    auto region = register_region(length);
+    if (!region) return region.status();
+    reused = *region;
+    reused->dma_buffer = true;
+    for (std::size_t i = 1; i < reused->bus_addresses.size(); ++i)
+      if (reused->bus_addresses[i] != reused->bus_addresses[0] + i * kPage)
+        return error(StatusCode::RESOURCE_EXHAUSTED,
+                     "allocate_dma_buffer({} bytes): tuttid mapped page {} at bus {:#x}, not contiguous after {:#x}",
+                     length, i, reused->bus_addresses[i], reused->bus_addresses[0]);
+  }
+  reused->buffer_id = next_id_++;
   nvme::DmaBuffer b;
-  b.host_address = r.address;
-  b.bus_address = r.bus_addresses[0];
-  b.length = r.length;
-  b.id = next_id_++;
-  live_ids_.insert(b.id);
+  b.host_address = reused->address;
+  b.bus_address = reused->bus_addresses[0];
+  b.length = reused->length;
+  b.id = reused->buffer_id;
   return b;
 }
 
 Status LeasedController::free_dma_buffer(std::uint64_t id) {
   std::lock_guard lock(mutex_);
-  if (live_ids_.erase(id) == 0) return error(StatusCode::NOT_FOUND, "free_dma_buffer: no buffer with id = {}", id);
-  return Status::success();
+  for (Region& r : regions_)
+    if (r.dma_buffer && id != 0 && r.buffer_id == id) {
+      r.buffer_id = 0;  // reusable by the next allocate_dma_buffer of its length
+      return Status::success();
+    }
+  return error(StatusCode::NOT_FOUND, "free_dma_buffer: no buffer with id = {}", id);
 }
 
 Result<nvme::CompletionQueueEntry> LeasedController::submit_admin(const nvme::SubmissionQueueEntry& command,

@@ -9,9 +9,11 @@
 //
 // What differs from a controller this process owns:
 //   - tuttid brought the controller up and created the queue pairs (Base 2.0, 5.4 and 5.5) when it granted
-//     the lease. create_io_queue_pair hands out the leased pairs in order, at the lease's depth, and a pair
-//     deleted by its user is retired, never handed out again (its SQ head and CQ phase continue where they
-//     stopped). tuttid deletes them (Base 2.0, 5.6 and 5.7) when the lease ends.
+//     the lease. create_io_queue_pair hands out the leased pairs in order, at the lease's depth. A pair its
+//     user deletes is retired, never handed out again (its SQ head and CQ phase continue where they
+//     stopped), and delete_io_queue_pair says BUSY: only tuttid deletes it (Base 2.0, 5.6 and 5.7), when the
+//     lease ends, so a command still in it may complete until then (local_nvme keeps such a command's
+//     memory mapped).
 //   - Soft mode: the daemon's process runs the soft controller, so the memory it moves data to and from must
 //     be shared with it. allocate_host_memory gives such memory: a memfd sealed against shrinking, mapped here
 //     and in tuttid, and registered on the lease (charged to its pinned_bytes). dma_map accepts only ranges of
@@ -21,6 +23,12 @@
 //   - Admin commands stay with tuttid: bring_up, shutdown and submit_admin are UNSUPPORTED; abort is UNSUPPORTED
 //     too (protocol version 1 has no abort message), so a command whose completion is lost stays in its
 //     queue until the lease ends; local_nvme reports its request TIMEOUT and keeps the memory mapped.
+//   - The end of the lease reaches the queues: a watcher thread reads tuttid's connection every 10 ms, and
+//     once tuttid has closed it (stopped or crashed) or sent "revoked" for this lease, the CSTS word every
+//     leased queue polls (QueuePairInfo::controller_status) reads all ones, "device gone" (Base 2.0,
+//     3.1.3.6); until then it is a copy of the controller's CSTS, at most 10 ms old. Every later call to
+//     tuttid fails, as does every call after one that failed or timed out (its answer could otherwise be
+//     taken for the next call's).
 //
 // Errors of acquire name tuttid's answer: RESOURCE_EXHAUSTED ("exhausted", "over_limit"), UNSUPPORTED
 // ("permission_denied"), NOT_FOUND ("not_found", no socket), NOT_READY ("unavailable", "draining"),
@@ -32,11 +40,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <tutti/core/status.hpp>
@@ -52,9 +62,9 @@ struct LeaseOptions {
   std::string socket_path{kDefaultSocketPath};  ///< tuttid's socket
   std::string controller;                       ///< the controller's name in tuttid's configuration (1..32 bytes)
   std::uint32_t queues = 1;                     ///< I/O queue pairs, 1..65535 (tuttid caps it per client)
-  /// Bytes of memory the lease may register (allocate_host_memory, allocate_dma_buffer), > 0; tuttid caps
-  /// it per client. local_nvme needs its data buffers plus 2 pages of PRP lists per registered 4 KiB page span
-  /// (docs/local-nvme.md, "Registration").
+  /// Bytes of memory the lease may register (allocate_host_memory, allocate_dma_buffer), 1..2^50; tuttid
+  /// caps it per client. local_nvme needs its data buffers, and for each registration PRP lists of
+  /// 2 x (pages / 511 + 1) pages of 4 KiB (registration.hpp), reused once that registration ends.
   std::uint64_t pinned_bytes = 0;
   std::uint64_t timeout_ns = 10'000'000'000;  ///< the longest any call to tuttid waits, > 0
 };
@@ -93,14 +103,15 @@ class LeasedController final : public nvme::Controller {
   /// memory_page_size, doorbell_stride; max_queue_entries is the lease's queue depth and
   /// io_submission_queues_allocated the number of leased pairs. The Identify structures are zero.
   const nvme::ControllerIdentity& identity() const noexcept override { return identity_; }
-  /// CSTS, read from the soft controller's BAR0 that tuttid shares (its mapping stays valid until this object
-  /// is destroyed, whatever tuttid does).
+  /// CSTS as the queues see it: the controller's (from the BAR0 tuttid shares), or all ones once tuttid has
+  /// gone or revoked the lease (see the file comment).
   nvme::ControllerStatus controller_status() const noexcept override;
   /// The next leased pair not handed out yet. Errors: INVALID_ARGUMENT (depth is not the lease's depth),
   /// RESOURCE_EXHAUSTED (every leased pair handed out: acquire a lease with more queues).
   Result<nvme::QueuePairInfo> create_io_queue_pair(std::uint32_t depth) override;
-  /// Retires a pair handed out by create_io_queue_pair (tuttid deletes it when the lease ends). Errors:
-  /// NOT_FOUND (not handed out, or retired already).
+  /// Retires a pair handed out by create_io_queue_pair. Returns BUSY for a pair handed out (retired now, or
+  /// before): its commands end only when tuttid deletes it at the end of the lease. Errors: NOT_FOUND (not
+  /// a pair handed out).
   Status delete_io_queue_pair(std::uint16_t qid) override;
   /// The page table of [host_address, host_address + length) inside memory from allocate_host_memory or
   /// allocate_dma_buffer; both multiples of 4096. Errors: INVALID_ARGUMENT (null, zero, misaligned),
@@ -108,11 +119,12 @@ class LeasedController final : public nvme::Controller {
   Result<nvme::DmaMapping> dma_map(void* host_address, std::size_t length) override;
   /// Forgets a dma_map (the memory stays registered until the controller is destroyed). Errors: NOT_FOUND.
   Status dma_unmap(std::uint64_t mapping_id) override;
-  /// allocate_host_memory's memory as one buffer, contiguous in bus space. Errors: those of
-  /// allocate_host_memory, RESOURCE_EXHAUSTED (tuttid gave pages that are not contiguous in bus space).
+  /// Memory as allocate_host_memory's, contiguous in bus space: a freed buffer of the same rounded length is
+  /// reused (zeroed), else a new region is registered. Errors: those of allocate_host_memory,
+  /// RESOURCE_EXHAUSTED (tuttid gave pages that are not contiguous in bus space).
   Result<nvme::DmaBuffer> allocate_dma_buffer(std::size_t length) override;
-  /// Forgets a DmaBuffer (its memory stays registered and charged to the lease until the controller is
-  /// destroyed). Errors: NOT_FOUND.
+  /// Returns a DmaBuffer for reuse by allocate_dma_buffer (its memory stays registered and charged to the
+  /// lease until the controller is destroyed). Errors: NOT_FOUND.
   Status free_dma_buffer(std::uint64_t id) override;
   /// UNSUPPORTED: admin commands stay with tuttid.
   Result<nvme::CompletionQueueEntry> submit_admin(const nvme::SubmissionQueueEntry& command,
@@ -125,8 +137,9 @@ class LeasedController final : public nvme::Controller {
   struct Region {
     std::uint8_t* address = nullptr;
     std::size_t length = 0;
-    std::uint32_t page_size = 4096;
-    std::vector<std::uint64_t> bus_addresses;
+    std::vector<std::uint64_t> bus_addresses;  ///< one per 4096-byte page
+    bool dma_buffer = false;                   ///< made by allocate_dma_buffer
+    std::uint64_t buffer_id = 0;               ///< its live DmaBuffer's id; 0 once freed (reusable)
   };
   /// A mapped memfd from tuttid (BAR0, a ring).
   struct Shared {
@@ -137,22 +150,35 @@ class LeasedController final : public nvme::Controller {
   LeasedController(Connection connection, LeaseOptions options)
       : connection_(std::move(connection)), options_(std::move(options)) {}
   Status map_lease(const nlohmann::json& lease, const std::vector<int>& fds);
-  Result<const Region*> register_region(std::size_t length);               // mutex_ held
+  /// One request to tuttid (mutex_ held). After a failed or timed-out call every later call fails.
+  Result<nlohmann::json> call(const nlohmann::json& request, const std::vector<int>& fds_out, std::vector<int>& fds_in);
+  Result<Region*> register_region(std::size_t length);                     // mutex_ held
   const Region* region_of(const void* address, std::size_t length) const;  // mutex_ held
+  Status start_watcher();
+  void watch();
+  void mark_gone(const std::string& why);  // mutex_ held
 
   mutable std::mutex mutex_;
+  Status broken_;  ///< why calls to tuttid fail from now on (mutex_ held); OK while they work
   Connection connection_;
   LeaseOptions options_;
   std::uint64_t lease_id_ = 0;
   nvme::ControllerIdentity identity_;
   std::vector<std::uint16_t> qids_;
   std::vector<nvme::QueuePairInfo> queues_;
-  std::vector<bool> handed_out_;  ///< per queue: create_io_queue_pair gave it (and it is not handed out again)
+  std::vector<bool> handed_out_;  ///< per queue: create_io_queue_pair gave it (never handed out again)
   std::vector<bool> retired_;
   std::vector<Shared> shared_;
-  const volatile std::uint32_t* csts_ = nullptr;
-  std::deque<Region> regions_;        // stable addresses: region_of and register_region return pointers
-  std::set<std::uint64_t> live_ids_;  ///< dma_map and allocate_dma_buffer ids not yet forgotten
+  const volatile std::uint32_t* csts_ = nullptr;  ///< CSTS in the shared BAR0
+  /// What the queues poll as CSTS: the watcher's copy of *csts_, all ones once the lease is gone. Written by
+  /// the watcher thread, read by pollers as a volatile word (std::atomic<std::uint32_t> is one lock-free
+  /// 32-bit word).
+  std::atomic<std::uint32_t> queue_csts_{0};
+  std::atomic<bool> gone_{false};
+  int stop_fd_ = -1;  ///< eventfd that ends the watcher
+  std::thread watcher_;
+  std::deque<Region> regions_;        ///< stable addresses: register_region and region_of return pointers
+  std::set<std::uint64_t> live_ids_;  ///< dma_map ids not yet unmapped
   std::uint64_t next_id_ = 1;
 };
 

@@ -22,6 +22,9 @@ inline constexpr std::uint32_t kProtocolVersion = 1;
 inline constexpr std::size_t kMaxMessageBytes = 64 * 1024;
 /// Most file descriptors one message carries (SCM_RIGHTS): BAR0, then an SQ and a CQ per leased queue.
 inline constexpr std::size_t kMaxFds = 1 + 2 * 64;
+/// Runs of bus pages ([address, pages], at most 2 x 20 decimal digits and punctuation each) one `register`
+/// answer carries, well inside kMaxMessageBytes.
+inline constexpr std::size_t kMaxRegisterRuns = 1024;
 
 enum class Op : std::uint8_t { acquire, release, status, devices, leases, metrics, drain, register_memory };
 

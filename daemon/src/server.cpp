@@ -510,11 +510,29 @@ json Server::register_memory(const Request& request, Client& client, const std::
     ::munmap(address, request.length);
     return error_response(errors::kInternal, mapping.status().to_string());
   }
+  // The page table travels as runs of pages contiguous in bus space ([first bus address, pages]): one run for
+  // a soft controller's window, however long the region. A table too scattered for one message is refused.
+  json runs = json::array();
+  for (std::size_t i = 0; i < mapping->bus_addresses.size(); ++i) {
+    const std::uint64_t bus = mapping->bus_addresses[i];
+    if (!runs.empty() &&
+        runs.back()[0].get<std::uint64_t>() + runs.back()[1].get<std::uint64_t>() * mapping->page_size == bus)
+      runs.back()[1] = runs.back()[1].get<std::uint64_t>() + 1;
+    else
+      runs.push_back({bus, 1});
+  }
+  if (runs.size() > kMaxRegisterRuns) {
+    (void)controllers_[lease.controller]->dma_unmap(mapping->id);
+    ::munmap(address, request.length);
+    return error_response(errors::kOverLimit,
+                          fmt::format("register: the {} bytes map to {} runs of bus pages, above the {} that fit one "
+                                      "answer: register smaller regions",
+                                      request.length, runs.size(), kMaxRegisterRuns));
+  }
   lease.registered.push_back({mapping->id, address, request.length});
   lease.registered_bytes += request.length;
   json response = ok_response();
-  response["region"] = {
-      {"id", mapping->id}, {"page_size", mapping->page_size}, {"bus_addresses", mapping->bus_addresses}};
+  response["region"] = {{"id", mapping->id}, {"page_size", mapping->page_size}, {"bus_runs", std::move(runs)}};
   return response;
 }
 

@@ -342,6 +342,7 @@ static void snvme_dmamap_free(struct snvme_file *f, struct snvme_dmamap *m)
 	}
 	if (m->id) {
 		idr_remove(&f->maps, m->id);
+		f->dma_bytes -= m->length;
 		snvme_count(ctrl, 0, -1, 0);
 	}
 	kvfree(m->addrs);
@@ -488,7 +489,8 @@ static int snvme_ioc_seal(struct snvme_file *f, struct snvme_seal *a)
 		return -EPERM;
 	}
 	if (a->flags || a->pad0) {
-		dev_err_ratelimited(ctrl->dev, "SEAL: flags 0x%x, must be 0\n", a->flags);
+		dev_err_ratelimited(ctrl->dev, "SEAL: flags 0x%x and pad0 0x%x, both must be 0\n",
+				    a->flags, a->pad0);
 		return -EINVAL;
 	}
 	if (!IS_ALIGNED(a->max_dma_bytes, PAGE_SIZE) || a->max_dma_bytes < f->dma_bytes) {
@@ -854,10 +856,8 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		struct snvme_dmamap *m = idr_find(&f->maps, a->unmap.map_id);
 
 		ret = m ? 0 : -ENOENT;
-		if (m) {
-			f->dma_bytes -= m->length;
+		if (m)
 			snvme_dmamap_free(f, m);
-		}
 		break;
 	}
 	case SNVME_IOC_IDENTIFY:
@@ -880,10 +880,8 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		} else if (cmd == SNVME_IOC_DMA_MAP) {
 			struct snvme_dmamap *m = idr_find(&f->maps, a->map.map_id);
 
-			if (m) {
-				f->dma_bytes -= m->length;
+			if (m)
 				snvme_dmamap_free(f, m);
-			}
 		}
 		ret = -EFAULT;
 	}

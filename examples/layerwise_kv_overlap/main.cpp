@@ -886,10 +886,6 @@ std::optional<int> check_data_dir(const Options& o, DataPlace& place, DataDirLoc
       return kExitRefused;
     }
   }
-  const auto space = fs::space(dir, ec);
-  if (ec)
-    return fail_with(tutti::status_from_errno(ec.value(), fmt::format("--data-dir '{}': statvfs", dir.string())),
-                     kExitRefused);
   const std::uint64_t data_bytes = data_set_bytes(shape);
   std::uint64_t needed = data_bytes + data_bytes / 4;
   std::uint64_t reusable = fs::exists(dir / "manifest.json", ec) ? data_bytes : 0;  // rewritten in place
@@ -897,8 +893,9 @@ std::optional<int> check_data_dir(const Options& o, DataPlace& place, DataDirLoc
       fmt::format("the data set needs about {} ({} bytes and a quarter more)", format_bytes(needed), data_bytes);
   if (soft_nvme_backend(o.backend)) {
     // The layer files live inside ext4 images, each of soft_image_bytes. An image of that size from an
-    // earlier run is reused (its space is taken already); images of devices this run does not use (an
-    // earlier --stripe-devices was larger) are removed first, so they neither hold space nor linger.
+    // earlier run is reused: the blocks it has allocated are taken already (images are sparse). Images of
+    // devices this run does not use (an earlier --stripe-devices was larger) are removed before the free
+    // space is measured, so they neither hold space nor linger.
     const bool striped = o.backend == "nvme-soft-striped";
     const std::uint32_t devices = striped ? shape.stripe_devices : 1;
     const fs::path base = dir / o.backend;
@@ -909,7 +906,9 @@ std::optional<int> check_data_dir(const Options& o, DataPlace& place, DataDirLoc
     reusable = 0;
     for (std::uint32_t i = 0; i < devices; ++i) {
       const fs::path p = soft_image_path(base, striped, i);
-      if (fs::exists(p, ec) && fs::file_size(p, ec) == image) reusable += image;
+      struct stat st {};
+      if (::stat(p.c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_size) == image)
+        reusable += std::min<std::uint64_t>(image, static_cast<std::uint64_t>(st.st_blocks) * 512);
     }
     what = fmt::format(
         "the ext4 image{} of --backend {} need{} about {} ({}{} bytes{}: the device's share of the data set, a "
@@ -917,6 +916,10 @@ std::optional<int> check_data_dir(const Options& o, DataPlace& place, DataDirLoc
         devices > 1 ? "s" : "", o.backend, devices > 1 ? "" : "s", format_bytes(needed),
         devices > 1 ? fmt::format("{} of ", devices) : std::string(), image, devices > 1 ? " each" : "");
   }
+  const auto space = fs::space(dir, ec);
+  if (ec)
+    return fail_with(tutti::status_from_errno(ec.value(), fmt::format("--data-dir '{}': statvfs", dir.string())),
+                     kExitRefused);
   if (needed > space.available + reusable) {
     fmt::print(stderr,
                "error: RESOURCE_EXHAUSTED: {} in --data-dir '{}', which has {} available: free space there, pick "

@@ -74,7 +74,7 @@ class TestDaemon {
         R"({{ "socket": {{"path": "{}" {}}}, "state_file": "{}", "shutdown_grace_ms": {},
               "controllers": [{{"name": "soft0", "soft": {{"image": "{}"}}, "io_queue_pairs": 10,
                                 "kernel_queues": 2, "queue_depth": 32, {}
-                                "client": {{"max_queues": 4, "default_pinned_bytes": 4096, "max_pinned_bytes": 1048576}} {} }}] }})",
+                                "client": {{"max_queues": 4, "default_pinned_bytes": 4096, "max_pinned_bytes": 67108864}} {} }}] }})",
         socket_path(), socket_keys.empty() ? "" : "," + socket_keys, (dir_ / "tuttid.state").string(), grace_ms,
         (dir_ / "soft0.img").string(),
         controller_keys.find("\"allow\"") == std::string::npos

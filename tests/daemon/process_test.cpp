@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -87,12 +88,15 @@ json move_two_blocks(Connection& c, bool write, std::uint64_t lba, std::uint8_t 
   auto region = c.call(json{{"tutti", 1}, {"op", "register"}, {"lease", (*lease)["lease"]["id"]}, {"length", 8192}},
                        kCallTimeoutNs, {memory}, fds);
   if (!region || (*region)["ok"] != true) return json{{"step", "register"}, {"response", region ? *region : json()}};
-  const json& bus = (*region)["region"]["bus_addresses"];
+  // The bus pages as runs [first address, pages]: one run for the soft controller's window.
+  const json& runs = (*region)["region"]["bus_runs"];
+  if (runs.size() != 1 || runs[0][1] != 2) return json{{"step", "bus_runs"}, {"region", *region}};
+  const std::uint64_t bus[2] = {runs[0][0].get<std::uint64_t>(), runs[0][0].get<std::uint64_t>() + 4096};
   tutti::nvme::SubmissionQueueEntry sqe{};
   sqe.opcode = static_cast<std::uint8_t>(write ? tutti::nvme::NvmOpcode::write : tutti::nvme::NvmOpcode::read);
   sqe.nsid = 1;
-  sqe.data_pointer.prp.prp1 = bus[0].get<std::uint64_t>();
-  sqe.data_pointer.prp.prp2 = bus[1].get<std::uint64_t>();
+  sqe.data_pointer.prp.prp1 = bus[0];
+  sqe.data_pointer.prp.prp2 = bus[1];
   sqe.cdw10 = static_cast<std::uint32_t>(lba);
   sqe.cdw11 = static_cast<std::uint32_t>(lba >> 32);
   sqe.cdw12 = 1;  // NLB, 0's based: 2 LBAs of 4096 bytes
@@ -345,16 +349,63 @@ TEST_CASE("LeasedController::acquire names what tuttid refused and every option 
   CHECK(beyond.status().code() == tutti::StatusCode::RESOURCE_EXHAUSTED);
   CHECK(beyond.status().message().find("pinned_bytes") != std::string::npos);
   CHECK((*c)->allocate_host_memory(0).status().code() == tutti::StatusCode::INVALID_ARGUMENT);
-  // Admin commands stay with tuttid; queues beyond the lease are refused.
+  // Admin commands stay with tuttid; queues beyond the lease are refused; a deleted pair is retired, BUSY
+  // (only tuttid ends its commands, when the lease ends), never handed out again.
   CHECK((*c)->bring_up({}).code() == tutti::StatusCode::UNSUPPORTED);
   auto q = (*c)->create_io_queue_pair((*c)->queue_depth());
   REQUIRE(q.is_ok());
   CHECK((*c)->create_io_queue_pair((*c)->queue_depth()).status().code() == tutti::StatusCode::RESOURCE_EXHAUSTED);
-  CHECK((*c)->delete_io_queue_pair(q->qid).is_ok());
-  CHECK((*c)->delete_io_queue_pair(q->qid).code() == tutti::StatusCode::NOT_FOUND);
+  const tutti::Status deleted = (*c)->delete_io_queue_pair(q->qid);
+  CHECK(deleted.code() == tutti::StatusCode::BUSY);
+  CHECK(deleted.message().find("when the lease ends") != std::string::npos);
+  CHECK((*c)->create_io_queue_pair((*c)->queue_depth()).status().code() == tutti::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK((*c)->delete_io_queue_pair(999).code() == tutti::StatusCode::NOT_FOUND);
   CHECK(leases_now(d).size() == 1);
   c.value().reset();
   CHECK(leases_now(d).empty());
+}
+
+TEST_CASE("LeasedController: 16 MiB regions, DMA buffers reused, and the queues see tuttid's end as device gone") {
+  TestDaemon d;
+  const std::string socket = d.socket_path();
+  auto c = LeasedController::acquire({socket, "soft0", 1, 48 << 20});
+  REQUIRE_MESSAGE(c.is_ok(), c.status().to_string());
+  LeasedController& leased = **c;
+  // 4096 pages: their page table would not fit one message as addresses; it travels as runs.
+  auto big = leased.allocate_host_memory(16 << 20);
+  REQUIRE_MESSAGE(big.is_ok(), big.status().to_string());
+  auto mapped = leased.dma_map(static_cast<std::uint8_t*>(*big) + (8 << 20), 8 << 20);
+  REQUIRE_MESSAGE(mapped.is_ok(), mapped.status().to_string());
+  CHECK(mapped->bus_addresses.size() == 2048);
+  CHECK(mapped->bus_addresses[1] == mapped->bus_addresses[0] + 4096);
+  // A freed DMA buffer of the same length is reused: register/unregister cycles do not use up pinned_bytes.
+  auto first = leased.allocate_dma_buffer(8192);
+  REQUIRE(first.is_ok());
+  std::memset(first->host_address, 0xab, 8192);
+  REQUIRE(leased.free_dma_buffer(first->id).is_ok());
+  for (int i = 0; i < 100; ++i) {
+    auto again = leased.allocate_dma_buffer(8192);
+    REQUIRE_MESSAGE(again.is_ok(), again.status().to_string());
+    CHECK(again->host_address == first->host_address);
+    CHECK(static_cast<const std::uint8_t*>(again->host_address)[100] == 0);  // zeroed again
+    REQUIRE(leased.free_dma_buffer(again->id).is_ok());
+  }
+  CHECK(leased.free_dma_buffer(first->id).code() == tutti::StatusCode::NOT_FOUND);
+  auto q = leased.create_io_queue_pair(leased.queue_depth());
+  REQUIRE(q.is_ok());
+  CHECK(tutti::nvme::ControllerStatus{*q->controller_status}.ready());
+  // tuttid is killed: within a generous bound the queue's CSTS word reads all ones (device gone), and every
+  // later call to tuttid fails naming the closed connection.
+  REQUIRE(d.stop(SIGKILL) != 0);
+  const std::uint64_t deadline = tutti::deadline_after_ns(5'000'000'000ull);
+  while (*q->controller_status != 0xffffffffu && tutti::remaining_ns(deadline) > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(*q->controller_status == 0xffffffffu);
+  CHECK(leased.controller_status().device_gone());
+  auto after = leased.allocate_host_memory(4096);
+  REQUIRE_FALSE(after.is_ok());
+  CHECK(after.status().code() == tutti::StatusCode::DEVICE_ERROR);
+  CHECK(after.status().message().find("connection closed by tuttid") != std::string::npos);
 }
 
 TEST_CASE("a client over its maximum queues or pinned bytes is refused with a message naming the limit") {
@@ -372,9 +423,9 @@ TEST_CASE("a client over its maximum queues or pinned bytes is refused with a me
   auto two = *c.call(acquire_request(2), kCallTimeoutNs);
   CHECK(two["error"]["code"] == "over_limit");
   CHECK(two["error"]["message"].get<std::string>().find("which holds 3") != std::string::npos);
-  auto bytes = *c.call(acquire_request(1, 2 << 20), kCallTimeoutNs);
+  auto bytes = *c.call(acquire_request(1, 65 << 20), kCallTimeoutNs);
   CHECK(bytes["error"]["code"] == "over_limit");
-  CHECK(bytes["error"]["message"].get<std::string>().find("client.max_pinned_bytes 1048576") != std::string::npos);
+  CHECK(bytes["error"]["message"].get<std::string>().find("client.max_pinned_bytes 67108864") != std::string::npos);
   auto unknown = *c.call(json{{"tutti", 1}, {"op", "acquire"}, {"controller", "nvme9"}}, kCallTimeoutNs);
   CHECK(unknown["error"]["code"] == "not_found");
   CHECK(unknown["error"]["message"].get<std::string>().find("\"nvme9\"") != std::string::npos);

@@ -1600,9 +1600,13 @@ static int cmd_seal(void)
 	if (uq_group_create(&c, 1, 8, &g, q) || uq_buf_alloc(&c, &one, 4096) ||
 	    uq_buf_alloc(&c, &list, 4096))
 		die("setup: %s", strerror(errno));
+	seal.max_dma_bytes = 4 * 4096;	/* valid: only the field under test is wrong */
 	seal.flags = 1;
 	EXPECT(ioctl(c.fd, SNVME_IOC_SEAL, &seal), EINVAL, "SEAL with flags 1");
 	seal.flags = 0;
+	seal.pad0 = 1;
+	EXPECT(ioctl(c.fd, SNVME_IOC_SEAL, &seal), EINVAL, "SEAL with pad0 1");
+	seal.pad0 = 0;
 	seal.max_dma_bytes = 4096;
 	EXPECT(ioctl(c.fd, SNVME_IOC_SEAL, &seal), EINVAL, "SEAL below the 8192 bytes mapped");
 	seal.max_dma_bytes = 4 * 4096 + 1;
@@ -1635,10 +1639,15 @@ static int cmd_seal(void)
 		struct snvme_queue_group gc;
 		struct uq_queue qc[1];
 
-		_exit(uq_group_create(&c, 1, 8, &gc, qc) && errno == EPERM ? 0 : 1);
+		struct uq_buf more;
+		bool refused_group = uq_group_create(&c, 1, 8, &gc, qc) && errno == EPERM;
+		bool refused_map = uq_buf_alloc(&c, &more, 4096) == -EDQUOT;
+
+		_exit(refused_group && refused_map ? 0 : 1);
 	}
 	check(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
-	      WEXITSTATUS(status) == 0, "a forked holder of the sealed file gets EPERM for CREATE_QUEUE_GROUP");
+	      WEXITSTATUS(status) == 0,
+	      "a forked holder of the sealed file gets EPERM for CREATE_QUEUE_GROUP and EDQUOT for DMA_MAP over the seal");
 	uq_buf_free(&c, &two);
 	uq_buf_free(&c, &one);
 	uq_buf_free(&c, &list);

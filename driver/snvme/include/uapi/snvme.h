@@ -208,9 +208,10 @@ struct snvme_abort {
 };
 
 /*
- * SNVME_IOC_SEAL: seals this file to what it holds, for good. tuttid seals a
- * file after creating a lease's queue group on it and before it hands the
- * file to the lease holder with SCM_RIGHTS (docs/daemon.md). From then on
+ * SNVME_IOC_SEAL: seals this file to what it holds, for good. It is meant
+ * for a broker (tuttid, docs/daemon.md) that creates a lease's queue group
+ * on a file and seals it before handing it to the lease holder with
+ * SCM_RIGHTS. From then on
  * CREATE_QUEUE_GROUP fails with EPERM and DMA_MAP fails with EDQUOT when the
  * bytes this file has mapped would exceed max_dma_bytes; a second SEAL fails
  * with EPERM. DESTROY_QUEUE_GROUP, DMA_UNMAP, ABORT and I/O still work. The
@@ -221,7 +222,7 @@ struct snvme_seal {
 	struct snvme_hdr hdr;
 	__u64 max_dma_bytes;	/* in: page_size multiple, >= bytes mapped now */
 	__u32 flags;		/* in: must be 0 */
-	__u32 pad0;
+	__u32 pad0;		/* in: must be 0 */
 };
 
 /*
