@@ -208,9 +208,10 @@ void LeasedController::mark_gone(const std::string& why) {
 }
 
 void LeasedController::watch() {
+  bool readable = true;  // false once a call failed: nothing reads the socket then, only hang-up counts
   for (;;) {
     if (!gone_.load(std::memory_order_relaxed)) queue_csts_.store(*csts_, std::memory_order_relaxed);
-    pollfd p[2] = {{stop_fd_, POLLIN, 0}, {connection_.fd(), POLLIN, 0}};
+    pollfd p[2] = {{stop_fd_, POLLIN, 0}, {connection_.fd(), static_cast<short>(readable ? POLLIN : 0), 0}};
     const int ready = ::poll(p, gone_.load(std::memory_order_relaxed) ? 1 : 2, kWatchIntervalMs);
     if (ready > 0 && (p[0].revents & POLLIN)) return;
     if (gone_.load(std::memory_order_relaxed)) continue;
@@ -218,7 +219,16 @@ void LeasedController::watch() {
     // meets for next_event, and any message that arrives outside a call is an event. A busy mutex (a call in
     // flight) waits for the next interval.
     std::unique_lock lock(mutex_, std::try_to_lock);
-    if (!lock.owns_lock() || !broken_.is_ok()) continue;
+    if (!lock.owns_lock()) continue;
+    if (!broken_.is_ok()) {
+      // A call failed: no event can be read any more. The lease is gone when the connection is (closed by
+      // tuttid, or garbage from it); after a timeout it may live on, so the queues keep working until tuttid
+      // closes the connection.
+      readable = false;
+      if (broken_.code() == StatusCode::DEVICE_ERROR || (p[1].revents & (POLLHUP | POLLERR)) != 0)
+        mark_gone(broken_.message());
+      continue;
+    }
     for (;;) {
       auto event = connection_.next_event((p[1].revents & (POLLIN | POLLHUP | POLLERR)) ? 1'000'000 : 0);
       if (!event) {

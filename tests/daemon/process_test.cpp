@@ -408,6 +408,24 @@ TEST_CASE("LeasedController: 16 MiB regions, DMA buffers reused, and the queues 
   CHECK(after.status().message().find("connection closed by tuttid") != std::string::npos);
 }
 
+TEST_CASE("LeasedController: a lease revoked by a drain reaches the queues as device gone") {
+  TestDaemon d;
+  auto c = LeasedController::acquire({d.socket_path(), "soft0", 1, 8192});
+  REQUIRE_MESSAGE(c.is_ok(), c.status().to_string());
+  auto q = (*c)->create_io_queue_pair((*c)->queue_depth());
+  REQUIRE(q.is_ok());
+  CHECK(*q->controller_status != 0xffffffffu);
+  const json drained = d.call({{"tutti", 1}, {"op", "drain"}, {"deadline_ms", 0}});
+  REQUIRE(drained["ok"] == true);
+  const std::uint64_t deadline = tutti::deadline_after_ns(5'000'000'000ull);
+  while (*q->controller_status != 0xffffffffu && tutti::remaining_ns(deadline) > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(*q->controller_status == 0xffffffffu);
+  auto after = (*c)->allocate_host_memory(4096);
+  REQUIRE_FALSE(after.is_ok());
+  CHECK(after.status().message().find("revoked by tuttid") != std::string::npos);
+}
+
 TEST_CASE("a client over its maximum queues or pinned bytes is refused with a message naming the limit") {
   TestDaemon d;
   auto c = d.connect();
