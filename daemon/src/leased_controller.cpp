@@ -183,7 +183,6 @@ Status LeasedController::map_lease(const nlohmann::json& lease, const std::vecto
     return error(StatusCode::INTERNAL, "tuttid granted {} queues with memory, {} asked", queues_.size(),
                  options_.queues);
   handed_out_.assign(queues_.size(), false);
-  retired_.assign(queues_.size(), false);
   identity_.io_submission_queues_allocated = static_cast<std::uint16_t>(queues_.size());
   identity_.io_completion_queues_allocated = static_cast<std::uint16_t>(queues_.size());
   return Status::success();
@@ -381,8 +380,7 @@ Result<nvme::QueuePairInfo> LeasedController::create_io_queue_pair(std::uint32_t
 Status LeasedController::delete_io_queue_pair(std::uint16_t qid) {
   std::lock_guard lock(mutex_);
   for (std::size_t i = 0; i < queues_.size(); ++i) {
-    if (queues_[i].qid != qid || !handed_out_[i]) continue;
-    retired_[i] = true;
+    if (queues_[i].qid != qid || !handed_out_[i]) continue;  // handed out once, retired for good
     return error(StatusCode::BUSY,
                  "delete_io_queue_pair({}): queue {} of lease {} is retired; tuttid deletes it, ending its commands, "
                  "when the lease ends",

@@ -167,7 +167,6 @@ class LeasedController final : public nvme::Controller {
   std::vector<std::uint16_t> qids_;
   std::vector<nvme::QueuePairInfo> queues_;
   std::vector<bool> handed_out_;  ///< per queue: create_io_queue_pair gave it (never handed out again)
-  std::vector<bool> retired_;
   std::vector<Shared> shared_;
   const volatile std::uint32_t* csts_ = nullptr;  ///< CSTS in the shared BAR0
   /// What the queues poll as CSTS: the watcher's copy of *csts_, all ones once the lease is gone. Written by
