@@ -26,7 +26,7 @@
 //
 // Usage: tutti-bench-gpu-drive [--controllers 1,2,3,4] [--latencies-us 0,70] [--seconds S]
 //   [--submitters T] [--queues Q] [--depth D] [--iops-batch B] [--gbps-batch B] [--cap-gbps G]
-//   [--latency-row-us L] [--latency-batches N] [--raw-json FILE] [--json FILE]
+//   [--latency-row-us L] [--latency-batches N] [--queue-state device|mapped-host] [--raw-json FILE] [--json FILE]
 // Exits 77 without a CUDA device, 2 on bad flags, 1 when any row had errors.
 #include <sys/resource.h>
 
@@ -78,6 +78,7 @@ struct Options {
   double cap_gbps = 14.0;
   std::uint32_t latency_row_us = 70;
   std::uint32_t latency_batches = 300;
+  std::string queue_state = "device";  ///< local_nvme::Options::device_queue_state: device | mapped-host
   std::string raw_json, json;
 };
 
@@ -161,6 +162,7 @@ Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_ho
   local_nvme::Options options;
   options.queue_pairs = o.queues;
   options.queue_depth = o.depth;
+  options.device_queue_state = o.queue_state == "device";
   options.stream = accel::StreamRef::from_native_handle(d->stream);
   options.max_batches_in_flight = std::max<std::uint32_t>(4, 2 * submitters);
   // Every slot made now, before the service's persistent kernel starts (Options::prepared_batches).
@@ -198,6 +200,8 @@ struct Row {
   double seconds = 0;
   std::uint64_t requests = 0, bytes = 0, verified_bytes = 0, batches = 0;
   double iops = 0, gbps = 0, p50_us = 0, p99_us = 0, cpu_us_per_batch = 0;
+  double submit_p50_us = 0;            ///< submit's share of a batch (staging, AdmitKernel launch, report copy)
+  double poll_launches_per_batch = 0;  ///< PollKernel launches per batch (wait's relaunches)
   std::uint64_t errors = 0;
   std::string first_error;
 };
@@ -243,7 +247,7 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
   }
   struct PerThread {
     Row row;
-    std::vector<std::uint64_t> latencies;
+    std::vector<std::uint64_t> latencies, submit_ns;
     double cpu_us = 0;
   };
   std::vector<PerThread> per(controllers * submitters);
@@ -265,6 +269,8 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
             IoRequest{Direction::READ, s.memory[k], i * bytes, d.target, request_offset(who, b, i, bytes), bytes};
       const auto began = std::chrono::steady_clock::now();
       auto outcome = d.runtime->submit(requests);
+      me.submit_ns.push_back(static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - began).count()));
       bool accepted = true;
       for (const Status& st : outcome.initial_states)
         if (!st.is_ok()) {
@@ -301,6 +307,9 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
   for (std::uint32_t c = 0; c < controllers; ++c)
     for (std::uint32_t t = 0; t < submitters; ++t)
       threads.emplace_back([&, c, t] { measure(c, t, per[c * submitters + t]); });
+  std::uint64_t launches_before = 0;
+  for (std::uint32_t c = 0; c < controllers; ++c)
+    launches_before += drives[c]->runtime->datapath().poll_kernel_launches();
   const auto start = std::chrono::steady_clock::now();
   go.store(true);
   for (auto& th : threads) th.join();
@@ -311,7 +320,10 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
   if (cudaMemcpy(host_counters, counters, sizeof(host_counters), cudaMemcpyDeviceToHost) != cudaSuccess)
     note(row, "copy of the verification counters");
   cudaFree(counters);
-  std::vector<std::uint64_t> all;
+  std::uint64_t launches = 0;
+  for (std::uint32_t c = 0; c < controllers; ++c) launches += drives[c]->runtime->datapath().poll_kernel_launches();
+  launches -= launches_before;
+  std::vector<std::uint64_t> all, submits;
   double cpu = 0;
   for (PerThread& p : per) {
     row.requests += p.row.requests;
@@ -320,6 +332,7 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
     if (p.row.errors != 0 && row.errors == 0) row.first_error = p.row.first_error;
     row.errors += p.row.errors;
     all.insert(all.end(), p.latencies.begin(), p.latencies.end());
+    submits.insert(submits.end(), p.submit_ns.begin(), p.submit_ns.end());
     cpu += p.cpu_us;
   }
   row.verified_bytes = host_counters[1];
@@ -331,6 +344,8 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
   row.p50_us = percentile_us(all, 0.50);
   row.p99_us = percentile_us(all, 0.99);
   row.cpu_us_per_batch = row.batches == 0 ? 0 : cpu / static_cast<double>(row.batches);
+  row.submit_p50_us = percentile_us(submits, 0.50);
+  row.poll_launches_per_batch = row.batches == 0 ? 0 : static_cast<double>(launches) / static_cast<double>(row.batches);
   return row;
 }
 
@@ -402,6 +417,8 @@ nlohmann::json to_json(const Row& r) {
           {"p50_us", r.p50_us},
           {"p99_us", r.p99_us},
           {"cpu_us_per_batch", r.cpu_us_per_batch},
+          {"submit_p50_us", r.submit_p50_us},
+          {"poll_launches_per_batch", r.poll_launches_per_batch},
           {"errors", r.errors},
           {"first_error", r.first_error}};
 }
@@ -409,17 +426,20 @@ nlohmann::json to_json(const Row& r) {
 void print(const Row& r) {
   std::printf(
       "%-7s controllers=%u latency_us=%u namespace=%s batch=%ux%lluB submitters=%u  M_IOPS=%.3f GB/s=%.2f "
-      "p50_us=%.1f p99_us=%.1f cpu_us/batch=%.1f batches=%llu verified_bytes=%llu errors=%llu%s%s\n",
+      "p50_us=%.1f p99_us=%.1f submit_p50_us=%.1f polls/batch=%.1f cpu_us/batch=%.1f batches=%llu verified_bytes=%llu "
+      "errors=%llu%s%s\n",
       r.kind.c_str(), r.controllers, r.latency_us, r.namespace_memory.c_str(), r.batch,
       static_cast<unsigned long long>(r.request_bytes), r.submitters, r.iops / 1e6, r.gbps, r.p50_us, r.p99_us,
-      r.cpu_us_per_batch, static_cast<unsigned long long>(r.batches), static_cast<unsigned long long>(r.verified_bytes),
-      static_cast<unsigned long long>(r.errors), r.errors ? " first_error=" : "", r.first_error.c_str());
+      r.submit_p50_us, r.poll_launches_per_batch, r.cpu_us_per_batch, static_cast<unsigned long long>(r.batches),
+      static_cast<unsigned long long>(r.verified_bytes), static_cast<unsigned long long>(r.errors),
+      r.errors ? " first_error=" : "", r.first_error.c_str());
   std::fflush(stdout);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);   // each row reaches a log as it ends, also when the run is cut off
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);  // a lazy module load would wait for the persistent service
   Options o;
   CLI::App app{"tutti-bench-gpu-drive: the local_nvme GPU path against drive-like GPU-resident controllers"};
@@ -436,6 +456,10 @@ int main(int argc, char** argv) {
   app.add_option("--cap-gbps", o.cap_gbps, "link cap per controller, GB/s (0: none)")->check(CLI::Range(0.0, 1000.0));
   app.add_option("--latency-row-us", o.latency_row_us, "latency of the latency rows, us")->check(CLI::Range(0, 10000));
   app.add_option("--latency-batches", o.latency_batches, "batches per latency row")->check(CLI::Range(10, 100000));
+  app.add_option("--queue-state", o.queue_state,
+                 "where the kernels' queue state lives (local_nvme::Options::device_queue_state): device memory, or "
+                 "mapped pinned host memory to measure the difference")
+      ->check(CLI::IsMember({"device", "mapped-host"}));
   app.add_option("--raw-json", o.raw_json, "tutti-bench-gpu-submit --json output, for the raw-queue ratio");
   app.add_option("--json", o.json, "write the rows as JSON");
   try {
@@ -451,6 +475,7 @@ int main(int argc, char** argv) {
   const std::uint32_t max_controllers = *std::max_element(o.controllers.begin(), o.controllers.end());
   const auto cap = static_cast<std::uint64_t>(o.cap_gbps * 1e9);
   const double copy_gbps = pinned_copy_gbps();
+  std::printf("queue state in %s memory\n", o.queue_state == "device" ? "device" : "mapped pinned host");
   std::printf("copy    pinned host-to-device GB/s=%.2f\n", copy_gbps);
   std::vector<Row> rows;
   bool failed = false;
@@ -525,6 +550,7 @@ int main(int argc, char** argv) {
       iops_4x70 / 13e6, gbps_4x70 / 50.0, copy_gbps > 0 ? best_gbps / copy_gbps : 0.0);
   if (!o.json.empty()) {
     nlohmann::json j;
+    j["queue_state"] = o.queue_state;
     j["pinned_copy_gbps"] = copy_gbps;
     j["raw_queue_commands_per_second"] = raw;
     j["rows"] = nlohmann::json::array();

@@ -443,6 +443,7 @@ void print_row(const Row& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row reaches a log as it ends, also when the run is cut off
   Options o;
   if (const int status = tutti::bench::gpu::parse_submit_rate_options(argc, argv, o); status != -1) return status;
   // Load every kernel at start: with CUDA's lazy loading the first launch of a kernel waits for the

@@ -73,16 +73,22 @@ std::vector<local_file::Extent> reversed_chunks(std::uint64_t device_base, std::
   return out;
 }
 
-std::vector<std::uint8_t> expected_from_extents(Rig& rig, const std::vector<local_file::Extent>& e,
-                                                std::uint64_t offset, std::uint64_t length) {
+std::vector<std::uint8_t> expected_from_extents_of(const tutti::testing::SoftDrive& drive,
+                                                   const std::vector<local_file::Extent>& e, std::uint64_t offset,
+                                                   std::uint64_t length) {
   std::vector<std::uint8_t> out;
   for (const auto& x : e) {
     const std::uint64_t lo = std::max(offset, x.file_offset), hi = std::min(offset + length, x.file_end());
     if (lo >= hi) continue;
-    auto part = rig.device_bytes(x.device_offset + (lo - x.file_offset), hi - lo);
+    auto part = tutti::testing::read_file(drive.backing, x.device_offset + (lo - x.file_offset), hi - lo);
     out.insert(out.end(), part.begin(), part.end());
   }
   return out;
+}
+
+std::vector<std::uint8_t> expected_from_extents(Rig& rig, const std::vector<local_file::Extent>& e,
+                                                std::uint64_t offset, std::uint64_t length) {
+  return expected_from_extents_of(rig, e, offset, length);
 }
 
 }  // namespace
@@ -101,6 +107,7 @@ TEST_CASE("option defaults are pinned") {
   CHECK(o.device_target_cache_entries == 256);
   CHECK(o.device_target_cache_entry_extents == 256);
   CHECK(o.host_target_cache_bytes == std::uint64_t{256} << 20);
+  CHECK(o.device_queue_state);
   CHECK(o.poll_kernel_budget_ns == 0u);  // host profile; 1 ms in the cuda profile (tests/gpu pins it)
   CHECK(Path::capabilities.offset_alignment == 4096);
   CHECK(Path::capabilities.unaligned_tail_at_end_of_target);
@@ -228,6 +235,92 @@ TEST_CASE("a request is split at extent boundaries and at the command size limit
     auto expected = expected_from_extents(rig, extents, c.offset, c.length);
     CHECK(std::equal(expected.begin(), expected.end(), buffer.bytes() + c.memory_offset));
   }
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
+namespace {
+
+/// Another controller that says the host cannot reach its queue memory (QueuePairInfo::
+/// host_accessible false, as a GPU-resident controller says in the CUDA profile), so the DataPath
+/// puts the queue state and credits in device memory (host memory in this profile).
+struct KernelsOnlyController : nvme::Controller {
+  explicit KernelsOnlyController(nvme::Controller& c) : inner(c) {}
+  std::string_view kind() const noexcept override { return inner.kind(); }
+  Status bring_up(const nvme::BringUpOptions& o) override { return inner.bring_up(o); }
+  Status shutdown(std::uint64_t t) override { return inner.shutdown(t); }
+  const nvme::ControllerIdentity& identity() const noexcept override { return inner.identity(); }
+  nvme::ControllerStatus controller_status() const noexcept override { return inner.controller_status(); }
+  Result<nvme::QueuePairInfo> create_io_queue_pair(std::uint32_t depth) override {
+    auto info = inner.create_io_queue_pair(depth);
+    if (info) info->host_accessible = false;
+    return info;
+  }
+  Status delete_io_queue_pair(std::uint16_t qid) override { return inner.delete_io_queue_pair(qid); }
+  Result<nvme::DmaMapping> dma_map(void* a, std::size_t n) override { return inner.dma_map(a, n); }
+  Result<nvme::DmaMapping> dma_map_device(void* a, std::size_t n) override { return inner.dma_map_device(a, n); }
+  Status dma_unmap(std::uint64_t id) override { return inner.dma_unmap(id); }
+  Result<nvme::DmaBuffer> allocate_dma_buffer(std::size_t n) override { return inner.allocate_dma_buffer(n); }
+  Status free_dma_buffer(std::uint64_t id) override { return inner.free_dma_buffer(id); }
+  Result<nvme::CompletionQueueEntry> submit_admin(const nvme::SubmissionQueueEntry& c, std::uint64_t t) override {
+    return inner.submit_admin(c, t);
+  }
+  Result<bool> abort(std::uint16_t sqid, std::uint16_t cid, std::uint64_t t) override {
+    return inner.abort(sqid, cid, t);
+  }
+  nvme::Controller& inner;
+};
+
+}  // namespace
+
+TEST_CASE("queues only kernels reach keep their state and credits in device memory and read the right bytes") {
+  tutti::testing::SoftDrive drive({}, 16 << 20, 91, "/tmp/tutti-lnvme-");
+  KernelsOnlyController hidden(*drive.controller);
+  Path::Options o;
+  o.queue_pairs = 2;
+  o.queue_depth = 16;
+  tutti::testing::PathRig<Path> rig(20 * kSecond);
+  auto created = Path::create(hidden, o);
+  REQUIRE_MESSAGE(created.is_ok(), created.status().to_string());
+  rig.path.emplace(std::move(created.value()));
+  local_file::Target target;
+  target.path = "synthetic";
+  target.extents = reversed_chunks(1 << 20, 64);  // 1 MiB file, 16 KiB extents in reverse order
+  target.file_size = 64 * 16384;
+  target.lba_size = drive.controller->identity().lba_size;
+  auto t = rig.open_or_fail(std::move(target));
+  Buffer buffer(1 << 20);
+  auto m = rig.map(buffer);
+  std::vector<PathRequest<Path>> requests;
+  for (std::uint64_t i = 0; i < 32; ++i)  // more requests than one queue's 15 credits: both pairs, reused credits
+    requests.push_back(rig.request(Direction::READ, m, buffer, i * 32768, t, i * 32768, 32768));
+  for (int round = 0; round < 3; ++round) {
+    std::memset(buffer.data, 0xEE, buffer.size);
+    std::vector<PathRequest<Path>> pending = requests;
+    std::uint64_t confirmed = 0;
+    for (int attempt = 0; attempt < 100 && !pending.empty(); ++attempt) {
+      auto [states, done] = rig.run(pending);
+      std::vector<PathRequest<Path>> again;
+      for (std::size_t i = 0; i < pending.size(); ++i) {
+        if (states[i].code() == StatusCode::RESOURCE_EXHAUSTED) {
+          again.push_back(pending[i]);
+          continue;
+        }
+        REQUIRE_MESSAGE(states[i].is_ok(), states[i].to_string());
+        REQUIRE_MESSAGE(done[i].status.is_ok(), done[i].status.to_string());
+        confirmed += done[i].confirmed_bytes;
+      }
+      pending = std::move(again);
+    }
+    CHECK(pending.empty());
+    CHECK(confirmed == 1 << 20);
+    auto expected = expected_from_extents_of(drive, reversed_chunks(1 << 20, 64), 0, 1 << 20);
+    CHECK(std::equal(expected.begin(), expected.end(), buffer.bytes()));
+  }
+  // Every credit came back (32 requests of 2 commands each, three times: each queue admitted work
+  // again after its 15 credits were taken), and the counters come from the moved state.
+  std::uint64_t reaped = 0;
+  for (std::size_t q = 0; q < 2; ++q) reaped += rig.path->queue_statistics(q).completions_reaped;
+  CHECK(reaped == 3 * 32 * 2);
   CHECK(rig.path->unregister_memory(m).is_ok());
 }
 

@@ -211,6 +211,40 @@ TEST_CASE("the reaper follows the phase tag around the CQ and writes the head do
   CHECK(f.storage.statistics().cq_phase == f.phase);
 }
 
+TEST_CASE("state moved to device memory keeps working: CIDs, SQ reservations, reaping and statistics") {
+  // Host profile: allocate_device is host memory, so the host can drive the moved view; the CUDA
+  // profile moves it to GPU memory for queues only kernels reach (gpu_drive_controller covers it).
+  FakeQueue f(8, 8);
+  const QueuePair before = f.q();
+  CompletionQueueEntry cqe{};
+  std::uint16_t first = 0;
+  REQUIRE(before.allocate_command_identifier(first));  // state changed before the move travels with it
+  REQUIRE(f.storage.move_to_device().is_ok());
+  CHECK(f.storage.in_device_memory());
+  const QueuePair& q = f.q();
+  CHECK(q.state != before.state);
+  CHECK(q.slots != before.slots);
+  CHECK(q.cid_bitmap != before.cid_bitmap);
+  CHECK(q.sq_ready != before.sq_ready);
+  CHECK(reinterpret_cast<std::uintptr_t>(q.state) % kQueueStateLineBytes == 0);
+  // A second move is a caller bug, refused without changing the view.
+  const Status again = f.storage.move_to_device();
+  CHECK(again.code() == StatusCode::INTERNAL);
+  CHECK(f.q().state == q.state);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::uint16_t> cids(3);
+    for (auto& cid : cids) REQUIRE(q.allocate_command_identifier(cid));
+    for (auto cid : cids) CHECK(cid != first);  // the CID taken before the move is still in flight
+    for (auto cid : cids) f.post(cid, StatusField{0}, 0);
+    CHECK(q.reap_completions() == 3);
+    for (auto cid : cids) CHECK(q.take_completion(cid, cqe));
+  }
+  CHECK(f.storage.statistics().completions_reaped == 9);
+  CHECK(f.storage.statistics().cq_phase == f.phase);
+  // The moved state is the only one updated: the initial image stays as it was.
+  CHECK(before.state->completions_reaped == 0);
+}
+
 TEST_CASE("waiting is bounded by the time budget and reports a fatal controller") {
   FakeQueue f(8);
   const QueuePair& q = f.q();

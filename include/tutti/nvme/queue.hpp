@@ -36,8 +36,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include <tutti/accel/memory.hpp>
 #include <tutti/accel/placement.hpp>
 #include <tutti/accel/primitives.hpp>
 #include <tutti/core/status.hpp>
@@ -532,7 +535,8 @@ static_assert(cid_index_bits_for(257) == 9);
 /// Placement (accel/placement.hpp): host memory by default; accel::Placement::mapped_host puts
 /// the shared state where GPU kernels reach it too (CUDA profile: mapped pinned host memory,
 /// used by the local_nvme DataPath's GPU submission). Throws std::bad_alloc when that memory
-/// cannot be allocated.
+/// cannot be allocated. move_to_device() then moves it into accelerator memory, for queues whose
+/// rings only kernels reach.
 class QueuePairStorage {
  public:
   /// sq/cq: rings of `depth` entries (2..65536); cid_capacity: command slots (1..32768, default
@@ -569,8 +573,55 @@ class QueuePairStorage {
   bool valid() const noexcept { return view_.state != nullptr; }
   /// The view (trivially copyable; share it with every submitter).
   const QueuePair& queue() const noexcept { return view_; }
-  /// Statistics snapshot (plain reads: approximate while other threads use the queue).
-  QueuePairState statistics() const noexcept { return state_[0]; }
+  /// Statistics snapshot (plain reads: approximate while other threads use the queue). After
+  /// move_to_device, a copy from accelerator memory (all zero when that copy fails).
+  QueuePairState statistics() const noexcept {
+    if (device_.data() == nullptr) return state_[0];
+    QueuePairState copy{};
+    if (!accel::copy_from_device(&copy, device_.data(), sizeof(copy)).is_ok()) return QueuePairState{};
+    return copy;
+  }
+
+  /// Moves the shared state (as initialised, before any submitter used the queue) into one
+  /// accel::allocate_device allocation: GPU memory in the CUDA profile, host memory in the host
+  /// profile. Why: with the state in mapped pinned host memory every submitter atomic (SQ slot
+  /// reservation, doorbell and CQ try-locks, CID slots) is a PCIe round trip, about 1 us, and GPU
+  /// warps polling host memory slow every kernel on the device (docs/gpu.md, "Execution model");
+  /// in GPU memory they are L2 operations. For queues whose rings and doorbells only kernels reach
+  /// (QueuePairInfo::host_accessible false): afterwards host threads must not call the view's
+  /// functions (a host load of GPU memory faults), only statistics(). Call once, before the view
+  /// is shared; the view's addresses change. Errors: allocate_device's, copy_to_device's (the
+  /// storage is then unchanged); INTERNAL when invalid or already moved (a caller bug).
+  Status move_to_device() {
+    if (!valid() || device_.data() != nullptr)
+      return Status(StatusCode::INTERNAL, "QueuePairStorage::move_to_device: invalid or already moved");
+    // One allocation: state, ready words, command slots, bitmap, each on its own 128-byte line.
+    const auto line = [](std::size_t bytes) {
+      return (bytes + kQueueStateLineBytes - 1) / kQueueStateLineBytes * kQueueStateLineBytes;
+    };
+    const std::size_t ready_at = line(sizeof(QueuePairState));
+    const std::size_t slots_at = ready_at + line(ready_.size() * sizeof(std::uint64_t));
+    const std::size_t bitmap_at = slots_at + line(slots_.size() * sizeof(CommandSlot));
+    const std::size_t total = bitmap_at + bitmap_.size() * sizeof(std::uint32_t);
+    auto buffer = accel::DeviceBuffer::allocate(total);
+    if (!buffer) return buffer.status().with_context("QueuePairStorage::move_to_device");
+    auto* base = static_cast<std::uint8_t*>(buffer->data());
+    for (auto [offset, source, bytes] :
+         {std::tuple{std::size_t{0}, static_cast<const void*>(state_.data()), sizeof(QueuePairState)},
+          std::tuple{ready_at, static_cast<const void*>(ready_.data()), ready_.size() * sizeof(std::uint64_t)},
+          std::tuple{slots_at, static_cast<const void*>(slots_.data()), slots_.size() * sizeof(CommandSlot)},
+          std::tuple{bitmap_at, static_cast<const void*>(bitmap_.data()), bitmap_.size() * sizeof(std::uint32_t)}})
+      if (Status copied = accel::copy_to_device(base + offset, source, bytes); !copied.is_ok())
+        return copied.with_context("QueuePairStorage::move_to_device");
+    view_.state = reinterpret_cast<QueuePairState*>(base);
+    view_.sq_ready = reinterpret_cast<std::uint64_t*>(base + ready_at);
+    view_.slots = reinterpret_cast<CommandSlot*>(base + slots_at);
+    view_.cid_bitmap = reinterpret_cast<std::uint32_t*>(base + bitmap_at);
+    device_ = std::move(buffer.value());
+    return Status::success();
+  }
+  /// True after move_to_device.
+  bool in_device_memory() const noexcept { return device_.data() != nullptr; }
 
  private:
   template <class T>
@@ -579,6 +630,7 @@ class QueuePairStorage {
   std::vector<std::uint64_t, Allocator<std::uint64_t>> ready_;
   std::vector<CommandSlot, Allocator<CommandSlot>> slots_;
   std::vector<std::uint32_t, Allocator<std::uint32_t>> bitmap_;
+  accel::DeviceBuffer device_;  ///< the state after move_to_device (the vectors above keep the initial image)
   QueuePair view_{};
 };
 

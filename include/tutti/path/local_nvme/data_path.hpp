@@ -245,8 +245,8 @@ class LocalNvmeDataPath {
         accel::copy_to_device_async(device_requests, slot.staged.data(), n * sizeof(RequestState), stream);
     const bool copy_enqueued = launched.is_ok();
     if (launched.is_ok())
-      detail::assign(
-          launched, launch_over(e.options, n, AdmitKernel{device_requests, e.device_queues.data(), n, device_reports}));
+      detail::assign(launched,
+                     launch_over(e.options, n, AdmitKernel{device_requests, e.device_queues(), n, device_reports}));
     const bool kernel_enqueued = launched.is_ok();
     if (launched.is_ok())
       detail::assign(launched, accel::copy_from_device_async(slot.reports.data(), device_reports,
@@ -326,9 +326,8 @@ class LocalNvmeDataPath {
       {
         std::shared_lock gate(e.kernel_gate);  // no zombie reaping while this kernel may run
         bool kernel_may_run = false;
-        const Status stepped =
-            poll_step(e.options, slot, e.device_queues.data(), e.zero_word.data(), e.poll_kernel_launches,
-                      e.poll_launches_in_flight, budget, some, &kernel_may_run);
+        const Status stepped = poll_step(e.options, slot, e.device_queues(), e.zero_word.data(), e.poll_kernel_launches,
+                                         e.poll_launches_in_flight, budget, some, &kernel_may_run);
         if (kernel_may_run) {
           // The kernel may still run (or its reports never came back): the slot is abandoned to it
           // (never reused or freed, even after the caller destroys the batch).

@@ -38,8 +38,11 @@ struct Engine {
   std::uint32_t lba_size = 0;
   std::uint64_t max_command_bytes = 0;
   std::vector<std::unique_ptr<Queue>> queues;
-  KernelArray<Credits> credits;            ///< one per queue pair, sized once (stable addresses)
-  KernelArray<DeviceQueue> device_queues;  ///< the kernels' view of `queues`
+  KernelArray<Credits> credits;          ///< one per queue pair, sized once (stable addresses)
+  std::vector<DeviceQueue> queue_views;  ///< the kernels' view of `queues` (host copy)
+  accel::DeviceBuffer queue_table;       ///< queue_views in device memory (upload_queue_table)
+  /// The table the kernels read (device memory; not dereferenceable on the host in the CUDA profile).
+  const DeviceQueue* device_queues() const noexcept { return static_cast<const DeviceQueue*>(queue_table.data()); }
   /// The source of the copy that zeroes a batch's poll stop word before each poll launch (one
   /// word, pinned; allocated by create).
   KernelArray<std::uint64_t> zero_word;
@@ -96,14 +99,16 @@ struct Engine {
       return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the credits of {} queue pairs",
                    options.queue_pairs);
     }
-    TUTTI_RETURN_IF_ERROR(
-        create_queue_pairs(controller, options.queue_pairs, options.queue_depth, engine->credits, engine->queues));
+    TUTTI_RETURN_IF_ERROR(create_queue_pairs(controller, options.queue_pairs, options.queue_depth,
+                                             options.device_queue_state, engine->credits, engine->queues));
     try {
-      engine->device_queues = kernel_array<DeviceQueue>(engine->queues.size());
+      for (const auto& q : engine->queues) engine->queue_views.push_back(q->device());
     } catch (const std::bad_alloc&) {
       return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the kernels' queue views");
     }
-    for (std::size_t i = 0; i < engine->queues.size(); ++i) engine->device_queues[i] = engine->queues[i]->device();
+    auto table = upload_queue_table(engine->queue_views);
+    if (!table) return table.status();
+    engine->queue_table = std::move(table.value());
     // Admission (docs/local-nvme.md): a request takes min(its commands, request_window) credits in
     // one step and a queue pair never has more than depth - 1, so a larger window could never be
     // admitted ("resubmit later" forever). The window adapts to what the queues can ever give.

@@ -3,8 +3,9 @@
 // same code runs on host threads (host profile, accel::launch on the HostThreadPool) and on GPU
 // threads (CUDA profile, launched by libtutti_cuda: path/local_nvme/launch.hpp; the batch's
 // RequestState, CommandRecord and RequestReport arrays then live in device memory, as do the
-// registration's page tables and the target handle cache's L1; the extents' L2 copy and the queue
-// state are in mapped pinned host memory).
+// registration's page tables, the target handle cache's L1, the table of queue views and, for
+// queue pairs only kernels reach, the queue state and credits; the extents' L2 copy and the state
+// of queue pairs the host reaches too are in mapped pinned host memory: queues.hpp).
 //
 // One logical thread owns one request; the queue work is warp-collective (accel/warp.hpp; on the
 // host a warp is one lane):

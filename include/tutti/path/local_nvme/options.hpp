@@ -113,6 +113,13 @@ struct Options {
   /// kernel-reachable memory (CUDA profile: mapped pinned host memory) from open to close
   /// (1..accel::kMaxAllocationBytes). open beyond it returns RESOURCE_EXHAUSTED naming this field.
   std::uint64_t host_target_cache_bytes = kDefaultHostTargetCacheBytes;
+  /// Where the state of a queue pair whose rings only kernels reach (QueuePairInfo::host_accessible
+  /// false: a GPU-resident controller, or a drive's queues in GPU memory) lives: true (default),
+  /// device memory, where the kernels' atomics on SQ reservations, doorbell and CQ try-locks, CID
+  /// slots and credits stay on the GPU; false, mapped pinned host memory, where each is a PCIe round
+  /// trip (kept to measure the difference: docs/benchmarks.md, "Drive rate"). Pairs the host can
+  /// reach keep their state in mapped pinned host memory either way (the host reaps their zombies).
+  bool device_queue_state = true;
 };
 
 /// Checks `options` against the controller's identity `id` (brought up) and returns the largest

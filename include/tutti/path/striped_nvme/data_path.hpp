@@ -164,15 +164,18 @@ class StripedNvmeDataPath {
       state->window = std::min(state->window, engine.value()->options.request_window);
       state->engines.push_back(std::move(engine.value()));
     }
+    std::vector<local_nvme::DeviceQueue> views;
     try {
-      state->device_table = local_nvme::kernel_array<local_nvme::DeviceQueue>(total_queues);
+      views.reserve(total_queues);
+      for (const auto& engine : state->engines)
+        views.insert(views.end(), engine->queue_views.begin(), engine->queue_views.end());
     } catch (const std::bad_alloc&) {
       return error(StatusCode::RESOURCE_EXHAUSTED, "striped_nvme: no memory for the device table of {} queue pairs",
                    total_queues);
     }
-    for (std::size_t d = 0; d < state->engines.size(); ++d)
-      for (std::size_t q = 0; q < state->engines[d]->queues.size(); ++q)
-        state->device_table[state->queue_base[d] + q] = state->engines[d]->device_queues[q];
+    auto table = local_nvme::upload_queue_table(views);
+    if (!table) return table.status().with_context("striped_nvme: the device table");
+    state->device_table = std::move(table.value());
     return StripedNvmeDataPath(std::move(state));
   }
 
@@ -428,9 +431,8 @@ class StripedNvmeDataPath {
     const bool copy_enqueued = launched.is_ok();
     if (launched.is_ok())
       local_nvme::detail::assign(
-          launched,
-          local_nvme::launch_over(s.options, m,
-                                  local_nvme::AdmitKernel{device_requests, s.device_table.data(), m, device_reports}));
+          launched, local_nvme::launch_over(s.options, m,
+                                            local_nvme::AdmitKernel{device_requests, s.table(), m, device_reports}));
     const bool kernel_enqueued = launched.is_ok();
     if (kernel_enqueued) s.launches.fetch_add(1, std::memory_order_relaxed);
     if (launched.is_ok())
@@ -522,9 +524,8 @@ class StripedNvmeDataPath {
         Gates gates(s);
         TUTTI_RETURN_IF_ERROR(admit_deferred(slot, f));
         bool kernel_may_run = false;
-        const Status stepped =
-            local_nvme::poll_step(s.options, slot, s.device_table.data(), s.engines[0]->zero_word.data(), s.launches,
-                                  s.poll_in_flight, budget, some, &kernel_may_run);
+        const Status stepped = local_nvme::poll_step(s.options, slot, s.table(), s.engines[0]->zero_word.data(),
+                                                     s.launches, s.poll_in_flight, budget, some, &kernel_may_run);
         if (kernel_may_run) abandon(slot);
         TUTTI_RETURN_IF_ERROR(stepped.with_context("striped_nvme: poll kernel"));
       }
@@ -592,10 +593,13 @@ class StripedNvmeDataPath {
  private:
   struct State {
     Options options;
-    std::vector<std::unique_ptr<local_nvme::Engine>> engines;       ///< controller d's queues, zombies, gate
-    std::vector<std::uint32_t> queue_base;                          ///< controller d's first entry in device_table
-    local_nvme::KernelArray<local_nvme::DeviceQueue> device_table;  ///< every controller's queues
-    std::uint32_t window = local_nvme::kMaxWindow;                  ///< the smallest engine window (records per piece)
+    std::vector<std::unique_ptr<local_nvme::Engine>> engines;  ///< controller d's queues, zombies, gate
+    std::vector<std::uint32_t> queue_base;                     ///< controller d's first entry in device_table
+    accel::DeviceBuffer device_table;  ///< every controller's queues (DeviceQueue), in device memory
+    const local_nvme::DeviceQueue* table() const noexcept {
+      return static_cast<const local_nvme::DeviceQueue*>(device_table.data());
+    }
+    std::uint32_t window = local_nvme::kMaxWindow;  ///< the smallest engine window (records per piece)
     std::shared_ptr<local_nvme::BatchPool> pool = std::make_shared<local_nvme::BatchPool>();
     std::shared_ptr<FanoutPool> fanouts = std::make_shared<FanoutPool>();
     std::atomic<std::uint64_t> poll_in_flight{0};
@@ -660,8 +664,7 @@ class StripedNvmeDataPath {
                                                         (end - j) * sizeof(local_nvme::RequestState), stream)
                                 .with_context("striped_nvme: deferred pieces"));
       TUTTI_RETURN_IF_ERROR(local_nvme::launch_over(
-          s.options, end - j,
-          local_nvme::AdmitKernel{device_requests + j, s.device_table.data(), end - j, device_reports + j}));
+          s.options, end - j, local_nvme::AdmitKernel{device_requests + j, s.table(), end - j, device_reports + j}));
       s.launches.fetch_add(1, std::memory_order_relaxed);
       j = end;
     }
