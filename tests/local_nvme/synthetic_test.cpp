@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 
 #include <doctest/doctest.h>
@@ -279,8 +280,24 @@ TEST_CASE("queues only kernels reach keep their state and credits in device memo
   o.queue_pairs = 2;
   o.queue_depth = 16;
   tutti::testing::PathRig<Path> rig(20 * kSecond);
+  {
+    // The placement follows the controller and the option: kept in (mapped) host memory when the host
+    // reaches the rings, or when device_queue_state is off.
+    auto plain = Path::create(*drive.controller, o);
+    REQUIRE_MESSAGE(plain.is_ok(), plain.status().to_string());
+    CHECK_FALSE(plain->queue_state_in_device_memory(0));
+    Path::Options mapped = o;
+    mapped.device_queue_state = false;
+    auto kept = Path::create(hidden, mapped);
+    REQUIRE_MESSAGE(kept.is_ok(), kept.status().to_string());
+    CHECK_FALSE(kept->queue_state_in_device_memory(0));
+    CHECK_FALSE(kept->queue_state_in_device_memory(1));
+  }
   auto created = Path::create(hidden, o);
   REQUIRE_MESSAGE(created.is_ok(), created.status().to_string());
+  CHECK(created->queue_state_in_device_memory(0));
+  CHECK(created->queue_state_in_device_memory(1));
+  CHECK_THROWS_AS((void)created->queue_state_in_device_memory(2), std::out_of_range);
   rig.path.emplace(std::move(created.value()));
   local_file::Target target;
   target.path = "synthetic";
@@ -316,8 +333,8 @@ TEST_CASE("queues only kernels reach keep their state and credits in device memo
     auto expected = expected_from_extents_of(drive, reversed_chunks(1 << 20, 64), 0, 1 << 20);
     CHECK(std::equal(expected.begin(), expected.end(), buffer.bytes()));
   }
-  // Every credit came back (32 requests of 2 commands each, three times: each queue admitted work
-  // again after its 15 credits were taken), and the counters come from the moved state.
+  // Each round needed every queue's 15 credits several times over (32 requests of 2 commands each),
+  // so credits came back between submits; the counters come from the moved state.
   std::uint64_t reaped = 0;
   for (std::size_t q = 0; q < 2; ++q) reaped += rig.path->queue_statistics(q).completions_reaped;
   CHECK(reaped == 3 * 32 * 2);

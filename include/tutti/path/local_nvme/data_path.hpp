@@ -112,8 +112,12 @@ class LocalNvmeDataPath {
   /// distinct target per submit; FLUSH requests read no extents and do no lookup) and occupancy.
   /// Thread-safe.
   TargetCacheStatistics target_cache_statistics() const { return engine_->target_cache->statistics(); }
-  /// Shared statistics of queue pair `i` (doorbell writes, completions reaped, stale CQEs).
+  /// Shared statistics of queue pair `i` (doorbell writes, completions reaped, stale CQEs). For a
+  /// pair whose state is in device memory, a synchronous copy from the device (all zero when it fails).
   nvme::QueuePairState queue_statistics(std::size_t i) const { return engine_->queues.at(i)->storage->statistics(); }
+  /// Whether queue pair `i`'s state and credits live in device memory (Options::device_queue_state and
+  /// QueuePairInfo::host_accessible false; queues.hpp, place_queue_state). std::out_of_range past the pairs.
+  bool queue_state_in_device_memory(std::size_t i) const { return engine_->queues.at(i)->storage->in_device_memory(); }
 
   /// Builds the device-resident handle (targets.hpp, make_open_target): the L2 copy of the extents
   /// (resolved once, by the caller's FIEMAP, never again) that submits copy into L1 and the

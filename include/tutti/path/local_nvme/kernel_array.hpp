@@ -1,5 +1,5 @@
 // Arrays the local_nvme kernels read or write outside a batch's device memory (the targets' L2
-// extents, the queue views, the credits), and a batch's pinned staging and report arrays: host
+// extents, the credits of queue pairs the host reaches too), and a batch's pinned staging and report arrays: host
 // memory in the host profile, mapped pinned host memory in the CUDA profile
 // (accel::kKernelReachable, accel/placement.hpp).
 // Thread-safety: as std::vector.
