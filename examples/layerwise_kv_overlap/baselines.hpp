@@ -61,15 +61,15 @@ inline tutti::Result<std::vector<LayerFiles>> open_layer_files(const Shape& shap
   return tutti::Result<std::vector<LayerFiles>>(std::move(files));
 }
 
-/// Reads cached tensor `index` (chunk index / 2, K or V by index % 2) of a layer into `slot`: from its
-/// layer file, or from the shard file striped_file::place puts it on, at its shard offset.
-inline tutti::Status pread_tensor(const LayerFiles& files, std::byte* slot, std::uint32_t index, const Shape& shape,
-                                  std::uint32_t layer) {
+/// Reads cached tensor `index` (chunk index / 2, K or V by index % 2) of a layer into `destination`
+/// (tensor_bytes of host memory, 4096-byte aligned for O_DIRECT): from its layer file, or from the shard
+/// file striped_file::place puts it on, at its shard offset.
+inline tutti::Status pread_tensor(const LayerFiles& files, std::byte* destination, std::uint32_t index,
+                                  const Shape& shape, std::uint32_t layer) {
   const std::uint64_t logical = shape.tensor_offset(index / 2, index % 2);
   const auto at = tutti::striped_file::place(logical, shape.tensor_bytes, static_cast<std::uint32_t>(files.size()));
   const std::uint64_t offset = at.shard_offset;
-  const ssize_t n = ::pread(files[at.shard].get(), slot + std::uint64_t{index} * shape.tensor_bytes, shape.tensor_bytes,
-                            static_cast<off_t>(offset));
+  const ssize_t n = ::pread(files[at.shard].get(), destination, shape.tensor_bytes, static_cast<off_t>(offset));
   if (n == static_cast<ssize_t>(shape.tensor_bytes)) return tutti::Status::success();
   const int err = errno;  // formatted on failure only: the reads are timed
   const std::string where =
@@ -95,7 +95,7 @@ tutti::Status pread_baseline(const Settings& settings, const std::vector<std::fi
     std::memset(slot, 0xa5, std::uint64_t{tensors} * shape.tensor_bytes);  // a read that moves nothing fails
     for (std::uint32_t i = 0; i < tensors; ++i) {
       const auto t = Clock::now();
-      tutti::Status s = detail::pread_tensor((*fds)[l], slot, i, shape, l);
+      tutti::Status s = detail::pread_tensor((*fds)[l], slot + std::uint64_t{i} * shape.tensor_bytes, i, shape, l);
       report.pread_baseline.ns += elapsed_ns(t);
       TUTTI_RETURN_IF_ERROR(s);
       report.pread_baseline.bytes += shape.tensor_bytes;
@@ -141,7 +141,8 @@ tutti::Status pread_parallel_baseline(const Settings& settings, const std::vecto
         start.arrive_and_wait();
         if (shared.stop) return;
         for (std::uint32_t i; (i = shared.next.fetch_add(1, std::memory_order_relaxed)) < tensors;) {
-          tutti::Status s = detail::pread_tensor(*shared.files, shared.slot, i, shape, shared.layer);
+          tutti::Status s = detail::pread_tensor(*shared.files, shared.slot + std::uint64_t{i} * shape.tensor_bytes, i,
+                                                 shape, shared.layer);
           if (!s.is_ok()) {
             std::lock_guard lock(shared.mutex);
             if (shared.first_error.is_ok()) shared.first_error = std::move(s);

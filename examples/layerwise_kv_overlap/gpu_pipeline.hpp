@@ -23,6 +23,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@
 
 #include <tutti/tutti.hpp>
 
+#include "baselines.hpp"
 #include "dataset.hpp"
 #include "gpu_compute.hpp"
 #include "pipeline.hpp"
@@ -222,31 +224,25 @@ class GpuPipeline {
   }
 
   /// Baseline: pread (O_DIRECT, one tensor at a time) into a pinned bounce buffer, then cudaMemcpy into
-  /// the same device slot. Timed: the pread and the copy. Verified after each layer, untimed.
-  tutti::Status pread_baseline(const std::vector<std::string>& paths, Report& report) {
+  /// the same device slot. Timed: the pread and the copy. Verified after each layer, untimed. The layer
+  /// files are in `dirs[0]`, or striped (shape.stripe_devices = N) their shard i in `dirs[i]`: each tensor
+  /// is read from the shard it lies on (detail::pread_tensor, baselines.hpp).
+  tutti::Status pread_baseline(const std::vector<std::filesystem::path>& dirs, Report& report) {
     const Shape& shape = settings_.shape;
+    auto files = detail::open_layer_files(shape, dirs);
+    if (!files) return files.status();
     for (std::uint32_t l = 0; l < layers(); ++l) {
-      const int fd = ::open(paths[l].c_str(), O_RDONLY | O_DIRECT);
-      if (fd < 0) return tutti::error(tutti::StatusCode::DEVICE_ERROR, "open '{}': {}", paths[l], std::strerror(errno));
       std::byte* slot = read_slot(l);
-      tutti::Status status = poison(slot, hit_tensors_ * tensor_bytes());
-      std::uint32_t index = 0;
-      for (std::uint32_t c = 0; c < shape.hit_chunks() && status.is_ok(); ++c)
-        for (std::uint32_t k = 0; k < 2 && status.is_ok(); ++k, ++index) {
-          const auto t = Clock::now();
-          const ssize_t n = ::pread(fd, bounce_, tensor_bytes(), static_cast<off_t>(shape.tensor_offset(c, k)));
-          if (n != static_cast<ssize_t>(tensor_bytes())) {
-            status = tutti::error(tutti::StatusCode::DATA_LOSS, "pread of {} bytes at offset {} of '{}' returned {}",
-                                  tensor_bytes(), shape.tensor_offset(c, k), paths[l], n);
-            break;
-          }
-          status = gpu_.copy_to_device(slot + std::uint64_t{index} * tensor_bytes(), bounce_, tensor_bytes());
-          report.pread_baseline.ns += elapsed_ns(t);
-          report.pread_baseline.bytes += tensor_bytes();
-          ++report.pread_baseline.requests;
-        }
-      ::close(fd);
-      TUTTI_RETURN_IF_ERROR(status);
+      TUTTI_RETURN_IF_ERROR(poison(slot, hit_tensors_ * tensor_bytes()));
+      for (std::uint32_t index = 0; index < hit_tensors_; ++index) {
+        const auto t = Clock::now();
+        TUTTI_RETURN_IF_ERROR(detail::pread_tensor((*files)[l], bounce_, index, shape, l));
+        TUTTI_RETURN_IF_ERROR(
+            gpu_.copy_to_device(slot + std::uint64_t{index} * tensor_bytes(), bounce_, tensor_bytes()));
+        report.pread_baseline.ns += elapsed_ns(t);
+        report.pread_baseline.bytes += tensor_bytes();
+        ++report.pread_baseline.requests;
+      }
       TUTTI_RETURN_IF_ERROR(verify_slot_now(l, "pread+cudaMemcpy", report));
     }
     return tutti::Status::success();
@@ -258,7 +254,7 @@ class GpuPipeline {
   /// fails stops it and is recorded in gpu_report.cufile_error (the summary prints it, and only runs
   /// that completed are reported); it is not an error of the run. Tensors it did deliver are verified,
   /// and a mismatch fails the run like any other.
-  tutti::Status cufile_baseline(const std::vector<std::string>& paths, Report& report, GpuReport& gpu_report) {
+  tutti::Status cufile_baseline(const std::vector<std::filesystem::path>& dirs, Report& report, GpuReport& gpu_report) {
     const Shape& shape = settings_.shape;
     const std::uint64_t slots_bytes = 2 * std::max<std::uint64_t>(1, hit_tensors_) * tensor_bytes();
     if (auto s = gpu_.cufile_open(reads_, slots_bytes); !s.is_ok()) {
@@ -271,24 +267,32 @@ class GpuPipeline {
       for (std::uint32_t l = 0; l < layers(); ++l) {
         std::byte* slot = read_slot(l);
         TUTTI_RETURN_IF_ERROR(poison(slot, hit_tensors_ * tensor_bytes()));
-        std::vector<gpu::Gpu::FileRange> ranges;
+        // The layer's tensors grouped by the file they lie on: its layer file, or (striped) each shard
+        // file with the tensors striped_file::place puts there, at their shard offsets.
+        std::vector<std::vector<gpu::Gpu::FileRange>> ranges(dirs.size());
         std::uint32_t index = 0;
         for (std::uint32_t c = 0; c < shape.hit_chunks(); ++c)
-          for (std::uint32_t k = 0; k < 2; ++k, ++index)
-            ranges.push_back({shape.tensor_offset(c, k),
-                              static_cast<std::uint64_t>(slot - reads_) + std::uint64_t{index} * tensor_bytes(),
-                              tensor_bytes()});
-        if (ranges.empty()) continue;
-        auto ns = gpu_.cufile_read(paths[l], ranges, threads, settings_.io_timeout_ns);
-        if (!ns) {
-          gpu_report.cufile_error =
-              ns.status().with_context(fmt::format("{} thread(s), layer {}", threads, l)).to_string();
-          gpu_.cufile_close();
-          return tutti::Status::success();
+          for (std::uint32_t k = 0; k < 2; ++k, ++index) {
+            const auto at = tutti::striped_file::place(shape.tensor_offset(c, k), tensor_bytes(),
+                                                       static_cast<std::uint32_t>(dirs.size()));
+            ranges[at.shard].push_back(
+                {at.shard_offset, static_cast<std::uint64_t>(slot - reads_) + std::uint64_t{index} * tensor_bytes(),
+                 tensor_bytes()});
+          }
+        for (std::size_t shard = 0; shard < dirs.size(); ++shard) {
+          if (ranges[shard].empty()) continue;
+          auto ns = gpu_.cufile_read((dirs[shard] / shape.layer_file_name(l)).string(), ranges[shard], threads,
+                                     settings_.io_timeout_ns);
+          if (!ns) {
+            gpu_report.cufile_error =
+                ns.status().with_context(fmt::format("{} thread(s), layer {}", threads, l)).to_string();
+            gpu_.cufile_close();
+            return tutti::Status::success();
+          }
+          run.stats.ns += *ns;
+          run.stats.bytes += ranges[shard].size() * tensor_bytes();
+          run.stats.requests += ranges[shard].size();
         }
-        run.stats.ns += *ns;
-        run.stats.bytes += ranges.size() * tensor_bytes();
-        run.stats.requests += ranges.size();
         TUTTI_RETURN_IF_ERROR(verify_slot_now(l, threads == 1 ? "cuFile" : "cuFile x8", report));
       }
       gpu_report.cufile_runs.push_back(run);

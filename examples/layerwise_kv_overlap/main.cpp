@@ -603,12 +603,12 @@ tutti::Result<std::unique_ptr<gpu::Gpu>> open_gpu(const Options& o, GpuReport& r
 }
 
 /// The pipeline with the KV slots in GPU memory and the compute on the GPU (gpu_pipeline.hpp), over
-/// `runtime` (uring, or local_nvme over the soft controller), on the layer files `uris` / `paths`
-/// (the baselines read `paths`), --repeat times; the summary names `place`. `device` was opened
-/// before the runtime and outlives it.
+/// `runtime` (uring, local_nvme over the soft controller, or striped_nvme over N of them), on the layer
+/// targets `uris`, whose files the baselines read in `dirs` (one folder, or striped one per shard),
+/// --repeat times; the summary names `place`. `device` was opened before the runtime and outlives it.
 template <class Runtime>
 int run_gpu_pipeline(const Options& o, const DataPlace& place, const std::vector<std::string>& uris,
-                     const std::vector<std::string>& paths, gpu::Gpu& device, GpuReport& gpu_report, Runtime& runtime) {
+                     const std::vector<fs::path>& dirs, gpu::Gpu& device, GpuReport& gpu_report, Runtime& runtime) {
   const Checksums sums = expected_checksums(o.settings.shape);
   // One pipeline per run (--repeat): each run writes its recomputed tensors with its own salt.
   std::vector<Report> runs;
@@ -627,11 +627,11 @@ int run_gpu_pipeline(const Options& o, const DataPlace& place, const std::vector
     if (auto s = pipeline.restore_only(report); !s.is_ok()) return fail(s, "restore");
     if (o.pread_baseline) {
       drop_page_cache(o);
-      if (auto s = pipeline.pread_baseline(paths, report); !s.is_ok()) return fail(s, "pread + cudaMemcpy baseline");
+      if (auto s = pipeline.pread_baseline(dirs, report); !s.is_ok()) return fail(s, "pread + cudaMemcpy baseline");
     }
     if (o.cufile_baseline) {
       drop_page_cache(o);
-      if (auto s = pipeline.cufile_baseline(paths, report, gpu_report); !s.is_ok()) return fail(s, "cuFile baseline");
+      if (auto s = pipeline.cufile_baseline(dirs, report, gpu_report); !s.is_ok()) return fail(s, "cuFile baseline");
     } else {
       gpu_report.cufile_error = "off (--no-cufile-baseline)";
     }
@@ -656,17 +656,14 @@ int run_gpu(Options o, const DataPlace& place) {
   o.pread_label = "pread+memcpy";
   o.pread_note = "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread";
   if (auto s = prepare_files(shape, dir); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
-  std::vector<std::string> uris, paths;
-  for (std::uint32_t l = 0; l < shape.layers; ++l) {
-    paths.push_back((dir / shape.layer_file_name(l)).string());
-    uris.push_back(file_uri(dir / shape.layer_file_name(l)));
-  }
+  std::vector<std::string> uris;
+  for (std::uint32_t l = 0; l < shape.layers; ++l) uris.push_back(file_uri(dir / shape.layer_file_name(l)));
   GpuReport gpu_report;
   auto device = open_gpu(o, gpu_report);  // outlives the runtime below
   if (!device) return kExitFailed;
   auto created = tutti::make_uring_runtime();
   if (!created) return fail_with(created.status(), kExitFailed);
-  return run_gpu_pipeline<tutti::UringRuntime>(o, place, uris, paths, *device.value(), gpu_report, *created);
+  return run_gpu_pipeline<tutti::UringRuntime>(o, place, uris, {dir}, *device.value(), gpu_report, *created);
 }
 #endif  // LAYERWISE_GPU
 
@@ -729,10 +726,20 @@ void print_soft_counters(const std::string& label, const tutti::libnvm::SoftCont
 
 /// nvme-soft-striped on its stack: one striped:// target per layer over the shard files in `dirs`
 /// (shard i on device i), every IO an NVMe command on the N soft controllers, one launch per submit
-/// (striped_nvme). Host-memory KV slots in both builds (the CUDA build's kernels drive the queues).
+/// (striped_nvme). CUDA build: the kernels drive the queues from the GPU, and with --memory device the KV
+/// slots are GPU memory, which every controller reaches with map_device (one registration each).
 int run_striped_stack(const Options& o, const DataPlace& place, const std::vector<fs::path>& dirs,
                       const std::vector<std::unique_ptr<LoopMount>>& mounts) {
   const Shape& shape = o.settings.shape;
+#if defined(LAYERWISE_GPU)
+  std::unique_ptr<gpu::Gpu> device;  // declared before the stack: it outlives the runtime
+  GpuReport gpu_report;
+  if (o.memory == "device") {
+    auto opened = open_gpu(o, gpu_report);
+    if (!opened) return kExitFailed;
+    device = std::move(*opened);
+  }
+#endif
   tutti::SoftStripedNvmeOptions nvme;
   for (const auto& m : mounts) {
     tutti::SoftStripedDevice device;
@@ -759,7 +766,17 @@ int run_striped_stack(const Options& o, const DataPlace& place, const std::vecto
   std::vector<std::string> uris;
   for (std::uint32_t l = 0; l < shape.layers; ++l)
     uris.push_back(striped_uri(shape.layer_file_name(l), dirs, shape.tensor_bytes));
-  const int rc = run<tutti::StripedMixedRuntime>(runtime, o, place, dirs, uris, true, {});
+  int rc = kExitVerified;
+#if defined(LAYERWISE_GPU)
+  if (device) {
+    Options gpu_options = o;
+    gpu_options.pread_label = "pread+memcpy";
+    gpu_options.pread_note =
+        "pread O_DIRECT of each tensor from its shard into a pinned buffer + cudaMemcpy, same device slots, 1 thread";
+    rc = run_gpu_pipeline<tutti::StripedMixedRuntime>(gpu_options, place, uris, dirs, *device, gpu_report, runtime);
+  } else
+#endif
+    rc = run<tutti::StripedMixedRuntime>(runtime, o, place, dirs, uris, true, {});
   fmt::print("  striped_nvme   : {} controllers, unit {}, {} launches, {} Aborts sent\n", datapath.controller_count(),
              format_bytes(shape.tensor_bytes), datapath.launches(), datapath.aborts_sent());
   for (std::size_t d = 0; d < stack.value()->devices.size(); ++d)
@@ -814,11 +831,8 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
   if (striped) return run_striped_stack(o, place, dirs, mounts);
 
   const fs::path& mount_point = dirs.front();
-  std::vector<std::string> uris, paths;
-  for (std::uint32_t l = 0; l < shape.layers; ++l) {
-    uris.push_back(file_uri(mount_point / shape.layer_file_name(l)));
-    paths.push_back((mount_point / shape.layer_file_name(l)).string());
-  }
+  std::vector<std::string> uris;
+  for (std::uint32_t l = 0; l < shape.layers; ++l) uris.push_back(file_uri(mount_point / shape.layer_file_name(l)));
 #if defined(LAYERWISE_GPU)
   std::unique_ptr<gpu::Gpu> device;  // declared before the stack: it outlives the runtime
   GpuReport gpu_report;
@@ -841,7 +855,7 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
     gpu_options.pread_label = "pread+memcpy";
     gpu_options.pread_note =
         "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread";
-    rc = run_gpu_pipeline<tutti::LocalNvmeRuntime>(gpu_options, place, uris, paths, *device, gpu_report,
+    rc = run_gpu_pipeline<tutti::LocalNvmeRuntime>(gpu_options, place, uris, dirs, *device, gpu_report,
                                                    *stack.value()->runtime);
   } else
 #endif
@@ -1049,9 +1063,9 @@ int main(int argc, char** argv) {
              "Skip the pread baselines");
 #if defined(LAYERWISE_GPU)
   app.add_option("--memory", o.memory,
-                 "Where the KV slots live: device (GPU memory, compute on the GPU; uring and nvme-soft backends), "
-                 "host (the host profile's pipeline) or auto (device for uring and nvme-soft when a CUDA device is "
-                 "present, else host)")
+                 "Where the KV slots live: device (GPU memory, compute on the GPU; uring, nvme-soft and "
+                 "nvme-soft-striped backends), host (the host profile's pipeline) or auto (device for those backends "
+                 "when a CUDA device is present, else host)")
       ->check(CLI::IsMember({"auto", "device", "host"}))
       ->capture_default_str();
   app.add_option("--compute", o.compute,
@@ -1087,17 +1101,16 @@ int main(int argc, char** argv) {
     return refuse(fmt::format("--stripe-devices applies to --backend nvme-soft-striped, not --backend {}", o.backend));
   if (o.backend == "nvme-soft-striped") shape.stripe_devices = o.stripe_devices;
 #if defined(LAYERWISE_GPU)
-  // nvme-soft-striped keeps its KV slots in host memory (its GPU kernels still drive the queues).
-  const bool device_capable = o.backend == "uring" || o.backend == "nvme-soft";
+  const bool device_capable = o.backend != "memfs";
   if (o.memory == "auto") {
     o.memory = device_capable && gpu::device_count() > 0 ? "device" : "host";
     if (device_capable && o.memory == "host")
       fmt::print(stderr, "note: no CUDA device found: the KV slots live in host memory (--memory host)\n");
   }
   if (o.memory == "device" && !device_capable)
-    return refuse(fmt::format(
-        "--memory device needs --backend uring or nvme-soft ({}); use --memory host",
-        o.backend == "memfs" ? "memfs moves host memory only" : "nvme-soft-striped keeps its KV slots in host memory"));
+    return refuse(
+        "--memory device needs --backend uring, nvme-soft or nvme-soft-striped (memfs moves host memory "
+        "only); use --memory host");
   if (o.memory == "device" && o.hidden % 8 != 0)
     return refuse(fmt::format("--hidden = {} must be a multiple of 8", o.hidden));
 #endif

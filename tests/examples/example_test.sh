@@ -104,7 +104,9 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 assert r.get("memory") == "DEVICE", r.get("memory")
 PY
-  grep -q "local_nvme     : " "$dir/out.txt" || { cat "$dir/out.txt"; echo "FAIL: no local_nvme line"; exit 1; }
+  line="local_nvme     : "
+  [ -z "$stripe" ] || line="striped_nvme   : "
+  grep -q "^  $line" "$dir/out.txt" || { cat "$dir/out.txt"; echo "FAIL: no '$line' line"; exit 1; }
   echo "KV slots in GPU memory, every tensor verified through local_nvme's GPU kernels"
 fi
 echo "clean run verified ($verdict-bound)"
