@@ -38,6 +38,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,6 +51,7 @@
 #include <tutti/accel/stream.hpp>
 #include <tutti/core/runtime.hpp>
 #include <tutti/path/local_nvme.hpp>
+#include <tutti/path/striped_nvme.hpp>
 
 #include "drive_controller.cuh"  // tests/gpu/support
 
@@ -79,6 +81,8 @@ struct Options {
   std::uint32_t latency_row_us = 70;
   std::uint32_t latency_batches = 300;
   std::string queue_state = "device";  ///< local_nvme::Options::device_queue_state: device | mapped-host
+  bool striped = false;                ///< --striped: the striped rows only
+  std::vector<std::uint32_t> stripe_controllers{1, 2, 3, 4};
   std::string raw_json, json;
 };
 
@@ -349,6 +353,186 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
   return row;
 }
 
+// ----- striped rows (--striped): one striped_nvme DataPath over N drive controllers -----------------
+
+using StripedPath = striped_nvme::StripedNvmeDataPath;
+constexpr std::uint64_t kStripeUnit = 512 << 10;  // one K or V tensor of an 8B-class model's 256-token chunk
+
+/// Logical offset of request i of batch b in a striped target of n namespaces: a random multiple of `bytes`.
+__host__ __device__ inline std::uint64_t striped_offset(std::uint32_t n, std::uint64_t b, std::uint64_t i,
+                                                        std::uint64_t bytes) {
+  return mix((std::uint64_t{0xface} << 40) ^ (b << 16) ^ i) % (n * kNamespaceBytes / bytes) * bytes;
+}
+
+/// Checks request i's `bytes` at dest + i * bytes: logical byte x lies in unit u = x / kStripeUnit, on
+/// controller u % n (namespace seed `first_seed` + that index) at namespace byte (u / n) * kStripeUnit +
+/// x % kStripeUnit (striped_file::place; each shard is its namespace from byte 0).
+__global__ void verify_striped_kernel(const std::uint64_t* dest, std::uint32_t count, std::uint64_t bytes,
+                                      std::uint32_t n, std::uint64_t first_seed, std::uint64_t b,
+                                      unsigned long long* mismatches, unsigned long long* verified) {
+  const std::uint64_t words = bytes / 8;
+  unsigned long long bad = 0;
+  for (std::uint32_t i = blockIdx.x; i < count; i += gridDim.x) {
+    const std::uint64_t start = striped_offset(n, b, i, bytes);
+    for (std::uint64_t w = threadIdx.x; w < words; w += blockDim.x) {
+      const std::uint64_t x = start + 8 * w, u = x / kStripeUnit;
+      const std::uint64_t shard_byte = (u / n) * kStripeUnit + x % kStripeUnit;
+      if (dest[i * words + w] != pattern_word(first_seed + u % n, shard_byte / 8)) ++bad;
+    }
+    if (threadIdx.x == 0) atomicAdd(verified, static_cast<unsigned long long>(bytes));
+  }
+  if (bad != 0) atomicAdd(mismatches, bad);
+}
+
+/// One striped row: a StripedNvmeDataPath over controllers[0..n) (the namespaces filled with seeds
+/// first_seed + d), one striped target of their n namespaces in units of kStripeUnit, one submitter thread
+/// running batches of `batch` reads of `bytes` through submit / progress for `seconds`, double-buffered
+/// GPU destinations, every byte verified on the GPU. Created, measured and destroyed while the service
+/// runs only between create and destroy (every allocation happens before it starts).
+Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeController>>& controllers, std::uint32_t n,
+                    std::uint64_t first_seed, std::uint32_t batch, std::uint64_t bytes, Row row) {
+  row.controllers = n;
+  row.batch = batch;
+  row.request_bytes = bytes;
+  row.submitters = 1;
+  cudaStream_t stream = nullptr, verify_stream = nullptr;
+  unsigned long long* counters = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&verify_stream, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaMalloc(&counters, 2 * sizeof(unsigned long long)) != cudaSuccess ||
+      cudaMemset(counters, 0, 2 * sizeof(unsigned long long)) != cudaSuccess) {
+    note(row, "CUDA set-up of the striped row");
+    return row;
+  }
+  {
+    std::vector<nvme::Controller*> raw;
+    std::vector<DriveNvmeController*> serviced;
+    for (std::uint32_t d = 0; d < n; ++d) {
+      raw.push_back(controllers[d].get());
+      serviced.push_back(controllers[d].get());
+    }
+    local_nvme::Options options;
+    options.queue_pairs = o.queues;
+    options.queue_depth = o.depth;
+    options.device_queue_state = o.queue_state == "device";
+    options.stream = accel::StreamRef::from_native_handle(stream);
+    options.max_batches_in_flight = 4;
+    options.prepared_batches = 4;  // every slot made now, before the service's persistent kernel starts
+    options.prepared_batch_requests = batch * static_cast<std::uint32_t>((bytes + kStripeUnit - 1) / kStripeUnit + 1);
+    auto created = StripedPath::create(raw, options);
+    if (!created) {
+      note(row, created.status().to_string());
+      return row;
+    }
+    StripedPath path = std::move(created.value());
+    striped_file::Target target;
+    target.name = "namespaces";
+    target.unit_bytes = kStripeUnit;
+    for (std::uint32_t d = 0; d < n; ++d) {
+      local_file::Target shard;
+      shard.path = fmt::format("namespace of controller {}", d);
+      shard.extents = {local_file::Extent{0, 0, kNamespaceBytes}};
+      shard.file_size = kNamespaceBytes;
+      shard.lba_size = gpu_test::kDriveLbaSize;
+      target.shards.push_back(std::move(shard));
+    }
+    target.logical_size = n * kNamespaceBytes;
+    auto opened = path.open(std::move(target), {});
+    accel::DeviceBuffer buffers[2];
+    std::optional<StripedPath::registered_memory> memory[2];
+    cudaEvent_t verified[2] = {nullptr, nullptr};
+    const std::uint64_t buffer_bytes = std::uint64_t{batch} * bytes;
+    for (int k = 0; k < 2 && opened; ++k) {
+      auto b = accel::DeviceBuffer::allocate(buffer_bytes);
+      if (!b) {
+        note(row, b.status().to_string());
+        break;
+      }
+      buffers[k] = std::move(b.value());
+      auto m = path.register_memory({buffers[k].data(), buffer_bytes, MemoryKind::DEVICE, 0});
+      if (!m) {
+        note(row, m.status().to_string());
+        break;
+      }
+      memory[k].emplace(std::move(m.value()));
+      cudaEventCreateWithFlags(&verified[k], cudaEventDisableTiming);
+    }
+    if (!opened) note(row, opened.status().to_string());
+    DriveService service;
+    if (row.errors == 0) {
+      if (Status started = service.start(serviced, 0, static_cast<std::uint64_t>((o.seconds + 30) * 1e9));
+          !started.is_ok())
+        note(row, started.to_string());
+    }
+    if (row.errors == 0) {
+      std::vector<PathRequest<StripedPath>> requests(batch);
+      std::vector<Status> states(batch);
+      std::vector<RequestCompletion> done(batch);
+      std::vector<std::uint64_t> latencies;
+      const double cpu0 = thread_cpu_us();
+      const auto start = std::chrono::steady_clock::now();
+      const auto end = start + std::chrono::duration<double>(o.seconds);
+      for (std::uint64_t b = 0; std::chrono::steady_clock::now() < end && row.errors == 0; ++b) {
+        const int k = static_cast<int>(b % 2);
+        if (b >= 2) cudaEventSynchronize(verified[k]);  // the buffer's previous batch is verified
+        for (std::uint32_t i = 0; i < batch; ++i)
+          requests[i] = PathRequest<StripedPath>{Direction::READ,
+                                                 &*memory[k],
+                                                 MemoryView{buffers[k].data(), buffer_bytes, MemoryKind::DEVICE, 0},
+                                                 i * bytes,
+                                                 &*opened,
+                                                 striped_offset(n, b, i, bytes),
+                                                 bytes};
+        const auto began = std::chrono::steady_clock::now();
+        auto io = path.submit(requests, states);
+        for (const Status& st : states)
+          if (!st.is_ok()) note(row, st.to_string());
+        const Status waited = path.progress(io, done, 10 * kSecond);
+        latencies.push_back(static_cast<std::uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - began).count()));
+        if (!waited.is_ok()) note(row, waited.to_string());
+        for (const RequestCompletion& c : done)
+          if (!c.status.is_ok() || c.confirmed_bytes != bytes)
+            note(row, fmt::format("request: {}, {} bytes", c.status.to_string(), c.confirmed_bytes));
+        if (row.errors != 0) break;
+        row.requests += batch;
+        row.bytes += buffer_bytes;
+        ++row.batches;
+        verify_striped_kernel<<<std::min<std::uint32_t>(batch, 1024), 256, 0, verify_stream>>>(
+            static_cast<const std::uint64_t*>(buffers[k].data()), batch, bytes, n, first_seed, b, counters,
+            counters + 1);
+        cudaEventRecord(verified[k], verify_stream);
+      }
+      row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      row.cpu_us_per_batch = row.batches == 0 ? 0 : (thread_cpu_us() - cpu0) / static_cast<double>(row.batches);
+      row.p50_us = percentile_us(latencies, 0.50);
+      row.p99_us = percentile_us(latencies, 0.99);
+      cudaStreamSynchronize(verify_stream);
+    }
+    if (const std::uint32_t exits = service.stop(); exits != 0)
+      note(row, fmt::format("{} service warps ran out of budget", exits));
+    for (int k = 0; k < 2; ++k) {
+      if (memory[k]) (void)path.unregister_memory(*memory[k]);
+      if (verified[k] != nullptr) cudaEventDestroy(verified[k]);
+    }
+    if (opened) (void)path.close(*opened);
+  }  // the path (its queue pairs) goes before the next row creates another
+  unsigned long long host_counters[2] = {0, 0};
+  if (cudaMemcpy(host_counters, counters, sizeof(host_counters), cudaMemcpyDeviceToHost) != cudaSuccess)
+    note(row, "copy of the verification counters");
+  cudaFree(counters);
+  cudaStreamDestroy(stream);
+  cudaStreamDestroy(verify_stream);
+  row.verified_bytes = host_counters[1];
+  if (host_counters[0] != 0)
+    note(row, fmt::format("{} destination words differ from the namespaces", host_counters[0]));
+  if (row.verified_bytes != row.bytes)
+    note(row, fmt::format("{} bytes verified for {} bytes counted", row.verified_bytes, row.bytes));
+  row.iops = row.seconds > 0 ? static_cast<double>(row.requests) / row.seconds : 0;
+  row.gbps = row.seconds > 0 ? static_cast<double>(row.bytes) / row.seconds / 1e9 : 0;
+  return row;
+}
+
 double pinned_copy_gbps() {
   constexpr std::size_t kBytes = std::size_t{256} << 20;
   void* host = nullptr;
@@ -436,6 +620,63 @@ void print(const Row& r) {
   std::fflush(stdout);
 }
 
+/// --striped: for each namespace placement (pinned host: 512 KiB reads, GB/s; GPU: 4 KiB reads, IOPS),
+/// the largest --stripe-controllers count of drive controllers at --latency-row-us and --cap-gbps, then one
+/// row per count, each printed with its ratio to the 1-controller row. True when every row had no error.
+bool run_striped(const Options& o, std::uint64_t cap) {
+  const std::uint32_t most = *std::max_element(o.stripe_controllers.begin(), o.stripe_controllers.end());
+  bool ok = true;
+  nlohmann::json out = nlohmann::json::array();
+  for (const bool in_host : {true, false}) {
+    const std::uint64_t bytes = in_host ? kStripeUnit : 4096;
+    const std::uint32_t batch = in_host ? o.gbps_batch : o.iops_batch;
+    const std::uint64_t first_seed = in_host ? 40 : 60;
+    std::vector<std::unique_ptr<DriveNvmeController>> controllers;
+    for (std::uint32_t d = 0; d < most; ++d) {
+      DriveSettings settings;
+      settings.namespace_bytes = kNamespaceBytes;
+      settings.namespace_in_host = in_host;
+      auto c = std::make_unique<DriveNvmeController>(settings);
+      Status up = c->bring_up({});
+      if (up.is_ok()) {
+        fill_kernel<<<1024, 256>>>(reinterpret_cast<std::uint64_t*>(c->namespace_data()), kNamespaceBytes / 8,
+                                   first_seed + d);
+        up = cuda(cudaDeviceSynchronize(), "namespace fill");
+      }
+      if (up.is_ok()) up = c->set_timing(std::uint64_t{o.latency_row_us} * 1000, cap);
+      if (!up.is_ok()) {
+        std::fprintf(stderr, "striped rows: controller %u: %s\n", d, up.to_string().c_str());
+        return false;
+      }
+      controllers.push_back(std::move(c));
+    }
+    double one = 0;
+    for (std::uint32_t n : o.stripe_controllers) {
+      Row row;
+      row.kind = in_host ? "striped-gbps" : "striped-iops";
+      row.latency_us = o.latency_row_us;
+      row.namespace_memory = in_host ? "pinned-host" : "gpu";
+      row = run_striped_row(o, controllers, n, first_seed, batch, bytes, row);
+      const double figure = in_host ? row.gbps : row.iops;
+      if (n == 1 && row.errors == 0) one = figure;
+      print(row);
+      std::printf("        striped over %u controller(s): %.2fx one controller\n", n, one > 0 ? figure / one : 0.0);
+      ok = ok && row.errors == 0;
+      auto j = to_json(row);
+      j["ratio_to_one_controller"] = one > 0 ? figure / one : 0.0;
+      out.push_back(j);
+    }
+  }
+  if (!o.json.empty()) {
+    nlohmann::json j;
+    j["queue_state"] = o.queue_state;
+    j["stripe_unit_bytes"] = kStripeUnit;
+    j["rows"] = out;
+    std::ofstream(o.json) << j.dump(2) << '\n';
+  }
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -460,6 +701,13 @@ int main(int argc, char** argv) {
                  "where the kernels' queue state lives (local_nvme::Options::device_queue_state): device memory, or "
                  "mapped pinned host memory to measure the difference")
       ->check(CLI::IsMember({"device", "mapped-host"}));
+  app.add_flag("--striped", o.striped,
+               "only the striped rows: one striped_nvme DataPath over N controllers (--stripe-controllers), 512 KiB "
+               "units, one submitter; GB/s (512 KiB reads, pinned namespaces) and IOPS (4 KiB reads, GPU namespaces), "
+               "each as the ratio to one controller");
+  app.add_option("--stripe-controllers", o.stripe_controllers, "controller counts of the striped rows, 1..8")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 8));
   app.add_option("--raw-json", o.raw_json, "tutti-bench-gpu-submit --json output, for the raw-queue ratio");
   app.add_option("--json", o.json, "write the rows as JSON");
   try {
@@ -479,6 +727,7 @@ int main(int argc, char** argv) {
   std::printf("copy    pinned host-to-device GB/s=%.2f\n", copy_gbps);
   std::vector<Row> rows;
   bool failed = false;
+  if (o.striped) return run_striped(o, cap) ? 0 : 1;
   const auto run_set = [&](bool in_host, std::uint32_t batch, std::uint64_t bytes, const char* kind) {
     std::vector<std::unique_ptr<Drive>> drives;
     // The iops set also serves the latency rows (up to 1024 x 4 KiB and 24 x 512 KiB).

@@ -341,13 +341,19 @@ TEST_CASE("create and open refuse what they cannot serve, naming the value and t
   CHECK(none.status().code() == StatusCode::INVALID_ARGUMENT);
   CHECK(none.status().message().find("0 controllers; expected 1 to 64") != std::string::npos);
   nvme::Controller* const unused[1] = {nullptr};
-  Path::Options prepared;
-  prepared.prepared_batches = 2;
-  prepared.prepared_batch_requests = 8;
-  auto refused_prepared = Path::create(std::span<nvme::Controller* const>(unused), prepared);
-  REQUIRE_FALSE(refused_prepared.is_ok());
-  CHECK(refused_prepared.status().message().find("prepared_batches = 2; only 0 is supported") != std::string::npos);
+  auto null_one = Path::create(std::span<nvme::Controller* const>(unused), {});
+  REQUIRE_FALSE(null_one.is_ok());
+  CHECK(null_one.status().message().find("controllers[0] is null") != std::string::npos);
   Rig rig(2, 1 << 20);
+  nvme::Controller* const two[2] = {rig.drives[0]->controller.get(), rig.drives[1]->controller.get()};
+  Path::Options too_many;
+  too_many.max_batches_in_flight = 2;
+  too_many.prepared_batches = 3;
+  too_many.prepared_batch_requests = 8;
+  auto refused_prepared = Path::create(std::span<nvme::Controller* const>(two), too_many);
+  REQUIRE_FALSE(refused_prepared.is_ok());
+  CHECK(refused_prepared.status().code() == StatusCode::INVALID_ARGUMENT);
+  CHECK(refused_prepared.status().message().find("prepared_batches") != std::string::npos);
   striped_file::Target one;
   one.name = "one";
   one.unit_bytes = 4096;
@@ -371,6 +377,39 @@ TEST_CASE("create and open refuse what they cannot serve, naming the value and t
   auto refused = rig.path->open(std::move(odd), {});
   REQUIRE_FALSE(refused.is_ok());
   CHECK(refused.status().message().find("unit = 6144 bytes is not a multiple of shard 0") != std::string::npos);
+}
+
+TEST_CASE("prepared batch slots exist after create and serve submits of up to their pieces without a new slot") {
+  Path::Options o;
+  o.max_batches_in_flight = 4;
+  o.prepared_batches = 2;
+  o.prepared_batch_requests = 16;  // pieces: 8 requests of two 64 KiB units each
+  Rig rig(2, 4 << 20, o);
+  CHECK(rig.path->batch_slots_allocated() == 2);
+  auto t = rig.open(64 << 10);
+  Buffer buffer(4 << 20);
+  auto m = rig.map(buffer);
+  std::vector<std::vector<PathRequest<Path>>> requests(2);
+  std::vector<std::vector<Status>> states(2, std::vector<Status>(8));
+  std::vector<Path::batch> batches;
+  for (std::size_t b = 0; b < 2; ++b) {
+    for (std::uint64_t i = 0; i < 8; ++i) {
+      const std::uint64_t at = (b * 8 + i) * (128 << 10);
+      requests[b].push_back(rig.request(Direction::READ, m, buffer, at, t, at, 128 << 10));
+    }
+    batches.push_back(rig.path->submit(requests[b], states[b]));
+    for (auto& s : states[b]) REQUIRE_MESSAGE(s.is_ok(), s.to_string());
+  }
+  CHECK(rig.path->batch_slots_allocated() == 2);  // two batches in flight, no slot made at submit
+  for (auto& b : batches) {
+    std::vector<RequestCompletion> c(8);
+    REQUIRE(rig.path->progress(b, c, 10 * kSecond).is_ok());
+    for (auto& one : c) CHECK(one.confirmed_bytes == 128 << 10);
+  }
+  batches.clear();
+  const auto expected = rig.expected(0, 2 << 20, 64 << 10);
+  CHECK(std::equal(expected.begin(), expected.end(), buffer.bytes()));
+  CHECK(rig.path->unregister_memory(m).is_ok());
 }
 
 TEST_CASE("two threads submitting to the same striped target concurrently both read byte-exact") {

@@ -138,26 +138,32 @@ class StripedNvmeDataPath {
   }();
 
   /// Creates the queue pairs on every controller (brought up), with the same `options` for each,
-  /// and the device table over them. Errors: INVALID_ARGUMENT (no controller, more than
-  /// kMaxControllers, a null controller, Options::prepared_batches other than 0), and local_nvme::Engine::create's for
-  /// controller d (with context "striped_nvme: controller d"; queues already created are deleted).
+  /// the device table over them, and Options::prepared_batches batch slots of the DataPath's own pool,
+  /// each with room for Options::prepared_batch_requests PIECES (a request splits into one piece per
+  /// stripe unit it touches), so submits of up to that many pieces allocate nothing (in the CUDA
+  /// profile an allocation at submit waits behind persistent kernels: local_nvme's Options). Errors:
+  /// INVALID_ARGUMENT (no controller, more than kMaxControllers, a null controller), local_nvme::
+  /// validate_options' (naming the field), local_nvme::Engine::create's for controller d (with context
+  /// "striped_nvme: controller d"; queues already created are deleted), BatchSlot::prepare's for a
+  /// prepared slot.
   static Result<StripedNvmeDataPath> create(std::span<nvme::Controller* const> controllers, Options options = {}) {
     if (controllers.empty() || controllers.size() > kMaxControllers)
       return error(StatusCode::INVALID_ARGUMENT, "striped_nvme: {} controllers; expected 1 to {}", controllers.size(),
                    kMaxControllers);
-    // Each engine would fill a pool striped_nvme never takes slots from (its own pool holds pieces).
-    if (options.prepared_batches != 0)
-      return error(StatusCode::INVALID_ARGUMENT,
-                   "striped_nvme: prepared_batches = {}; only 0 is supported (batch slots are made by the submits)",
-                   options.prepared_batches);
+    for (std::size_t d = 0; d < controllers.size(); ++d)
+      if (controllers[d] == nullptr)
+        return error(StatusCode::INVALID_ARGUMENT, "striped_nvme: controllers[{}] is null", d);
+    if (auto checked = local_nvme::validate_options(options, controllers[0]->identity()); !checked)
+      return checked.status().with_context("striped_nvme");
+    // The engines' own pools would hold slots striped_nvme never takes (its pool below holds pieces).
+    Options engine_options = options;
+    engine_options.prepared_batches = 0;
     auto state = std::make_unique<State>();
     state->options = options;
     state->pool->limit = options.max_batches_in_flight;
     std::size_t total_queues = 0;
     for (std::size_t d = 0; d < controllers.size(); ++d) {
-      if (controllers[d] == nullptr)
-        return error(StatusCode::INVALID_ARGUMENT, "striped_nvme: controllers[{}] is null", d);
-      auto engine = local_nvme::Engine::create(*controllers[d], options);
+      auto engine = local_nvme::Engine::create(*controllers[d], engine_options);
       if (!engine) return engine.status().with_context(fmt::format("striped_nvme: controller {}", d));
       state->queue_base.push_back(static_cast<std::uint32_t>(total_queues));
       total_queues += engine.value()->queues.size();
@@ -176,6 +182,17 @@ class StripedNvmeDataPath {
     auto table = local_nvme::upload_queue_table(views);
     if (!table) return table.status().with_context("striped_nvme: the device table");
     state->device_table = std::move(table.value());
+    for (std::uint32_t i = 0; i < options.prepared_batches; ++i) {
+      auto slot = std::unique_ptr<local_nvme::BatchSlot>(new (std::nothrow) local_nvme::BatchSlot());
+      if (!slot) return error(StatusCode::RESOURCE_EXHAUSTED, "striped_nvme: no memory for prepared batch slot {}", i);
+      if (Status s = slot->prepare(options.prepared_batch_requests, state->window, 0); !s.is_ok())
+        return s.with_context(fmt::format("striped_nvme: prepared batch slot {} of {}", i, options.prepared_batches));
+      try {
+        state->pool->idle.push_back(std::move(slot));
+      } catch (const std::bad_alloc&) {
+        return error(StatusCode::RESOURCE_EXHAUSTED, "striped_nvme: no memory for prepared batch slot {}", i);
+      }
+    }
     return StripedNvmeDataPath(std::move(state));
   }
 
@@ -193,6 +210,12 @@ class StripedNvmeDataPath {
     std::uint64_t n = 0;
     for (const auto& e : state_->engines) n += e->aborts_sent.load();
     return n;
+  }
+  /// Batch slots allocated by the DataPath's pool: held by live batches plus idle ones kept for reuse
+  /// (Options::prepared_batches of them from create on). Thread-safe.
+  std::size_t batch_slots_allocated() const {
+    std::scoped_lock lock(state_->pool->mutex);
+    return state_->pool->in_use + state_->pool->idle.size();
   }
   /// Timed-out commands never answered, over all controllers (their memory stays mapped).
   std::size_t zombie_commands() {
