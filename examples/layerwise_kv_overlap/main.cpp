@@ -602,6 +602,23 @@ tutti::Result<std::unique_ptr<gpu::Gpu>> open_gpu(const Options& o, GpuReport& r
   return std::move(opened.value());
 }
 
+/// `o` with the GPU pipeline's pread baseline named "pread+memcpy" and described by `note` in the summary.
+Options with_gpu_pread_note(Options o, std::string note) {
+  o.pread_label = "pread+memcpy";
+  o.pread_note = std::move(note);
+  return o;
+}
+
+/// With --memory device, opens the GPU the KV slots live on into `device` (declare it before the runtime, so
+/// it outlives it); false when that fails (open_gpu printed why). Nothing to do for host slots.
+bool open_gpu_for_slots(const Options& o, GpuReport& report, std::unique_ptr<gpu::Gpu>& device) {
+  if (o.memory != "device") return true;
+  auto opened = open_gpu(o, report);
+  if (!opened) return false;
+  device = std::move(*opened);
+  return true;
+}
+
 /// The pipeline with the KV slots in GPU memory and the compute on the GPU (gpu_pipeline.hpp), over
 /// `runtime` (uring, local_nvme over the soft controller, or striped_nvme over N of them), on the layer
 /// targets `uris`, whose files the baselines read in `dirs` (one folder, or striped one per shard),
@@ -653,8 +670,8 @@ int run_gpu_pipeline(const Options& o, const DataPlace& place, const std::vector
 int run_gpu(Options o, const DataPlace& place) {
   const fs::path& dir = place.dir;
   const Shape& shape = o.settings.shape;
-  o.pread_label = "pread+memcpy";
-  o.pread_note = "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread";
+  o = with_gpu_pread_note(
+      o, "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread");
   if (auto s = prepare_files(shape, dir); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
   std::vector<std::string> uris;
   for (std::uint32_t l = 0; l < shape.layers; ++l) uris.push_back(file_uri(dir / shape.layer_file_name(l)));
@@ -734,11 +751,7 @@ int run_striped_stack(const Options& o, const DataPlace& place, const std::vecto
 #if defined(LAYERWISE_GPU)
   std::unique_ptr<gpu::Gpu> device;  // declared before the stack: it outlives the runtime
   GpuReport gpu_report;
-  if (o.memory == "device") {
-    auto opened = open_gpu(o, gpu_report);
-    if (!opened) return kExitFailed;
-    device = std::move(*opened);
-  }
+  if (!open_gpu_for_slots(o, gpu_report, device)) return kExitFailed;
 #endif
   tutti::SoftStripedNvmeOptions nvme;
   for (const auto& m : mounts) {
@@ -769,10 +782,9 @@ int run_striped_stack(const Options& o, const DataPlace& place, const std::vecto
   int rc = kExitVerified;
 #if defined(LAYERWISE_GPU)
   if (device) {
-    Options gpu_options = o;
-    gpu_options.pread_label = "pread+memcpy";
-    gpu_options.pread_note =
-        "pread O_DIRECT of each tensor from its shard into a pinned buffer + cudaMemcpy, same device slots, 1 thread";
+    const Options gpu_options = with_gpu_pread_note(
+        o,
+        "pread O_DIRECT of each tensor from its shard into a pinned buffer + cudaMemcpy, same device slots, 1 thread");
     rc = run_gpu_pipeline<tutti::StripedMixedRuntime>(gpu_options, place, uris, dirs, *device, gpu_report, runtime);
   } else
 #endif
@@ -836,11 +848,7 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
 #if defined(LAYERWISE_GPU)
   std::unique_ptr<gpu::Gpu> device;  // declared before the stack: it outlives the runtime
   GpuReport gpu_report;
-  if (o.memory == "device") {
-    auto opened = open_gpu(o, gpu_report);
-    if (!opened) return kExitFailed;
-    device = std::move(*opened);
-  }
+  if (!open_gpu_for_slots(o, gpu_report, device)) return kExitFailed;
 #endif
   tutti::SoftLocalNvmeOptions nvme;
   nvme.backing_path = mounts.front()->image.string();
@@ -851,10 +859,8 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
   int rc = kExitVerified;
 #if defined(LAYERWISE_GPU)
   if (device) {
-    Options gpu_options = o;
-    gpu_options.pread_label = "pread+memcpy";
-    gpu_options.pread_note =
-        "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread";
+    const Options gpu_options = with_gpu_pread_note(
+        o, "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread");
     rc = run_gpu_pipeline<tutti::LocalNvmeRuntime>(gpu_options, place, uris, dirs, *device, gpu_report,
                                                    *stack.value()->runtime);
   } else
