@@ -395,8 +395,19 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
   row.batch = batch;
   row.request_bytes = bytes;
   row.submitters = 1;
-  cudaStream_t stream = nullptr, verify_stream = nullptr;
-  unsigned long long* counters = nullptr;
+  // Released on every return, after the path (declared below, destroyed first) that uses the stream.
+  struct CudaResources {
+    cudaStream_t stream = nullptr, verify_stream = nullptr;
+    unsigned long long* counters = nullptr;  // mismatches, verified bytes
+    ~CudaResources() {
+      if (counters != nullptr) cudaFree(counters);
+      if (stream != nullptr) cudaStreamDestroy(stream);
+      if (verify_stream != nullptr) cudaStreamDestroy(verify_stream);
+    }
+  } cuda_resources;
+  cudaStream_t& stream = cuda_resources.stream;
+  cudaStream_t& verify_stream = cuda_resources.verify_stream;
+  unsigned long long*& counters = cuda_resources.counters;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
       cudaStreamCreateWithFlags(&verify_stream, cudaStreamNonBlocking) != cudaSuccess ||
       cudaMalloc(&counters, 2 * sizeof(unsigned long long)) != cudaSuccess ||
@@ -455,7 +466,10 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
         break;
       }
       memory[k].emplace(std::move(m.value()));
-      cudaEventCreateWithFlags(&verified[k], cudaEventDisableTiming);
+      if (cudaEventCreateWithFlags(&verified[k], cudaEventDisableTiming) != cudaSuccess) {
+        note(row, "cudaEventCreateWithFlags for the verification");
+        break;
+      }
     }
     if (!opened) note(row, opened.status().to_string());
     DriveService service;
@@ -520,9 +534,6 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
   unsigned long long host_counters[2] = {0, 0};
   if (cudaMemcpy(host_counters, counters, sizeof(host_counters), cudaMemcpyDeviceToHost) != cudaSuccess)
     note(row, "copy of the verification counters");
-  cudaFree(counters);
-  cudaStreamDestroy(stream);
-  cudaStreamDestroy(verify_stream);
   row.verified_bytes = host_counters[1];
   if (host_counters[0] != 0)
     note(row, fmt::format("{} destination words differ from the namespaces", host_counters[0]));

@@ -107,7 +107,7 @@ PY
   line="local_nvme     : "
   [ -z "$stripe" ] || line="striped_nvme   : "
   grep -q "^  $line" "$dir/out.txt" || { cat "$dir/out.txt"; echo "FAIL: no '$line' line"; exit 1; }
-  echo "KV slots in GPU memory, every tensor verified through local_nvme's GPU kernels"
+  echo "KV slots in GPU memory, every tensor verified through local_nvme's GPU kernels${stripe:+ (striped_nvme over $stripe controllers)}"
 fi
 echo "clean run verified ($verdict-bound)"
 

@@ -139,9 +139,10 @@ class StripedNvmeDataPath {
 
   /// Creates the queue pairs on every controller (brought up), with the same `options` for each,
   /// the device table over them, and Options::prepared_batches batch slots of the DataPath's own pool,
-  /// each with room for Options::prepared_batch_requests PIECES (a request splits into one piece per
-  /// stripe unit it touches), so submits of up to that many pieces allocate nothing (in the CUDA
-  /// profile an allocation at submit waits behind persistent kernels: local_nvme's Options). Errors:
+  /// each with room for Options::prepared_batch_requests PIECES (a request of length L splits into one
+  /// piece per stripe unit it touches, at most ceil(L / unit) + 1; a FLUSH into N), so submits of up to
+  /// that many pieces allocate no pinned or device memory; a larger submit grows its slot, which in the CUDA
+  /// profile waits behind persistent kernels (local_nvme's Options::prepared_batches). Errors:
   /// INVALID_ARGUMENT (no controller, more than kMaxControllers, a null controller), local_nvme::
   /// validate_options' (naming the field), local_nvme::Engine::create's for controller d (with context
   /// "striped_nvme: controller d"; queues already created are deleted), BatchSlot::prepare's for a
