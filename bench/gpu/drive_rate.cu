@@ -227,6 +227,22 @@ double percentile_us(std::vector<std::uint64_t> ns, double p) {
   return static_cast<double>(ns[std::min(ns.size() - 1, static_cast<std::size_t>(p * ns.size()))]) / 1e3;
 }
 
+/// The row's verdict from the verification kernels' counters in device memory (`counters`: mismatching
+/// words, verified bytes) once every kernel ended: any mismatch, or verified bytes other than the bytes
+/// counted, is an error (`source` names what the bytes were compared with). Then its rates from
+/// row.requests, row.bytes and row.seconds.
+void finish_verified_row(Row& row, const unsigned long long* counters, const char* source) {
+  unsigned long long host_counters[2] = {0, 0};
+  if (cudaMemcpy(host_counters, counters, sizeof(host_counters), cudaMemcpyDeviceToHost) != cudaSuccess)
+    note(row, "copy of the verification counters");
+  row.verified_bytes = host_counters[1];
+  if (host_counters[0] != 0) note(row, fmt::format("{} destination words differ from {}", host_counters[0], source));
+  if (row.verified_bytes != row.bytes)
+    note(row, fmt::format("{} bytes verified for {} bytes counted", row.verified_bytes, row.bytes));
+  row.iops = row.seconds > 0 ? static_cast<double>(row.requests) / row.seconds : 0;
+  row.gbps = row.seconds > 0 ? static_cast<double>(row.bytes) / row.seconds / 1e9 : 0;
+}
+
 /// Closed loop on drives[0..controllers): each submitter thread runs batches of `batch` reads of
 /// `bytes` for `seconds` (or `max_batches`), verified on the GPU. Counters in device memory.
 Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controllers, std::uint32_t submitters,
@@ -320,10 +336,6 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
   row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (const std::uint32_t exits = service.stop(); exits != 0)
     note(row, fmt::format("{} service warps ran out of budget", exits));
-  unsigned long long host_counters[2] = {0, 0};
-  if (cudaMemcpy(host_counters, counters, sizeof(host_counters), cudaMemcpyDeviceToHost) != cudaSuccess)
-    note(row, "copy of the verification counters");
-  cudaFree(counters);
   std::uint64_t launches = 0;
   for (std::uint32_t c = 0; c < controllers; ++c) launches += drives[c]->runtime->datapath().poll_kernel_launches();
   launches -= launches_before;
@@ -339,12 +351,8 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
     submits.insert(submits.end(), p.submit_ns.begin(), p.submit_ns.end());
     cpu += p.cpu_us;
   }
-  row.verified_bytes = host_counters[1];
-  if (host_counters[0] != 0) note(row, fmt::format("{} destination words differ from the namespace", host_counters[0]));
-  if (row.verified_bytes != row.bytes)
-    note(row, fmt::format("{} bytes verified for {} bytes counted", row.verified_bytes, row.bytes));
-  row.iops = static_cast<double>(row.requests) / row.seconds;
-  row.gbps = static_cast<double>(row.bytes) / row.seconds / 1e9;
+  finish_verified_row(row, counters, "the namespace");
+  cudaFree(counters);
   row.p50_us = percentile_us(all, 0.50);
   row.p99_us = percentile_us(all, 0.99);
   row.cpu_us_per_batch = row.batches == 0 ? 0 : cpu / static_cast<double>(row.batches);
@@ -531,16 +539,7 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
     }
     if (opened) (void)path.close(*opened);
   }  // the path (its queue pairs) goes before the next row creates another
-  unsigned long long host_counters[2] = {0, 0};
-  if (cudaMemcpy(host_counters, counters, sizeof(host_counters), cudaMemcpyDeviceToHost) != cudaSuccess)
-    note(row, "copy of the verification counters");
-  row.verified_bytes = host_counters[1];
-  if (host_counters[0] != 0)
-    note(row, fmt::format("{} destination words differ from the namespaces", host_counters[0]));
-  if (row.verified_bytes != row.bytes)
-    note(row, fmt::format("{} bytes verified for {} bytes counted", row.verified_bytes, row.bytes));
-  row.iops = row.seconds > 0 ? static_cast<double>(row.requests) / row.seconds : 0;
-  row.gbps = row.seconds > 0 ? static_cast<double>(row.bytes) / row.seconds / 1e9 : 0;
+  finish_verified_row(row, counters, "the namespaces");
   return row;
 }
 

@@ -602,8 +602,11 @@ tutti::Result<std::unique_ptr<gpu::Gpu>> open_gpu(const Options& o, GpuReport& r
   return std::move(opened.value());
 }
 
-/// `o` with the GPU pipeline's pread baseline named "pread+memcpy" and described by `note` in the summary.
-Options with_gpu_pread_note(Options o, std::string note) {
+/// `o` with the GPU pipeline's pread baseline named "pread+memcpy" and described by `note` in the summary
+/// (by default that of a layer file read one tensor at a time).
+Options with_gpu_pread_note(
+    Options o,
+    std::string note = "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread") {
   o.pread_label = "pread+memcpy";
   o.pread_note = std::move(note);
   return o;
@@ -670,8 +673,7 @@ int run_gpu_pipeline(const Options& o, const DataPlace& place, const std::vector
 int run_gpu(Options o, const DataPlace& place) {
   const fs::path& dir = place.dir;
   const Shape& shape = o.settings.shape;
-  o = with_gpu_pread_note(
-      o, "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread");
+  o = with_gpu_pread_note(o);
   if (auto s = prepare_files(shape, dir); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
   std::vector<std::string> uris;
   for (std::uint32_t l = 0; l < shape.layers; ++l) uris.push_back(file_uri(dir / shape.layer_file_name(l)));
@@ -859,8 +861,7 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
   int rc = kExitVerified;
 #if defined(LAYERWISE_GPU)
   if (device) {
-    const Options gpu_options = with_gpu_pread_note(
-        o, "pread O_DIRECT into a pinned buffer + cudaMemcpy, same tensors, same device slots, 1 thread");
+    const Options gpu_options = with_gpu_pread_note(o);
     rc = run_gpu_pipeline<tutti::LocalNvmeRuntime>(gpu_options, place, uris, dirs, *device, gpu_report,
                                                    *stack.value()->runtime);
   } else

@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -147,7 +148,34 @@ struct BatchPool {
   std::vector<std::unique_ptr<BatchSlot>> idle;  ///< slots ready for reuse (LIFO: warm memory first)
   std::uint32_t in_use = 0;                      ///< slots held by batches (or abandoned to a kernel)
   std::uint32_t limit = 0;
+
+  /// Slots allocated: held by batches plus idle ones kept for reuse.
+  std::size_t slots_allocated() {
+    std::scoped_lock lock(mutex);
+    return in_use + idle.size();
+  }
 };
+
+/// Makes `count` idle slots of `pool` (Options::prepared_batches), each prepared for `requests`
+/// requests (or pieces) of `window` records and `pin_capacity` L1 pins, before any kernel runs, so
+/// submits up to that size allocate nothing. `owner` names the DataPath in errors. Errors:
+/// BatchSlot::prepare's, naming the slot; RESOURCE_EXHAUSTED (host memory for a slot).
+inline Status prepare_idle_slots(BatchPool& pool, std::uint32_t count, std::size_t requests, std::uint32_t window,
+                                 std::size_t pin_capacity, std::string_view owner) {
+  for (std::uint32_t i = 0; i < count; ++i) {
+    auto slot = std::unique_ptr<BatchSlot>(new (std::nothrow) BatchSlot());
+    if (!slot) return error(StatusCode::RESOURCE_EXHAUSTED, "{}: no memory for prepared batch slot {}", owner, i);
+    if (Status s = slot->prepare(requests, window, pin_capacity); !s.is_ok())
+      return s.with_context(fmt::format("{}: prepared batch slot {} of {}", owner, i, count));
+    try {
+      std::scoped_lock lock(pool.mutex);
+      pool.idle.push_back(std::move(slot));
+    } catch (const std::bad_alloc&) {
+      return error(StatusCode::RESOURCE_EXHAUSTED, "{}: no memory for prepared batch slot {}", owner, i);
+    }
+  }
+  return Status::success();
+}
 
 /// Returns a batch's slot to its pool when the batch is destroyed.
 struct SlotReturn {

@@ -104,10 +104,7 @@ class LocalNvmeDataPath {
     std::scoped_lock lock(engine_->pool->mutex);
     return engine_->pool->in_use;
   }
-  std::size_t batch_slots_allocated() const {
-    std::scoped_lock lock(engine_->pool->mutex);
-    return engine_->pool->in_use + engine_->pool->idle.size();
-  }
+  std::size_t batch_slots_allocated() const { return engine_->pool->slots_allocated(); }
   /// The target handle cache's counters (hits, misses, evictions, fallbacks: one lookup per
   /// distinct target per submit; FLUSH requests read no extents and do no lookup) and occupancy.
   /// Thread-safe.

@@ -128,18 +128,8 @@ struct Engine {
   /// BatchSlot::prepare's, naming the slot.
   Status prepare_batches() {
     const std::size_t n = options.prepared_batch_requests;
-    for (std::uint32_t i = 0; i < options.prepared_batches; ++i) {
-      auto slot = std::unique_ptr<BatchSlot>(new (std::nothrow) BatchSlot());
-      if (!slot) return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for prepared batch slot {}", i);
-      if (Status s = slot->prepare(n, options.request_window, pin_capacity(n)); !s.is_ok())
-        return s.with_context(fmt::format("local_nvme: prepared batch slot {} of {}", i, options.prepared_batches));
-      try {
-        pool->idle.push_back(std::move(slot));
-      } catch (const std::bad_alloc&) {
-        return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for prepared batch slot {}", i);
-      }
-    }
-    return Status::success();
+    return prepare_idle_slots(*pool, options.prepared_batches, n, options.request_window, pin_capacity(n),
+                              "local_nvme");
   }
 
   /// Frees zombies whose completion finally arrived (ZombieList::reap). Never waits: skipped

@@ -183,17 +183,8 @@ class StripedNvmeDataPath {
     auto table = local_nvme::upload_queue_table(views);
     if (!table) return table.status().with_context("striped_nvme: the device table");
     state->device_table = std::move(table.value());
-    for (std::uint32_t i = 0; i < options.prepared_batches; ++i) {
-      auto slot = std::unique_ptr<local_nvme::BatchSlot>(new (std::nothrow) local_nvme::BatchSlot());
-      if (!slot) return error(StatusCode::RESOURCE_EXHAUSTED, "striped_nvme: no memory for prepared batch slot {}", i);
-      if (Status s = slot->prepare(options.prepared_batch_requests, state->window, 0); !s.is_ok())
-        return s.with_context(fmt::format("striped_nvme: prepared batch slot {} of {}", i, options.prepared_batches));
-      try {
-        state->pool->idle.push_back(std::move(slot));
-      } catch (const std::bad_alloc&) {
-        return error(StatusCode::RESOURCE_EXHAUSTED, "striped_nvme: no memory for prepared batch slot {}", i);
-      }
-    }
+    TUTTI_RETURN_IF_ERROR(local_nvme::prepare_idle_slots(
+        *state->pool, options.prepared_batches, options.prepared_batch_requests, state->window, 0, "striped_nvme"));
     return StripedNvmeDataPath(std::move(state));
   }
 
@@ -214,10 +205,7 @@ class StripedNvmeDataPath {
   }
   /// Batch slots allocated by the DataPath's pool: held by live batches plus idle ones kept for reuse
   /// (Options::prepared_batches of them from create on). Thread-safe.
-  std::size_t batch_slots_allocated() const {
-    std::scoped_lock lock(state_->pool->mutex);
-    return state_->pool->in_use + state_->pool->idle.size();
-  }
+  std::size_t batch_slots_allocated() const { return state_->pool->slots_allocated(); }
   /// Timed-out commands never answered, over all controllers (their memory stays mapped).
   std::size_t zombie_commands() {
     std::size_t n = 0;
