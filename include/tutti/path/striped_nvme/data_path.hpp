@@ -28,6 +28,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -83,15 +84,19 @@ struct Piece {
 
 /// The host-side fan-out of one batch: which request and controller each piece belongs to, and
 /// the gathered completion of each request. Reused through FanoutPool.
+/// Pieces are indexed by their batch-slot position ("piece j"), which groups them by controller
+/// (see StripedNvmeDataPath::submit); piece_list gives each request's pieces in logical order.
 struct Fanout {
   std::vector<std::uint32_t> request_of;   ///< per piece
   std::vector<std::uint32_t> device_of;    ///< per piece
-  std::vector<std::uint32_t> first_piece;  ///< per request: its pieces are [first_piece[i], first_piece[i + 1])
+  std::vector<std::uint32_t> first_piece;  ///< per request: piece_list[first_piece[i] .. first_piece[i + 1])
+  std::vector<std::uint32_t> piece_list;   ///< the pieces of each request in logical order (slot positions)
   std::vector<std::uint32_t> remaining;    ///< per request: pieces not yet completed
   std::vector<RequestCompletion> piece_done;
   std::vector<Status> refused;         ///< per piece: the rejection of a refused piece (OK if accepted)
   std::vector<std::uint8_t> deferred;  ///< per piece: refused for credits, admitted again by progress
   std::vector<Piece> pieces;
+  std::array<std::uint64_t, kMaxControllers> queue_round{};  ///< per controller: its queue round of this submit
   std::uint64_t deferred_deadline = 0;  ///< deferred pieces still refused then fail (accel::timer_ns)
 };
 
@@ -380,6 +385,7 @@ class StripedNvmeDataPath {
       f.request_of.resize(m);
       f.device_of.resize(m);
       f.first_piece.resize(n + 1);
+      f.piece_list.resize(m);
       f.remaining.assign(n, 0);
       f.piece_done.assign(m, RequestCompletion{});
       f.refused.assign(m, Status::success());
@@ -395,40 +401,64 @@ class StripedNvmeDataPath {
       b.pieces.slot.reset();
       return b;
     }
-    // Unit pieces, in logical order within each request.
-    std::size_t k = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const auto& p = requests[i];
-      f.first_piece[i] = static_cast<std::uint32_t>(k);
-      const auto add = [&](std::uint32_t d, const Piece& piece) {
-        f.request_of[k] = static_cast<std::uint32_t>(i);
-        f.device_of[k] = d;
-        f.pieces[k] = piece;
-        ++k;
-      };
-      if (p.direction == Direction::FLUSH) {
-        for (std::uint32_t d = 0; d < devices; ++d) add(d, Piece{Direction::FLUSH, nullptr, MemoryView{}, 0, 0, 0});
-        continue;
+    // Unit pieces, walked in logical order within each request. They take their slot positions
+    // grouped by controller (a stable counting sort: pass 1 counts each controller's pieces, pass
+    // 2 places them), so the 32 lanes of a kernel warp mostly reach ONE controller and one queue
+    // pair, as in local_nvme; interleaved in logical order, a warp's lanes would reach every
+    // controller, and warp_submit and warp_reap serialise one group per queue pair they name.
+    const auto for_each_piece = [&](auto&& add) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto& p = requests[i];
+        if (p.direction == Direction::FLUSH) {
+          for (std::uint32_t d = 0; d < devices; ++d)
+            add(i, d, Piece{Direction::FLUSH, nullptr, MemoryView{}, 0, 0, 0});
+          continue;
+        }
+        const std::uint64_t unit = p.target->unit_bytes;
+        for (std::uint64_t at = p.target_offset, end = p.target_offset + p.length; at < end;) {
+          // One controller: the request is contiguous on its shard, one piece.
+          const std::uint64_t piece_end = devices == 1 ? end : std::min(end, (at / unit + 1) * unit);
+          const striped_file::Placement place = striped_file::place(at, unit, devices);
+          add(i, place.shard,
+              Piece{p.direction, p.memory ? &p.memory->per_controller[place.shard] : nullptr, p.memory_view,
+                    p.memory_offset + (at - p.target_offset), place.shard_offset, piece_end - at});
+          at = piece_end;
+        }
       }
-      const std::uint64_t unit = p.target->unit_bytes;
-      for (std::uint64_t at = p.target_offset, end = p.target_offset + p.length; at < end;) {
-        // One controller: the request is contiguous on its shard, one piece.
-        const std::uint64_t piece_end = devices == 1 ? end : std::min(end, (at / unit + 1) * unit);
-        const striped_file::Placement place = striped_file::place(at, unit, devices);
-        add(place.shard, Piece{p.direction, p.memory ? &p.memory->per_controller[place.shard] : nullptr, p.memory_view,
-                               p.memory_offset + (at - p.target_offset), place.shard_offset, piece_end - at});
-        at = piece_end;
-      }
+    };
+    std::array<std::uint32_t, kMaxControllers> next_position{};
+    for_each_piece([&](std::size_t, std::uint32_t d, const Piece&) { ++next_position[d]; });
+    for (std::uint32_t d = 0, position = 0; d < devices; ++d) position += std::exchange(next_position[d], position);
+    std::size_t k = 0;  // logical piece number
+    for_each_piece([&](std::size_t i, std::uint32_t d, const Piece& piece) {
+      const std::uint32_t j = next_position[d]++;
+      f.request_of[j] = static_cast<std::uint32_t>(i);
+      f.device_of[j] = d;
+      f.pieces[j] = piece;
+      f.piece_list[k++] = j;
+    });
+    for (std::size_t i = 0, at = 0; i < n; ++i) {
+      f.first_piece[i] = static_cast<std::uint32_t>(at);
+      at += pieces_of(requests[i]);
     }
     f.first_piece[n] = static_cast<std::uint32_t>(k);
     auto* device_requests = static_cast<local_nvme::RequestState*>(slot.device_requests.data());
     auto* device_records = static_cast<local_nvme::CommandRecord*>(slot.device_records.data());
     auto* device_reports = static_cast<local_nvme::RequestReport*>(slot.device_reports.data());
+    // One queue pair per controller per warp of pieces (round robin over warps, as local_nvme gives
+    // a warp of requests one queue pair): the lanes of a warp whose pieces go to one controller
+    // share ONE SQ reservation and doorbell write in warp_submit, and one CQ in the poll kernel's
+    // reaping, so a warp costs one queue-pair step per controller it reaches, not one per lane.
+    // Host profile: a warp is one lane, so this is round robin per piece.
+    const std::uint64_t lanes = accel::kKernelWarpLanes;
+    const std::uint64_t warps = (m + lanes - 1) / lanes;
+    for (std::uint32_t d = 0; d < devices; ++d)
+      f.queue_round[d] = s.engines[d]->next_queue.fetch_add(warps, std::memory_order_relaxed);
     for (std::size_t j = 0; j < m; ++j) {
       const std::uint32_t d = f.device_of[j];
       local_nvme::Engine& e = *s.engines[d];
       local_nvme::OpenTarget& shard = requests[f.request_of[j]].target->shards[d];
-      const auto q = static_cast<std::uint32_t>(e.next_queue.fetch_add(1, std::memory_order_relaxed) % e.queues.size());
+      const auto q = static_cast<std::uint32_t>((f.queue_round[d] + j / lanes) % e.queues.size());
       local_nvme::stage_request(slot.staged[j], f.pieces[j], e, s.queue_base[d] + q, shard.device_target,
                                 device_records + j * s.window, slot.mappings[j]);
       slot.staged[j].max_window = s.window;
@@ -472,7 +502,8 @@ class StripedNvmeDataPath {
     for (std::size_t i = 0; i < n; ++i) {
       bool accepted = false;
       Status first_refusal;
-      for (std::uint32_t j = f.first_piece[i]; j < f.first_piece[i + 1]; ++j) {
+      for (std::uint32_t k = f.first_piece[i]; k < f.first_piece[i + 1]; ++k) {
+        const std::uint32_t j = f.piece_list[k];
         const local_nvme::RequestReport& report = slot.reports[j];
         if (report.accepted) {
           accepted = true;
@@ -483,7 +514,8 @@ class StripedNvmeDataPath {
       }
       if (accepted) {
         // Pieces refused for credits wait for progress; any other refusal fails the request.
-        for (std::uint32_t j = f.first_piece[i]; j < f.first_piece[i + 1]; ++j) {
+        for (std::uint32_t k = f.first_piece[i]; k < f.first_piece[i + 1]; ++k) {
+          const std::uint32_t j = f.piece_list[k];
           if (slot.reports[j].accepted) continue;
           if (slot.reports[j].outcome == local_nvme::RequestOutcome::rejected_backpressure) {
             f.deferred[j] = 1;
@@ -494,7 +526,7 @@ class StripedNvmeDataPath {
           }
         }
       } else {
-        for (std::uint32_t j = f.first_piece[i]; j < f.first_piece[i + 1]; ++j) slot.reported[j] = 1;
+        for (std::uint32_t k = f.first_piece[i]; k < f.first_piece[i + 1]; ++k) slot.reported[f.piece_list[k]] = 1;
         f.remaining[i] = 0;
       }
       local_nvme::detail::assign(states[i], accepted ? Status::success() : first_refusal);
@@ -697,7 +729,8 @@ class StripedNvmeDataPath {
     c.request_index = i;
     c.done = true;
     bool failed = false;
-    for (std::uint32_t j = f.first_piece[i]; j < f.first_piece[i + 1]; ++j) {
+    for (std::uint32_t k = f.first_piece[i]; k < f.first_piece[i + 1]; ++k) {
+      const std::uint32_t j = f.piece_list[k];
       const RequestCompletion& p = f.piece_done[j];
       c.commands += p.commands;
       c.retries += p.retries;
