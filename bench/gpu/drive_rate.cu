@@ -26,7 +26,8 @@
 //
 // Usage: tutti-bench-gpu-drive [--controllers 1,2,3,4] [--latencies-us 0,70] [--seconds S]
 //   [--submitters T] [--queues Q] [--depth D] [--iops-batch B] [--gbps-batch B] [--cap-gbps G]
-//   [--latency-row-us L] [--latency-batches N] [--queue-state device|mapped-host] [--raw-json FILE] [--json FILE]
+//   [--latency-row-us L] [--latency-batches N] [--queue-state device|mapped-host] [--warps-per-queue W]
+//   [--raw-json FILE] [--json FILE]
 // Exits 77 without a CUDA device, 2 on bad flags, 1 when any row had errors.
 #include <sys/resource.h>
 
@@ -81,6 +82,7 @@ struct Options {
   std::uint32_t latency_row_us = 70;
   std::uint32_t latency_batches = 300;
   std::string queue_state = "device";  ///< local_nvme::Options::device_queue_state: device | mapped-host
+  std::uint32_t warps_per_queue = 0;   ///< the drive service's warps per queue (0: DriveService's default)
   bool striped = false;                ///< --striped: the striped rows only
   std::vector<std::uint32_t> stripe_controllers{1, 2, 3, 4};
   std::string raw_json, json;
@@ -204,8 +206,9 @@ struct Row {
   double seconds = 0;
   std::uint64_t requests = 0, bytes = 0, verified_bytes = 0, batches = 0;
   double iops = 0, gbps = 0, p50_us = 0, p99_us = 0, cpu_us_per_batch = 0;
-  double submit_p50_us = 0;            ///< submit's share of a batch (staging, AdmitKernel launch, report copy)
-  double poll_launches_per_batch = 0;  ///< PollKernel launches per batch (wait's relaunches)
+  double submit_p50_us = 0;              ///< submit's share of a batch (staging, AdmitKernel launch, report copy)
+  double poll_launches_per_batch = 0;    ///< PollKernel launches per batch (wait's relaunches)
+  double staging_us = 0, device_us = 0;  ///< submit's mean split (LocalNvmeDataPath::submit_time_split)
   std::uint64_t errors = 0;
   std::string first_error;
 };
@@ -246,7 +249,8 @@ void finish_verified_row(Row& row, const unsigned long long* counters, const cha
 /// Closed loop on drives[0..controllers): each submitter thread runs batches of `batch` reads of
 /// `bytes` for `seconds` (or `max_batches`), verified on the GPU. Counters in device memory.
 Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controllers, std::uint32_t submitters,
-            std::uint32_t batch, std::uint64_t bytes, double seconds, std::uint64_t max_batches, Row row) {
+            std::uint32_t batch, std::uint64_t bytes, double seconds, std::uint64_t max_batches,
+            std::uint32_t warps_per_queue, Row row) {
   row.controllers = controllers;
   row.batch = batch;
   row.request_bytes = bytes;
@@ -260,7 +264,8 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
   std::vector<DriveNvmeController*> serviced;
   for (std::uint32_t c = 0; c < controllers; ++c) serviced.push_back(drives[c]->controller.get());
   DriveService service;
-  if (Status s = service.start(serviced, 0, static_cast<std::uint64_t>((seconds + 30) * 1e9)); !s.is_ok()) {
+  if (Status s = service.start(serviced, warps_per_queue, static_cast<std::uint64_t>((seconds + 30) * 1e9));
+      !s.is_ok()) {
     note(row, s.to_string());
     cudaFree(counters);
     return row;
@@ -328,8 +333,11 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
     for (std::uint32_t t = 0; t < submitters; ++t)
       threads.emplace_back([&, c, t] { measure(c, t, per[c * submitters + t]); });
   std::uint64_t launches_before = 0;
-  for (std::uint32_t c = 0; c < controllers; ++c)
+  std::vector<local_nvme::LocalNvmeDataPath::SubmitTimeSplit> split_before;
+  for (std::uint32_t c = 0; c < controllers; ++c) {
     launches_before += drives[c]->runtime->datapath().poll_kernel_launches();
+    split_before.push_back(drives[c]->runtime->datapath().submit_time_split());
+  }
   const auto start = std::chrono::steady_clock::now();
   go.store(true);
   for (auto& th : threads) th.join();
@@ -337,8 +345,19 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
   if (const std::uint32_t exits = service.stop(); exits != 0)
     note(row, fmt::format("{} service warps ran out of budget", exits));
   std::uint64_t launches = 0;
-  for (std::uint32_t c = 0; c < controllers; ++c) launches += drives[c]->runtime->datapath().poll_kernel_launches();
+  std::uint64_t timed = 0, staging_ns = 0, device_ns = 0;
+  for (std::uint32_t c = 0; c < controllers; ++c) {
+    launches += drives[c]->runtime->datapath().poll_kernel_launches();
+    const auto split = drives[c]->runtime->datapath().submit_time_split();
+    timed += split.submits - split_before[c].submits;
+    staging_ns += split.staging_ns - split_before[c].staging_ns;
+    device_ns += split.device_ns - split_before[c].device_ns;
+  }
   launches -= launches_before;
+  if (timed != 0) {
+    row.staging_us = static_cast<double>(staging_ns) / 1e3 / static_cast<double>(timed);
+    row.device_us = static_cast<double>(device_ns) / 1e3 / static_cast<double>(timed);
+  }
   std::vector<std::uint64_t> all, submits;
   double cpu = 0;
   for (PerThread& p : per) {
@@ -482,7 +501,8 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
     if (!opened) note(row, opened.status().to_string());
     DriveService service;
     if (row.errors == 0) {
-      if (Status started = service.start(serviced, 0, static_cast<std::uint64_t>((o.seconds + 30) * 1e9));
+      if (Status started =
+              service.start(serviced, o.warps_per_queue, static_cast<std::uint64_t>((o.seconds + 30) * 1e9));
           !started.is_ok())
         note(row, started.to_string());
     }
@@ -613,6 +633,8 @@ nlohmann::json to_json(const Row& r) {
           {"cpu_us_per_batch", r.cpu_us_per_batch},
           {"submit_p50_us", r.submit_p50_us},
           {"poll_launches_per_batch", r.poll_launches_per_batch},
+          {"submit_staging_us", r.staging_us},
+          {"submit_device_us", r.device_us},
           {"errors", r.errors},
           {"first_error", r.first_error}};
 }
@@ -620,13 +642,13 @@ nlohmann::json to_json(const Row& r) {
 void print(const Row& r) {
   std::printf(
       "%-7s controllers=%u latency_us=%u namespace=%s batch=%ux%lluB submitters=%u  M_IOPS=%.3f GB/s=%.2f "
-      "p50_us=%.1f p99_us=%.1f submit_p50_us=%.1f polls/batch=%.1f cpu_us/batch=%.1f batches=%llu verified_bytes=%llu "
-      "errors=%llu%s%s\n",
+      "p50_us=%.1f p99_us=%.1f submit_p50_us=%.1f (staging %.1f + device %.1f) polls/batch=%.1f cpu_us/batch=%.1f "
+      "batches=%llu verified_bytes=%llu errors=%llu%s%s\n",
       r.kind.c_str(), r.controllers, r.latency_us, r.namespace_memory.c_str(), r.batch,
       static_cast<unsigned long long>(r.request_bytes), r.submitters, r.iops / 1e6, r.gbps, r.p50_us, r.p99_us,
-      r.submit_p50_us, r.poll_launches_per_batch, r.cpu_us_per_batch, static_cast<unsigned long long>(r.batches),
-      static_cast<unsigned long long>(r.verified_bytes), static_cast<unsigned long long>(r.errors),
-      r.errors ? " first_error=" : "", r.first_error.c_str());
+      r.submit_p50_us, r.staging_us, r.device_us, r.poll_launches_per_batch, r.cpu_us_per_batch,
+      static_cast<unsigned long long>(r.batches), static_cast<unsigned long long>(r.verified_bytes),
+      static_cast<unsigned long long>(r.errors), r.errors ? " first_error=" : "", r.first_error.c_str());
   std::fflush(stdout);
 }
 
@@ -711,6 +733,9 @@ int main(int argc, char** argv) {
                  "where the kernels' queue state lives (local_nvme::Options::device_queue_state): device memory, or "
                  "mapped pinned host memory to measure the difference")
       ->check(CLI::IsMember({"device", "mapped-host"}));
+  app.add_option("--warps-per-queue", o.warps_per_queue,
+                 "warps of the drive service per queue (0: its default, DriveService::kDefaultWarpsPerQueue)")
+      ->check(CLI::Range(0, 32));
   app.add_flag("--striped", o.striped,
                "only the striped rows: one striped_nvme DataPath over N controllers (--stripe-controllers), 512 KiB "
                "units, one submitter; GB/s (512 KiB reads, pinned namespaces) and IOPS (4 KiB reads, GPU namespaces), "
@@ -734,6 +759,8 @@ int main(int argc, char** argv) {
   const auto cap = static_cast<std::uint64_t>(o.cap_gbps * 1e9);
   const double copy_gbps = pinned_copy_gbps();
   std::printf("queue state in %s memory\n", o.queue_state == "device" ? "device" : "mapped pinned host");
+  std::printf("drive service: %u warps per queue\n",
+              o.warps_per_queue != 0 ? o.warps_per_queue : DriveService::kDefaultWarpsPerQueue);
   std::printf("copy    pinned host-to-device GB/s=%.2f\n", copy_gbps);
   std::vector<Row> rows;
   bool failed = false;
@@ -759,8 +786,8 @@ int main(int argc, char** argv) {
         row.kind = kind;
         row.latency_us = lat;
         row.namespace_memory = in_host ? "pinned-host" : "gpu";
-        (void)run_row(drives, c, o.submitters, batch, bytes, 0.05, 2, row);  // warm-up (slots grow)
-        row = run_row(drives, c, o.submitters, batch, bytes, o.seconds, ~std::uint64_t{0}, row);
+        (void)run_row(drives, c, o.submitters, batch, bytes, 0.05, 2, o.warps_per_queue, row);  // warm-up (slots grow)
+        row = run_row(drives, c, o.submitters, batch, bytes, o.seconds, ~std::uint64_t{0}, o.warps_per_queue, row);
         print(row);
         failed = failed || row.errors != 0;
         rows.push_back(row);
@@ -779,7 +806,7 @@ int main(int argc, char** argv) {
         row.kind = "latency";
         row.latency_us = o.latency_row_us;
         row.namespace_memory = "gpu";
-        row = run_row(drives, 1, 1, n, bytes, 30.0, o.latency_batches, row);
+        row = run_row(drives, 1, 1, n, bytes, 30.0, o.latency_batches, o.warps_per_queue, row);
         print(row);
         failed = failed || row.errors != 0;
         rows.push_back(row);

@@ -188,9 +188,16 @@ TEST_CASE(
     Buffer buffer(1 << 20);
     auto m = rig.map(buffer);
     const std::uint64_t before = rig.path->poll_kernel_launches();
+    const auto split_before = rig.path->submit_time_split();
+    const std::uint64_t submit_start = accel::timer_ns();
     auto [states, done] = rig.run({rig.request(Direction::READ, m, buffer, 0, t, 64 << 10, 32 * 4096)});
+    const std::uint64_t run_ns = accel::timer_ns() - submit_start;
     REQUIRE_MESSAGE(done[0].status.is_ok(), done[0].status.to_string());
     CHECK(done[0].commands == 32);
+    // The submit's time split counts this one submit, and its parts fit inside the whole run.
+    const auto split = rig.path->submit_time_split();
+    CHECK(split.submits == split_before.submits + 1);
+    CHECK(split.staging_ns - split_before.staging_ns + split.device_ns - split_before.device_ns <= run_ns);
     const auto expected = rig.device_bytes(64 << 10, 32 * 4096);
     CHECK(std::equal(expected.begin(), expected.end(), buffer.bytes()));
     const std::uint64_t launches = rig.path->poll_kernel_launches() - before;

@@ -14,23 +14,24 @@
 //                        address: UVA); PRP list buffers in mapped pinned host memory. Admin
 //                        commands succeed at once; Abort finds nothing (a lost completion stays lost).
 //   DriveService         one persistent kernel over the I/O queues of N controllers (striping):
-//                        warp w services queues w, w + W, ...; a bounded lifetime (budget_ns) and a
+//                        block b services queues b, b + B, ... with all its warps (the data of one
+//                        queue's commands is split over them); a bounded lifetime (budget_ns) and a
 //                        stop word in mapped host memory; stop() returns the warps that left because
 //                        the budget ran out.
 //
 // Per command (NVMe Base Specification 2.0: 3.3.1 queues, 4.2 CQE and Phase Tag, 4.3.1 PRP
 // entries and lists with chaining; NVM Command Set 1.0, 3.2.4 Read, 3.2.6 Write, 3.2.3 Flush):
-//   fetch    the warp reads the SQ tail doorbell, takes up to 32 announced SQEs (at most depth - 1
+//   fetch    warp 0 reads the SQ tail doorbell, takes up to 32 announced SQEs (at most depth - 1
 //            fetched and not completed), and gives each a due time: max(fetch + latency_ns, the
 //            end of its transfer on the controller's link), the link being reserved by a CAS on
 //            the controller's busy-until word at bytes_per_second (0: no cap).
 //   complete in SQ order, the due commands (as many as the CQ has free slots, from the CQ head
-//            doorbell): the whole warp copies each command's bytes (16-byte vectors where both
-//            sides are 16-byte aligned), then posts its CQE (dwords 0-2, then dword 3 with the
-//            Phase Tag by one release store). Read: namespace -> memory; Write: memory ->
-//            namespace; Flush: nothing. LBA Out of Range (SCT 0, SC 80h, DNR) beyond the
-//            namespace, Invalid Opcode (SC 01h, DNR) for other opcodes, Invalid Field (SC 02h,
-//            DNR) for a namespace other than 1 or SGL data pointers.
+//            doorbell): the block's warps copy the commands' bytes, each warp every W-th PRP
+//            segment (16-byte vectors where both sides are 16-byte aligned), then warp 0 posts
+//            their CQEs (dwords 0-2, then dword 3 with the Phase Tag by one release store). Read: namespace -> memory;
+//            Write: memory -> namespace; Flush: nothing. LBA Out of Range (SCT 0, SC 80h, DNR) beyond the namespace,
+//            Invalid Opcode (SC 01h, DNR) for other opcodes, Invalid Field (SC 02h, DNR) for a namespace other than 1
+//            or SGL data pointers.
 //   faults   DriveQueueState::fail_command (an absolute SQ position) completes with
 //            fail_status (SCT << 8 | SC, DNR set) and moves no data; drop_command is consumed and
 //            never completed (a lost completion; the data does not move).
@@ -40,7 +41,7 @@
 // per-queue state, the commands in flight with their due times against the GPU's clock, the SQEs
 // announced and not fetched, the CQ around the next CQE; every read a bounded copy on its own
 // stream) and DriveService::describe (the kernel running or not, the control words).
-// Threading: one warp per queue at a time; the host reads the statistics after stop().
+// Threading: one block per queue at a time; the host reads the statistics after stop().
 #pragma once
 
 #include <cuda_runtime.h>
@@ -168,15 +169,22 @@ __device__ inline void warp_copy(std::uint8_t* to, const std::uint8_t* from, std
 /// Moves one command's data: `bytes` at namespace byte `at`, memory described by PRP1/PRP2
 /// (Base 2.0, 4.3.1: PRP1 may carry an offset; PRP2 is the second page for two pages, else a PRP
 /// list whose last entry of each list page chains when more entries remain). Warp-collective.
-/// Returns false (nothing more moved) on a PRP entry that is zero or not page aligned.
+/// The block's warps split the work by segment (one PRP entry's bytes): every warp walks the same
+/// PRPs and counts segments in `segment_number` (carried across the commands of one service step),
+/// and warp `worker` of `workers` copies the segments whose number is worker modulo workers.
+/// Returns false (the walk stops) on a PRP entry that is zero or not page aligned: every warp reads
+/// the same entries, so every warp returns the same verdict.
 __device__ inline bool move_data(const DriveCommand& c, std::uint8_t* ns, std::uint64_t at, std::uint64_t bytes,
-                                 bool to_memory) {
+                                 bool to_memory, std::uint32_t& segment_number, std::uint32_t worker,
+                                 std::uint32_t workers) {
   const auto segment = [&](std::uint64_t address, std::uint64_t n) {
-    auto* memory = reinterpret_cast<std::uint8_t*>(address);
-    if (to_memory)
-      warp_copy(memory, ns + at, n);
-    else
-      warp_copy(ns + at, memory, n);
+    if (segment_number++ % workers == worker) {
+      auto* memory = reinterpret_cast<std::uint8_t*>(address);
+      if (to_memory)
+        warp_copy(memory, ns + at, n);
+      else
+        warp_copy(ns + at, memory, n);
+    }
     at += n;
     bytes -= n;
   };
@@ -212,126 +220,160 @@ __device__ inline bool move_data(const DriveCommand& c, std::uint8_t* ns, std::u
   return true;
 }
 
-/// One service step of queue `q` by the whole warp: fetch, then complete what is due. Returns the
-/// commands fetched plus completed (same in every lane).
-__device__ inline std::uint32_t service(const DriveQueueView& q) {
+/// What warp 0 decided for one service step, for the block's other warps (shared memory).
+struct DriveStep {
+  std::uint32_t fetched_now;  ///< SQEs fetched by this step
+  std::uint32_t ready;        ///< due commands retired by this step, in SQ order from `completed`
+  std::uint64_t completed;    ///< the queue's retired count before this step
+};
+
+/// One service step of queue `q` by the whole block (block-collective: every thread calls it):
+/// warp 0 fetches and picks the due commands, every warp moves a share of their data (move_data's
+/// segment split), then warp 0 posts their CQEs. Returns the commands fetched plus retired (same
+/// in every thread).
+__device__ inline std::uint32_t service(const DriveQueueView& q, DriveStep& step) {
   const std::uint32_t lane = threadIdx.x % 32;
+  const std::uint32_t warp = threadIdx.x / 32;
+  const std::uint32_t warps = blockDim.x / 32;
   DriveQueueState& s = *q.state;
   DriveControllerState& ctl = *q.controller;
-  // --- fetch
-  std::uint32_t count = 0;
-  std::uint64_t fetched = s.fetched, completed = s.completed;
-  if (lane == 0) {
-    const std::uint32_t tail = accel::mmio_load32(q.sq_tail_doorbell);
-    if (tail < q.depth) {
-      const std::uint32_t announced = test::announced_entries(tail, fetched, q.depth);
-      const std::uint64_t room = q.depth - 1 - (fetched - completed);
-      count = announced < room ? announced : static_cast<std::uint32_t>(room);
-      if (count > 32) count = 32;
-      if (count != 0) accel::fence(accel::ThreadScope::system, accel::MemoryOrder::acquire);
-    }
-  }
-  count = __shfl_sync(0xffffffffu, count, 0);
-  __syncwarp();
-  const std::uint64_t now = accel::timer_ns();
-  if (lane < count) {
-    const std::uint64_t position = fetched + lane;
-    const volatile nvme::SubmissionQueueEntry& e = q.sq[position % q.depth];
-    DriveCommand c{};
-    c.opcode = e.opcode;
-    c.cid = e.command_identifier;
-    c.prp1 = e.data_pointer.prp.prp1;
-    c.prp2 = e.data_pointer.prp.prp2;
-    c.starting_lba = (std::uint64_t{e.cdw11} << 32) | e.cdw10;
-    c.blocks = (e.cdw12 & 0xffffu) + 1;
-    const std::uint64_t bytes = std::uint64_t{c.blocks} * kDriveLbaSize;
-    const bool data = c.opcode == 0x01 || c.opcode == 0x02;
-    if (c.opcode != 0x00 && !data)
-      c.status = 0x01;  // Invalid Command Opcode
-    else if (e.nsid != 1 || (e.flags >> 6) != 0)
-      c.status = 0x02;  // Invalid Field in Command
-    else if (data && (c.starting_lba > ctl.namespace_bytes / kDriveLbaSize ||
-                      c.blocks > ctl.namespace_bytes / kDriveLbaSize - c.starting_lba))
-      c.status = 0x80;  // LBA Out of Range
-    if (position == s.fail_command) c.status = static_cast<std::uint16_t>(s.fail_status);
-    c.drop = position == s.drop_command ? 1 : 0;
-    std::uint64_t due = now + ctl.latency_ns;
-    if (data && c.status == 0 && ctl.bytes_per_second != 0) {
-      const unsigned long long transfer = bytes * 1'000'000'000ull / ctl.bytes_per_second;
-      unsigned long long old = atomicAdd(&ctl.busy_until_ns, 0ull), next = 0;
-      for (;;) {
-        next = (old > now ? old : now) + transfer;
-        const unsigned long long seen = atomicCAS(&ctl.busy_until_ns, old, next);
-        if (seen == old) break;
-        old = seen;
+  if (warp == 0) {
+    // --- fetch
+    std::uint32_t count = 0;
+    std::uint64_t fetched = s.fetched, completed = s.completed;
+    if (lane == 0) {
+      const std::uint32_t tail = accel::mmio_load32(q.sq_tail_doorbell);
+      if (tail < q.depth) {
+        const std::uint32_t announced = test::announced_entries(tail, fetched, q.depth);
+        const std::uint64_t room = q.depth - 1 - (fetched - completed);
+        count = announced < room ? announced : static_cast<std::uint32_t>(room);
+        if (count > 32) count = 32;
+        if (count != 0) accel::fence(accel::ThreadScope::system, accel::MemoryOrder::acquire);
       }
-      if (next > due) due = next;
     }
-    c.due_ns = due;
-    q.commands[position % q.depth] = c;
-  }
-  __syncwarp();
-  if (lane == 0) s.fetched = fetched + count;
-  fetched += count;
-  // --- complete, in SQ order
-  const std::uint64_t pending = fetched - completed;
-  const bool due = lane < pending && q.commands[(completed + lane) % q.depth].due_ns <= accel::timer_ns();
-  const std::uint32_t due_mask = __ballot_sync(0xffffffffu, due);
-  std::uint32_t ready = due_mask == 0xffffffffu ? 32u : static_cast<std::uint32_t>(__ffs(~due_mask) - 1);
-  std::uint32_t cq_free = 0;
-  if (lane == 0) {
-    const std::uint32_t head = accel::mmio_load32(q.cq_head_doorbell);
-    if (head < q.depth) cq_free = test::free_completion_slots(s.cq_tail, head, q.depth);
-  }
-  cq_free = __shfl_sync(0xffffffffu, cq_free, 0);
-  if (ready > cq_free) ready = cq_free;  // a dropped command needs no slot, counted as one: conservative
-  std::uint64_t cq_tail = s.cq_tail, moved = 0, dropped = 0, failed = 0;
-  for (std::uint32_t k = 0; k < ready; ++k) {
-    const std::uint64_t position = completed + k;
-    DriveCommand c = q.commands[position % q.depth];
-    const std::uint64_t bytes = std::uint64_t{c.blocks} * kDriveLbaSize;
-    if (c.status == 0 && !c.drop && (c.opcode == 0x01 || c.opcode == 0x02)) {
-      if (move_data(c, ctl.namespace_data, c.starting_lba * kDriveLbaSize, bytes, c.opcode == 0x02))
-        moved += bytes;
-      else
-        c.status = 0x13;  // PRP Offset Invalid
-    }
-    // Every lane's data stores before the CQE: each lane fences its own, the warp barrier orders
-    // them before lane 0's release store of dword 3.
-    __threadfence_system();
+    count = __shfl_sync(0xffffffffu, count, 0);
     __syncwarp();
-    if (c.drop) {
-      ++dropped;
-      continue;
+    const std::uint64_t now = accel::timer_ns();
+    if (lane < count) {
+      const std::uint64_t position = fetched + lane;
+      const volatile nvme::SubmissionQueueEntry& e = q.sq[position % q.depth];
+      DriveCommand c{};
+      c.opcode = e.opcode;
+      c.cid = e.command_identifier;
+      c.prp1 = e.data_pointer.prp.prp1;
+      c.prp2 = e.data_pointer.prp.prp2;
+      c.starting_lba = (std::uint64_t{e.cdw11} << 32) | e.cdw10;
+      c.blocks = (e.cdw12 & 0xffffu) + 1;
+      const std::uint64_t bytes = std::uint64_t{c.blocks} * kDriveLbaSize;
+      const bool data = c.opcode == 0x01 || c.opcode == 0x02;
+      if (c.opcode != 0x00 && !data)
+        c.status = 0x01;  // Invalid Command Opcode
+      else if (e.nsid != 1 || (e.flags >> 6) != 0)
+        c.status = 0x02;  // Invalid Field in Command
+      else if (data && (c.starting_lba > ctl.namespace_bytes / kDriveLbaSize ||
+                        c.blocks > ctl.namespace_bytes / kDriveLbaSize - c.starting_lba))
+        c.status = 0x80;  // LBA Out of Range
+      if (position == s.fail_command) c.status = static_cast<std::uint16_t>(s.fail_status);
+      c.drop = position == s.drop_command ? 1 : 0;
+      std::uint64_t due = now + ctl.latency_ns;
+      if (data && c.status == 0 && ctl.bytes_per_second != 0) {
+        const unsigned long long transfer = bytes * 1'000'000'000ull / ctl.bytes_per_second;
+        unsigned long long old = atomicAdd(&ctl.busy_until_ns, 0ull), next = 0;
+        for (;;) {
+          next = (old > now ? old : now) + transfer;
+          const unsigned long long seen = atomicCAS(&ctl.busy_until_ns, old, next);
+          if (seen == old) break;
+          old = seen;
+        }
+        if (next > due) due = next;
+      }
+      c.due_ns = due;
+      q.commands[position % q.depth] = c;
     }
-    if (c.status != 0) ++failed;
-    if (lane == 0)
-      test::post_completion(q.cq, q.depth, cq_tail, position, q.qid, c.cid, 0, static_cast<std::uint8_t>(c.status >> 8),
-                            static_cast<std::uint8_t>(c.status & 0xff), c.status != 0);
-    ++cq_tail;
+    __syncwarp();
+    if (lane == 0) s.fetched = fetched + count;
+    fetched += count;
+    // --- the due commands, in SQ order, as many as the CQ has free slots
+    const std::uint64_t pending = fetched - completed;
+    const bool due = lane < pending && q.commands[(completed + lane) % q.depth].due_ns <= accel::timer_ns();
+    const std::uint32_t due_mask = __ballot_sync(0xffffffffu, due);
+    std::uint32_t ready = due_mask == 0xffffffffu ? 32u : static_cast<std::uint32_t>(__ffs(~due_mask) - 1);
+    std::uint32_t cq_free = 0;
+    if (lane == 0) {
+      const std::uint32_t head = accel::mmio_load32(q.cq_head_doorbell);
+      if (head < q.depth) cq_free = test::free_completion_slots(s.cq_tail, head, q.depth);
+    }
+    cq_free = __shfl_sync(0xffffffffu, cq_free, 0);
+    if (ready > cq_free) ready = cq_free;  // a dropped command needs no slot, counted as one: conservative
+    if (lane == 0) step = DriveStep{count, ready, completed};
   }
-  __syncwarp();
-  if (lane == 0 && ready != 0) {
-    s.completed = completed + ready;
-    s.cq_tail = cq_tail;
-    s.bytes_moved += moved;
-    s.dropped += dropped;
-    s.failed += failed;
+  __syncthreads();
+  const DriveStep mine = step;
+  // --- move the data, every warp its share of the segments
+  std::uint32_t segment_number = 0, bad_prp = 0;  // bad_prp: bit k, command k's PRPs were invalid
+  for (std::uint32_t k = 0; k < mine.ready; ++k) {
+    const DriveCommand& c = q.commands[(mine.completed + k) % q.depth];
+    if (c.status == 0 && !c.drop && (c.opcode == 0x01 || c.opcode == 0x02)) {
+      const std::uint64_t bytes = std::uint64_t{c.blocks} * kDriveLbaSize;
+      if (!move_data(c, ctl.namespace_data, c.starting_lba * kDriveLbaSize, bytes, c.opcode == 0x02, segment_number,
+                     warp, warps))
+        bad_prp |= 1u << k;
+    }
   }
-  __syncwarp();
-  return count + ready;
+  // Every thread's data stores before the CQEs: each thread fences its own, the block barrier
+  // orders them before warp 0's release stores of dword 3. No fence on an idle step: a system
+  // fence in every spinning thread would slow the submitters' kernels beside the service.
+  if (mine.ready != 0) __threadfence_system();
+  __syncthreads();
+  if (warp == 0 && mine.ready != 0) {
+    std::uint64_t cq_tail = s.cq_tail, moved = 0, dropped = 0, failed = 0;
+    for (std::uint32_t k = 0; k < mine.ready; ++k) {
+      const std::uint64_t position = mine.completed + k;
+      DriveCommand c = q.commands[position % q.depth];
+      const bool data = c.opcode == 0x01 || c.opcode == 0x02;
+      if (c.status == 0 && !c.drop && data) {
+        if ((bad_prp >> k) & 1u)
+          c.status = 0x13;  // PRP Offset Invalid
+        else
+          moved += std::uint64_t{c.blocks} * kDriveLbaSize;
+      }
+      if (c.drop) {
+        ++dropped;
+        continue;
+      }
+      if (c.status != 0) ++failed;
+      if (lane == 0)
+        test::post_completion(q.cq, q.depth, cq_tail, position, q.qid, c.cid, 0,
+                              static_cast<std::uint8_t>(c.status >> 8), static_cast<std::uint8_t>(c.status & 0xff),
+                              c.status != 0);
+      ++cq_tail;
+    }
+    __syncwarp();
+    if (lane == 0) {
+      s.completed = mine.completed + mine.ready;
+      s.cq_tail = cq_tail;
+      s.bytes_moved += moved;
+      s.dropped += dropped;
+      s.failed += failed;
+    }
+  }
+  // The queue's state as warp 0 left it, before any thread reads it or the next step overwrites `step`.
+  __syncthreads();
+  return mine.fetched_now + mine.ready;
 }
 
 }  // namespace drive_detail
 
-/// The persistent service: warp w of the grid services queues w, w + W, ... until control->stop
-/// is set and a whole pass found no work and nothing in flight, or budget_ns has passed (counted in
-/// control->deadline_exits). blockDim.x: a multiple of 32; launch few enough blocks to be resident.
+/// The persistent service: block b of the grid services queues b, b + B, ... (every warp of the
+/// block on one queue at a time, service) until control->stop is set and a whole pass found no
+/// work and nothing in flight, or budget_ns has passed (each warp then counts itself in
+/// control->deadline_exits). blockDim.x: a multiple of 32, at most 1024; launch few enough blocks
+/// to be resident.
 static __global__ void drive_controller_kernel(const DriveQueueView* queues, std::uint32_t queue_count,
                                                DriveControl* control, std::uint64_t budget_ns) {
+  __shared__ drive_detail::DriveStep step;
+  __shared__ std::uint32_t leave_word;
   const std::uint32_t lane = threadIdx.x % 32;
-  const std::uint32_t warps = gridDim.x * (blockDim.x / 32);
-  const std::uint32_t warp = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (lane == 0)
     accel::SystemAtomicRef<std::uint32_t>(control->running_warps).fetch_add(1, accel::MemoryOrder::relaxed);
   const std::uint64_t deadline = accel::timer_ns() + budget_ns;
@@ -339,13 +381,13 @@ static __global__ void drive_controller_kernel(const DriveQueueView* queues, std
   for (;;) {
     std::uint32_t work = 0;
     std::uint64_t in_flight = 0;
-    for (std::uint32_t q = warp; q < queue_count; q += warps) {
-      work += drive_detail::service(queues[q]);
+    for (std::uint32_t q = blockIdx.x; q < queue_count; q += gridDim.x) {
+      work += drive_detail::service(queues[q], step);
       in_flight += queues[q].state->fetched - queues[q].state->completed;
     }
-    if (work != 0) continue;
-    std::uint32_t leave = 0;
-    if (lane == 0) {
+    if (work != 0) continue;  // the same in every thread (service returns the block's step)
+    if (threadIdx.x == 0) {
+      std::uint32_t leave = 0;
       const std::uint64_t now = accel::timer_ns();
       if (now >= next_stop_poll) {
         next_stop_poll = now + 20'000;
@@ -354,8 +396,11 @@ static __global__ void drive_controller_kernel(const DriveQueueView* queues, std
           leave = 1;
       }
       if (leave == 0 && now >= deadline) leave = 2;
+      leave_word = leave;
     }
-    leave = __shfl_sync(0xffffffffu, leave, 0);
+    __syncthreads();
+    const std::uint32_t leave = leave_word;
+    __syncthreads();  // every thread read it before thread 0 writes it again
     if (leave == 2 && lane == 0)
       accel::SystemAtomicRef<std::uint32_t>(control->deadline_exits).fetch_add(1, accel::MemoryOrder::relaxed);
     if (leave != 0) return;
@@ -646,13 +691,25 @@ class DriveNvmeController final : public test::AgentNvmeController {
 /// by the budget.
 class DriveService {
  public:
+  /// Warps per queue when start() is given 0: 8 warps copy 512 KiB from pinned host memory at
+  /// more than one Gen5 drive's 14 GB/s, so the link cap, not the copy, paces a controller.
+  static constexpr std::uint32_t kDefaultWarpsPerQueue = 8;
   ~DriveService() {
     (void)stop();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
-  /// Starts `warps` warps (0: one per queue, at most 264) over every queue of `controllers`, for
-  /// at most budget_ns. Errors: DEVICE_ERROR (launch), TIMEOUT (not running within 5 s).
-  Status start(const std::vector<DriveNvmeController*>& controllers, std::uint32_t warps, std::uint64_t budget_ns) {
+  /// Starts one block of `warps_per_queue` warps (0: kDefaultWarpsPerQueue; at most 32) per queue
+  /// of `controllers` (at most 264 blocks; beyond that a block services several queues), for at
+  /// most budget_ns. Several warps per queue: a drive's commands proceed in parallel whichever
+  /// queue carries them, so one queue's data must not be bound by what one warp can copy.
+  /// Errors: INVALID_ARGUMENT (no queues, warps_per_queue over 32), DEVICE_ERROR (launch),
+  /// TIMEOUT (not running within 5 s).
+  Status start(const std::vector<DriveNvmeController*>& controllers, std::uint32_t warps_per_queue,
+               std::uint64_t budget_ns) {
+    if (warps_per_queue == 0) warps_per_queue = kDefaultWarpsPerQueue;
+    if (warps_per_queue > 32)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "drive service: warps_per_queue = {} exceeds 32 (1024 threads a block)", warps_per_queue);
     std::vector<DriveQueueView> all;
     for (DriveNvmeController* c : controllers)
       for (const DriveQueueView& v : c->views()) all.push_back(v);
@@ -665,11 +722,9 @@ class DriveService {
     TUTTI_RETURN_IF_ERROR(accel::copy_to_device(views_.as<void>(), all.data(), all.size() * sizeof(DriveQueueView)));
     if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess)
       return error(StatusCode::DEVICE_ERROR, "drive service: cudaStreamCreateWithFlags failed");
-    if (warps == 0) warps = static_cast<std::uint32_t>(all.size() < 264 ? all.size() : 264);
-    constexpr std::uint32_t kWarpsPerBlock = 2;
-    const std::uint32_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    warps_ = blocks * kWarpsPerBlock;
-    drive_controller_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream_>>>(
+    const std::uint32_t blocks = static_cast<std::uint32_t>(all.size() < 264 ? all.size() : 264);
+    warps_ = blocks * warps_per_queue;
+    drive_controller_kernel<<<blocks, warps_per_queue * 32, 0, stream_>>>(
         views_.as<DriveQueueView>(), static_cast<std::uint32_t>(all.size()), control_.as<DriveControl>(), budget_ns);
     if (const cudaError_t launched = cudaGetLastError(); launched != cudaSuccess)
       return error(StatusCode::DEVICE_ERROR, "drive service: launch of {} warps: {}", warps_,

@@ -93,6 +93,17 @@ class LocalNvmeDataPath {
   /// Progress kernels launched so far by progress() over all batches (one per step; see
   /// Options::poll_kernel_budget_ns). Thread-safe (an atomic counter).
   std::uint64_t poll_kernel_launches() const noexcept { return engine_->poll_kernel_launches.load(); }
+  /// Where submit's time went, summed over every submit that reached its launch: `staging_ns` on
+  /// the host (the batch slot, the RequestStates and their memory mappings, the target cache),
+  /// `device_ns` from the staged batch's copy to the end of the wait for the AdmitKernel and its
+  /// reports (copy, launch, kernel, copy back: one host round trip). Units: ns of the host's
+  /// monotonic clock. Thread-safe (atomic counters; a snapshot may mix two submits' updates).
+  struct SubmitTimeSplit {
+    std::uint64_t submits = 0, staging_ns = 0, device_ns = 0;
+  };
+  SubmitTimeSplit submit_time_split() const noexcept {
+    return {engine_->timed_submits.load(), engine_->submit_staging_ns.load(), engine_->submit_device_ns.load()};
+  }
   /// Commands that timed out and were never answered, still holding their memory mapping.
   std::size_t zombie_commands() {
     engine_->reap_zombies();
@@ -201,6 +212,7 @@ class LocalNvmeDataPath {
   batch submit(std::span<const PathRequest<LocalNvmeDataPath>> requests, std::span<Status> states) {
     const std::size_t n = requests.size();
     if (n == 0) return batch{};
+    const std::uint64_t entered = accel::timer_ns();
     Engine& e = *engine_;
     const std::uint32_t window = e.options.request_window;
     const auto reject_all = [&](const Status& why) {
@@ -240,6 +252,7 @@ class LocalNvmeDataPath {
       (void)slot.signals[i]->raise_if_changed();
     }
     std::shared_lock gate(e.kernel_gate);  // no zombie reaping while this batch's kernel may run
+    const std::uint64_t staged = accel::timer_ns();
     // ONE copy of the staged batch, ONE launch, ONE copy of the reports back, all on the stream,
     // then ONE bounded wait.
     Status launched =
@@ -278,6 +291,10 @@ class LocalNvmeDataPath {
       return b;
     }
     gate.unlock();
+    const std::uint64_t reported = accel::timer_ns();
+    e.timed_submits.fetch_add(1, std::memory_order_relaxed);
+    e.submit_staging_ns.fetch_add(staged - entered, std::memory_order_relaxed);
+    e.submit_device_ns.fetch_add(reported - staged, std::memory_order_relaxed);
     bool any_accepted = false;
     for (std::size_t i = 0; i < n; ++i) {
       const RequestReport& report = slot.reports[i];

@@ -9,10 +9,11 @@
 //
 // One logical thread owns one request; the queue work is warp-collective (accel/warp.hpp; on the
 // host a warp is one lane):
-//  - AdmitKernel (the submit kernel): admit_request resolves the request's first LBAs by binary
-//    search over the target's extents, counts the commands it needs up to its window (at most the
-//    queue's depth - 1: create adapts it), takes that many credits from its queue (backpressure:
-//    RESOURCE_EXHAUSTED when other requests hold them); then warp_issue_commands issues the warp's
+//  - AdmitKernel (the submit kernel): admission_need resolves the request's first LBAs by binary
+//    search over the target's extents and counts the commands it needs up to its window (at most
+//    the queue's depth - 1: create adapts it); warp_take_credits takes that many credits from its
+//    queue, one CAS per queue pair and warp (backpressure: RESOURCE_EXHAUSTED when other requests
+//    hold them), and admit_request records the outcome; then warp_issue_commands issues the warp's
 //    first commands through nvme::warp_submit (one SQ reservation and one doorbell write per queue
 //    pair and warp);
 //  - PollKernel (the progress kernel): warp_reap (nvme::warp_reap) reaps the warp's CQs by Phase
@@ -172,13 +173,51 @@ static_assert(sizeof(RequestReport) == 56);
 
 namespace detail {
 
-/// Takes n command credits of a queue pair with one CAS loop; false (nothing taken) when fewer remain.
-TUTTI_HOST_DEVICE inline bool take_credits(std::uint32_t* credits, std::uint32_t n) noexcept {
-  nvme::SubmitterAtomic<std::uint32_t> c(*credits);  // shared only by the queue's submitters
-  std::uint32_t current = c.load(accel::MemoryOrder::relaxed);
-  while (current >= n)
-    if (c.compare_exchange_strong(current, current - n, accel::MemoryOrder::acq_rel)) return true;
-  return false;
+/// Takes each lane's `needed` command credits from its queue pair, all or nothing per lane
+/// (warp-collective: every lane calls it convergently; needed 0: nothing to take). Returns true in
+/// the lanes whose credits were taken. Lanes naming the same queue pair form a group; the group's
+/// leader takes the credits of the longest prefix of its lanes (in lane order) that the queue
+/// pair's credits cover, with ONE compare-and-swap, retried only when another warp changed the
+/// word meanwhile. Why: with each lane looping on its own CAS, the lanes of a batch that share a
+/// queue pair serialise on one word with O(lanes^2) failed CASes; on the H200 that held a 1024-
+/// request AdmitKernel for about 1 ms (docs/benchmarks.md, drive-rate section). A lane after the
+/// prefix is refused (backpressure) even if its smaller need would fit: first come, first served
+/// within the warp. Host profile: a warp is one lane, so this is one CAS loop for one request.
+TUTTI_HOST_DEVICE inline bool warp_take_credits(const DeviceQueue* queues, std::uint32_t queue_index,
+                                                std::uint32_t needed) noexcept {
+  const std::uint32_t lane = accel::lane_id();
+  bool granted = false;
+  std::uint32_t pending = accel::warp_ballot(needed != 0);
+  while (pending != 0) {
+    const std::uint32_t leader = accel::lowest_lane(pending);
+    const std::uint32_t selected = accel::warp_broadcast(queue_index, leader);
+    const bool member = ((pending >> lane) & 1u) != 0 && queue_index == selected;
+    const std::uint32_t group = accel::warp_ballot(member);
+    const std::uint32_t inclusive = accel::warp_inclusive_sum(member ? needed : 0);  // monotone over members
+    nvme::SubmitterAtomic<std::uint32_t> credits(*queues[selected].credits);  // shared only by the queue's submitters
+    std::uint32_t current = 0;
+    if (lane == leader) current = credits.load(accel::MemoryOrder::relaxed);
+    current = accel::warp_broadcast(current, leader);
+    for (;;) {
+      const bool fits = member && inclusive <= current;
+      const std::uint32_t run = accel::warp_ballot(fits);
+      if (run == 0) break;  // not even the leader's need is covered: the group is refused
+      const std::uint32_t take = accel::warp_broadcast(inclusive, accel::highest_lane(run));
+      std::uint32_t taken = 0;
+      if (lane == leader) {
+        std::uint32_t expected = current;
+        taken = credits.compare_exchange_strong(expected, current - take, accel::MemoryOrder::acq_rel) ? 1u : 0u;
+        current = expected;  // on failure: the value another warp left
+      }
+      current = accel::warp_broadcast(current, leader);
+      if (accel::warp_broadcast(taken, leader) != 0) {
+        granted = fits;
+        break;
+      }
+    }
+    pending &= ~group;
+  }
+  return granted;
 }
 /// Gives n credits back (completed commands, or a zombie whose completion finally arrived).
 TUTTI_HOST_DEVICE inline void return_credits(std::uint32_t* credits, std::uint32_t n) noexcept {
@@ -360,44 +399,41 @@ TUTTI_HOST_DEVICE inline void finish_if_idle(RequestState& r, const DeviceQueue&
 
 }  // namespace detail
 
-/// The submit kernel's per-request step (thread = request): checks, then credits. Sets r.accepted
-/// or an outcome rejected_*; the commands are issued by warp_issue_commands after it.
-TUTTI_HOST_DEVICE inline void admit_request(RequestState& r, const DeviceQueue& q) noexcept {
+/// The submit kernel's per-request checks (thread = request): the file did not change, the
+/// range is LBA aligned and fits its memory. Returns the command credits the request needs (its
+/// window: the commands it needs, counted up to max_window), or 0 when it is refused (an outcome
+/// rejected_* set, done). admit_request then records what warp_take_credits granted.
+TUTTI_HOST_DEVICE inline std::uint32_t admission_need(RequestState& r) noexcept {
   // The batch's records come from a reused pool slot: every record starts free here.
   for (std::uint32_t k = 0; k < r.max_window; ++k) r.records[k] = CommandRecord{};
-  if (detail::target_changed(r.target)) {
-    r.outcome = RequestOutcome::rejected_target_changed;
+  const auto refuse = [&](RequestOutcome why) {
+    r.outcome = why;
     r.done = true;
-    return;
-  }
+    return 0u;
+  };
+  if (detail::target_changed(r.target)) return refuse(RequestOutcome::rejected_target_changed);
   const std::uint64_t lba = r.target.lba_size;
   if (r.opcode != nvme::NvmOpcode::flush) {
     const bool tail = r.target_offset + r.length == r.target.file_size;
-    if (r.target_offset % lba != 0 || (r.length % lba != 0 && !tail)) {
-      r.outcome = RequestOutcome::rejected_alignment;
-      r.done = true;
-      return;
-    }
+    if (r.target_offset % lba != 0 || (r.length % lba != 0 && !tail)) return refuse(RequestOutcome::rejected_alignment);
     r.transfer_length = (r.length + lba - 1) / lba * lba;
-    if (r.transfer_length > r.memory_room) {
-      r.outcome = RequestOutcome::rejected_memory_room;
-      r.done = true;
-      return;
-    }
+    if (r.transfer_length > r.memory_room) return refuse(RequestOutcome::rejected_memory_room);
   }
   // Commands needed, counted up to the window (extent walk by binary search).
+  if (r.opcode == nvme::NvmOpcode::flush) return 1;
   std::uint32_t needed = 0;
-  if (r.opcode == nvme::NvmOpcode::flush) {
-    needed = 1;
-  } else {
-    for (std::uint64_t planned = 0; planned < r.transfer_length && needed < r.max_window; ++needed) {
-      std::uint64_t bytes = 0, slba = 0;
-      if (!detail::split_at(r, r.target_offset + planned, r.transfer_length - planned, bytes, slba)) break;
-      planned += bytes;
-    }
-    if (needed == 0) needed = 1;
+  for (std::uint64_t planned = 0; planned < r.transfer_length && needed < r.max_window; ++needed) {
+    std::uint64_t bytes = 0, slba = 0;
+    if (!detail::split_at(r, r.target_offset + planned, r.transfer_length - planned, bytes, slba)) break;
+    planned += bytes;
   }
-  if (!detail::take_credits(q.credits, needed)) {
+  return needed == 0 ? 1 : needed;
+}
+
+/// Records the admission of a request whose admission_need was `needed` (> 0): accepted with a
+/// window of `needed` commands when its credits were `granted`, else refused (backpressure).
+TUTTI_HOST_DEVICE inline void admit_request(RequestState& r, std::uint32_t needed, bool granted) noexcept {
+  if (!granted) {
     r.outcome = RequestOutcome::rejected_backpressure;
     r.done = true;
     return;
@@ -559,7 +595,9 @@ struct AdmitKernel {
   TUTTI_HOST_DEVICE void operator()(accel::ThreadIndex t) const noexcept {
     const std::uint64_t i = t.global();
     RequestState* r = i < count ? &requests[i] : nullptr;
-    if (r != nullptr) admit_request(*r, queues[r->queue_index]);
+    const std::uint32_t needed = r != nullptr ? admission_need(*r) : 0;
+    const bool granted = detail::warp_take_credits(queues, r != nullptr ? r->queue_index : 0, needed);
+    if (needed != 0) admit_request(*r, needed, granted);
     detail::warp_issue_commands(r, queues);
     if (r != nullptr) {
       detail::finish_if_idle(*r, queues[r->queue_index]);
