@@ -642,7 +642,8 @@ nlohmann::json to_json(const Row& r) {
 void print(const Row& r) {
   std::printf(
       "%-7s controllers=%u latency_us=%u namespace=%s batch=%ux%lluB submitters=%u  M_IOPS=%.3f GB/s=%.2f "
-      "p50_us=%.1f p99_us=%.1f submit_p50_us=%.1f (staging %.1f + device %.1f) polls/batch=%.1f cpu_us/batch=%.1f "
+      "p50_us=%.1f p99_us=%.1f submit_p50_us=%.1f (means: staging %.1f + device %.1f) polls/batch=%.1f "
+      "cpu_us/batch=%.1f "
       "batches=%llu verified_bytes=%llu errors=%llu%s%s\n",
       r.kind.c_str(), r.controllers, r.latency_us, r.namespace_memory.c_str(), r.batch,
       static_cast<unsigned long long>(r.request_bytes), r.submitters, r.iops / 1e6, r.gbps, r.p50_us, r.p99_us,

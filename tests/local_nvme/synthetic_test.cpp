@@ -197,6 +197,8 @@ TEST_CASE(
     // The submit's time split counts this one submit, and its parts fit inside the whole run.
     const auto split = rig.path->submit_time_split();
     CHECK(split.submits == split_before.submits + 1);
+    CHECK(split.staging_ns > split_before.staging_ns);  // staging 1 request takes time
+    CHECK(split.device_ns > split_before.device_ns);    // so does running its AdmitKernel
     CHECK(split.staging_ns - split_before.staging_ns + split.device_ns - split_before.device_ns <= run_ns);
     const auto expected = rig.device_bytes(64 << 10, 32 * 4096);
     CHECK(std::equal(expected.begin(), expected.end(), buffer.bytes()));

@@ -383,7 +383,8 @@ static __global__ void drive_controller_kernel(const DriveQueueView* queues, std
     std::uint64_t in_flight = 0;
     for (std::uint32_t q = blockIdx.x; q < queue_count; q += gridDim.x) {
       work += drive_detail::service(queues[q], step);
-      in_flight += queues[q].state->fetched - queues[q].state->completed;
+      // Thread 0 alone decides whether the block leaves; warp 0 may already update the state again.
+      if (threadIdx.x == 0) in_flight += queues[q].state->fetched - queues[q].state->completed;
     }
     if (work != 0) continue;  // the same in every thread (service returns the block's step)
     if (threadIdx.x == 0) {
@@ -404,7 +405,7 @@ static __global__ void drive_controller_kernel(const DriveQueueView* queues, std
     if (leave == 2 && lane == 0)
       accel::SystemAtomicRef<std::uint32_t>(control->deadline_exits).fetch_add(1, accel::MemoryOrder::relaxed);
     if (leave != 0) return;
-    if (in_flight == 0) __nanosleep(500);
+    if (threadIdx.x == 0 && in_flight == 0) __nanosleep(500);
   }
 }
 
@@ -702,8 +703,9 @@ class DriveService {
   /// of `controllers` (at most 264 blocks; beyond that a block services several queues), for at
   /// most budget_ns. Several warps per queue: a drive's commands proceed in parallel whichever
   /// queue carries them, so one queue's data must not be bound by what one warp can copy.
-  /// Errors: INVALID_ARGUMENT (no queues, warps_per_queue over 32), DEVICE_ERROR (launch),
-  /// TIMEOUT (not running within 5 s).
+  /// Errors: INVALID_ARGUMENT (no queues, warps_per_queue over 32, more blocks than stay resident
+  /// with one block's room per multiprocessor left for the DataPath's kernels), DEVICE_ERROR
+  /// (occupancy query, launch), TIMEOUT (not running within 5 s).
   Status start(const std::vector<DriveNvmeController*>& controllers, std::uint32_t warps_per_queue,
                std::uint64_t budget_ns) {
     if (warps_per_queue == 0) warps_per_queue = kDefaultWarpsPerQueue;
@@ -723,6 +725,23 @@ class DriveService {
     if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess)
       return error(StatusCode::DEVICE_ERROR, "drive service: cudaStreamCreateWithFlags failed");
     const std::uint32_t blocks = static_cast<std::uint32_t>(all.size() < 264 ? all.size() : 264);
+    // Every block must be resident (the kernel is persistent), and a block's worth of room must stay
+    // on every multiprocessor for the DataPath's AdmitKernel and PollKernel.
+    int per_multiprocessor = 0, multiprocessors = 0, device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, drive_controller_kernel,
+                                                      static_cast<int>(warps_per_queue * 32), 0) != cudaSuccess)
+      return error(StatusCode::DEVICE_ERROR, "drive service: the device's occupancy query failed");
+    const std::uint64_t room =
+        per_multiprocessor <= 1 ? 0
+                                : std::uint64_t(per_multiprocessor - 1) * static_cast<std::uint64_t>(multiprocessors);
+    if (blocks > room)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "drive service: {} blocks of {} warps ({} queues) exceed the {} that stay resident beside the "
+                   "DataPath's kernels ({} multiprocessors x ({} blocks each - 1)); use fewer warps per queue or "
+                   "fewer queues",
+                   blocks, warps_per_queue, all.size(), room, multiprocessors, per_multiprocessor);
     warps_ = blocks * warps_per_queue;
     drive_controller_kernel<<<blocks, warps_per_queue * 32, 0, stream_>>>(
         views_.as<DriveQueueView>(), static_cast<std::uint32_t>(all.size()), control_.as<DriveControl>(), budget_ns);

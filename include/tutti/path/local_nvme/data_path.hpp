@@ -93,10 +93,10 @@ class LocalNvmeDataPath {
   /// Progress kernels launched so far by progress() over all batches (one per step; see
   /// Options::poll_kernel_budget_ns). Thread-safe (an atomic counter).
   std::uint64_t poll_kernel_launches() const noexcept { return engine_->poll_kernel_launches.load(); }
-  /// Where submit's time went, summed over every submit that reached its launch: `staging_ns` on
+  /// Where submit's time went, summed over every submit whose reports came back: `staging_ns` on
   /// the host (the batch slot, the RequestStates and their memory mappings, the target cache),
-  /// `device_ns` from the staged batch's copy to the end of the wait for the AdmitKernel and its
-  /// reports (copy, launch, kernel, copy back: one host round trip). Units: ns of the host's
+  /// `device_ns` from the kernel gate to the end of the wait for the AdmitKernel and its reports
+  /// (copy, launch, kernel, copy back: one host round trip). Units: ns of the host's
   /// monotonic clock. Thread-safe (atomic counters; a snapshot may mix two submits' updates).
   struct SubmitTimeSplit {
     std::uint64_t submits = 0, staging_ns = 0, device_ns = 0;
@@ -251,8 +251,8 @@ class LocalNvmeDataPath {
       slot.signals[i] = p.target->signal.get();
       (void)slot.signals[i]->raise_if_changed();
     }
-    std::shared_lock gate(e.kernel_gate);  // no zombie reaping while this batch's kernel may run
     const std::uint64_t staged = accel::timer_ns();
+    std::shared_lock gate(e.kernel_gate);  // no zombie reaping while this batch's kernel may run
     // ONE copy of the staged batch, ONE launch, ONE copy of the reports back, all on the stream,
     // then ONE bounded wait.
     Status launched =

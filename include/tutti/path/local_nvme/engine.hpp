@@ -56,9 +56,9 @@ struct Engine {
   /// request's completion is reported.
   std::atomic<std::uint64_t> commands_retried{0};
   std::atomic<std::uint64_t> poll_kernel_launches{0};
-  /// Where submit's time goes (SubmitTimeSplit): submits that reached the launch, their host
-  /// staging (entry to the staged batch's copy) and their device part (copy, AdmitKernel, copy of
-  /// the reports back and the host's wait for them), ns of accel::timer_ns on the host.
+  /// Where submit's time goes (SubmitTimeSplit): submits whose reports came back, their host
+  /// staging (entry to the kernel gate) and their device part (copy, AdmitKernel, copy of the
+  /// reports back and the host's wait for them), ns of accel::timer_ns on the host.
   std::atomic<std::uint64_t> timed_submits{0}, submit_staging_ns{0}, submit_device_ns{0};
   std::shared_ptr<BatchPool> pool = std::make_shared<BatchPool>();
   std::shared_ptr<TargetCache> target_cache;  ///< shared with open targets and live batches

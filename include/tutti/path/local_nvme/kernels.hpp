@@ -179,10 +179,11 @@ namespace detail {
 /// leader takes the credits of the longest prefix of its lanes (in lane order) that the queue
 /// pair's credits cover, with ONE compare-and-swap, retried only when another warp changed the
 /// word meanwhile. Why: with each lane looping on its own CAS, the lanes of a batch that share a
-/// queue pair serialise on one word with O(lanes^2) failed CASes; on the H200 that held a 1024-
-/// request AdmitKernel for about 1 ms (docs/benchmarks.md, drive-rate section). A lane after the
-/// prefix is refused (backpressure) even if its smaller need would fit: first come, first served
-/// within the warp. Host profile: a warp is one lane, so this is one CAS loop for one request.
+/// queue pair serialise on one word with O(lanes^2) failed CASes. A lane after the prefix is
+/// refused (backpressure) even if its smaller need would fit: first come, first served within the
+/// warp; a leader whose own need is not covered is refused alone and the group's next lane leads
+/// (as warp_submit drops a leader whose count can never fit). Host profile: a warp is one lane,
+/// so this is one CAS loop for one request.
 TUTTI_HOST_DEVICE inline bool warp_take_credits(const DeviceQueue* queues, std::uint32_t queue_index,
                                                 std::uint32_t needed) noexcept {
   const std::uint32_t lane = accel::lane_id();
@@ -192,7 +193,7 @@ TUTTI_HOST_DEVICE inline bool warp_take_credits(const DeviceQueue* queues, std::
     const std::uint32_t leader = accel::lowest_lane(pending);
     const std::uint32_t selected = accel::warp_broadcast(queue_index, leader);
     const bool member = ((pending >> lane) & 1u) != 0 && queue_index == selected;
-    const std::uint32_t group = accel::warp_ballot(member);
+    std::uint32_t settled = accel::warp_ballot(member);                              // the lanes this round decides
     const std::uint32_t inclusive = accel::warp_inclusive_sum(member ? needed : 0);  // monotone over members
     nvme::SubmitterAtomic<std::uint32_t> credits(*queues[selected].credits);  // shared only by the queue's submitters
     std::uint32_t current = 0;
@@ -201,7 +202,10 @@ TUTTI_HOST_DEVICE inline bool warp_take_credits(const DeviceQueue* queues, std::
     for (;;) {
       const bool fits = member && inclusive <= current;
       const std::uint32_t run = accel::warp_ballot(fits);
-      if (run == 0) break;  // not even the leader's need is covered: the group is refused
+      if (run == 0) {  // the leader's own need is not covered: it alone is refused
+        settled = 1u << leader;
+        break;
+      }
       const std::uint32_t take = accel::warp_broadcast(inclusive, accel::highest_lane(run));
       std::uint32_t taken = 0;
       if (lane == leader) {
@@ -211,11 +215,11 @@ TUTTI_HOST_DEVICE inline bool warp_take_credits(const DeviceQueue* queues, std::
       }
       current = accel::warp_broadcast(current, leader);
       if (accel::warp_broadcast(taken, leader) != 0) {
-        granted = fits;
+        if (fits) granted = true;  // lanes settled in an earlier round keep their verdict
         break;
       }
     }
-    pending &= ~group;
+    pending &= ~settled;
   }
   return granted;
 }

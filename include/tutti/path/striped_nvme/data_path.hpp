@@ -445,15 +445,18 @@ class StripedNvmeDataPath {
     auto* device_requests = static_cast<local_nvme::RequestState*>(slot.device_requests.data());
     auto* device_records = static_cast<local_nvme::CommandRecord*>(slot.device_records.data());
     auto* device_reports = static_cast<local_nvme::RequestReport*>(slot.device_reports.data());
-    // One queue pair per controller per warp of pieces (round robin over warps, as local_nvme gives
-    // a warp of requests one queue pair): the lanes of a warp whose pieces go to one controller
-    // share ONE SQ reservation and doorbell write in warp_submit, and one CQ in the poll kernel's
-    // reaping, so a warp costs one queue-pair step per controller it reaches, not one per lane.
-    // Host profile: a warp is one lane, so this is round robin per piece.
+    // One queue pair per controller per warp of pieces (round robin over the warps each controller's
+    // pieces span, as local_nvme gives a warp of requests one queue pair): the lanes of a warp whose
+    // pieces go to one controller share ONE SQ reservation and doorbell write in warp_submit, ONE
+    // credit CAS, and one CQ in the poll kernel's reaping. Pieces are grouped by controller, so a warp
+    // mostly reaches one. Host profile: a warp is one lane, so this is round robin per piece.
     const std::uint64_t lanes = accel::kKernelWarpLanes;
-    const std::uint64_t warps = (m + lanes - 1) / lanes;
-    for (std::uint32_t d = 0; d < devices; ++d)
-      f.queue_round[d] = s.engines[d]->next_queue.fetch_add(warps, std::memory_order_relaxed);
+    for (std::uint32_t d = 0, start = 0; d < devices; start = next_position[d++]) {
+      const std::uint64_t first_warp = start / lanes;
+      const std::uint64_t spanned = next_position[d] == start ? 0 : (next_position[d] - 1) / lanes - first_warp + 1;
+      // queue_round[d] + (j / lanes - first_warp) for piece j of controller d: its warps in order.
+      f.queue_round[d] = s.engines[d]->next_queue.fetch_add(spanned, std::memory_order_relaxed) - first_warp;
+    }
     for (std::size_t j = 0; j < m; ++j) {
       const std::uint32_t d = f.device_of[j];
       local_nvme::Engine& e = *s.engines[d];
