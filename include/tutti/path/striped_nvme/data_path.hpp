@@ -96,7 +96,6 @@ struct Fanout {
   std::vector<Status> refused;         ///< per piece: the rejection of a refused piece (OK if accepted)
   std::vector<std::uint8_t> deferred;  ///< per piece: refused for credits, admitted again by progress
   std::vector<Piece> pieces;
-  std::array<std::uint64_t, kMaxControllers> queue_round{};  ///< per controller: its queue round of this submit
   std::uint64_t deferred_deadline = 0;  ///< deferred pieces still refused then fail (accel::timer_ns)
 };
 
@@ -451,17 +450,18 @@ class StripedNvmeDataPath {
     // credit CAS, and one CQ in the poll kernel's reaping. Pieces are grouped by controller, so a warp
     // mostly reaches one. Host profile: a warp is one lane, so this is round robin per piece.
     const std::uint64_t lanes = accel::kKernelWarpLanes;
+    std::array<std::uint64_t, kMaxControllers> queue_round{};
     for (std::uint32_t d = 0, start = 0; d < devices; start = next_position[d++]) {
       const std::uint64_t first_warp = start / lanes;
       const std::uint64_t spanned = next_position[d] == start ? 0 : (next_position[d] - 1) / lanes - first_warp + 1;
       // queue_round[d] + (j / lanes - first_warp) for piece j of controller d: its warps in order.
-      f.queue_round[d] = s.engines[d]->next_queue.fetch_add(spanned, std::memory_order_relaxed) - first_warp;
+      queue_round[d] = s.engines[d]->next_queue.fetch_add(spanned, std::memory_order_relaxed) - first_warp;
     }
     for (std::size_t j = 0; j < m; ++j) {
       const std::uint32_t d = f.device_of[j];
       local_nvme::Engine& e = *s.engines[d];
       local_nvme::OpenTarget& shard = requests[f.request_of[j]].target->shards[d];
-      const auto q = static_cast<std::uint32_t>((f.queue_round[d] + j / lanes) % e.queues.size());
+      const auto q = static_cast<std::uint32_t>((queue_round[d] + j / lanes) % e.queues.size());
       local_nvme::stage_request(slot.staged[j], f.pieces[j], e, s.queue_base[d] + q, shard.device_target,
                                 device_records + j * s.window, slot.mappings[j]);
       slot.staged[j].max_window = s.window;
