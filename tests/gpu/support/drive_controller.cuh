@@ -16,7 +16,8 @@
 //   DriveService         one persistent kernel over the I/O queues of N controllers (striping):
 //                        block b services queues b, b + B, ... with all its warps (the data of one
 //                        queue's commands is split over them); a bounded lifetime (budget_ns) and a
-//                        stop word in mapped host memory; stop() returns the warps that left because
+//                        stop word in mapped host memory, read by block 0 alone and relayed to
+//                        the others through GPU memory; stop() returns the warps that left because
 //                        the budget ran out.
 //
 // Per command (NVMe Base Specification 2.0: 3.3.1 queues, 4.2 CQE and Phase Tag, 4.3.1 PRP
@@ -370,7 +371,8 @@ __device__ inline std::uint32_t service(const DriveQueueView& q, DriveStep& step
 /// control->deadline_exits). blockDim.x: a multiple of 32, at most 1024; launch few enough blocks
 /// to be resident.
 static __global__ void drive_controller_kernel(const DriveQueueView* queues, std::uint32_t queue_count,
-                                               DriveControl* control, std::uint64_t budget_ns) {
+                                               DriveControl* control, std::uint32_t* stop_relay,
+                                               std::uint64_t budget_ns) {
   __shared__ drive_detail::DriveStep step;
   __shared__ std::uint32_t leave_word;
   const std::uint32_t lane = threadIdx.x % 32;
@@ -390,12 +392,18 @@ static __global__ void drive_controller_kernel(const DriveQueueView* queues, std
     if (threadIdx.x == 0) {
       std::uint32_t leave = 0;
       const std::uint64_t now = accel::timer_ns();
-      if (now >= next_stop_poll) {
+      // Block 0 alone reads the host's stop word (mapped pinned memory: a PCIe round trip), every
+      // 20 us, and relays it into GPU memory, which the others read (an L2 hit). With every idle
+      // block reading it, 128 blocks (8 controllers of 16 queues) made a striped batch of 1024 x
+      // 4 KiB 50 times slower on an H200 (docs/benchmarks.md, "striped_nvme"); the null
+      // controller's rule, NullControllerSettings::stop_relay.
+      if (blockIdx.x == 0 && now >= next_stop_poll) {
         next_stop_poll = now + 20'000;
-        if (in_flight == 0 &&
-            accel::SystemAtomicRef<std::uint32_t>(control->stop).load(accel::MemoryOrder::acquire) != 0)
-          leave = 1;
+        if (accel::SystemAtomicRef<std::uint32_t>(control->stop).load(accel::MemoryOrder::acquire) != 0)
+          accel::DeviceAtomicRef<std::uint32_t>(*stop_relay).store(1, accel::MemoryOrder::release);
       }
+      if (in_flight == 0 && accel::DeviceAtomicRef<std::uint32_t>(*stop_relay).load(accel::MemoryOrder::acquire) != 0)
+        leave = 1;
       if (leave == 0 && now >= deadline) leave = 2;
       leave_word = leave;
     }
@@ -718,10 +726,15 @@ class DriveService {
     if (all.empty()) return error(StatusCode::INVALID_ARGUMENT, "drive service: no queues");
     auto views = test::AgentBuffer::allocate(all.size() * sizeof(DriveQueueView));
     auto control = test::AgentBuffer::mapped_host(sizeof(DriveControl));
-    if (!views || !control) return error(StatusCode::RESOURCE_EXHAUSTED, "drive service: no memory for its views");
+    auto relay = test::AgentBuffer::allocate(sizeof(std::uint32_t));
+    if (!views || !control || !relay)
+      return error(StatusCode::RESOURCE_EXHAUSTED, "drive service: no memory for its views and control words");
     views_ = std::move(*views);
     control_ = std::move(*control);
+    stop_relay_ = std::move(*relay);
     TUTTI_RETURN_IF_ERROR(accel::copy_to_device(views_.as<void>(), all.data(), all.size() * sizeof(DriveQueueView)));
+    const std::uint32_t not_stopped = 0;
+    TUTTI_RETURN_IF_ERROR(accel::copy_to_device(stop_relay_.as<void>(), &not_stopped, sizeof(not_stopped)));
     if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess)
       return error(StatusCode::DEVICE_ERROR, "drive service: cudaStreamCreateWithFlags failed");
     const std::uint32_t blocks = static_cast<std::uint32_t>(all.size() < 264 ? all.size() : 264);
@@ -744,7 +757,8 @@ class DriveService {
                    blocks, warps_per_queue, all.size(), room, multiprocessors, per_multiprocessor);
     warps_ = blocks * warps_per_queue;
     drive_controller_kernel<<<blocks, warps_per_queue * 32, 0, stream_>>>(
-        views_.as<DriveQueueView>(), static_cast<std::uint32_t>(all.size()), control_.as<DriveControl>(), budget_ns);
+        views_.as<DriveQueueView>(), static_cast<std::uint32_t>(all.size()), control_.as<DriveControl>(),
+        stop_relay_.as<std::uint32_t>(), budget_ns);
     if (const cudaError_t launched = cudaGetLastError(); launched != cudaSuccess)
       return error(StatusCode::DEVICE_ERROR, "drive service: launch of {} warps: {}", warps_,
                    cudaGetErrorString(launched));
@@ -794,7 +808,7 @@ class DriveService {
   }
 
  private:
-  test::AgentBuffer views_, control_;
+  test::AgentBuffer views_, control_, stop_relay_;  // stop_relay_: control_->stop relayed by block 0 (GPU memory)
   cudaStream_t stream_ = nullptr;
   std::uint32_t queue_count_ = 0;
   std::uint64_t budget_ns_ = 0;
