@@ -366,10 +366,14 @@ __device__ inline std::uint32_t service(const DriveQueueView& q, DriveStep& step
 }  // namespace drive_detail
 
 /// The persistent service: block b of the grid services queues b, b + B, ... (every warp of the
-/// block on one queue at a time, service) until control->stop is set and a whole pass found no
-/// work and nothing in flight, or budget_ns has passed (each warp then counts itself in
-/// control->deadline_exits). blockDim.x: a multiple of 32, at most 1024; launch few enough blocks
-/// to be resident.
+/// block on one queue at a time, service) until the stop is seen and a whole pass found no work
+/// and nothing in flight, or budget_ns has passed (each warp then counts itself in
+/// control->deadline_exits). The stop: block 0 reads control->stop (every 20 us) and relays it into
+/// *stop_relay (GPU memory, zeroed before the launch: 0 running, kRelayStop, or kRelayGone once
+/// block 0 left by its budget, after which every block reads control->stop itself).
+/// blockDim.x: a multiple of 32, at most 1024; launch few enough blocks to be resident.
+inline constexpr std::uint32_t kRelayStop = 1, kRelayGone = 2;
+
 static __global__ void drive_controller_kernel(const DriveQueueView* queues, std::uint32_t queue_count,
                                                DriveControl* control, std::uint32_t* stop_relay,
                                                std::uint64_t budget_ns) {
@@ -397,14 +401,21 @@ static __global__ void drive_controller_kernel(const DriveQueueView* queues, std
       // block reading it, 128 blocks (8 controllers of 16 queues) made a striped batch of 1024 x
       // 4 KiB 50 times slower on an H200 (docs/benchmarks.md, "striped_nvme"); the null
       // controller's rule, NullControllerSettings::stop_relay.
-      if (blockIdx.x == 0 && now >= next_stop_poll) {
+      accel::DeviceAtomicRef<std::uint32_t> relay(*stop_relay);
+      std::uint32_t relayed = relay.load(accel::MemoryOrder::acquire);
+      if ((blockIdx.x == 0 || relayed == kRelayGone) && now >= next_stop_poll) {
         next_stop_poll = now + 20'000;
-        if (accel::SystemAtomicRef<std::uint32_t>(control->stop).load(accel::MemoryOrder::acquire) != 0)
-          accel::DeviceAtomicRef<std::uint32_t>(*stop_relay).store(1, accel::MemoryOrder::release);
+        if (accel::SystemAtomicRef<std::uint32_t>(control->stop).load(accel::MemoryOrder::acquire) != 0) {
+          if (blockIdx.x == 0) relay.store(kRelayStop, accel::MemoryOrder::release);
+          relayed = kRelayStop;
+        }
       }
-      if (in_flight == 0 && accel::DeviceAtomicRef<std::uint32_t>(*stop_relay).load(accel::MemoryOrder::acquire) != 0)
-        leave = 1;
-      if (leave == 0 && now >= deadline) leave = 2;
+      if (in_flight == 0 && relayed == kRelayStop) leave = 1;
+      if (leave == 0 && now >= deadline) {
+        leave = 2;
+        // Block 0 leaving by its budget stops relaying: the others then read the host's word.
+        if (blockIdx.x == 0) relay.store(kRelayGone, accel::MemoryOrder::release);
+      }
       leave_word = leave;
     }
     __syncthreads();
@@ -711,11 +722,13 @@ class DriveService {
   /// of `controllers` (at most 264 blocks; beyond that a block services several queues), for at
   /// most budget_ns. Several warps per queue: a drive's commands proceed in parallel whichever
   /// queue carries them, so one queue's data must not be bound by what one warp can copy.
-  /// Errors: INVALID_ARGUMENT (no queues, warps_per_queue over 32, more blocks than stay resident
-  /// with one block's room per multiprocessor left for the DataPath's kernels), DEVICE_ERROR
-  /// (occupancy query, launch), TIMEOUT (not running within 5 s).
+  /// Errors: BUSY (already running), INVALID_ARGUMENT (no queues, warps_per_queue over 32, more blocks than stay
+  /// resident with one block's room per multiprocessor left for the DataPath's kernels), DEVICE_ERROR (occupancy query,
+  /// launch), TIMEOUT (not running within 5 s).
   Status start(const std::vector<DriveNvmeController*>& controllers, std::uint32_t warps_per_queue,
                std::uint64_t budget_ns) {
+    // Its buffers are in use by the running kernel (and cudaFree would wait for it forever).
+    if (started_) return error(StatusCode::BUSY, "drive service: already running; stop() it first");
     if (warps_per_queue == 0) warps_per_queue = kDefaultWarpsPerQueue;
     if (warps_per_queue > 32)
       return error(StatusCode::INVALID_ARGUMENT,
