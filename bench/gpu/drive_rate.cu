@@ -81,6 +81,8 @@ struct Options {
   double cap_gbps = 14.0;
   std::uint32_t latency_row_us = 70;
   std::uint32_t latency_batches = 300;
+  std::uint32_t submit_poll_us =
+      0;  ///< local_nvme::Options::submit_poll_budget_ns, us (0: the submit kernel does not poll)
   std::string queue_state = "device";  ///< local_nvme::Options::device_queue_state: device | mapped-host
   std::uint32_t warps_per_queue = 0;   ///< the drive service's warps per queue (0: DriveService's default)
   bool striped = false;                ///< --striped: the striped rows only
@@ -169,6 +171,7 @@ Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_ho
   options.queue_pairs = o.queues;
   options.queue_depth = o.depth;
   options.device_queue_state = o.queue_state == "device";
+  options.submit_poll_budget_ns = std::uint64_t{o.submit_poll_us} * 1000;
   options.stream = accel::StreamRef::from_native_handle(d->stream);
   options.max_batches_in_flight = std::max<std::uint32_t>(4, 2 * submitters);
   // Every slot made now, before the service's persistent kernel starts (Options::prepared_batches).
@@ -453,6 +456,7 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
     options.queue_pairs = o.queues;
     options.queue_depth = o.depth;
     options.device_queue_state = o.queue_state == "device";
+    options.submit_poll_budget_ns = std::uint64_t{o.submit_poll_us} * 1000;
     options.stream = accel::StreamRef::from_native_handle(stream);
     options.max_batches_in_flight = 4;
     options.prepared_batches = 4;  // every slot made now, before the service's persistent kernel starts
@@ -703,6 +707,7 @@ bool run_striped(const Options& o, std::uint64_t cap) {
   if (!o.json.empty()) {
     nlohmann::json j;
     j["queue_state"] = o.queue_state;
+    j["submit_poll_us"] = o.submit_poll_us;
     j["stripe_unit_bytes"] = kStripeUnit;
     j["rows"] = out;
     std::ofstream(o.json) << j.dump(2) << '\n';
@@ -737,6 +742,10 @@ int main(int argc, char** argv) {
   app.add_option("--warps-per-queue", o.warps_per_queue,
                  "warps of the drive service per queue (0: its default, DriveService::kDefaultWarpsPerQueue)")
       ->check(CLI::Range(0, 32));
+  app.add_option("--submit-poll-us", o.submit_poll_us,
+                 "how long the submit kernel polls the batch it admitted, us (local_nvme::Options::"
+                 "submit_poll_budget_ns; 0: it does not, the default)")
+      ->check(CLI::Range(0, 1000000));
   app.add_flag("--striped", o.striped,
                "only the striped rows: one striped_nvme DataPath over N controllers (--stripe-controllers), 512 KiB "
                "units, one submitter; GB/s (512 KiB reads, pinned namespaces) and IOPS (4 KiB reads, GPU namespaces), "
@@ -760,6 +769,7 @@ int main(int argc, char** argv) {
   const auto cap = static_cast<std::uint64_t>(o.cap_gbps * 1e9);
   const double copy_gbps = pinned_copy_gbps();
   std::printf("queue state in %s memory\n", o.queue_state == "device" ? "device" : "mapped pinned host");
+  std::printf("submit kernel polls: %u us\n", o.submit_poll_us);
   std::printf("drive service: %u warps per queue\n",
               o.warps_per_queue != 0 ? o.warps_per_queue : DriveService::kDefaultWarpsPerQueue);
   std::printf("copy    pinned host-to-device GB/s=%.2f\n", copy_gbps);
@@ -838,6 +848,7 @@ int main(int argc, char** argv) {
   if (!o.json.empty()) {
     nlohmann::json j;
     j["queue_state"] = o.queue_state;
+    j["submit_poll_us"] = o.submit_poll_us;
     j["pinned_copy_gbps"] = copy_gbps;
     j["raw_queue_commands_per_second"] = raw;
     j["rows"] = nlohmann::json::array();

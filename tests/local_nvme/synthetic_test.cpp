@@ -170,6 +170,55 @@ TEST_CASE("invalid options are rejected naming the field") {
         std::string::npos);
   o.poll_kernel_budget_ns = 500'000;
   CHECK(Path::create(**c, o).is_ok());
+  o.submit_poll_budget_ns = 500'001;  // the same bound for the submit kernel's polling
+  CHECK(Path::create(**c, o).status().message().find("submit_poll_budget_ns = 500001 outside 0..500000") !=
+        std::string::npos);
+  o.submit_poll_budget_ns = 500'000;
+  CHECK(Path::create(**c, o).is_ok());
+}
+
+TEST_CASE("a submit kernel that polls (submit_poll_budget_ns) returns the batch done, and progress launches nothing") {
+  // 8 requests of 8 commands each (4 KiB, window 2: at least 4 passes each). With a 1 s budget the
+  // submit kernel polls them to the end; with a budget that ends after its first pass it cannot,
+  // and progress launches poll kernels for the rest. The bytes are right either way.
+  for (const std::uint64_t budget : {Path::Options::kMaxPollKernelBudgetNs, std::uint64_t{1}}) {
+    CAPTURE(budget);
+    Path::Options o;
+    o.request_window = 2;
+    o.max_command_bytes = 4096;
+    o.submit_poll_budget_ns = budget;
+    Rig rig(o);
+    auto t = rig.open({{0, 0, 1 << 20}}, 1 << 20);
+    Buffer buffer(1 << 20);
+    auto m = rig.map(buffer);
+    std::memset(buffer.data, 0xEE, buffer.size);
+    std::vector<PathRequest<Path>> requests;
+    for (std::uint64_t i = 0; i < 8; ++i)
+      requests.push_back(rig.request(Direction::READ, m, buffer, i * 32768, t, (i * 7 % 8) * 32768, 32768));
+    std::vector<Status> states(requests.size());
+    const std::uint64_t before = rig.path->poll_kernel_launches();
+    auto batch = rig.path->submit(requests, states);
+    for (const Status& s : states) REQUIRE_MESSAGE(s.is_ok(), s.to_string());
+    std::vector<RequestCompletion> done(requests.size());
+    REQUIRE(rig.path->progress(batch, done, 20 * kSecond).is_ok());
+    const std::uint64_t launches = rig.path->poll_kernel_launches() - before;
+    if (budget == Path::Options::kMaxPollKernelBudgetNs) {
+      CHECK(launches == 0);
+    } else {
+      CHECK(launches >= 1);
+    }
+    for (std::uint64_t i = 0; i < 8; ++i) {
+      CAPTURE(i);
+      REQUIRE_MESSAGE(done[i].status.is_ok(), done[i].status.to_string());
+      CHECK(done[i].done);
+      CHECK(done[i].confirmed_bytes == 32768);
+      CHECK(done[i].commands == 8);
+      const auto expected = rig.device_bytes((i * 7 % 8) * 32768, 32768);
+      CHECK(std::equal(expected.begin(), expected.end(), buffer.bytes() + i * 32768));
+    }
+    batch = {};
+    CHECK(rig.path->unregister_memory(m).is_ok());
+  }
 }
 
 TEST_CASE(

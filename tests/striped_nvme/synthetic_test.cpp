@@ -185,6 +185,36 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("a submit kernel that polls (submit_poll_budget_ns) completes every piece: one launch per batch in all") {
+  Path::Options o;
+  o.submit_poll_budget_ns = Path::Options::kMaxPollKernelBudgetNs;
+  Rig rig(3, 4 << 20, o);
+  Buffer buffer(8 << 20);
+  auto m = rig.map(buffer);
+  auto t = rig.open(64 << 10);
+  std::memset(buffer.data, 0xEE, buffer.size);
+  // Requests that start and end mid-unit, each split over all three controllers.
+  std::vector<PathRequest<Path>> requests;
+  for (std::uint64_t i = 0; i < 4; ++i)
+    requests.push_back(Rig::request(Direction::READ, m, buffer, i * (1 << 20), t, i * 300 * 4096 + 4096, 200 * 4096));
+  std::vector<Status> states(requests.size());
+  const std::uint64_t launches = rig.path->launches();
+  auto batch = rig.path->submit(requests, states);
+  for (const Status& s : states) REQUIRE_MESSAGE(s.is_ok(), s.to_string());
+  std::vector<RequestCompletion> done(requests.size());
+  REQUIRE(rig.path->progress(batch, done, 30 * kSecond).is_ok());
+  CHECK(rig.path->launches() - launches == 1);  // the submit's; progress launched nothing
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    CAPTURE(i);
+    REQUIRE_MESSAGE(done[i].status.is_ok(), done[i].status.to_string());
+    CHECK(done[i].confirmed_bytes == 200 * 4096);
+    CHECK(std::vector<std::uint8_t>(buffer.bytes() + i * (1 << 20), buffer.bytes() + i * (1 << 20) + 200 * 4096) ==
+          rig.expected(i * 300 * 4096 + 4096, 200 * 4096, 64 << 10));
+  }
+  batch = {};
+  CHECK(rig.path->unregister_memory(m).is_ok());
+}
+
 TEST_CASE("pieces refused for queue credits are admitted by progress, and the request completes byte-exact") {
   Path::Options o;
   o.queue_pairs = 1;

@@ -77,6 +77,15 @@ struct BatchSlot {
     return false;
   }
 
+  /// True when the last reports copied back leave no kernel anything to do: every accepted request
+  /// progress has not reported yet is done (a submit kernel that polled it to the end, Options::
+  /// submit_poll_budget_ns). progress then takes them from these reports without a launch.
+  bool reports_settled() const {
+    for (std::size_t i = 0; i < size; ++i)
+      if (reports[i].accepted && !reported[i] && !reports[i].done) return false;
+    return true;
+  }
+
   /// Sizes the slot for `n` requests with `window` records each, reusing its capacity (allocates
   /// only when n exceeds the largest batch it served); `pin_capacity`: L1 entries the batch may
   /// pin. Only while no kernel runs over the slot. Errors, each naming the batch size, the array

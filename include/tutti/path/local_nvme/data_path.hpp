@@ -254,20 +254,29 @@ class LocalNvmeDataPath {
     const std::uint64_t staged = accel::timer_ns();
     std::shared_lock gate(e.kernel_gate);  // no zombie reaping while this batch's kernel may run
     // ONE copy of the staged batch, ONE launch, ONE copy of the reports back, all on the stream,
-    // then ONE bounded wait.
+    // then ONE bounded wait. With Options::submit_poll_budget_ns the kernel also polls (its stop
+    // word zeroed first), and counts as a polling kernel in every wait bound meanwhile.
+    const std::uint64_t poll_budget = e.options.submit_poll_budget_ns;
+    auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
     Status launched =
         accel::copy_to_device_async(device_requests, slot.staged.data(), n * sizeof(RequestState), stream);
+    if (launched.is_ok() && poll_budget != 0)
+      detail::assign(launched,
+                     accel::copy_to_device_async(stop_word, e.zero_word.data(), sizeof(std::uint64_t), stream));
     const bool copy_enqueued = launched.is_ok();
     if (launched.is_ok())
-      detail::assign(launched,
-                     launch_over(e.options, n, AdmitKernel{device_requests, e.device_queues(), n, device_reports}));
+      detail::assign(launched, launch_over(e.options, n,
+                                           AdmitKernel{device_requests, e.device_queues(), n, device_reports, stop_word,
+                                                       poll_budget}));
     const bool kernel_enqueued = launched.is_ok();
+    const std::uint64_t polling_ahead = poll_budget != 0 && kernel_enqueued ? e.poll_launches_in_flight.fetch_add(1) + 1
+                                                                            : e.poll_launches_in_flight.load();
+    const PollLaunchCount counted{e.poll_launches_in_flight, poll_budget != 0 && kernel_enqueued};
     if (launched.is_ok())
       detail::assign(launched, accel::copy_from_device_async(slot.reports.data(), device_reports,
                                                              n * sizeof(RequestReport), stream));
     if (copy_enqueued || cache_copied) {
-      const Status waited =
-          accel::synchronize(stream, kernel_wait_bound_ns(e.options, e.poll_launches_in_flight.load()));
+      const Status waited = accel::synchronize(stream, kernel_wait_bound_ns(e.options, polling_ahead));
       if (!waited.is_ok()) {
         // The stream may still run the copy or the kernel, which may have commands in flight:
         // abandon the slot to it (never reused or freed; the mappings stay referenced).
@@ -317,7 +326,9 @@ class LocalNvmeDataPath {
   /// returns after the first step that completed a request (NOT_READY unless it was the last), and
   /// each poll kernel stops polling as soon as one of its requests completes (PollKernel::
   /// stop_at_first_done) instead of polling on for its whole budget; a request that completed at
-  /// submit and is not reported yet makes the first launch a one-pass kernel.
+  /// submit and is not reported yet makes the first launch a one-pass kernel. A batch whose every
+  /// accepted request the submit kernel polled to the end (Options::submit_poll_budget_ns) is
+  /// taken from submit's reports with no launch at all.
   Status progress(batch& b, std::span<RequestCompletion> completions, std::uint64_t timeout_ns,
                   ProgressUntil until = ProgressUntil::ALL) {
     if (!b.slot) return Status::success();  // nothing was accepted
@@ -334,6 +345,8 @@ class LocalNvmeDataPath {
     raise_changed_targets(slot);  // changed files first: their kernel threads issue nothing more
     const bool some = until == ProgressUntil::SOME;
     bool report_waiting = some && slot.has_unreported_done();
+    // A batch its submit kernel polled to the end needs no launch: its reports are final.
+    bool launch = !slot.reports_settled();
     for (;;) {
       // ONE launch (polling on the accelerator for up to its budget) and ONE copy of the reports
       // back per step, then ONE bounded wait (poll_step).
@@ -341,7 +354,7 @@ class LocalNvmeDataPath {
       const std::uint64_t budget =
           report_waiting ? 0 : std::min(e.options.poll_kernel_budget_ns, deadline > now ? deadline - now : 0);
       report_waiting = false;
-      {
+      if (launch) {
         std::shared_lock gate(e.kernel_gate);  // no zombie reaping while this kernel may run
         bool kernel_may_run = false;
         const Status stepped = poll_step(e.options, slot, e.device_queues(), e.zero_word.data(), e.poll_kernel_launches,
@@ -384,6 +397,7 @@ class LocalNvmeDataPath {
       }
       e.reap_zombies();
       if (all_done) return Status::success();
+      launch = true;
       if ((some && any_new) || accel::timer_ns() >= deadline)
         return Status(StatusCode::NOT_READY, "local_nvme: batch still in flight");
       if (any_new || budget != 0) {

@@ -585,31 +585,6 @@ TUTTI_HOST_DEVICE inline void warp_reap(const RequestState* r, const DeviceQueue
   (void)nvme::warp_reap(detail::QueueOfDeviceQueues{queues}, waiting ? r->queue_index : 0, waiting);
 }
 
-/// The submit kernel: logical thread i admits request i of `requests` (count entries) on
-/// queues[requests[i].queue_index] and writes reports[i]. Trivially copyable (passed by value to
-/// the GPU); every pointer must be reachable by the threads that run it: `requests`, their
-/// records and `reports` in device memory (accel::allocate_device), `queues` and what they point
-/// to in accel::kKernelReachable memory. Every lane of a warp runs the warp-collective steps,
-/// also lanes past `count` (with no request).
-struct AdmitKernel {
-  RequestState* requests = nullptr;
-  const DeviceQueue* queues = nullptr;
-  std::uint64_t count = 0;
-  RequestReport* reports = nullptr;  ///< count entries
-  TUTTI_HOST_DEVICE void operator()(accel::ThreadIndex t) const noexcept {
-    const std::uint64_t i = t.global();
-    RequestState* r = i < count ? &requests[i] : nullptr;
-    const std::uint32_t needed = r != nullptr ? admission_need(*r) : 0;
-    const bool granted = detail::warp_take_credits(queues, r != nullptr ? r->queue_index : 0, needed);
-    if (needed != 0) admit_request(*r, needed, granted);
-    detail::warp_issue_commands(r, queues);
-    if (r != nullptr) {
-      detail::finish_if_idle(*r, queues[r->queue_index]);
-      write_report(*r, reports[i]);
-    }
-  }
-};
-
 /// The kernel-wide time at which PollKernel's polling stops: the first warp to arrive sets it to
 /// its clock + budget_ns (compare-and-swap from 0 on `stop_word`, which the host zeroes before
 /// each launch); the others read it. Lane 0 does it, every lane gets the value (collective). A
@@ -629,11 +604,85 @@ TUTTI_HOST_DEVICE inline std::uint64_t warp_poll_stop(std::uint64_t* stop_word, 
   return accel::warp_broadcast(stop, 0);
 }
 
-/// The progress kernel. Each warp polls its requests in passes (reap its CQs, poll_request with
+namespace detail {
+/// The polling of PollKernel, and of AdmitKernel given a budget (warp-collective; `r` null for
+/// lanes without a request): the warp polls its requests in passes (reap its CQs, poll_request with
 /// the clock read where it runs, issue further commands, finish idle requests) until none of them
 /// is waiting, or one needs the host (a record timed_out or zombie: the Abort and the zombie
-/// hand-off are the host's), or the kernel-wide stop time (warp_poll_stop) has passed; then it
-/// writes the reports. With stop_at_first_done (ProgressUntil::SOME), a warp in which a request
+/// hand-off are the host's), or the kernel-wide stop time (warp_poll_stop) has passed.
+/// stop_at_first_done and budget_ns as PollKernel's fields (budget_ns = 0: one pass).
+TUTTI_HOST_DEVICE inline void warp_poll_requests(RequestState* r, const DeviceQueue* queues, std::uint64_t* stop_word,
+                                                 std::uint64_t budget_ns, bool stop_at_first_done) noexcept {
+  std::uint64_t stop = budget_ns == 0 ? 0 : warp_poll_stop(stop_word, budget_ns);
+  const bool waiting_at_launch = r != nullptr && r->accepted && !r->done;
+  accel::Backoff backoff(
+      accel::Backoff::Settings{.spin_steps = 4, .yield_steps = 4, .first_sleep_ns = 256, .max_sleep_ns = 8192});
+  for (;;) {
+    warp_reap(r, queues);
+    const std::uint64_t now = accel::timer_ns();
+    // CSTS (uncached MMIO on a PCIe drive) is read only once the loop sleeps between passes
+    // (after 8 passes) and when the stop time has passed; a one-pass kernel reads it every time.
+    const bool check_controller = budget_ns == 0 || backoff.sleeping() || now >= stop;
+    if (r != nullptr) poll_request(*r, queues[r->queue_index], now, check_controller);
+    detail::warp_issue_commands(r, queues);
+    if (r != nullptr) detail::finish_if_idle(*r, queues[r->queue_index]);
+    const bool host = r != nullptr && records_needing_host(*r) != 0;
+    const bool waiting = r != nullptr && r->accepted && !r->done;
+    // A request of this warp finished in this pass: with stop_at_first_done it ends every warp's
+    // polling (the stop word becomes 1, a time long past), also when this warp leaves because it has
+    // nothing left to wait for. The condition before the ballot is the same in every lane.
+    const bool first_done =
+        stop_at_first_done && budget_ns != 0 && accel::warp_ballot(waiting_at_launch && !waiting) != 0;
+    if (first_done && accel::lane_id() == 0)
+      accel::DeviceAtomicRef<std::uint64_t>(*stop_word).store(1, accel::MemoryOrder::relaxed);
+    if (first_done || accel::warp_ballot(waiting) == 0 || accel::warp_ballot(host) != 0 ||
+        accel::warp_ballot(now >= stop) != 0)
+      break;
+    if (stop_at_first_done && budget_ns != 0) {
+      std::uint64_t seen = 0;  // another warp's first completion ends this warp's polling too
+      if (accel::lane_id() == 0)
+        seen = accel::DeviceAtomicRef<std::uint64_t>(*stop_word).load(accel::MemoryOrder::relaxed);
+      stop = accel::warp_broadcast(seen, 0);
+      if (now >= stop) break;
+    }
+    backoff.pause();
+  }
+}
+}  // namespace detail
+
+/// The submit kernel: logical thread i admits request i of `requests` (count entries) on
+/// queues[requests[i].queue_index] and writes reports[i]. Trivially copyable (passed by value to
+/// the GPU); every pointer must be reachable by the threads that run it: `requests`, their
+/// records and `reports` in device memory (accel::allocate_device), `queues` and what they point
+/// to in accel::kKernelReachable memory. Every lane of a warp runs the warp-collective steps,
+/// also lanes past `count` (with no request). With poll_budget_ns != 0 (Options::
+/// submit_poll_budget_ns) each warp then polls its requests as PollKernel does
+/// (detail::warp_poll_requests, until done, needing the host, or the kernel-wide stop time), so a
+/// batch that completes within the budget comes back done from submit and progress launches
+/// nothing: one launch and one host round trip per batch instead of two.
+struct AdmitKernel {
+  RequestState* requests = nullptr;
+  const DeviceQueue* queues = nullptr;
+  std::uint64_t count = 0;
+  RequestReport* reports = nullptr;  ///< count entries
+  std::uint64_t* stop_word =
+      nullptr;                       ///< with poll_budget_ns: as PollKernel's (device memory, zeroed before the launch)
+  std::uint64_t poll_budget_ns = 0;  ///< how long the warps poll after admission, ns (0: they do not)
+  TUTTI_HOST_DEVICE void operator()(accel::ThreadIndex t) const noexcept {
+    const std::uint64_t i = t.global();
+    RequestState* r = i < count ? &requests[i] : nullptr;
+    const std::uint32_t needed = r != nullptr ? admission_need(*r) : 0;
+    const bool granted = detail::warp_take_credits(queues, r != nullptr ? r->queue_index : 0, needed);
+    if (needed != 0) admit_request(*r, needed, granted);
+    detail::warp_issue_commands(r, queues);
+    if (r != nullptr) detail::finish_if_idle(*r, queues[r->queue_index]);
+    if (poll_budget_ns != 0) detail::warp_poll_requests(r, queues, stop_word, poll_budget_ns, false);
+    if (r != nullptr) write_report(*r, reports[i]);
+  }
+};
+
+/// The progress kernel. Each warp polls its requests (detail::warp_poll_requests) and then writes
+/// the reports. With stop_at_first_done (ProgressUntil::SOME), a warp in which a request
 /// that was waiting at launch is now done stops, and sets the stop word to 1 (a time that has
 /// passed), which the other warps read on every pass: the kernel returns about one pass after the
 /// first completion instead of polling on for its budget. budget_ns = 0: one pass, no stop word
@@ -652,40 +701,7 @@ struct PollKernel {
   TUTTI_HOST_DEVICE void operator()(accel::ThreadIndex t) const noexcept {
     const std::uint64_t i = t.global();
     RequestState* r = i < count ? &requests[i] : nullptr;
-    std::uint64_t stop = budget_ns == 0 ? 0 : warp_poll_stop(stop_word, budget_ns);
-    const bool waiting_at_launch = r != nullptr && r->accepted && !r->done;
-    accel::Backoff backoff(
-        accel::Backoff::Settings{.spin_steps = 4, .yield_steps = 4, .first_sleep_ns = 256, .max_sleep_ns = 8192});
-    for (;;) {
-      warp_reap(r, queues);
-      const std::uint64_t now = accel::timer_ns();
-      // CSTS (uncached MMIO on a PCIe drive) is read only once the loop sleeps between passes
-      // (after 8 passes) and when the stop time has passed; a one-pass kernel reads it every time.
-      const bool check_controller = budget_ns == 0 || backoff.sleeping() || now >= stop;
-      if (r != nullptr) poll_request(*r, queues[r->queue_index], now, check_controller);
-      detail::warp_issue_commands(r, queues);
-      if (r != nullptr) detail::finish_if_idle(*r, queues[r->queue_index]);
-      const bool host = r != nullptr && records_needing_host(*r) != 0;
-      const bool waiting = r != nullptr && r->accepted && !r->done;
-      // A request of this warp finished in this pass: with stop_at_first_done it ends every warp's
-      // polling (the stop word becomes 1, a time long past), also when this warp leaves because it has
-      // nothing left to wait for. The condition before the ballot is the same in every lane.
-      const bool first_done =
-          stop_at_first_done && budget_ns != 0 && accel::warp_ballot(waiting_at_launch && !waiting) != 0;
-      if (first_done && accel::lane_id() == 0)
-        accel::DeviceAtomicRef<std::uint64_t>(*stop_word).store(1, accel::MemoryOrder::relaxed);
-      if (first_done || accel::warp_ballot(waiting) == 0 || accel::warp_ballot(host) != 0 ||
-          accel::warp_ballot(now >= stop) != 0)
-        break;
-      if (stop_at_first_done && budget_ns != 0) {
-        std::uint64_t seen = 0;  // another warp's first completion ends this warp's polling too
-        if (accel::lane_id() == 0)
-          seen = accel::DeviceAtomicRef<std::uint64_t>(*stop_word).load(accel::MemoryOrder::relaxed);
-        stop = accel::warp_broadcast(seen, 0);
-        if (now >= stop) break;
-      }
-      backoff.pause();
-    }
+    detail::warp_poll_requests(r, queues, stop_word, budget_ns, stop_at_first_done);
     if (r != nullptr) write_report(*r, reports[i]);
   }
 };

@@ -13,6 +13,8 @@
 // Units: ns. Thread-safety: reentrant (the stream orders the work).
 #pragma once
 
+#include <algorithm>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -54,10 +56,13 @@ Status preload_kernels(std::uint64_t timeout_ns);
 }  // namespace TUTTI_PROFILE_NAMESPACE
 
 /// How long a wait for work just enqueued on Options::stream may take, ns: command_timeout_ns
-/// plus the polling budget of `poll_kernels` poll kernels of this DataPath queued ahead of it
-/// (all batches share the stream; each may poll for its whole budget). Saturating.
+/// plus a polling budget (the larger of poll_kernel_budget_ns and submit_poll_budget_ns) for each
+/// of `poll_kernels` polling kernels of this DataPath queued on the stream, the waited one
+/// included when it polls (all batches share the stream; each may poll for its whole budget).
+/// Saturating.
 inline std::uint64_t kernel_wait_bound_ns(const Options& options, std::uint64_t poll_kernels) noexcept {
-  const std::uint64_t budget = options.poll_kernel_budget_ns, limit = ~std::uint64_t{0};
+  const std::uint64_t budget = std::max(options.poll_kernel_budget_ns, options.submit_poll_budget_ns);
+  const std::uint64_t limit = ~std::uint64_t{0};
   const std::uint64_t extra = budget == 0 ? 0 : (poll_kernels > limit / budget ? limit : poll_kernels * budget);
   const std::uint64_t timeout = options.command_timeout_ns;
   return extra > limit - timeout ? limit : timeout + extra;
@@ -79,10 +84,14 @@ Status launch_over(const Options& options, std::size_t n, const Kernel& kernel) 
   }
 }
 
-/// Takes one poll launch off the DataPath's count of poll kernels in flight when its wait is over.
+/// Takes one polling launch off the DataPath's count of polling kernels in flight when its wait is
+/// over (counted: whether the launch was counted at all).
 struct PollLaunchCount {
   std::atomic<std::uint64_t>& count;
-  ~PollLaunchCount() { count.fetch_sub(1); }
+  bool counted = true;
+  ~PollLaunchCount() {
+    if (counted) count.fetch_sub(1);
+  }
 };
 
 }  // namespace tutti::local_nvme

@@ -109,6 +109,16 @@ struct Options {
   /// Host profile: a block's threads run one after another, so the first request of a block
   /// polls and the others get one pass each (default 0 there).
   std::uint64_t poll_kernel_budget_ns = kDefaultPollKernelBudgetNs;
+  /// How long the submit kernel keeps polling the batch it just admitted, ns (0..
+  /// kMaxPollKernelBudgetNs, and at most command_timeout_ns / 2; default 0: it does not). With a
+  /// budget, each warp of the submit kernel polls its requests as a progress kernel would
+  /// (kernels.hpp, AdmitKernel) until they are done, one needs the host, or the budget is spent,
+  /// so submit returns up to this much later, but a batch that completed meanwhile comes back
+  /// done and progress/wait launch nothing: one kernel launch and one host round trip per batch
+  /// instead of two. For callers that submit and then wait (a layer's restore before its
+  /// attention), not for those that overlap work between submit and wait. Host profile: as
+  /// poll_kernel_budget_ns there (a block's threads run one after another).
+  std::uint64_t submit_poll_budget_ns = 0;
   /// L2 bound: bytes of extents (24 per extent) of all open targets together, held in
   /// kernel-reachable memory (CUDA profile: mapped pinned host memory) from open to close
   /// (1..accel::kMaxAllocationBytes). open beyond it returns RESOURCE_EXHAUSTED naming this field.
@@ -157,6 +167,13 @@ inline Result<std::uint64_t> validate_options(const Options& options, const nvme
         "local_nvme: poll_kernel_budget_ns = {} outside 0..{} (at most {} ns and command_timeout_ns / 2 = {} ns): "
         "lower poll_kernel_budget_ns or raise command_timeout_ns",
         options.poll_kernel_budget_ns, limit, Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2);
+  if (const std::uint64_t limit = std::min(Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2);
+      options.submit_poll_budget_ns > limit)
+    return error(
+        StatusCode::INVALID_ARGUMENT,
+        "local_nvme: submit_poll_budget_ns = {} outside 0..{} (at most {} ns and command_timeout_ns / 2 = {} ns): "
+        "lower submit_poll_budget_ns or raise command_timeout_ns",
+        options.submit_poll_budget_ns, limit, Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2);
   if (options.max_batches_in_flight == 0 || options.max_batches_in_flight > Options::kMaxBatchesInFlightLimit)
     return error(StatusCode::INVALID_ARGUMENT, "local_nvme: max_batches_in_flight = {} outside 1..{}",
                  options.max_batches_in_flight, Options::kMaxBatchesInFlightLimit);

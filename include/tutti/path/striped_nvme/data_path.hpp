@@ -471,22 +471,31 @@ class StripedNvmeDataPath {
     for (std::size_t i = 0; i < n; ++i) f.remaining[i] = f.first_piece[i + 1] - f.first_piece[i];
     void* stream = s.options.stream.native_handle();
     Gates gates(s);  // no zombie reaping on any controller while this kernel may run
+    // With Options::submit_poll_budget_ns the kernel also polls the pieces (as local_nvme's submit).
+    const std::uint64_t poll_budget = s.options.submit_poll_budget_ns;
+    auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
     Status launched =
         accel::copy_to_device_async(device_requests, slot.staged.data(), m * sizeof(local_nvme::RequestState), stream);
+    if (launched.is_ok() && poll_budget != 0)
+      local_nvme::detail::assign(launched, accel::copy_to_device_async(stop_word, s.engines[0]->zero_word.data(),
+                                                                       sizeof(std::uint64_t), stream));
     const bool copy_enqueued = launched.is_ok();
     if (launched.is_ok())
       local_nvme::detail::assign(
           launched, local_nvme::launch_over(s.options, m,
-                                            local_nvme::AdmitKernel{device_requests, s.table(), m, device_reports}));
+                                            local_nvme::AdmitKernel{device_requests, s.table(), m, device_reports,
+                                                                    stop_word, poll_budget}));
     const bool kernel_enqueued = launched.is_ok();
     if (kernel_enqueued) s.launches.fetch_add(1, std::memory_order_relaxed);
+    const std::uint64_t polling_ahead =
+        poll_budget != 0 && kernel_enqueued ? s.poll_in_flight.fetch_add(1) + 1 : s.poll_in_flight.load();
+    const local_nvme::PollLaunchCount counted{s.poll_in_flight, poll_budget != 0 && kernel_enqueued};
     if (launched.is_ok())
       local_nvme::detail::assign(launched,
                                  accel::copy_from_device_async(slot.reports.data(), device_reports,
                                                                m * sizeof(local_nvme::RequestReport), stream));
     if (copy_enqueued) {
-      const Status waited =
-          accel::synchronize(stream, local_nvme::kernel_wait_bound_ns(s.options, s.poll_in_flight.load()));
+      const Status waited = accel::synchronize(stream, local_nvme::kernel_wait_bound_ns(s.options, polling_ahead));
       if (!waited.is_ok()) {
         reject_all(waited.with_context("striped_nvme: submit kernel"));
         abandon(slot);
@@ -562,12 +571,15 @@ class StripedNvmeDataPath {
     raise_changed_targets(slot);
     const bool some = until == ProgressUntil::SOME;
     bool report_waiting = some && slot.has_unreported_done();  // a one-pass launch brings it back
+    // Pieces the submit kernel polled to the end need no launch, unless deferred pieces wait.
+    bool launch = !slot.reports_settled();
+    for (std::size_t j = 0; j < m && !launch; ++j) launch = f.deferred[j] != 0 && !slot.reported[j];
     for (;;) {
       const std::uint64_t now = accel::timer_ns();
       const std::uint64_t budget =
           report_waiting ? 0 : std::min(s.options.poll_kernel_budget_ns, deadline > now ? deadline - now : 0);
       report_waiting = false;
-      {
+      if (launch) {
         Gates gates(s);
         TUTTI_RETURN_IF_ERROR(admit_deferred(slot, f));
         bool kernel_may_run = false;
@@ -627,6 +639,7 @@ class StripedNvmeDataPath {
       }
       for (auto& e : s.engines) e->reap_zombies();
       if (all_done) return Status::success();
+      launch = true;
       if ((some && request_done) || accel::timer_ns() >= deadline)
         return Status(StatusCode::NOT_READY, "striped_nvme: batch still in flight");
       if (any_new || budget != 0) {
@@ -655,16 +668,20 @@ class StripedNvmeDataPath {
   };
 
   /// Shared hold of every controller's kernel gate (in controller order), for one launch and wait.
+  /// A fixed array, not a vector: submit and every progress step take one, and neither allocates.
   class Gates {
    public:
-    explicit Gates(State& s) {
-      locks_.reserve(s.engines.size());
-      for (auto& e : s.engines) locks_.emplace_back(e->kernel_gate);
+    explicit Gates(State& s) : count_(s.engines.size()) {
+      for (std::size_t d = 0; d < count_; ++d)
+        locks_[d] = std::shared_lock<std::shared_mutex>(s.engines[d]->kernel_gate);
     }
-    void unlock() { locks_.clear(); }
+    void unlock() {
+      for (std::size_t d = 0; d < count_; ++d) locks_[d] = {};
+    }
 
    private:
-    std::vector<std::shared_lock<std::shared_mutex>> locks_;
+    std::size_t count_;
+    std::array<std::shared_lock<std::shared_mutex>, kMaxControllers> locks_;
   };
 
   explicit StripedNvmeDataPath(std::unique_ptr<State> state) : state_(std::move(state)) {}
