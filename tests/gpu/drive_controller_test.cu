@@ -8,7 +8,10 @@
 //     latency holds each batch at least latency_ns;
 //   - fault injection: an error status becomes DEVICE_ERROR with that status and no bytes claimed;
 //     a lost completion becomes TIMEOUT; the other requests of the batch succeed byte for byte;
-//   - two controllers served by one kernel (striping), each with its own runtime.
+//   - two controllers served by one kernel (striping), each with its own runtime;
+//   - one striped_nvme DataPath over three controllers: requests that cross units land byte for
+//     byte, one submit launch for all controllers, also with the submit kernel polling
+//     (Options::submit_poll_budget_ns: then progress launches nothing).
 // Suite gpu; exits 77 without a GPU.
 #include <doctest/doctest.h>
 
@@ -27,6 +30,7 @@
 #include <tutti/accel/stream.hpp>
 #include <tutti/core/runtime.hpp>
 #include <tutti/path/local_nvme.hpp>
+#include <tutti/path/striped_nvme.hpp>
 
 #include "drive_controller.cuh"
 
@@ -405,4 +409,96 @@ TEST_CASE("two controllers served by one kernel, each under its own runtime, bot
   for (Drive* d : {&a, &b})
     for (std::uint64_t i = 0; i < 16; ++i)
       CHECK(d->memory_bytes_at(i * (512 << 10), 512 << 10) == d->expected(i * (1 << 20), 512 << 10));
+}
+
+TEST_CASE("one striped_nvme DataPath over three controllers: requests across units land byte for byte, one launch") {
+  if (!have_gpu()) return;
+  using StripedPath = striped_nvme::StripedNvmeDataPath;
+  constexpr std::uint64_t kUnit = 64 << 10;
+  for (const std::uint64_t submit_poll : {std::uint64_t{0}, std::uint64_t{100'000'000}}) {
+    CAPTURE(submit_poll);
+    Stream stream;
+    DriveSettings settings;
+    settings.namespace_bytes = kNamespaceBytes;
+    settings.latency_ns = 20'000;
+    std::vector<std::unique_ptr<DriveNvmeController>> controllers;
+    std::vector<nvme::Controller*> raw;
+    std::vector<DriveNvmeController*> serviced;
+    for (std::uint64_t d = 0; d < 3; ++d) {
+      controllers.push_back(std::make_unique<DriveNvmeController>(settings));
+      REQUIRE(controllers.back()->bring_up({}).is_ok());
+      std::vector<std::uint8_t> bytes(kNamespaceBytes);
+      for (std::uint64_t i = 0; i < bytes.size(); ++i) bytes[i] = pattern(30 + d, i);
+      REQUIRE(cudaMemcpy(controllers.back()->namespace_data(), bytes.data(), bytes.size(), cudaMemcpyDefault) ==
+              cudaSuccess);
+      raw.push_back(controllers.back().get());
+      serviced.push_back(controllers.back().get());
+    }
+    local_nvme::Options options;
+    options.queue_pairs = 2;
+    options.queue_depth = 256;
+    options.stream = accel::StreamRef::from_native_handle(stream.stream);
+    options.max_batches_in_flight = 2;
+    options.prepared_batches = 2;  // before the service starts (Options::prepared_batches)
+    options.prepared_batch_requests = 256;
+    options.submit_poll_budget_ns = submit_poll;
+    auto created = StripedPath::create(raw, options);
+    REQUIRE_MESSAGE(created.is_ok(), created.status().to_string());
+    StripedPath path = std::move(created.value());
+    striped_file::Target target;
+    target.name = "three namespaces";
+    target.unit_bytes = kUnit;
+    for (std::uint64_t d = 0; d < 3; ++d) {
+      local_file::Target shard;
+      shard.path = fmt::format("namespace {}", d);
+      shard.extents = {local_file::Extent{0, 0, kNamespaceBytes}};
+      shard.file_size = kNamespaceBytes;
+      shard.lba_size = gpu_test::kDriveLbaSize;
+      target.shards.push_back(std::move(shard));
+    }
+    target.logical_size = 3 * kNamespaceBytes;
+    auto opened = path.open(std::move(target), {});
+    REQUIRE_MESSAGE(opened.is_ok(), opened.status().to_string());
+    constexpr std::uint64_t kBytes = std::uint64_t{8} << 20;
+    auto buffer = accel::DeviceBuffer::allocate(kBytes);
+    REQUIRE(buffer.is_ok());
+    REQUIRE(cudaMemset(buffer->data(), 0xEE, kBytes) == cudaSuccess);
+    const MemoryView view{buffer->data(), kBytes, MemoryKind::DEVICE, 0};
+    auto memory = path.register_memory(view);
+    REQUIRE_MESSAGE(memory.is_ok(), memory.status().to_string());
+    DriveService service;
+    REQUIRE(service.start(serviced, 0, 20 * kSecond).is_ok());
+    // 24 requests of 148 KiB (whole 4 KiB LBAs, as the runtime requires) starting 4 KiB before a
+    // unit boundary: each splits into 4 pieces (4, 64, 64 and 16 KiB) over all three controllers.
+    std::vector<PathRequest<StripedPath>> requests;
+    for (std::uint64_t i = 0; i < 24; ++i)
+      requests.push_back(PathRequest<StripedPath>{Direction::READ, &*memory, view, i * (256 << 10), &*opened,
+                                                  (7 * i + 1) * kUnit - 4096, 148 << 10});
+    std::vector<Status> states(requests.size());
+    std::vector<RequestCompletion> done(requests.size());
+    const std::uint64_t launches = path.launches();
+    auto batch = path.submit(requests, states);
+    CHECK(path.launches() - launches == 1);
+    for (const Status& st : states) REQUIRE_MESSAGE(st.is_ok(), st.to_string());
+    const Status waited = path.progress(batch, done, 10 * kSecond);
+    CHECK_MESSAGE(waited.is_ok(), waited.to_string());
+    if (submit_poll != 0) CHECK(path.launches() - launches == 1);  // the submit polled them to the end
+    CHECK(service.stop() == 0);
+    std::vector<std::uint8_t> got(kBytes);
+    REQUIRE(accel::copy_from_device(got.data(), buffer->data(), kBytes).is_ok());
+    for (std::uint64_t i = 0; i < requests.size(); ++i) {
+      CAPTURE(i);
+      CHECK_MESSAGE(done[i].status.is_ok(), done[i].status.to_string());
+      CHECK(done[i].confirmed_bytes == requests[i].length);
+      std::uint64_t mismatches = 0;
+      for (std::uint64_t x = 0; x < requests[i].length; ++x) {
+        const striped_file::Placement place = striped_file::place(requests[i].target_offset + x, kUnit, 3);
+        mismatches += got[requests[i].memory_offset + x] != pattern(30 + place.shard, place.shard_offset);
+      }
+      CHECK(mismatches == 0);
+    }
+    batch = {};
+    CHECK(path.unregister_memory(*memory).is_ok());
+    CHECK(path.close(*opened).is_ok());
+  }
 }

@@ -182,10 +182,23 @@ TEST_CASE("striped targets over 2 and 3 ext4 images read and write byte-exact, i
     REQUIRE_MESSAGE(p.is_ok(), p.status().to_string());
     const std::uint64_t size = sectors.size() * shard;
     CHECK(rt.target_size(*k).value() == size);
-    // One batch: the whole of k, a mid-unit piece of v, and the plain file.
-    IoResult r = run(rt, {IoRequest{Direction::READ, *m, 0, *k, 0, size},
-                          IoRequest{Direction::READ, *m, 8 << 20, *vt, 12288, 200 << 10},
-                          IoRequest{Direction::READ, *m, 12 << 20, *p, 0, 1 << 20}});
+    // One batch: the whole of k, a mid-unit piece of v, and the plain file: ONE submit launch for
+    // both striped targets over every controller, ONE for the plain target (one per DataPath).
+    const std::uint64_t striped_launches = rt.datapath<0>().launches();
+    const std::uint64_t plain_polls = rt.datapath<1>().poll_kernel_launches();
+    const auto plain_submits = rt.datapath<1>().submit_time_split().submits;
+    const std::vector<IoRequest> mixed{IoRequest{Direction::READ, *m, 0, *k, 0, size},
+                                       IoRequest{Direction::READ, *m, 8 << 20, *vt, 12288, 200 << 10},
+                                       IoRequest{Direction::READ, *m, 12 << 20, *p, 0, 1 << 20}};
+    auto submitted = rt.submit(mixed);
+    for (const Status& state : submitted.initial_states) REQUIRE_MESSAGE(state.is_ok(), state.to_string());
+    CHECK(rt.datapath<0>().launches() - striped_launches == 1);
+    CHECK(rt.datapath<1>().submit_time_split().submits == plain_submits + 1);
+    CHECK(rt.datapath<1>().poll_kernel_launches() == plain_polls);
+    auto waited = rt.wait(submitted.io, 30 * kSecond);
+    REQUIRE_MESSAGE(waited.is_ok(), waited.status().to_string());
+    REQUIRE(rt.release(submitted.io).is_ok());
+    const IoResult r = waited.value();
     REQUIRE_MESSAGE(r.status.is_ok(), r.status.to_string());
     CHECK(r.confirmed_bytes == size + (200 << 10) + (1 << 20));
     CHECK(std::vector<std::uint8_t>(buffer.bytes(), buffer.bytes() + size) == rig.expected("kv", 64 << 10, 0, size));

@@ -318,9 +318,13 @@ TEST_CASE("one controller failing with an error status (DNR set) fails exactly t
   rule.max_fires = 0;
   rig.drives[2]->device->inject_fault(rule);
   // Units 0..3 are on controllers 0..3: a request over units 0-1, one over 2, one over 3-5.
+  const auto start = accel::timer_ns();
   auto [states, done] = rig.run({Rig::request(Direction::READ, m, buffer, 0, t, 0, 128 << 10),
                                  Rig::request(Direction::READ, m, buffer, 1 << 20, t, 128 << 10, 64 << 10),
                                  Rig::request(Direction::READ, m, buffer, 2 << 20, t, 192 << 10, 192 << 10)});
+  // An error status is final at once: no retry (DNR) and no wait for a timeout (5 s by default).
+  CHECK(accel::timer_ns() - start < 4'000'000'000u);
+  CHECK(done[1].retries == 0);
   CHECK(done[0].status.is_ok());
   CHECK(done[0].confirmed_bytes == 128 << 10);
   CHECK(std::vector<std::uint8_t>(buffer.bytes(), buffer.bytes() + (128 << 10)) ==
@@ -330,6 +334,9 @@ TEST_CASE("one controller failing with an error status (DNR set) fails exactly t
   CHECK(done[1].confirmed_bytes == 0);
   CHECK(done[1].status.message().find("controller 2") != std::string::npos);
   CHECK(done[2].status.is_ok());
+  CHECK(done[2].confirmed_bytes == 192 << 10);
+  CHECK(std::vector<std::uint8_t>(buffer.bytes() + (2 << 20), buffer.bytes() + (2 << 20) + (192 << 10)) ==
+        rig.expected(192 << 10, 192 << 10, 64 << 10));
   CHECK(rig.drives[2]->device->counters().injected_faults == 1);
   CHECK(rig.path->close(t).is_ok());
   CHECK(rig.path->unregister_memory(m).is_ok());
