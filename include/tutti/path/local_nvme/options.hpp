@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string_view>
+#include <utility>
 
 #include <tutti/accel/memory.hpp>
 #include <tutti/accel/primitives.hpp>
@@ -160,20 +162,16 @@ inline Result<std::uint64_t> validate_options(const Options& options, const nvme
                  options.threads_per_block, accel::kKernelWarpLanes);
   if (options.command_timeout_ns == 0 || options.abort_timeout_ns == 0 || options.admin_timeout_ns == 0)
     return error(StatusCode::INVALID_ARGUMENT, "local_nvme: timeouts must be > 0 ns");
-  if (const std::uint64_t limit = std::min(Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2);
-      options.poll_kernel_budget_ns > limit)
-    return error(
-        StatusCode::INVALID_ARGUMENT,
-        "local_nvme: poll_kernel_budget_ns = {} outside 0..{} (at most {} ns and command_timeout_ns / 2 = {} ns): "
-        "lower poll_kernel_budget_ns or raise command_timeout_ns",
-        options.poll_kernel_budget_ns, limit, Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2);
-  if (const std::uint64_t limit = std::min(Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2);
-      options.submit_poll_budget_ns > limit)
-    return error(
-        StatusCode::INVALID_ARGUMENT,
-        "local_nvme: submit_poll_budget_ns = {} outside 0..{} (at most {} ns and command_timeout_ns / 2 = {} ns): "
-        "lower submit_poll_budget_ns or raise command_timeout_ns",
-        options.submit_poll_budget_ns, limit, Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2);
+  // Both polling budgets: the host waits command_timeout_ns for a kernel, so at most half of it.
+  const std::uint64_t budget_limit = std::min(Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2);
+  for (const auto& [field, budget] :
+       {std::pair<std::string_view, std::uint64_t>{"poll_kernel_budget_ns", options.poll_kernel_budget_ns},
+        {"submit_poll_budget_ns", options.submit_poll_budget_ns}})
+    if (budget > budget_limit)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "local_nvme: {} = {} outside 0..{} (at most {} ns and command_timeout_ns / 2 = {} ns): lower {} or "
+                   "raise command_timeout_ns",
+                   field, budget, budget_limit, Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2, field);
   if (options.max_batches_in_flight == 0 || options.max_batches_in_flight > Options::kMaxBatchesInFlightLimit)
     return error(StatusCode::INVALID_ARGUMENT, "local_nvme: max_batches_in_flight = {} outside 1..{}",
                  options.max_batches_in_flight, Options::kMaxBatchesInFlightLimit);
