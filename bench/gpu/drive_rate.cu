@@ -17,6 +17,9 @@
 //             per-batch latency p50 / p99 (submit to wait's return) and host CPU time per batch
 //             (getrusage RUSAGE_THREAD) for one layer's batch (24 x 512 KiB) and 1, 64, 1024 x 4 KiB.
 //   copy      pinned host-to-device cudaMemcpyAsync bandwidth (256 MiB, best of 5): the link's limit.
+//   striped   (--striped, instead of the rows above) one striped_nvme DataPath over N controllers
+//             (--stripe-controllers), one submitter keeping --striped-in-flight batches submitted:
+//             512 KiB reads from pinned namespaces (GB/s) and 4 KiB reads from GPU ones (IOPS).
 // Every byte counted is verified: after each batch a kernel compares every destination byte with
 // the namespace's pattern (double-buffered, off the measured thread's critical path); a row with
 // any mismatch, any failed request or a verified-byte count different from the confirmed bytes is
@@ -27,6 +30,7 @@
 // Usage: tutti-bench-gpu-drive [--controllers 1,2,3,4] [--latencies-us 0,70] [--seconds S]
 //   [--submitters T] [--queues Q] [--depth D] [--iops-batch B] [--gbps-batch B] [--cap-gbps G]
 //   [--latency-row-us L] [--latency-batches N] [--queue-state device|mapped-host] [--warps-per-queue W]
+//   [--submit-poll-us U] [--striped [--stripe-controllers 1,2,3,4] [--striped-in-flight F]]
 //   [--raw-json FILE] [--json FILE]
 // Exits 77 without a CUDA device, 2 on bad flags, 1 when any row had errors.
 #include <sys/resource.h>
@@ -37,6 +41,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -83,9 +88,10 @@ struct Options {
   std::uint32_t latency_batches = 300;
   std::uint32_t submit_poll_us =
       0;  ///< local_nvme::Options::submit_poll_budget_ns, us (0: the submit kernel does not poll)
-  std::string queue_state = "device";  ///< local_nvme::Options::device_queue_state: device | mapped-host
-  std::uint32_t warps_per_queue = 0;   ///< the drive service's warps per queue (0: DriveService's default)
-  bool striped = false;                ///< --striped: the striped rows only
+  std::string queue_state = "device";   ///< local_nvme::Options::device_queue_state: device | mapped-host
+  std::uint32_t warps_per_queue = 0;    ///< the drive service's warps per queue (0: DriveService's default)
+  bool striped = false;                 ///< --striped: the striped rows only
+  std::uint32_t striped_in_flight = 1;  ///< --striped-in-flight: batches the striped submitter keeps in flight
   std::vector<std::uint32_t> stripe_controllers{1, 2, 3, 4};
   std::string raw_json, json;
 };
@@ -416,15 +422,22 @@ __global__ void verify_striped_kernel(const std::uint64_t* dest, std::uint32_t c
 
 /// One striped row: a StripedNvmeDataPath over controllers[0..n) (the namespaces filled with seeds
 /// first_seed + d), one striped target of their n namespaces in units of kStripeUnit, one submitter thread
-/// running batches of `batch` reads of `bytes` through submit / progress for `seconds`, double-buffered
-/// GPU destinations, every byte verified on the GPU. Created, measured and destroyed while the service
-/// runs only between create and destroy (every allocation happens before it starts).
+/// running batches of `batch` reads of `bytes` through submit / progress for `seconds`, keeping
+/// --striped-in-flight batches submitted (the oldest is waited for before the next is submitted), each
+/// into its own GPU destination (one more than in flight, so the next batch never waits for the
+/// verification of the one just done), every byte verified on the GPU. A batch's latency is submit to
+/// its progress returning, so with more than one in flight it includes the wait behind the older ones.
+/// Created, measured and destroyed while the service runs only between create and destroy (every
+/// allocation happens before it starts).
 Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeController>>& controllers, std::uint32_t n,
                     std::uint64_t first_seed, std::uint32_t batch, std::uint64_t bytes, Row row) {
   row.controllers = n;
   row.batch = batch;
   row.request_bytes = bytes;
   row.submitters = 1;
+  const std::uint32_t in_flight = o.striped_in_flight;
+  constexpr std::uint32_t kMostBuffers = 5;  // --striped-in-flight is at most 4
+  const std::uint32_t buffer_count = in_flight + 1;
   // Released on every return, after the path (declared below, destroyed first) that uses the stream.
   struct CudaResources {
     cudaStream_t stream = nullptr, verify_stream = nullptr;
@@ -458,8 +471,9 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
     options.device_queue_state = o.queue_state == "device";
     options.submit_poll_budget_ns = std::uint64_t{o.submit_poll_us} * 1000;
     options.stream = accel::StreamRef::from_native_handle(stream);
-    options.max_batches_in_flight = 4;
-    options.prepared_batches = 4;  // every slot made now, before the service's persistent kernel starts
+    options.max_batches_in_flight = std::max<std::uint32_t>(4, in_flight);
+    options.prepared_batches =
+        options.max_batches_in_flight;  // every slot made now, before the service's persistent kernel starts
     options.prepared_batch_requests = batch * static_cast<std::uint32_t>((bytes + kStripeUnit - 1) / kStripeUnit + 1);
     auto created = StripedPath::create(raw, options);
     if (!created) {
@@ -480,11 +494,11 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
     }
     target.logical_size = n * kNamespaceBytes;
     auto opened = path.open(std::move(target), {});
-    accel::DeviceBuffer buffers[2];
-    std::optional<StripedPath::registered_memory> memory[2];
-    cudaEvent_t verified[2] = {nullptr, nullptr};
+    accel::DeviceBuffer buffers[kMostBuffers];
+    std::optional<StripedPath::registered_memory> memory[kMostBuffers];
+    cudaEvent_t verified[kMostBuffers] = {};
     const std::uint64_t buffer_bytes = std::uint64_t{batch} * bytes;
-    for (int k = 0; k < 2 && opened; ++k) {
+    for (std::uint32_t k = 0; k < buffer_count && opened; ++k) {
       auto b = accel::DeviceBuffer::allocate(buffer_bytes);
       if (!b) {
         note(row, b.status().to_string());
@@ -511,44 +525,68 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
         note(row, started.to_string());
     }
     if (row.errors == 0) {
-      std::vector<PathRequest<StripedPath>> requests(batch);
-      std::vector<Status> states(batch);
+      // One entry per batch in flight, oldest first; each keeps its requests until its progress returns.
+      struct InFlight {
+        std::uint64_t number = 0;
+        std::uint32_t buffer = 0;
+        std::vector<PathRequest<StripedPath>> requests;
+        std::vector<Status> states;
+        std::optional<StripedPath::batch> io;
+        std::chrono::steady_clock::time_point began;
+      };
+      std::deque<InFlight> flight;
       std::vector<RequestCompletion> done(batch);
       std::vector<std::uint64_t> latencies;
       const double cpu0 = thread_cpu_us();
       const auto start = std::chrono::steady_clock::now();
       const auto end = start + std::chrono::duration<double>(o.seconds);
-      for (std::uint64_t b = 0; std::chrono::steady_clock::now() < end && row.errors == 0; ++b) {
-        const int k = static_cast<int>(b % 2);
-        if (b >= 2) cudaEventSynchronize(verified[k]);  // the buffer's previous batch is verified
-        for (std::uint32_t i = 0; i < batch; ++i)
-          requests[i] = PathRequest<StripedPath>{Direction::READ,
-                                                 &*memory[k],
-                                                 MemoryView{buffers[k].data(), buffer_bytes, MemoryKind::DEVICE, 0},
-                                                 i * bytes,
-                                                 &*opened,
-                                                 striped_offset(n, b, i, bytes),
-                                                 bytes};
-        const auto began = std::chrono::steady_clock::now();
-        auto io = path.submit(requests, states);
-        for (const Status& st : states)
-          if (!st.is_ok()) note(row, st.to_string());
-        const Status waited = path.progress(io, done, 10 * kSecond);
+      std::uint64_t next = 0;
+      while (row.errors == 0) {
+        while (flight.size() < in_flight && std::chrono::steady_clock::now() < end && row.errors == 0) {
+          InFlight& f = flight.emplace_back();
+          f.number = next++;
+          f.buffer = static_cast<std::uint32_t>(f.number % buffer_count);
+          const std::uint32_t k = f.buffer;
+          if (f.number >= buffer_count) cudaEventSynchronize(verified[k]);  // the buffer's last batch is verified
+          f.requests.resize(batch);
+          f.states.resize(batch);
+          for (std::uint32_t i = 0; i < batch; ++i)
+            f.requests[i] = PathRequest<StripedPath>{Direction::READ,
+                                                     &*memory[k],
+                                                     MemoryView{buffers[k].data(), buffer_bytes, MemoryKind::DEVICE, 0},
+                                                     i * bytes,
+                                                     &*opened,
+                                                     striped_offset(n, f.number, i, bytes),
+                                                     bytes};
+          f.began = std::chrono::steady_clock::now();
+          f.io.emplace(path.submit(f.requests, f.states));
+          for (const Status& st : f.states)
+            if (!st.is_ok()) note(row, st.to_string());
+        }
+        if (flight.empty()) break;
+        InFlight& f = flight.front();
+        const Status waited = path.progress(*f.io, done, 10 * kSecond);
         latencies.push_back(static_cast<std::uint64_t>(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - began).count()));
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - f.began).count()));
         if (!waited.is_ok()) note(row, waited.to_string());
         for (const RequestCompletion& c : done)
           if (!c.status.is_ok() || c.confirmed_bytes != bytes)
             note(row, fmt::format("request: {}, {} bytes", c.status.to_string(), c.confirmed_bytes));
-        if (row.errors != 0) break;
-        row.requests += batch;
-        row.bytes += buffer_bytes;
-        ++row.batches;
-        verify_striped_kernel<<<std::min<std::uint32_t>(batch, 1024), 256, 0, verify_stream>>>(
-            static_cast<const std::uint64_t*>(buffers[k].data()), batch, bytes, n, first_seed, b, counters,
-            counters + 1);
-        cudaEventRecord(verified[k], verify_stream);
+        if (row.errors == 0) {
+          row.requests += batch;
+          row.bytes += buffer_bytes;
+          ++row.batches;
+          const std::uint32_t k = f.buffer;
+          verify_striped_kernel<<<std::min<std::uint32_t>(batch, 1024), 256, 0, verify_stream>>>(
+              static_cast<const std::uint64_t*>(buffers[k].data()), batch, bytes, n, first_seed, f.number, counters,
+              counters + 1);
+          cudaEventRecord(verified[k], verify_stream);
+        }
+        flight.pop_front();
       }
+      // After an error the batches still in flight are waited for, so no read lands in a buffer being freed.
+      for (InFlight& f : flight) (void)path.progress(*f.io, done, 10 * kSecond);
+      flight.clear();
       row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       row.cpu_us_per_batch = row.batches == 0 ? 0 : (thread_cpu_us() - cpu0) / static_cast<double>(row.batches);
       row.p50_us = percentile_us(latencies, 0.50);
@@ -557,7 +595,7 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
     }
     if (const std::uint32_t exits = service.stop(); exits != 0)
       note(row, fmt::format("{} service warps ran out of budget", exits));
-    for (int k = 0; k < 2; ++k) {
+    for (std::uint32_t k = 0; k < kMostBuffers; ++k) {
       if (memory[k]) (void)path.unregister_memory(*memory[k]);
       if (verified[k] != nullptr) cudaEventDestroy(verified[k]);
     }
@@ -709,6 +747,7 @@ bool run_striped(const Options& o, std::uint64_t cap) {
     j["queue_state"] = o.queue_state;
     j["submit_poll_us"] = o.submit_poll_us;
     j["stripe_unit_bytes"] = kStripeUnit;
+    j["striped_in_flight"] = o.striped_in_flight;
     j["rows"] = out;
     std::ofstream(o.json) << j.dump(2) << '\n';
   }
@@ -753,6 +792,9 @@ int main(int argc, char** argv) {
   app.add_option("--stripe-controllers", o.stripe_controllers, "controller counts of the striped rows, 1..8")
       ->delimiter(',')
       ->check(CLI::Range(1, 8));
+  app.add_option("--striped-in-flight", o.striped_in_flight,
+                 "batches the striped rows' one submitter keeps in flight, 1..4 (each into its own destination)")
+      ->check(CLI::Range(1, 4));
   app.add_option("--raw-json", o.raw_json, "tutti-bench-gpu-submit --json output, for the raw-queue ratio");
   app.add_option("--json", o.json, "write the rows as JSON");
   try {
