@@ -185,7 +185,6 @@ TEST_CASE("striped targets over 2 and 3 ext4 images read and write byte-exact, i
     // One batch: the whole of k, a mid-unit piece of v, and the plain file: ONE submit launch for
     // both striped targets over every controller, ONE for the plain target (one per DataPath).
     const std::uint64_t striped_launches = rt.datapath<0>().launches();
-    const std::uint64_t plain_polls = rt.datapath<1>().poll_kernel_launches();
     const auto plain_submits = rt.datapath<1>().submit_time_split().submits;
     const std::vector<IoRequest> mixed{IoRequest{Direction::READ, *m, 0, *k, 0, size},
                                        IoRequest{Direction::READ, *m, 8 << 20, *vt, 12288, 200 << 10},
@@ -194,7 +193,6 @@ TEST_CASE("striped targets over 2 and 3 ext4 images read and write byte-exact, i
     for (const Status& state : submitted.initial_states) REQUIRE_MESSAGE(state.is_ok(), state.to_string());
     CHECK(rt.datapath<0>().launches() - striped_launches == 1);
     CHECK(rt.datapath<1>().submit_time_split().submits == plain_submits + 1);
-    CHECK(rt.datapath<1>().poll_kernel_launches() == plain_polls);
     auto waited = rt.wait(submitted.io, 30 * kSecond);
     REQUIRE_MESSAGE(waited.is_ok(), waited.status().to_string());
     REQUIRE(rt.release(submitted.io).is_ok());

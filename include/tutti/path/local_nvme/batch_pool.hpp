@@ -48,7 +48,7 @@ struct BatchSlot {
   accel::DeviceBuffer device_requests;             ///< size x RequestState: what the kernels update
   accel::DeviceBuffer device_records;              ///< size x request_window x CommandRecord
   accel::DeviceBuffer device_reports;              ///< size x RequestReport
-  accel::DeviceBuffer device_poll_stop;            ///< PollKernel's stop word (8 bytes, zeroed before each launch)
+  accel::DeviceBuffer device_poll_stop;            ///< the polling kernel's stop word (8 bytes, zeroed before each)
   std::vector<CommandRecord> records_copy;         ///< one request's records, copied back on demand
   std::vector<std::shared_ptr<Mapping>> mappings;  ///< per request (zombie hand-off)
   std::vector<std::uint8_t> reported;              ///< completion already reported

@@ -260,10 +260,10 @@ class LocalNvmeDataPath {
     auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
     Status launched =
         accel::copy_to_device_async(device_requests, slot.staged.data(), n * sizeof(RequestState), stream);
+    const bool copy_enqueued = launched.is_ok();  // waited for below, whatever fails after it
     if (launched.is_ok() && poll_budget != 0)
       detail::assign(launched,
                      accel::copy_to_device_async(stop_word, e.zero_word.data(), sizeof(std::uint64_t), stream));
-    const bool copy_enqueued = launched.is_ok();
     if (launched.is_ok())
       detail::assign(launched, launch_over(e.options, n,
                                            AdmitKernel{device_requests, e.device_queues(), n, device_reports, stop_word,

@@ -43,11 +43,12 @@ struct Engine {
   accel::DeviceBuffer queue_table;       ///< queue_views in device memory (upload_queue_table)
   /// The table the kernels read (device memory; not dereferenceable on the host in the CUDA profile).
   const DeviceQueue* device_queues() const noexcept { return static_cast<const DeviceQueue*>(queue_table.data()); }
-  /// The source of the copy that zeroes a batch's poll stop word before each poll launch (one
-  /// word, pinned; allocated by create).
+  /// The source of the copy that zeroes a batch's poll stop word before each polling launch (poll
+  /// kernels, and submit kernels with Options::submit_poll_budget_ns; one word, pinned).
   KernelArray<std::uint64_t> zero_word;
-  /// Poll kernels launched and not yet waited for, over all batches (they share the stream, so
-  /// a wait may sit behind all of them: kernel_wait_bound_ns).
+  /// Polling kernels (poll kernels, and submit kernels that poll) launched and not yet waited for,
+  /// over all batches (they share the stream, so a wait may sit behind all of them:
+  /// kernel_wait_bound_ns).
   std::atomic<std::uint64_t> poll_launches_in_flight{0};
   std::atomic<std::uint64_t> next_queue{0};
   ZombieList zombies;

@@ -476,10 +476,10 @@ class StripedNvmeDataPath {
     auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
     Status launched =
         accel::copy_to_device_async(device_requests, slot.staged.data(), m * sizeof(local_nvme::RequestState), stream);
+    const bool copy_enqueued = launched.is_ok();  // waited for below, whatever fails after it
     if (launched.is_ok() && poll_budget != 0)
       local_nvme::detail::assign(launched, accel::copy_to_device_async(stop_word, s.engines[0]->zero_word.data(),
                                                                        sizeof(std::uint64_t), stream));
-    const bool copy_enqueued = launched.is_ok();
     if (launched.is_ok())
       local_nvme::detail::assign(
           launched, local_nvme::launch_over(s.options, m,
