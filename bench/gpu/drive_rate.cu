@@ -30,7 +30,8 @@
 // Usage: tutti-bench-gpu-drive [--controllers 1,2,3,4] [--latencies-us 0,70] [--seconds S]
 //   [--submitters T] [--queues Q] [--depth D] [--iops-batch B] [--gbps-batch B] [--cap-gbps G]
 //   [--latency-row-us L] [--latency-batches N] [--queue-state device|mapped-host] [--warps-per-queue W]
-//   [--submit-poll-us U] [--poll-kernel-us P] [--striped [--stripe-controllers 1,2,3,4] [--striped-in-flight F]]
+//   [--submit-poll-us U] [--poll-kernel-us P] [--poll-stream-per-batch 0|1] [--striped [--stripe-controllers 1,2,3,4]
+//   [--striped-in-flight F]]
 //   [--raw-json FILE] [--json FILE]
 // Exits 77 without a CUDA device, 2 on bad flags, 1 when any row had errors.
 #include <sys/resource.h>
@@ -88,6 +89,7 @@ struct Options {
   std::uint32_t latency_batches = 300;
   std::uint32_t submit_poll_us =
       0;  ///< local_nvme::Options::submit_poll_budget_ns, us (0: the submit kernel does not poll)
+  bool poll_stream_per_batch = true;    ///< local_nvme::Options::poll_stream_per_batch
   std::int64_t poll_kernel_us = -1;     ///< local_nvme::Options::poll_kernel_budget_ns, us (-1: its default)
   std::string queue_state = "device";   ///< local_nvme::Options::device_queue_state: device | mapped-host
   std::uint32_t warps_per_queue = 0;    ///< the drive service's warps per queue (0: DriveService's default)
@@ -180,6 +182,7 @@ Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_ho
   options.device_queue_state = o.queue_state == "device";
   options.submit_poll_budget_ns = std::uint64_t{o.submit_poll_us} * 1000;
   if (o.poll_kernel_us >= 0) options.poll_kernel_budget_ns = static_cast<std::uint64_t>(o.poll_kernel_us) * 1000;
+  options.poll_stream_per_batch = o.poll_stream_per_batch;
   options.stream = accel::StreamRef::from_native_handle(d->stream);
   options.max_batches_in_flight = std::max<std::uint32_t>(4, 2 * submitters);
   // Every slot made now, before the service's persistent kernel starts (Options::prepared_batches).
@@ -473,6 +476,7 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
     options.device_queue_state = o.queue_state == "device";
     options.submit_poll_budget_ns = std::uint64_t{o.submit_poll_us} * 1000;
     if (o.poll_kernel_us >= 0) options.poll_kernel_budget_ns = static_cast<std::uint64_t>(o.poll_kernel_us) * 1000;
+    options.poll_stream_per_batch = o.poll_stream_per_batch;
     options.stream = accel::StreamRef::from_native_handle(stream);
     options.max_batches_in_flight = std::max<std::uint32_t>(4, in_flight);
     options.prepared_batches =
@@ -750,6 +754,7 @@ bool run_striped(const Options& o, std::uint64_t cap) {
     j["queue_state"] = o.queue_state;
     j["submit_poll_us"] = o.submit_poll_us;
     j["poll_kernel_us"] = o.poll_kernel_us;
+    j["poll_stream_per_batch"] = o.poll_stream_per_batch;
     j["stripe_unit_bytes"] = kStripeUnit;
     j["striped_in_flight"] = o.striped_in_flight;
     j["rows"] = out;
@@ -785,6 +790,9 @@ int main(int argc, char** argv) {
   app.add_option("--warps-per-queue", o.warps_per_queue,
                  "warps of the drive service per queue (0: its default, DriveService::kDefaultWarpsPerQueue)")
       ->check(CLI::Range(0, 32));
+  app.add_option("--poll-stream-per-batch", o.poll_stream_per_batch,
+                 "1: each batch's poll kernels on its own stream (local_nvme::Options::poll_stream_per_batch, the "
+                 "default); 0: on the DataPath's one stream, behind and ahead of the submits");
   app.add_option("--poll-kernel-us", o.poll_kernel_us,
                  "how long one poll kernel launch may poll, us (local_nvme::Options::poll_kernel_budget_ns; 0: one "
                  "pass per launch; -1: the default)")
@@ -820,6 +828,7 @@ int main(int argc, char** argv) {
   const double copy_gbps = pinned_copy_gbps();
   std::printf("queue state in %s memory\n", o.queue_state == "device" ? "device" : "mapped pinned host");
   std::printf("submit kernel polls: %u us\n", o.submit_poll_us);
+  std::printf("poll kernels on %s\n", o.poll_stream_per_batch ? "a stream per batch" : "the DataPath's stream");
   std::printf("poll kernel budget: %lld us%s\n", static_cast<long long>(o.poll_kernel_us),
               o.poll_kernel_us < 0 ? " (the default)" : "");
   std::printf("drive service: %u warps per queue\n",
@@ -902,6 +911,7 @@ int main(int argc, char** argv) {
     j["queue_state"] = o.queue_state;
     j["submit_poll_us"] = o.submit_poll_us;
     j["poll_kernel_us"] = o.poll_kernel_us;
+    j["poll_stream_per_batch"] = o.poll_stream_per_batch;
     j["pinned_copy_gbps"] = copy_gbps;
     j["raw_queue_commands_per_second"] = raw;
     j["rows"] = nlohmann::json::array();

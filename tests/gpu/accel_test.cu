@@ -348,8 +348,10 @@ TEST_CASE("allocate_mapped_host returns zeroed 4096-byte aligned mapped memory e
   CHECK(word[0] == 32);
   {
     tutti::local_nvme::BatchSlot slot;
-    const tutti::Status prepared = slot.prepare(256, 16, 16);
+    const tutti::Status prepared = slot.prepare(256, 16, 16, true);
     CHECK_MESSAGE(prepared.is_ok(), prepared.to_string());
+    CHECK(slot.poll_stream.has_value());  // Options::poll_stream_per_batch's stream, made once
+    CHECK(slot.polling_stream(tutti::accel::StreamRef{}) == slot.poll_stream.ref().native_handle());
     CHECK(reinterpret_cast<std::uintptr_t>(slot.staged.data()) % 4096 == 0);
     CHECK(reinterpret_cast<std::uintptr_t>(slot.reports.data()) % 4096 == 0);
   }

@@ -111,6 +111,7 @@ TEST_CASE("option defaults are pinned") {
   CHECK(o.device_queue_state);
   CHECK(o.poll_kernel_budget_ns == 0u);  // host profile; 1 ms in the cuda profile (tests/gpu pins it)
   CHECK(o.submit_poll_budget_ns == 0u);  // the submit kernel does not poll unless asked
+  CHECK(o.poll_stream_per_batch);        // CUDA profile: poll kernels on each batch's own stream
   CHECK(Path::capabilities.offset_alignment == 4096);
   CHECK(Path::capabilities.unaligned_tail_at_end_of_target);
 }

@@ -13,9 +13,17 @@
 //           | the caller keeps it alive while in use    | default stream (cudaStreamLegacy semantics)
 //
 // Thread-safety: a value type; copying is free. The stream itself follows CUDA's rules.
+//
+// OwnedStream is a stream Tutti makes and destroys itself (the local_nvme DataPath's poll stream of
+// each batch slot, Options::poll_stream_per_batch): CUDA profile cudaStreamCreateWithFlags(
+// cudaStreamNonBlocking) on the current device, destroyed with the object (CUDA releases it once
+// the work queued on it is done); host profile: no stream at all.
 #pragma once
 
+#include <utility>
+
 #include <tutti/accel/config.hpp>
+#include <tutti/core/status.hpp>
 
 #if defined(TUTTI_ACCELERATOR_CUDA)
 #include <cuda_runtime_api.h>
@@ -52,6 +60,53 @@ class StreamRef {
   constexpr explicit StreamRef(void* handle) noexcept : handle_(handle), set_(true) {}
   void* handle_ = nullptr;
   bool set_ = false;
+};
+
+/// A non-blocking accelerator stream this object owns (see the header). Movable, not copyable.
+/// Thread-safety: as a plain value; work on the stream follows CUDA's rules.
+class OwnedStream {
+ public:
+  /// No stream (ref() has no value).
+  OwnedStream() noexcept = default;
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  OwnedStream(OwnedStream&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  OwnedStream& operator=(OwnedStream&& other) noexcept {
+    if (this != &other) {
+      reset();
+      handle_ = std::exchange(other.handle_, nullptr);
+    }
+    return *this;
+  }
+  ~OwnedStream() { reset(); }
+
+  /// A new stream on the current device (CUDA profile); the host profile makes none and succeeds.
+  /// Errors: DEVICE_ERROR with CUDA's text (e.g. no device).
+  static Result<OwnedStream> create() {
+    OwnedStream made;
+#if defined(TUTTI_ACCELERATOR_CUDA)
+    cudaStream_t stream = nullptr;
+    if (const cudaError_t result = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); result != cudaSuccess)
+      return error(StatusCode::DEVICE_ERROR, "cudaStreamCreateWithFlags(cudaStreamNonBlocking): {}",
+                   cudaGetErrorString(result));
+    made.handle_ = static_cast<void*>(stream);
+#endif
+    return Result<OwnedStream>(std::move(made));
+  }
+
+  /// Whether a stream is held.
+  bool has_value() const noexcept { return handle_ != nullptr; }
+  /// The stream as a StreamRef (no value when none is held).
+  StreamRef ref() const noexcept { return handle_ != nullptr ? StreamRef::from_native_handle(handle_) : StreamRef{}; }
+
+ private:
+  void reset() noexcept {
+#if defined(TUTTI_ACCELERATOR_CUDA)
+    if (handle_ != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
+#endif
+    handle_ = nullptr;
+  }
+  void* handle_ = nullptr;
 };
 
 }  // namespace tutti::accel

@@ -28,6 +28,7 @@
 
 #include <tutti/accel/memory.hpp>
 #include <tutti/accel/placement.hpp>
+#include <tutti/accel/stream.hpp>
 #include <tutti/core/leak.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/path/local_nvme/kernel_array.hpp>
@@ -45,10 +46,18 @@ struct BatchSlot {
   KernelArray<RequestState> staged{accel::PlacementAllocator<RequestState>(accel::kKernelReachable)};
   /// The kernels' reports as copied back after each kernel (pinned: the ONE device-to-host copy).
   KernelArray<RequestReport> reports{accel::PlacementAllocator<RequestReport>(accel::kKernelReachable)};
-  accel::DeviceBuffer device_requests;             ///< size x RequestState: what the kernels update
-  accel::DeviceBuffer device_records;              ///< size x request_window x CommandRecord
-  accel::DeviceBuffer device_reports;              ///< size x RequestReport
-  accel::DeviceBuffer device_poll_stop;            ///< the polling kernel's stop word (8 bytes, zeroed before each)
+  accel::DeviceBuffer device_requests;   ///< size x RequestState: what the kernels update
+  accel::DeviceBuffer device_records;    ///< size x request_window x CommandRecord
+  accel::DeviceBuffer device_reports;    ///< size x RequestReport
+  accel::DeviceBuffer device_poll_stop;  ///< the polling kernel's stop word (8 bytes, zeroed before each)
+  /// The stream of this slot's poll kernels and their copies (Options::poll_stream_per_batch;
+  /// none: they run on Options::stream). Made once, by the first prepare that asks for it.
+  accel::OwnedStream poll_stream;
+  /// The native handle of the stream this slot's poll kernels and copies back run on: its poll
+  /// stream, or `shared` (Options::stream) when it has none.
+  void* polling_stream(const accel::StreamRef& shared) const noexcept {
+    return poll_stream.has_value() ? poll_stream.ref().native_handle() : shared.native_handle();
+  }
   std::vector<CommandRecord> records_copy;         ///< one request's records, copied back on demand
   std::vector<std::shared_ptr<Mapping>> mappings;  ///< per request (zombie hand-off)
   std::vector<std::uint8_t> reported;              ///< completion already reported
@@ -91,8 +100,14 @@ struct BatchSlot {
   /// pin. Only while no kernel runs over the slot. Errors, each naming the batch size, the array
   /// and the bytes requested: the kernel-reachable allocator's (accel::allocation_failure: in the
   /// cuda profile allocate_mapped_host's code and CUDA's text; RESOURCE_EXHAUSTED for host
-  /// memory), accel::DeviceBuffer::allocate's (device memory).
-  Status prepare(std::size_t n, std::uint32_t window, std::size_t pin_capacity) {
+  /// memory), accel::DeviceBuffer::allocate's (device memory), accel::OwnedStream::create's (the
+  /// poll stream, made when `own_poll_stream` and the slot has none).
+  Status prepare(std::size_t n, std::uint32_t window, std::size_t pin_capacity, bool own_poll_stream) {
+    if (own_poll_stream && !poll_stream.has_value()) {
+      auto made = accel::OwnedStream::create();
+      if (!made) return made.status().with_context("local_nvme: the poll stream of a batch slot");
+      poll_stream = std::move(made.value());
+    }
     const char* what = "request states (pinned staging)";
     std::size_t bytes = n * sizeof(RequestState);
     try {
@@ -167,14 +182,15 @@ struct BatchPool {
 
 /// Makes `count` idle slots of `pool` (Options::prepared_batches), each prepared for `requests`
 /// requests (or pieces) of `window` records and `pin_capacity` L1 pins, before any kernel runs, so
-/// submits up to that size allocate nothing. `owner` names the DataPath in errors. Errors:
+/// submits up to that size allocate nothing; `own_poll_stream`: each gets its poll stream
+/// (Options::poll_stream_per_batch). `owner` names the DataPath in errors. Errors:
 /// BatchSlot::prepare's, naming the slot; RESOURCE_EXHAUSTED (host memory for a slot).
 inline Status prepare_idle_slots(BatchPool& pool, std::uint32_t count, std::size_t requests, std::uint32_t window,
-                                 std::size_t pin_capacity, std::string_view owner) {
+                                 std::size_t pin_capacity, bool own_poll_stream, std::string_view owner) {
   for (std::uint32_t i = 0; i < count; ++i) {
     auto slot = std::unique_ptr<BatchSlot>(new (std::nothrow) BatchSlot());
     if (!slot) return error(StatusCode::RESOURCE_EXHAUSTED, "{}: no memory for prepared batch slot {}", owner, i);
-    if (Status s = slot->prepare(requests, window, pin_capacity); !s.is_ok())
+    if (Status s = slot->prepare(requests, window, pin_capacity, own_poll_stream); !s.is_ok())
       return s.with_context(fmt::format("{}: prepared batch slot {} of {}", owner, i, count));
     try {
       std::scoped_lock lock(pool.mutex);

@@ -226,7 +226,8 @@ class LocalNvmeDataPath {
     batch b = std::move(acquired.value());
     local_file::poll_changes();  // a target whose file changed is refused below, by its kernel thread
     BatchSlot& slot = *b.slot;
-    if (Status prepared = slot.prepare(n, window, e.pin_capacity(n)); !prepared.is_ok()) {
+    if (Status prepared = slot.prepare(n, window, e.pin_capacity(n), e.options.poll_stream_per_batch);
+        !prepared.is_ok()) {
       reject_all(prepared);
       b.slot.reset();  // nothing ran over it: back to the pool
       return b;
@@ -265,7 +266,7 @@ class LocalNvmeDataPath {
       detail::assign(launched,
                      accel::copy_to_device_async(stop_word, e.zero_word.data(), sizeof(std::uint64_t), stream));
     if (launched.is_ok())
-      detail::assign(launched, launch_over(e.options, n,
+      detail::assign(launched, launch_over(e.options, stream, n,
                                            AdmitKernel{device_requests, e.device_queues(), n, device_reports, stop_word,
                                                        poll_budget}));
     const bool kernel_enqueued = launched.is_ok();
@@ -434,13 +435,13 @@ class LocalNvmeDataPath {
     return handle;
   }
 
-  /// Request i's records copied back into slot.records_copy (one copy on the stream and a bounded
-  /// wait; no kernel of the batch runs then).
+  /// Request i's records copied back into slot.records_copy (one copy on the slot's polling stream
+  /// and a bounded wait; no kernel of the batch runs then).
   Status copy_records_back(BatchSlot& slot, std::size_t i) {
     Engine& e = *engine_;
     const std::uint32_t window = e.options.request_window;
     const auto* device_records = static_cast<const CommandRecord*>(slot.device_records.data());
-    void* stream = e.options.stream.native_handle();
+    void* stream = slot.polling_stream(e.options.stream);
     TUTTI_RETURN_IF_ERROR(accel::copy_from_device_async(slot.records_copy.data(), device_records + i * window,
                                                         window * sizeof(CommandRecord), stream)
                               .with_context("local_nvme: command records"));

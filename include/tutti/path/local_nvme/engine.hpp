@@ -134,7 +134,7 @@ struct Engine {
   Status prepare_batches() {
     const std::size_t n = options.prepared_batch_requests;
     return prepare_idle_slots(*pool, options.prepared_batches, n, options.request_window, pin_capacity(n),
-                              "local_nvme");
+                              options.poll_stream_per_batch, "local_nvme");
   }
 
   /// Frees zombies whose completion finally arrived (ZombieList::reap). Never waits: skipped
@@ -173,9 +173,10 @@ struct Engine {
 /// StripedNvmeDataPath::progress both repeat: zeroes the slot's stop word when the kernel may poll
 /// (budget_ns != 0), makes ONE PollKernel launch over the slot's `slot.size` requests against
 /// `queues` (the kernels' device queue table), ONE copy of their reports back into slot.reports,
-/// and ONE wait bounded by kernel_wait_bound_ns. `launches` counts launches; `in_flight` counts
-/// the DataPath's poll kernels queued on the stream (this one is taken off again when the step
-/// returns). The caller holds its kernel gate(s) across the call. Units: ns.
+/// and ONE wait bounded by kernel_wait_bound_ns, all on the slot's poll stream when it has one
+/// (Options::poll_stream_per_batch), else on Options::stream. `launches` counts launches;
+/// `in_flight` counts the DataPath's polling kernels in flight (this one is taken off again when
+/// the step returns). The caller holds its kernel gate(s) across the call. Units: ns.
 /// Errors: a failed zeroing or launch returns its status and leaves nothing running over the slot;
 /// a failed copy or wait returns its status with `*kernel_may_run` set: the kernel may still run
 /// over the slot, which the caller must then abandon (never reuse or free).
@@ -183,14 +184,16 @@ inline Status poll_step(const Options& options, BatchSlot& slot, const DeviceQue
                         std::atomic<std::uint64_t>& launches, std::atomic<std::uint64_t>& in_flight,
                         std::uint64_t budget_ns, bool stop_at_first_done, bool* kernel_may_run) {
   *kernel_may_run = false;
-  void* stream = options.stream.native_handle();
+  // The batch's own stream: its submit returned after waiting for its submit kernel, so this
+  // launch is ordered after it without an event, and no other batch's work queues behind it.
+  void* stream = slot.polling_stream(options.stream);
   const std::size_t n = slot.size;
   auto* device_reports = static_cast<RequestReport*>(slot.device_reports.data());
   auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
   if (budget_ns != 0)
     TUTTI_RETURN_IF_ERROR(accel::copy_to_device_async(stop_word, zero_word, sizeof(std::uint64_t), stream)
                               .with_context("zeroing the poll kernel's stop word"));
-  TUTTI_RETURN_IF_ERROR(launch_over(options, n,
+  TUTTI_RETURN_IF_ERROR(launch_over(options, stream, n,
                                     PollKernel{static_cast<RequestState*>(slot.device_requests.data()), queues, n,
                                                device_reports, stop_word, budget_ns, stop_at_first_done}));
   launches.fetch_add(1, std::memory_order_relaxed);

@@ -69,14 +69,15 @@ inline std::uint64_t kernel_wait_bound_ns(const Options& options, std::uint64_t 
 }
 
 /// One launch of `kernel` (AdmitKernel / PollKernel: they skip threads at or past n) over n
-/// logical threads, Options::threads_per_block per block, on Options::stream. Errors: the launch's
-/// (INVALID_ARGUMENT for an empty grid; DEVICE_ERROR when CUDA refuses it).
+/// logical threads, Options::threads_per_block per block, on `stream` (a native handle: Options::
+/// stream for submit kernels, the batch slot's polling stream for poll kernels and the admissions
+/// progress makes, BatchSlot::polling_stream). Errors: the launch's (INVALID_ARGUMENT for an empty
+/// grid; DEVICE_ERROR when CUDA refuses it).
 template <class Kernel>
-Status launch_over(const Options& options, std::size_t n, const Kernel& kernel) {
+Status launch_over(const Options& options, void* stream, std::size_t n, const Kernel& kernel) {
   if (n == 0) return Status::success();
   const std::uint32_t tpb = options.threads_per_block;
-  const accel::LaunchConfig config{static_cast<std::uint32_t>((n + tpb - 1) / tpb), tpb,
-                                   options.stream.native_handle()};
+  const accel::LaunchConfig config{static_cast<std::uint32_t>((n + tpb - 1) / tpb), tpb, stream};
   if constexpr (accel::kProfile == accel::Profile::cuda) {
     return launch_kernel(config, kernel);  // libtutti_cuda
   } else {

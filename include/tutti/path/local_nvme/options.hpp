@@ -65,9 +65,18 @@ struct Options {
   /// Largest command in bytes (0: the controller's MDTS, or 65536 LBAs when it reports none).
   std::uint64_t max_command_bytes = 0;
   /// CUDA profile: the caller's stream (accel::StreamRef::from_cuda) the batch copies and the
-  /// submit and poll kernels are enqueued on and waited for; no stream set: the legacy default
-  /// stream. Host profile: ignored. The same type orders the uring DataPath's staging copies.
+  /// submit kernels (and the poll kernels unless poll_stream_per_batch) are enqueued on and
+  /// waited for; no stream set: the legacy default stream. Host profile: ignored. The same type
+  /// orders the uring DataPath's staging copies.
   accel::StreamRef stream{};
+  /// CUDA profile: each batch slot owns a non-blocking stream (accel::OwnedStream, made with the
+  /// slot) that its poll kernels and their report copies run on, so a batch's polling never holds
+  /// `stream` and another batch's submit kernel never queues behind it (docs/local-nvme.md, "Poll
+  /// streams"). A poll kernel is launched only after its batch's submit returned, which waited
+  /// for the submit kernel and the copies before it on `stream`, so it is ordered after them
+  /// without an event; progress's own bounded wait orders the caller after it. false: poll
+  /// kernels share `stream`, as submits do. Host profile: ignored (no streams).
+  bool poll_stream_per_batch = true;
   /// Batches (submit results) alive at once (1..kMaxBatchesInFlightLimit): the size of the pool
   /// of batch state (request states, command records: kernel-reachable memory) that submits
   /// reuse. A submit while this many batches are alive rejects every request with
@@ -105,9 +114,10 @@ struct Options {
   /// Abort to send), or the budget is spent; progress() then copies the reports back. Each
   /// launch also stops at progress()'s own timeout. 0: one pass per launch (a host round trip
   /// per step). Longer budgets mean fewer launches and round trips, but completions reach the
-  /// caller only when a kernel returns and the stream is busy meanwhile. All batches share
-  /// Options::stream, so a kernel may queue behind other batches' poll kernels: every wait for a
-  /// kernel is bounded by command_timeout_ns plus this budget per poll kernel in flight.
+  /// caller only when a kernel returns and the stream is busy meanwhile. When batches share a
+  /// stream (poll_stream_per_batch false, or submit kernels on Options::stream), a kernel may
+  /// queue behind other batches' polling kernels: every wait for a kernel is bounded by
+  /// command_timeout_ns plus this budget per polling kernel in flight.
   /// Host profile: a block's threads run one after another, so the first request of a block
   /// polls and the others get one pass each (default 0 there).
   std::uint64_t poll_kernel_budget_ns = kDefaultPollKernelBudgetNs;

@@ -187,8 +187,9 @@ class StripedNvmeDataPath {
     auto table = local_nvme::upload_queue_table(views);
     if (!table) return table.status().with_context("striped_nvme: the device table");
     state->device_table = std::move(table.value());
-    TUTTI_RETURN_IF_ERROR(local_nvme::prepare_idle_slots(
-        *state->pool, options.prepared_batches, options.prepared_batch_requests, state->window, 0, "striped_nvme"));
+    TUTTI_RETURN_IF_ERROR(local_nvme::prepare_idle_slots(*state->pool, options.prepared_batches,
+                                                         options.prepared_batch_requests, state->window, 0,
+                                                         options.poll_stream_per_batch, "striped_nvme"));
     return StripedNvmeDataPath(std::move(state));
   }
 
@@ -395,7 +396,7 @@ class StripedNvmeDataPath {
       b.pieces.slot.reset();
       return b;
     }
-    if (Status prepared = slot.prepare(m, s.window, 0); !prepared.is_ok()) {
+    if (Status prepared = slot.prepare(m, s.window, 0, s.options.poll_stream_per_batch); !prepared.is_ok()) {
       reject_all(prepared.with_context("striped_nvme"));
       b.pieces.slot.reset();
       return b;
@@ -482,7 +483,7 @@ class StripedNvmeDataPath {
                                                                        sizeof(std::uint64_t), stream));
     if (launched.is_ok())
       local_nvme::detail::assign(
-          launched, local_nvme::launch_over(s.options, m,
+          launched, local_nvme::launch_over(s.options, stream, m,
                                             local_nvme::AdmitKernel{device_requests, s.table(), m, device_reports,
                                                                     stop_word, poll_budget}));
     const bool kernel_enqueued = launched.is_ok();
@@ -710,11 +711,12 @@ class StripedNvmeDataPath {
   }
 
   /// Admits the deferred pieces again: their staged state copied back over what the kernels left
-  /// and one AdmitKernel launch per run of consecutive deferred pieces (enqueued on the stream
-  /// before the poll launch; the poll's copy of the reports brings their outcome back).
+  /// and one AdmitKernel launch per run of consecutive deferred pieces (enqueued on the slot's
+  /// polling stream before the poll launch, so ordered before it; the poll's copy of the reports
+  /// brings their outcome back).
   Status admit_deferred(local_nvme::BatchSlot& slot, const Fanout& f) {
     State& s = *state_;
-    void* stream = s.options.stream.native_handle();
+    void* stream = slot.polling_stream(s.options.stream);
     auto* device_requests = static_cast<local_nvme::RequestState*>(slot.device_requests.data());
     auto* device_reports = static_cast<local_nvme::RequestReport*>(slot.device_reports.data());
     for (std::size_t j = 0; j < slot.size;) {
@@ -728,7 +730,8 @@ class StripedNvmeDataPath {
                                                         (end - j) * sizeof(local_nvme::RequestState), stream)
                                 .with_context("striped_nvme: deferred pieces"));
       TUTTI_RETURN_IF_ERROR(local_nvme::launch_over(
-          s.options, end - j, local_nvme::AdmitKernel{device_requests + j, s.table(), end - j, device_reports + j}));
+          s.options, stream, end - j,
+          local_nvme::AdmitKernel{device_requests + j, s.table(), end - j, device_reports + j}));
       s.launches.fetch_add(1, std::memory_order_relaxed);
       j = end;
     }
@@ -785,7 +788,7 @@ class StripedNvmeDataPath {
   Status copy_records_back(local_nvme::BatchSlot& slot, std::size_t j) {
     State& s = *state_;
     const auto* device_records = static_cast<const local_nvme::CommandRecord*>(slot.device_records.data());
-    void* stream = s.options.stream.native_handle();
+    void* stream = slot.polling_stream(s.options.stream);
     const Status copied = accel::copy_from_device_async(slot.records_copy.data(), device_records + j * s.window,
                                                         s.window * sizeof(local_nvme::CommandRecord), stream);
     const Status waited =
