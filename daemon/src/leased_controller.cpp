@@ -116,6 +116,13 @@ Status LeasedController::map_lease(const nlohmann::json& lease, const std::vecto
   identity_.doorbell_stride = static_cast<std::uint32_t>(*stride);
   identity_.max_queue_entries = static_cast<std::uint32_t>(*depth);
   identity_.number_of_namespaces = 1;
+  for (const nlohmann::json& n : lease.value("namespaces", nlohmann::json::array())) {
+    if (!n.is_object() || !n.contains("nsid") || !n["nsid"].is_number_unsigned())
+      return error(StatusCode::INTERNAL, "tuttid's namespace {} has no unsigned \"nsid\"", n.dump());
+    namespaces_.push_back({n["nsid"].get<std::uint32_t>(), n.value("mount", std::string()),
+                           n.value("filesystem", std::string()), n.value("block_device", std::string()),
+                           n.value("mount_state", std::string())});
+  }
   // Soft mode: BAR0 and the rings are memfds that came with the answer; "fd" indexes `fds`. Every range,
   // ring and doorbell is checked against what was mapped: the answer decides where this process writes.
   const nlohmann::json shared = lease.value("shared_memory", nlohmann::json());
