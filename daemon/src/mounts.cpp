@@ -53,8 +53,8 @@ std::string unescape(const std::string& field) {
   std::string out;
   for (std::size_t i = 0; i < field.size(); ++i) {
     auto digit = [&](std::size_t k, char highest) { return field[k] >= '0' && field[k] <= highest; };
-    const bool octal = field[i] == '\\' && i + 3 < field.size() && digit(i + 1, '3') && digit(i + 2, '7') &&
-                       digit(i + 3, '7');
+    const bool octal =
+        field[i] == '\\' && i + 3 < field.size() && digit(i + 1, '3') && digit(i + 2, '7') && digit(i + 3, '7');
     if (!octal) {
       out += field[i];
       continue;
@@ -122,8 +122,8 @@ std::string loop_backing_name(const std::string& node) {
 Result<std::string> attach_loop(const MountRequest& r, int image_fd, std::uint64_t deadline) {
   Fd control(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
   if (control.fd < 0)
-    return error(StatusCode::DEVICE_ERROR, "{}: attaching {} '{}' to a loop device: open /dev/loop-control: {}",
-                 r.key, r.source_key, r.source, std::strerror(errno));
+    return error(StatusCode::DEVICE_ERROR, "{}: attaching {} '{}' to a loop device: open /dev/loop-control: {}", r.key,
+                 r.source_key, r.source, std::strerror(errno));
   for (;;) {
     const int n = ::ioctl(control.fd, LOOP_CTL_GET_FREE);
     if (n < 0)
@@ -169,13 +169,15 @@ Result<std::string> attach_loop(const MountRequest& r, int image_fd, std::uint64
 Status detach_loop(const std::string& key, const std::string& node, std::uint64_t deadline) {
   {
     Fd loop(::open(node.c_str(), O_RDONLY | O_CLOEXEC));
-    if (loop.fd < 0) return error(StatusCode::DEVICE_ERROR, "{}: detaching {}: open: {}", key, node, std::strerror(errno));
+    if (loop.fd < 0)
+      return error(StatusCode::DEVICE_ERROR, "{}: detaching {}: open: {}", key, node, std::strerror(errno));
     if (::ioctl(loop.fd, LOOP_CLR_FD, 0) != 0 && errno != ENXIO)
       return error(StatusCode::DEVICE_ERROR, "{}: detaching {}: LOOP_CLR_FD: {}", key, node, std::strerror(errno));
   }  // closed: a clear the kernel deferred to the last close happens now
   while (loop_backing(node)) {
     if (remaining_ns(deadline) == 0)
-      return error(StatusCode::TIMEOUT, "{}: {} still has backing file {} after LOOP_CLR_FD (it detaches at its last "
+      return error(StatusCode::TIMEOUT,
+                   "{}: {} still has backing file {} after LOOP_CLR_FD (it detaches at its last "
                    "close)",
                    key, node, loop_backing_name(node));
     std::this_thread::sleep_for(kRetryInterval);
@@ -195,8 +197,8 @@ Result<NamespaceMount> NamespaceMount::mount_or_verify(const MountRequest& r) {
   struct stat source {};
   if (::stat(r.source.c_str(), &source) != 0) {
     const int e = errno;
-    return error(e == ENOENT ? StatusCode::NOT_FOUND : StatusCode::DEVICE_ERROR, "{}: '{}': {}", r.source_key,
-                 r.source, std::strerror(e));
+    return error(e == ENOENT ? StatusCode::NOT_FOUND : StatusCode::DEVICE_ERROR, "{}: '{}': {}", r.source_key, r.source,
+                 std::strerror(e));
   }
   const bool block = S_ISBLK(source.st_mode);
   if (!block && !S_ISREG(source.st_mode))
@@ -238,8 +240,7 @@ Result<NamespaceMount> NamespaceMount::mount_or_verify(const MountRequest& r) {
   if (fs::exists(m.mount_point_, ec) && !fs::is_directory(m.mount_point_, ec))
     return error(StatusCode::INVALID_ARGUMENT, "{}.mount: '{}' exists and is not a folder", r.key, m.mount_point_);
   fs::create_directories(m.mount_point_, ec);
-  if (ec)
-    return error(StatusCode::DEVICE_ERROR, "{}.mount: creating '{}': {}", r.key, m.mount_point_, ec.message());
+  if (ec) return error(StatusCode::DEVICE_ERROR, "{}.mount: creating '{}': {}", r.key, m.mount_point_, ec.message());
   std::string node = r.source;
   if (!block) {
     Fd image(::open(r.source.c_str(), O_RDWR | O_CLOEXEC));
@@ -256,9 +257,9 @@ Result<NamespaceMount> NamespaceMount::mount_or_verify(const MountRequest& r) {
     const int e = errno;
     return error(StatusCode::DEVICE_ERROR, "{}.mount: mount -t {} {} ({} '{}') on '{}': {}{}", r.key, r.filesystem,
                  node, r.source_key, r.source, m.mount_point_, std::strerror(e),
-                 e == EINVAL ? fmt::format(" (is there an {} file system on it? mkfs.{} makes one)", r.filesystem,
-                                           r.filesystem)
-                             : std::string());
+                 e == EINVAL
+                     ? fmt::format(" (is there an {} file system on it? mkfs.{} makes one)", r.filesystem, r.filesystem)
+                     : std::string());
   }
   m.mounted_here_ = true;
   struct stat device {};
@@ -325,9 +326,13 @@ Result<std::vector<NamespaceMount>> mount_namespaces(
     const std::string key = fmt::format("controllers[{}].namespaces[{}]", index, i);
     auto source = source_of(n.nsid);
     if (!source) return source.status().with_context(key);
-    auto mount = NamespaceMount::mount_or_verify(
-        {.key = key, .nsid = n.nsid, .mount_point = n.mount, .filesystem = n.filesystem, .source = source->first,
-         .source_key = source->second, .timeout_ns = timeout_ns});
+    auto mount = NamespaceMount::mount_or_verify({.key = key,
+                                                  .nsid = n.nsid,
+                                                  .mount_point = n.mount,
+                                                  .filesystem = n.filesystem,
+                                                  .source = source->first,
+                                                  .source_key = source->second,
+                                                  .timeout_ns = timeout_ns});
     if (!mount) return mount.status();  // the mounts made so far are released with `mounts`
     mounts.push_back(std::move(mount.value()));
   }

@@ -157,8 +157,8 @@ TEST_CASE("a mount point holding the wrong thing is refused with the key path, t
     ::umount2(s.mnt.c_str(), 0);
   }
   SUBCASE("an image without a file system: the mount fails, and the loop device is detached again") {
-    REQUIRE(Scratch::run(fmt::format("truncate -s 0 '{}' && truncate -s 16M '{}'", s.image.string(),
-                                     s.image.string())));
+    REQUIRE(
+        Scratch::run(fmt::format("truncate -s 0 '{}' && truncate -s 16M '{}'", s.image.string(), s.image.string())));
     auto m = NamespaceMount::mount_or_verify(s.request());
     REQUIRE_FALSE(m.is_ok());
     CHECK(m.code() == StatusCode::DEVICE_ERROR);
