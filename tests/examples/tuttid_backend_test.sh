@@ -26,8 +26,10 @@ truncate -s 128M "$dir/ns.img"
 mkfs.ext4 -q -F -b 4096 -E lazy_itable_init=0,lazy_journal_init=0 "$dir/ns.img"
 sock=$dir/tuttid.sock
 # soft0: the namespace mounted at $dir/mnt (by tuttid: nothing is mounted there). tight: a controller with a
-# pinned-byte budget too small for the example (only ever refused; no file system, no namespace listed).
+# pinned-byte budget too small for the example; bare: one that lists no namespace (both only ever refused; no
+# file system on their images).
 truncate -s 1M "$dir/tight.img"
+truncate -s 1M "$dir/bare.img"
 cat >"$dir/tuttid.json" <<EOF
 { "socket": {"path": "$sock"}, "state_file": "$dir/tuttid.state", "shutdown_grace_ms": 1000,
   "controllers": [
@@ -35,7 +37,9 @@ cat >"$dir/tuttid.json" <<EOF
      "namespaces": [{"nsid": 1, "mount": "$dir/mnt", "filesystem": "ext4"}],
      "client": {"max_queues": 4, "default_pinned_bytes": 1048576, "max_pinned_bytes": 67108864}},
     {"name": "tight", "soft": {"image": "$dir/tight.img"}, "io_queue_pairs": 2, "kernel_queues": 1, "queue_depth": 64,
-     "client": {"max_queues": 1, "default_pinned_bytes": 65536, "max_pinned_bytes": 65536}}
+     "client": {"max_queues": 1, "default_pinned_bytes": 65536, "max_pinned_bytes": 65536}},
+    {"name": "bare", "soft": {"image": "$dir/bare.img"}, "io_queue_pairs": 2, "kernel_queues": 1, "queue_depth": 64,
+     "client": {"max_queues": 1, "default_pinned_bytes": 1048576, "max_pinned_bytes": 67108864}}
   ] }
 EOF
 "$tuttid" --config "$dir/tuttid.json" 2>"$dir/tuttid.log" &
@@ -98,6 +102,8 @@ grep -qF "not on namespace 1 of controller soft0, whose ext4 file system tuttid 
 refused "above client.max_pinned_bytes 65536 of controller tight" --backend nvme --controller tight \
   --tuttid-socket "$sock" --data-dir "$data" "${small[@]}"
 grep -qF "this shape needs a lease of" "$dir/refused.txt" || { cat "$dir/refused.txt"; fail "no budget hint"; }
+refused "controller bare lists no namespace 1 in tuttid's configuration" --backend nvme --controller bare \
+  --tuttid-socket "$sock" "${small[@]}"
 refused "--backend nvme needs --controller NAME" --backend nvme --tuttid-socket "$sock" "${small[@]}"
 
 # SIGTERM: tuttid exits 0 (no lease is held), unmounts what it mounted and detaches its loop device.
