@@ -1,6 +1,7 @@
 // The namespaces' file systems (daemon/src/mounts.hpp) on real ext4 images and loop devices: mounted when
 // nothing is there and released at stop, verified when something is, refused with the key path when it is
-// the wrong thing, and a busy mount point unmounted lazily within the timeout. Needs root (loop devices and
+// the wrong thing, and a busy mount point unmounted lazily within the timeout; tuttid itself with a namespace
+// it cannot mount: the controller failed, the error in `devices`, leases refused. Needs root (loop devices and
 // mounts); the suite is skipped with 77 otherwise.
 #include <doctest/doctest.h>
 #include <fcntl.h>
@@ -20,6 +21,7 @@
 
 #include <tutti/core/clock.hpp>
 
+#include "daemon_harness.hpp"
 #include "mounts.hpp"
 
 namespace fs = std::filesystem;
@@ -65,9 +67,10 @@ struct Scratch {
     return false;
   }
   /// The loop devices `image` is attached to, as losetup lists them (empty: none).
-  std::string loops() const {
+  std::string loops() const { return loops_of(image); }
+  static std::string loops_of(const fs::path& file) {
     std::string out;
-    if (FILE* p = ::popen(fmt::format("losetup -j '{}'", image.string()).c_str(), "r")) {
+    if (FILE* p = ::popen(fmt::format("losetup -j '{}'", file.string()).c_str(), "r")) {
       char line[512];
       while (std::fgets(line, sizeof line, p)) out += line;
       ::pclose(p);
@@ -195,4 +198,32 @@ TEST_CASE("a mount point kept busy past the timeout is unmounted lazily, and its
   while (!s.loops().empty() && tutti::remaining_ns(deadline) > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   CHECK(s.loops().empty());
+}
+
+TEST_CASE(
+    "tuttid with a namespace it cannot mount: the controller is failed with the key path, and leases are refused") {
+  using namespace tutti::daemon::testing;
+  const fs::path mount_point = fs::temp_directory_path() / fmt::format("tutti-mounts-failed-{}", ::getpid());
+  // The harness's image holds no file system (16 MiB of zeros): mounting it as ext4 fails.
+  TestDaemon d(
+      fmt::format(R"("namespaces": [{{"nsid": 1, "mount": "{}", "filesystem": "ext4"}}])", mount_point.string()));
+  const json devices = d.call({{"tutti", 1}, {"op", "devices"}});
+  INFO(devices.dump());
+  REQUIRE(devices["devices"].size() == 1);
+  const json& device = devices["devices"][0];
+  CHECK(device["state"] == "failed");
+  const std::string why = device["error"];
+  CHECK(why.find("controllers[0].namespaces[0].mount: mount -t ext4 /dev/loop") != std::string::npos);
+  CHECK(why.find("is there an ext4 file system on it?") != std::string::npos);
+  CHECK_FALSE(device["namespaces"][0].contains("block_device"));
+  CHECK_FALSE(Scratch::mounted(mount_point.string()));
+  const json refused = d.call(acquire_request(1));
+  CHECK(refused["ok"] == false);
+  CHECK(refused["error"]["code"] == "unavailable");
+  CHECK(d.log_text().find("controller soft0 failed: DEVICE_ERROR: controllers[0].namespaces[0].mount") !=
+        std::string::npos);
+  // The loop device tuttid attached for the failed mount is detached again.
+  CHECK(Scratch::loops_of(d.dir() / "soft0.img").empty());
+  std::error_code ec;
+  fs::remove_all(mount_point, ec);
 }
