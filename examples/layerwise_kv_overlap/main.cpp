@@ -1168,7 +1168,8 @@ int main(int argc, char** argv) {
           ->capture_default_str();
   app.add_option("--data-dir", o.data_dir,
                  "Folder of the layer files, created when missing (default: $TMPDIR/tutti-layerwise-kv, or "
-                 "/var/tmp/tutti-layerwise-kv without TMPDIR); one run at a time per folder")
+                 "/var/tmp/tutti-layerwise-kv without TMPDIR; --backend nvme: tutti-layerwise-kv under the mount point "
+                 "of the leased namespace); one run at a time per folder")
       ->check(tutti::bench::kNotEmpty);
   app.add_flag("--prepare-only", o.prepare_only,
                "Create, preallocate and write the layer files of this shape in --data-dir, then exit (uring "
