@@ -189,6 +189,8 @@ Status detach_loop(const std::string& key, const std::string& node, std::uint64_
 
 Result<NamespaceMount> NamespaceMount::mount_or_verify(const MountRequest& r) {
   const std::uint64_t deadline = deadline_after_ns(r.timeout_ns);
+  if (r.timeout_ns == 0)
+    return error(StatusCode::INVALID_ARGUMENT, "{}: MountRequest::timeout_ns = 0: every wait needs a bound", r.key);
   if (r.mount_point.empty() || r.mount_point.front() != '/')
     return error(StatusCode::INVALID_ARGUMENT, "{}.mount: '{}' is not an absolute path", r.key, r.mount_point);
   if (r.filesystem != "ext4" && r.filesystem != "xfs")

@@ -56,9 +56,9 @@ class NamespaceMount {
   /// Verifies what is mounted at request.mount_point, or mounts request.source there (see the file comment).
   /// Errors (each naming request.key or request.source_key, the value and what was expected):
   /// INVALID_ARGUMENT (a mount of another device, file system type or image there; source neither a block
-  /// device nor a regular file; the mount point not a folder), NOT_FOUND (source missing), DEVICE_ERROR (a
-  /// loop or mount system call failed: its errno text, with a hint for EINVAL, e.g. no such file system on
-  /// the image), TIMEOUT (no free loop device within the timeout).
+  /// device nor a regular file; the mount point not an absolute path or not a folder; timeout_ns 0), NOT_FOUND (source
+  /// missing), DEVICE_ERROR (a loop or mount system call failed: its errno text, with a hint for EINVAL, e.g. no such
+  /// file system on the image), TIMEOUT (no free loop device within the timeout).
   static Result<NamespaceMount> mount_or_verify(const MountRequest& request);
 
   NamespaceMount() = default;

@@ -169,6 +169,19 @@ TEST_CASE("a mount point holding the wrong thing is refused with the key path, t
     CHECK_FALSE(Scratch::mounted(s.mnt.string()));
     CHECK(s.loops().empty());
   }
+  SUBCASE("no bound on the waits, or a relative mount point") {
+    MountRequest r = s.request();
+    r.timeout_ns = 0;
+    auto m = NamespaceMount::mount_or_verify(r);
+    REQUIRE_FALSE(m.is_ok());
+    CHECK(m.status().message().find("MountRequest::timeout_ns = 0") != std::string::npos);
+    r = s.request();
+    r.mount_point = "mnt";
+    m = NamespaceMount::mount_or_verify(r);
+    REQUIRE_FALSE(m.is_ok());
+    CHECK(m.status().message().find("controllers[0].namespaces[0].mount: 'mnt' is not an absolute path") !=
+          std::string::npos);
+  }
   SUBCASE("an image that is not there") {
     MountRequest r = s.request();
     r.source = (s.dir / "missing.img").string();
