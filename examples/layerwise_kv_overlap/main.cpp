@@ -413,6 +413,7 @@ void write_json(const Options& o, const std::vector<Report>& runs, const std::ve
             {"verified_tensors", checks.verified_tensors},
             {"verified_tensors_by_source", by_source},
             {"mismatched_tensors", checks.mismatched_tensors}});
+  if (o.backend == "nvme") j["tuttid"] = {{"controller", place.controller}, {"nsid", place.nsid}};
   j["spread"] = {
       {"restore_gb_per_s",
        spread_json(spread_over(runs, [](const Report& x) { return x.restore_only.gigabytes_per_second(); }))},

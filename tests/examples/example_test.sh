@@ -101,6 +101,10 @@ assert sources == expected, (sources, expected)
 assert r["mismatched_tensors"] == 0 and r["verified_tensors"] == sum(expected.values()), r
 assert r["bound"] == {"compute": "compute", "read": "reads", "write": "writes"}[verdict], (r["bound"], verdict)
 assert r["repeat"] == 1 and len(r["runs"]) == 1, r
+if backend == "nvme":  # the lease's controller and namespace (tuttid_backend_test.sh leases soft0's)
+    assert r["tuttid"] == {"controller": "soft0", "nsid": 1}, r.get("tuttid")
+else:
+    assert "tuttid" not in r, r["tuttid"]
 PY
 if [ "$gpu" = gpu ]; then
   python3 - "$dir/report.json" <<'PY' || { cat "$dir/out.txt"; echo "FAIL: the KV slots were not in GPU memory"; exit 1; }
