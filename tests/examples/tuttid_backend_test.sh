@@ -4,9 +4,11 @@
 # loop-mounts itself. It runs example_test.sh's checks (every tensor verified, every summary line, the JSON,
 # a corrupted tensor caught) with the data folder on that namespace; checks that the files read through the
 # page cache after a run hold what the controller wrote (the example drops their cached pages); checks the
-# refusals (an unknown controller, a data folder off the namespace, a lease over the pinned-byte budget, no
-# tuttid) by exit code 2 and message; and stops tuttid with SIGTERM: exit 0, the mount gone, the loop device
-# detached. Needs root (tuttid mounts); 77 otherwise.
+# refusals (an unknown controller, a data folder off the namespace, a lease over the pinned-byte budget, a
+# controller without a namespace, no tuttid) by exit code 2 and message; and stops tuttid with SIGTERM: exit 0,
+# the mount gone, the loop device detached. Then the namespace mounted beforehand (as an fstab line would): a new
+# tuttid verifies that mount, the example runs verified on it, and tuttid leaves it mounted when it stops.
+# Needs root (tuttid mounts); 77 otherwise.
 set -euo pipefail
 example=$1 tuttid=$2 tuttictl=$3 doc=$4
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,14 +44,31 @@ cat >"$dir/tuttid.json" <<EOF
      "client": {"max_queues": 1, "default_pinned_bytes": 1048576, "max_pinned_bytes": 67108864}}
   ] }
 EOF
-"$tuttid" --config "$dir/tuttid.json" 2>"$dir/tuttid.log" &
-pid=$!
-for ((i = 0; i < 400; i++)); do  # 20 s at most
-  [ -S "$sock" ] && break
-  kill -0 "$pid" 2>/dev/null || fail "tuttid exited before listening"
-  sleep 0.05
-done
-[ -S "$sock" ] || fail "tuttid did not listen within 20 s"
+# Starts tuttid in the background ($pid) and waits (20 s at most) until it listens.
+start_tuttid() {
+  "$tuttid" --config "$dir/tuttid.json" 2>>"$dir/tuttid.log" &
+  pid=$!
+  for ((i = 0; i < 400; i++)); do
+    [ -S "$sock" ] && return 0
+    kill -0 "$pid" 2>/dev/null || fail "tuttid exited before listening"
+    sleep 0.05
+  done
+  fail "tuttid did not listen within 20 s"
+}
+# SIGTERM, then waits (20 s at most); fails unless tuttid exits 0.
+stop_tuttid() {
+  kill -TERM "$pid"
+  for ((i = 0; i < 400; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  kill -0 "$pid" 2>/dev/null && fail "tuttid did not exit within 20 s of SIGTERM"
+  local rc=0
+  wait "$pid" || rc=$?
+  pid=
+  [ "$rc" -eq 0 ] || fail "tuttid exited $rc after SIGTERM"
+}
+start_tuttid
 mountpoint -q "$dir/mnt" || fail "tuttid did not mount the namespace at $dir/mnt"
 "$tuttictl" --socket "$sock" devices | grep -q "1:$dir/mnt (mounted from /dev/loop" || {
   "$tuttictl" --socket "$sock" devices; fail "tuttictl devices does not show the namespace mounted by tuttid"; }
@@ -107,18 +126,24 @@ refused "controller bare lists no namespace 1 in tuttid's configuration" --backe
 refused "--backend nvme needs --controller NAME" --backend nvme --tuttid-socket "$sock" "${small[@]}"
 
 # SIGTERM: tuttid exits 0 (no lease is held), unmounts what it mounted and detaches its loop device.
-kill -TERM "$pid"
-rc=0
-for ((i = 0; i < 400; i++)); do  # 20 s at most
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.05
-done
-kill -0 "$pid" 2>/dev/null && fail "tuttid did not exit within 20 s of SIGTERM"
-wait "$pid" || rc=$?
-pid=
-[ "$rc" -eq 0 ] || fail "tuttid exited $rc after SIGTERM"
+stop_tuttid
 mountpoint -q "$dir/mnt" && fail "$dir/mnt is still mounted after tuttid stopped"
 [ -z "$(losetup -j "$dir/ns.img")" ] || { losetup -j "$dir/ns.img"; fail "a loop device still holds the image"; }
 echo "tuttid stopped: exit 0, namespace unmounted, loop device detached"
 refused "is tuttid running?" --backend nvme --controller soft0 --tuttid-socket "$sock" --data-dir "$dir/off" \
   "${small[@]}"
+
+# Mounted beforehand: tuttid verifies the mount (a loop device of its image), the example runs on it, and
+# tuttid leaves it mounted when it stops.
+mount -o loop "$dir/ns.img" "$dir/mnt"
+start_tuttid
+"$tuttictl" --socket "$sock" devices | grep -q "1:$dir/mnt (verified from /dev/loop" || {
+  "$tuttictl" --socket "$sock" devices; fail "tuttictl devices does not show the namespace verified"; }
+rc=0
+"$example" --backend nvme --controller soft0 --tuttid-socket "$sock" --data-dir "$data2" "${small[@]}" \
+  --no-pread-baseline >"$dir/out.txt" 2>&1 || rc=$?
+[ "$rc" -eq 0 ] || { cat "$dir/out.txt"; fail "the run on the verified mount exited $rc"; }
+grep -q "0 mismatched -> VERIFIED" "$dir/out.txt" || { cat "$dir/out.txt"; fail "no VERIFIED line"; }
+stop_tuttid
+mountpoint -q "$dir/mnt" || fail "tuttid unmounted a mount it did not make"
+echo "a mount made beforehand: verified, used, and left mounted"
