@@ -93,6 +93,8 @@ Status ControllerSlot::delete_queues(const std::vector<std::uint16_t>& qids) {
 }
 
 void ControllerSlot::shut_down() {
+  (void)release_mounts();
+  mounts_.clear();
   if (!driver_) return;
   infos_.clear();
   (void)delete_queues(std::vector<std::uint16_t>(leased_.begin(), leased_.end()));
@@ -134,6 +136,48 @@ std::uint64_t ControllerSlot::namespace_size_lbas() const noexcept {
 std::uint32_t ControllerSlot::lba_size() const noexcept { return driver_ ? driver_->identity().lba_size : 0; }
 const nvme::ControllerIdentity* ControllerSlot::identity() const noexcept {
   return driver_ ? &driver_->identity() : nullptr;
+}
+
+Status ControllerSlot::mount_namespaces(std::size_t index) {
+  auto mounts =
+      daemon::mount_namespaces(config_, index, [&](std::uint32_t nsid) -> Result<std::pair<std::string, std::string>> {
+        if (!config_.soft)
+          return error(StatusCode::UNSUPPORTED, "nsid {}: only the namespaces of soft controllers are mounted yet",
+                       nsid);
+        if (nsid != 1)
+          return error(StatusCode::INVALID_ARGUMENT, "nsid {}: a soft controller has one namespace, NSID 1", nsid);
+        return std::pair<std::string, std::string>(config_.soft->image,
+                                                   fmt::format("controllers[{}].soft.image", index));
+      });
+  if (!mounts) {
+    shut_down();
+    state_ = BringUpState::failed;
+    error_ = mounts.status().to_string();
+    ++bring_up_errors_;
+    return mounts.status();
+  }
+  mounts_ = std::move(mounts.value());
+  return Status::success();
+}
+
+Status ControllerSlot::release_mounts() {
+  Status first;
+  for (auto it = mounts_.rbegin(); it != mounts_.rend(); ++it) {
+    Status s = it->release();
+    if (!s.is_ok() && first.is_ok()) first = s;
+  }
+  return first;
+}
+
+nlohmann::json ControllerSlot::namespaces_json() const {
+  nlohmann::json namespaces = nlohmann::json::array();
+  for (const auto& n : config_.namespaces) {
+    const NamespaceMount* mount = nullptr;
+    for (const auto& m : mounts_)
+      if (m.nsid() == n.nsid) mount = &m;
+    namespaces.push_back(namespace_json(n, mount));
+  }
+  return namespaces;
 }
 
 }  // namespace tutti::daemon

@@ -15,6 +15,7 @@
 #include <tutti/libnvm/soft_controller.hpp>
 
 #include "config.hpp"
+#include "mounts.hpp"
 
 namespace tutti::daemon {
 
@@ -36,8 +37,16 @@ class ControllerSlot {
   Result<std::vector<std::uint16_t>> create_queues(std::uint32_t count);
   /// Deletes the queue pairs (Delete I/O SQ then CQ). Returns the first error; deletes the rest anyway.
   Status delete_queues(const std::vector<std::uint16_t>& qids);
-  /// Deletes every leased queue, then shuts the controller down (CC.SHN, bounded).
+  /// Deletes every leased queue, then shuts the controller down (CC.SHN, bounded); releases the mounts.
   void shut_down();
+  /// After bring_up: verifies or mounts the file systems of the namespaces with a mount point (mounts.hpp;
+  /// `index`: the controller's place in the configuration, for key paths in errors). On error the controller
+  /// is shut down, its state is failed and last_error() says why.
+  Status mount_namespaces(std::size_t index);
+  /// Unmounts what mount_namespaces mounted and detaches its loop devices (NamespaceMount::release).
+  Status release_mounts();
+  /// The namespaces as the protocol reports them (devices, acquire): namespace_json of each.
+  nlohmann::json namespaces_json() const;
 
   const ControllerConfig& config() const noexcept { return config_; }
   BringUpState state() const noexcept { return state_; }
@@ -70,6 +79,7 @@ class ControllerSlot {
   std::vector<std::uint16_t> kernel_qids_;
   std::set<std::uint16_t> leased_;
   std::map<std::uint16_t, nvme::QueuePairInfo> infos_;
+  std::vector<NamespaceMount> mounts_;  ///< of the namespaces with a mount point, in the configuration's order
 };
 
 }  // namespace tutti::daemon

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <optional>
 #include <span>
 #include <system_error>
 
@@ -116,6 +117,20 @@ Status LeasedController::map_lease(const nlohmann::json& lease, const std::vecto
   identity_.doorbell_stride = static_cast<std::uint32_t>(*stride);
   identity_.max_queue_entries = static_cast<std::uint32_t>(*depth);
   identity_.number_of_namespaces = 1;
+  const nlohmann::json namespaces = lease.value("namespaces", nlohmann::json::array());
+  for (const nlohmann::json& n : namespaces.is_array() ? namespaces : nlohmann::json::array()) {
+    // A string field of the namespace, empty when absent; nullopt when it is there but not a string.
+    auto text = [&n](const char* key) -> std::optional<std::string> {
+      if (!n.contains(key)) return std::string();
+      if (!n[key].is_string()) return std::nullopt;
+      return n[key].get<std::string>();
+    };
+    const auto mount = text("mount"), filesystem = text("filesystem"), device = text("block_device"),
+               state = text("mount_state");
+    if (!n.contains("nsid") || !n["nsid"].is_number_unsigned() || !mount || !filesystem || !device || !state)
+      return error(StatusCode::INTERNAL, "tuttid's namespace {} is not {{nsid, mount, filesystem, ...}}", n.dump());
+    namespaces_.push_back({n["nsid"].get<std::uint32_t>(), *mount, *filesystem, *device, *state});
+  }
   // Soft mode: BAR0 and the rings are memfds that came with the answer; "fd" indexes `fds`. Every range,
   // ring and doorbell is checked against what was mapped: the answer decides where this process writes.
   const nlohmann::json shared = lease.value("shared_memory", nlohmann::json());

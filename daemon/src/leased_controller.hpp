@@ -69,6 +69,15 @@ struct LeaseOptions {
   std::uint64_t timeout_ns = 10'000'000'000;  ///< the longest any call to tuttid waits, > 0
 };
 
+/// A namespace of the leased controller as tuttid reports it in the acquire answer ("namespaces").
+struct LeasedNamespace {
+  std::uint32_t nsid = 0;
+  std::string mount;         ///< where its file system is mounted; empty: no mount point configured
+  std::string filesystem;    ///< "ext4" or "xfs"
+  std::string block_device;  ///< the block device it is mounted from ("/dev/loop3"); empty when not mounted
+  std::string mount_state;   ///< "mounted" (by tuttid), "verified" (found mounted), empty when not mounted
+};
+
 class LeasedController final : public nvme::Controller {
  public:
   /// Connects to tuttid, acquires a lease and maps its queues and doorbells (soft mode: BAR0 and the rings
@@ -91,6 +100,8 @@ class LeasedController final : public nvme::Controller {
   std::uint64_t lease_id() const noexcept { return lease_id_; }
   /// The leased queue IDs, in the order create_io_queue_pair hands them out.
   const std::vector<std::uint16_t>& queue_ids() const noexcept { return qids_; }
+  /// The controller's namespaces from the acquire answer, with their file systems (docs/daemon.md, "Mounts").
+  const std::vector<LeasedNamespace>& namespaces() const noexcept { return namespaces_; }
   /// Entries of every leased SQ and CQ (tuttid's queue_depth): the depth create_io_queue_pair takes.
   std::uint32_t queue_depth() const noexcept { return identity_.max_queue_entries; }
 
@@ -165,6 +176,7 @@ class LeasedController final : public nvme::Controller {
   std::uint64_t lease_id_ = 0;
   nvme::ControllerIdentity identity_;
   std::vector<std::uint16_t> qids_;
+  std::vector<LeasedNamespace> namespaces_;
   std::vector<nvme::QueuePairInfo> queues_;
   std::vector<bool> handed_out_;  ///< per queue: create_io_queue_pair gave it (never handed out again)
   std::vector<Shared> shared_;

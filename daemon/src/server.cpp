@@ -248,10 +248,16 @@ Status Server::start() {
     controllers_.push_back(std::make_unique<ControllerSlot>(c));
     const std::uint64_t t0 = monotonic_ns();
     Status s = controllers_.back()->bring_up();
-    if (s.is_ok())
+    if (s.is_ok()) s = controllers_.back()->mount_namespaces(controllers_.size() - 1);
+    if (s.is_ok()) {
       say("controller {} up in {} ms ({} leasable queue pairs of depth {}, kernel queues {})", c.name,
           (monotonic_ns() - t0) / 1'000'000, c.leasable_queues(), c.queue_depth, c.kernel_queues);
-    else
+      for (const auto& n : controllers_.back()->namespaces_json())
+        if (n.contains("mount_state"))
+          say("controller {} namespace {}: {} on {} ({}, {})", c.name, n["nsid"].get<std::uint32_t>(),
+              n["block_device"].get<std::string>(), n["mount"].get<std::string>(), n["filesystem"].get<std::string>(),
+              n["mount_state"].get<std::string>());
+    } else
       say("controller {} failed: {}", c.name, s.to_string());
   }
   TUTTI_RETURN_IF_ERROR(write_state());
@@ -438,7 +444,8 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
                        {"pinned_bytes", pinned},
                        {"lba_size", slot.lba_size()},
                        {"namespace_size_lbas", slot.namespace_size_lbas()},
-                       {"accelerators", c.accelerators}};
+                       {"accelerators", c.accelerators},
+                       {"namespaces", slot.namespaces_json()}};
   // What a client needs to drive the queues as a controller of its own (LeasedController's identity).
   if (const nvme::ControllerIdentity* id = slot.identity()) {
     response["lease"]["nsid"] = id->nsid;
@@ -609,9 +616,6 @@ json Server::devices_json() const {
   d["devices"] = json::array();
   for (const auto& slot : controllers_) {
     const auto& c = slot->config();
-    json namespaces = json::array();
-    for (const auto& n : c.namespaces)
-      namespaces.push_back({{"nsid", n.nsid}, {"mount", n.mount}, {"filesystem", n.filesystem}});
     d["devices"].push_back({{"name", c.name},
                             {"kind", c.soft ? "soft" : "pci"},
                             {"source", c.soft ? c.soft->image : *c.pci_address},
@@ -625,7 +629,7 @@ json Server::devices_json() const {
                             {"queue_depth", c.queue_depth},
                             {"lba_size", slot->lba_size()},
                             {"namespace_size_lbas", slot->namespace_size_lbas()},
-                            {"namespaces", namespaces},
+                            {"namespaces", slot->namespaces_json()},
                             {"accelerators", c.accelerators},
                             {"allow", {{"users", c.allowed_user_names}, {"groups", c.allowed_group_names}}}});
   }
@@ -839,7 +843,11 @@ Status Server::loop() {
     }
     if (fds[0].revents & POLLIN) accept_client();
   }
-  for (auto& slot : controllers_) slot->shut_down();
+  for (auto& slot : controllers_) {
+    Status released = slot->release_mounts();
+    if (!released.is_ok()) say("controller {}: {}", slot->config().name, released.to_string());
+    slot->shut_down();
+  }
   Status persisted = write_state();
   say("stopped");
   return persisted;

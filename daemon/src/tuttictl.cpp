@@ -101,14 +101,23 @@ int main(int argc, char** argv) {
       break;
     case tutti::daemon::Op::devices: {
       std::vector<std::vector<std::string>> rows;
-      for (const auto& d : r["devices"])
+      for (const auto& d : r["devices"]) {
+        // "1:/mnt/kv0 (mounted from /dev/loop0)" per namespace with a mount point.
+        std::string mounts;
+        for (const auto& n : d.value("namespaces", json::array()))
+          if (!n.value("mount", std::string()).empty())
+            mounts += fmt::format("{}{}:{}{}", mounts.empty() ? "" : ",", text(n["nsid"]), text(n["mount"]),
+                                  n.contains("mount_state")
+                                      ? fmt::format(" ({} from {})", text(n["mount_state"]), text(n["block_device"]))
+                                      : std::string(" (not mounted)"));
         rows.push_back({text(d["name"]), text(d["kind"]), text(d["source"]), text(d["state"]),
                         fmt::format("{}/{}", text(d["queues_in_use"]), text(d["leasable_queues"])),
                         text(d["kernel_queues"]), text(d["queue_depth"]), joined(d["accelerators"]),
-                        joined(d["allow"]["users"]), joined(d["allow"]["groups"]),
+                        joined(d["allow"]["users"]), joined(d["allow"]["groups"]), mounts.empty() ? "-" : mounts,
                         d["error"].get<std::string>().empty() ? "-" : text(d["error"])});
+      }
       print_table({"name", "kind", "source", "state", "in_use/leasable", "kernel_q", "depth", "accelerators", "users",
-                   "groups", "error"},
+                   "groups", "mounts", "error"},
                   rows);
       break;
     }

@@ -28,6 +28,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <tutti/libnvm/soft_local_nvme.hpp>
@@ -44,6 +45,9 @@
 #include "spread.hpp"
 #if defined(LAYERWISE_GPU)
 #include "gpu_pipeline.hpp"
+#endif
+#if defined(LAYERWISE_TUTTID)
+#include "leased_nvme.hpp"
 #endif
 
 namespace fs = std::filesystem;
@@ -66,6 +70,9 @@ struct Options {
   ModelShape model;
   std::string backend = "uring";
   std::uint32_t stripe_devices = 2;  ///< --stripe-devices: the nvme-soft-striped backend's devices
+#if defined(LAYERWISE_TUTTID)
+  LeaseChoice lease;  ///< --tuttid-socket, --controller, --lease-queues: the nvme backend's lease
+#endif
   std::string data_dir;
   std::string json_path;
   std::uint32_t repeat = 3;
@@ -137,6 +144,8 @@ double mib(std::uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20);
 struct DataPlace {
   fs::path dir;
   FileSystemInfo filesystem;  ///< Unset for memfs.
+  std::string controller;     ///< nvme: the leased controller
+  std::uint32_t nsid = 0;     ///< nvme: the namespace holding dir
 };
 
 /// The summary's header, printed before the run: the backend, the repetitions, the model, the shape,
@@ -157,6 +166,11 @@ void print_header(const Options& o, const DataPlace& place) {
         "  note           : nvme-soft-striped is {} software NVMe controllers (pread/pwrite on an image file each): "
         "its figures measure the emulation, not NVMe drives\n",
         s.stripe_devices);
+  if (o.backend == "nvme")
+    fmt::print(
+        "  note           : nvme moves the KV through NVMe queues leased from tuttid on its controller {}; on a soft "
+        "controller its figures measure the emulation, not an NVMe drive\n",
+        place.controller);
   if (o.model.kv_heads)
     fmt::print("  model          : {}: {}\n", o.model.name, o.model.describe());
   else
@@ -178,6 +192,7 @@ void print_header(const Options& o, const DataPlace& place) {
   }
   std::string inside;
   if (o.backend == "nvme-soft") inside = ", inside an ext4 image under nvme-soft/";
+  if (o.backend == "nvme") inside = fmt::format(", on namespace {} of controller {}", place.nsid, place.controller);
   if (o.backend == "nvme-soft-striped")
     inside = fmt::format(
         ", each striped over {} ext4 images under nvme-soft-striped/ in units of one K or V tensor ({}): "
@@ -398,6 +413,7 @@ void write_json(const Options& o, const std::vector<Report>& runs, const std::ve
             {"verified_tensors", checks.verified_tensors},
             {"verified_tensors_by_source", by_source},
             {"mismatched_tensors", checks.mismatched_tensors}});
+  if (o.backend == "nvme") j["tuttid"] = {{"controller", place.controller}, {"nsid", place.nsid}};
   j["spread"] = {
       {"restore_gb_per_s",
        spread_json(spread_over(runs, [](const Report& x) { return x.restore_only.gigabytes_per_second(); }))},
@@ -445,11 +461,11 @@ int finish(const Options& o, const std::vector<Report>& runs, const std::vector<
 
 /// Runs every phase on one runtime, o.repeat times. `uris[l]` names layer l's target; `dirs` hold the
 /// layer files when `file_backed` (the pread baselines read them): one folder, or (striped) shard i's
-/// folder at i.
+/// folder at i. `memory`: where the KV slots come from (null: aligned_alloc).
 template <class Runtime>
 int run(Runtime& runtime, const Options& o, const DataPlace& place, const std::vector<fs::path>& dirs,
         const std::vector<std::string>& uris, bool file_backed,
-        const std::function<tutti::Status(Runtime&)>& prepare_in_runtime) {
+        const std::function<tutti::Status(Runtime&)>& prepare_in_runtime, HostMemorySource* memory = nullptr) {
   const Checksums sums = expected_checksums(o.settings.shape);
   if (prepare_in_runtime)
     if (auto s = prepare_in_runtime(runtime); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data");
@@ -459,7 +475,7 @@ int run(Runtime& runtime, const Options& o, const DataPlace& place, const std::v
     Settings settings = o.settings;
     settings.run_salt = run_salt(o, index);
     Report report;
-    Pipeline<Runtime> pipeline(runtime, settings, sums);
+    Pipeline<Runtime> pipeline(runtime, settings, sums, memory);
     if (auto s = pipeline.open(uris); !s.is_ok()) return fail_with(s, kExitFailed, "open");
     drop_page_cache(o);
     if (auto s = pipeline.restore_only(report); !s.is_ok()) return fail_with(s, kExitFailed, "restore");
@@ -873,6 +889,93 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
   return rc;
 }
 
+#if defined(LAYERWISE_TUTTID)
+/// --backend nvme, before the data folder is checked: a lease from tuttid (`leased`; pinned bytes sized for the
+/// shape), the file system of its namespace as tuttid mounted or verified it, and the data folder on it (the
+/// default: <mount point>/tutti-layerwise-kv). Returns the exit code after printing why, on refusal.
+std::optional<int> lease_for_run(const Options& o, DataPlace& place,
+                                 std::unique_ptr<tutti::daemon::LeasedController>& leased) {
+  const Shape& shape = o.settings.shape;
+  const std::uint64_t pinned = lease_pinned_bytes(shape);
+  auto refuse = [&o](const tutti::Status& s, const std::string& hint) {
+    fmt::print(stderr, "error: {}: --backend nvme (--controller {}, --tuttid-socket {}): {}{}\n",
+               tutti::to_string(s.code()), o.lease.controller, o.lease.socket, s.message(),
+               hint.empty() ? "" : ": " + hint);
+    return kExitRefused;
+  };
+  auto acquired = tutti::daemon::LeasedController::acquire({.socket_path = o.lease.socket,
+                                                            .controller = o.lease.controller,
+                                                            .queues = o.lease.queues,
+                                                            .pinned_bytes = pinned});
+  if (!acquired) {
+    const tutti::Status& s = acquired.status();
+    const bool no_daemon = s.message().find("connect to tuttid") != std::string::npos;
+    std::string hint;
+    if (no_daemon)
+      hint = "is tuttid running? Start it (docs/daemon.md) or point --tuttid-socket at its socket";
+    else if (s.code() == tutti::StatusCode::NOT_FOUND)
+      hint = "--controller must name a controller of tuttid's configuration (`tuttictl devices` lists them)";
+    else if (s.code() == tutti::StatusCode::RESOURCE_EXHAUSTED)
+      hint = fmt::format(
+          "this shape needs a lease of {} pinned bytes (KV slots of {} and {} bytes and local_nvme's PRP lists) and "
+          "--lease-queues {}: shrink the shape (--context-tokens, --tokens-per-block, --hit-percent), lower "
+          "--lease-queues, or raise client.max_pinned_bytes / client.max_queues of controller {} in tuttid's "
+          "configuration",
+          pinned, read_slot_bytes(shape), write_slot_bytes(shape), o.lease.queues, o.lease.controller);
+    else if (s.code() == tutti::StatusCode::UNSUPPORTED)
+      hint = "the user must be on the controller's allow list (allow.users, allow.groups) and in the socket's group";
+    else if (s.code() == tutti::StatusCode::NOT_READY)
+      hint = "`tuttictl devices` says why the controller is not up (or tuttid is draining)";
+    return refuse(s, hint);
+  }
+  leased = std::move(acquired.value());
+  auto ns = lease_namespace(*leased, o.lease.controller);
+  if (!ns) return refuse(ns.status(), "");
+  place.controller = o.lease.controller;
+  place.nsid = ns->nsid;
+  if (o.data_dir.empty()) place.dir = fs::path(ns->mount) / "tutti-layerwise-kv";
+  if (auto on = check_on_namespace(place.dir, *ns, o.lease.controller); !on.is_ok()) return refuse(on, "");
+  return std::nullopt;
+}
+
+/// --backend nvme: the local_nvme runtime over the leased queues (LeasedController), the layer files on the
+/// namespace's file system resolved with FIEMAP against the block device tuttid reports, the KV slots in
+/// memory of the lease (the soft controller runs in tuttid's process and reaches only that). The files'
+/// pages are dropped from the page cache before and after the run (drop_file_pages): the controller moves
+/// their bytes behind the file system's back. The pread baselines read the same files with O_DIRECT.
+int run_nvme_leased(const Options& o, const DataPlace& place, tutti::daemon::LeasedController& leased) {
+  const Shape& shape = o.settings.shape;
+  const fs::path& dir = place.dir;
+  if (auto s = prepare_files(shape, dir); !s.is_ok()) return fail_with(s, kExitFailed, "preparing data files");
+  if (auto s = drop_file_pages(shape, dir); !s.is_ok()) return fail_with(s, kExitFailed, "the layer files' pages");
+  std::vector<std::string> uris;
+  for (std::uint32_t l = 0; l < shape.layers; ++l) uris.push_back(file_uri(dir / shape.layer_file_name(l)));
+  const tutti::daemon::LeasedNamespace* ns = nullptr;
+  for (const auto& n : leased.namespaces())
+    if (n.nsid == place.nsid) ns = &n;
+  tutti::local_file::LocalFileResolver::Options resolver;
+  resolver.block_device_path = ns->block_device;
+  tutti::local_nvme::Options datapath;
+  datapath.queue_pairs = static_cast<std::uint32_t>(leased.queue_ids().size());
+  datapath.queue_depth = leased.queue_depth();
+  int rc = kExitVerified;
+  {
+    auto runtime = tutti::make_local_nvme_runtime(leased, std::move(resolver), datapath);
+    if (!runtime) return fail_with(runtime.status(), kExitFailed, "local_nvme runtime over the leased queues");
+    LeasedMemory memory(leased);  // the KV slots; registered on the lease until it ends
+    rc = run<tutti::LocalNvmeRuntime>(*runtime, o, place, {dir}, uris, true, {}, &memory);
+    fmt::print("  local_nvme     : {} NVMe commands sent again after a retryable status, {} Aborts sent\n",
+               runtime->datapath().commands_retried(), runtime->datapath().aborts_sent());
+  }
+  fmt::print("  lease          : lease {} of tuttid on controller {}: queues {} of depth {}, namespace {} ({} on {})\n",
+             leased.lease_id(), place.controller, fmt::join(leased.queue_ids(), ","), leased.queue_depth(), place.nsid,
+             ns->block_device, ns->mount);
+  if (auto s = drop_file_pages(shape, dir); !s.is_ok() && rc == kExitVerified)
+    return fail_with(s, kExitFailed, "the layer files' pages after the run");
+  return rc;
+}
+#endif  // LAYERWISE_TUTTID
+
 /// The data folder's checks, in the order that gives the clearest message: the folder itself (not a
 /// file, creatable), the lock (one run per folder), O_DIRECT on its file system (uring backend), then
 /// the free space (for the soft NVMe backends, of their ext4 images, after removing the images of devices
@@ -1027,13 +1130,36 @@ int main(int argc, char** argv) {
       ->check(kDecimal)
       ->check(CLI::Range(1u, 100u))
       ->capture_default_str();
+  std::vector<std::string> backends = {"uring", "nvme-soft", "nvme-soft-striped", "memfs"};
+#if defined(LAYERWISE_TUTTID)
+  backends.push_back("nvme");
+#endif
   app.add_option("--backend", o.backend,
                  "Backend: uring (io_uring + O_DIRECT, any file system), nvme-soft (FIEMAP + NVMe queues of the "
                  "software NVMe controller, on an ext4 image it loop-mounts; root), nvme-soft-striped (each layer "
-                 "striped over --stripe-devices ext4 images and soft controllers, one K or V tensor per unit; root) "
-                 "or memfs (host memory)")
-      ->check(CLI::IsMember({"uring", "nvme-soft", "nvme-soft-striped", "memfs"}))
+                 "striped over --stripe-devices ext4 images and soft controllers, one K or V tensor per unit; root), "
+                 "memfs (host memory)"
+#if defined(LAYERWISE_TUTTID)
+                 " or nvme (FIEMAP + NVMe queues leased from tuttid on --controller, files on its namespace's file "
+                 "system)"
+#endif
+                 )
+      ->check(CLI::IsMember(backends))
       ->capture_default_str();
+#if defined(LAYERWISE_TUTTID)
+  CLI::Option* socket_option =
+      app.add_option("--tuttid-socket", o.lease.socket, "tuttid's socket (--backend nvme)")->capture_default_str();
+  CLI::Option* controller_option = app.add_option(
+      "--controller", o.lease.controller,
+      "The controller of tuttid's configuration whose queues --backend nvme leases (`tuttictl devices` lists them)");
+  CLI::Option* lease_queues_option =
+      app.add_option("--lease-queues", o.lease.queues,
+                     fmt::format("NVMe queue pairs --backend nvme leases, 1 to {} (tuttid caps them per process: "
+                                 "client.max_queues)",
+                                 kMaxLeaseQueues))
+          ->check(kDecimal)
+          ->capture_default_str();
+#endif
   CLI::Option* stripe_option =
       app.add_option("--stripe-devices", o.stripe_devices,
                      fmt::format("Devices to stripe every layer over with --backend nvme-soft-striped (an ext4 "
@@ -1043,7 +1169,8 @@ int main(int argc, char** argv) {
           ->capture_default_str();
   app.add_option("--data-dir", o.data_dir,
                  "Folder of the layer files, created when missing (default: $TMPDIR/tutti-layerwise-kv, or "
-                 "/var/tmp/tutti-layerwise-kv without TMPDIR); one run at a time per folder")
+                 "/var/tmp/tutti-layerwise-kv without TMPDIR; --backend nvme: tutti-layerwise-kv under the mount point "
+                 "of the leased namespace); one run at a time per folder")
       ->check(tutti::bench::kNotEmpty);
   app.add_flag("--prepare-only", o.prepare_only,
                "Create, preallocate and write the layer files of this shape in --data-dir, then exit (uring "
@@ -1107,6 +1234,18 @@ int main(int argc, char** argv) {
   if (stripe_option->count() && o.backend != "nvme-soft-striped")
     return refuse(fmt::format("--stripe-devices applies to --backend nvme-soft-striped, not --backend {}", o.backend));
   if (o.backend == "nvme-soft-striped") shape.stripe_devices = o.stripe_devices;
+#if defined(LAYERWISE_TUTTID)
+  for (const CLI::Option* lease_option : {socket_option, controller_option, lease_queues_option})
+    if (lease_option->count() && o.backend != "nvme")
+      return refuse(fmt::format("{} applies to --backend nvme, not --backend {}", lease_option->get_name(), o.backend));
+  if (o.backend == "nvme" && o.lease.controller.empty())
+    return refuse(
+        "--backend nvme needs --controller NAME: the controller of tuttid's configuration to lease queues on "
+        "(`tuttictl devices` lists them)");
+  if (o.lease.queues < 1 || o.lease.queues > kMaxLeaseQueues)
+    return refuse(
+        fmt::format("--lease-queues = {} is out of range: expected 1 to {}", o.lease.queues, kMaxLeaseQueues));
+#endif
 #if defined(LAYERWISE_GPU)
   const bool device_capable = o.backend != "memfs";
   if (o.memory == "auto") {
@@ -1195,9 +1334,10 @@ int main(int argc, char** argv) {
                     tutti::memfs::Store::Options::kDefaultMaxTotalBytes));
   if (o.prepare_only && o.backend != "uring")
     return refuse(fmt::format("--prepare-only writes the layer files of the uring backend; --backend {} {}", o.backend,
-                              o.backend == "memfs" ? "keeps its data in host memory"
-                              : o.backend == "nvme-soft"
-                                  ? "writes its files into the ext4 image it creates itself"
+                              o.backend == "memfs"       ? "keeps its data in host memory"
+                              : o.backend == "nvme-soft" ? "writes its files into the ext4 image it creates itself"
+                              : o.backend == "nvme"
+                                  ? "writes its files on the leased namespace's file system when it runs"
                                   : "writes its shard files into the ext4 images it creates itself"));
 
   DataPlace place;
@@ -1237,6 +1377,11 @@ int main(int argc, char** argv) {
   const char* tmp = std::getenv("TMPDIR");
   place.dir =
       o.data_dir.empty() ? fs::path(tmp && *tmp ? tmp : "/var/tmp") / "tutti-layerwise-kv" : fs::path(o.data_dir);
+#if defined(LAYERWISE_TUTTID)
+  std::unique_ptr<tutti::daemon::LeasedController> leased;  // outlives the runtime over its queues
+  if (o.backend == "nvme")
+    if (auto refused = lease_for_run(o, place, leased)) return *refused;
+#endif
   DataDirLock lock;  // held until main returns: every phase below reads or writes the folder's files
   if (auto refused = check_data_dir(o, place, lock)) return *refused;
   print_header(o, place);
@@ -1250,6 +1395,9 @@ int main(int argc, char** argv) {
     return kExitVerified;
   }
   if (soft_nvme_backend(o.backend)) return run_nvme_soft(o, place);
+#if defined(LAYERWISE_TUTTID)
+  if (o.backend == "nvme") return run_nvme_leased(o, place, *leased);
+#endif
 
 #if defined(LAYERWISE_GPU)
   if (o.memory == "device") return run_gpu(o, place);

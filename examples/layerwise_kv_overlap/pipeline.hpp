@@ -223,22 +223,57 @@ inline void check_written_layer(const std::byte* written, std::uint32_t layer, c
     }
 }
 
+/// Where a Pipeline's KV slots come from when plain host memory will not do: --backend nvme takes them from
+/// its tuttid lease (LeasedController::allocate_host_memory), the only memory the soft controller, which
+/// runs in tuttid's process, can reach.
+class HostMemorySource {
+ public:
+  virtual ~HostMemorySource() = default;
+  /// `bytes` of zeroed memory, 4096-byte aligned; the error says why there is none.
+  virtual tutti::Result<std::byte*> allocate(std::uint64_t bytes) = 0;
+  /// Gives back what allocate returned, once the runtime no longer references it.
+  virtual void release(std::byte* data, std::uint64_t bytes) = 0;
+};
+
 /// Aligned host memory that is freed only after the runtime no longer references it.
 struct AlignedBuffer {
   std::byte* data = nullptr;
   std::uint64_t size = 0;
-  /// Allocates and touches every page (so no phase pays first-touch faults); data is null when the
-  /// allocation failed (register_memory then reports memory.address is null).
-  explicit AlignedBuffer(std::uint64_t bytes) : size(bytes) {
-    data = static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+  HostMemorySource* source = nullptr;  ///< null: aligned_alloc
+  tutti::Status status;                ///< why data is null
+  /// Allocates (from `from`, else aligned_alloc) and touches every page (so no phase pays first-touch
+  /// faults); data is null when the allocation failed, and status says why.
+  explicit AlignedBuffer(std::uint64_t bytes, HostMemorySource* from = nullptr) : size(bytes), source(from) {
+    if (source != nullptr) {
+      auto got = source->allocate(bytes);
+      if (got) data = *got;
+      status = got.status();
+    } else {
+      data = static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+      if (data == nullptr) status = tutti::error(tutti::StatusCode::RESOURCE_EXHAUSTED, "no {} bytes of memory", bytes);
+    }
     if (data) std::memset(data, 0, bytes);
   }
-  ~AlignedBuffer() { std::free(data); }
+  ~AlignedBuffer() {
+    if (source != nullptr && data != nullptr)
+      source->release(data, size);
+    else
+      std::free(data);
+  }
   /// Gives the memory up for good: used when a device may still write into it.
   void leak() { data = nullptr; }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
 };
+
+/// Bytes of a Pipeline's read slots (two layers' cached tensors) and of its write slots (two layers' missed
+/// ones); at least one tensor each.
+inline std::uint64_t read_slot_bytes(const Shape& shape) {
+  return std::max<std::uint64_t>(1, 2 * std::uint64_t{shape.hit_chunks()} * 2) * shape.tensor_bytes;
+}
+inline std::uint64_t write_slot_bytes(const Shape& shape) {
+  return std::max<std::uint64_t>(1, 2 * std::uint64_t{shape.miss_chunks()} * 2) * shape.tensor_bytes;
+}
 
 /// Submits request lists to completion through a runtime, resubmitting what the backend rejects with
 /// RESOURCE_EXHAUSTED once earlier IO completes. Not thread-safe: one Window per submitting thread.
@@ -338,14 +373,15 @@ class Window {
 template <class Runtime>
 class Pipeline {
  public:
-  Pipeline(Runtime& runtime, const Settings& settings, const Checksums& checksums)
+  /// `memory`: where the KV slots come from (null: aligned_alloc); it must outlive the Pipeline.
+  Pipeline(Runtime& runtime, const Settings& settings, const Checksums& checksums, HostMemorySource* memory = nullptr)
       : runtime_(runtime),
         settings_(settings),
         checksums_(checksums),
         hit_tensors_(settings.shape.hit_chunks() * 2),
         miss_tensors_(settings.shape.miss_chunks() * 2),
-        reads_(std::max<std::uint64_t>(1, 2 * hit_tensors_) * settings.shape.tensor_bytes),
-        writes_(std::max<std::uint64_t>(1, 2 * miss_tensors_) * settings.shape.tensor_bytes) {}
+        reads_(read_slot_bytes(settings.shape), memory),
+        writes_(write_slot_bytes(settings.shape), memory) {}
 
   /// Unregisters the buffers; a buffer the runtime still uses (BUSY) is leaked rather than freed
   /// under a device that may still write it.
@@ -362,6 +398,8 @@ class Pipeline {
       if (!opened[i]) return opened[i].status();
       layers_.push_back(*opened[i]);
     }
+    for (const AlignedBuffer* b : {&reads_, &writes_})
+      if (b->data == nullptr) return b->status.with_context(fmt::format("KV slots of {} bytes", b->size));
     auto r = runtime_.register_memory({reads_.data, reads_.size, tutti::MemoryKind::HOST});
     if (!r) return r.status();
     read_memory_ = *r;

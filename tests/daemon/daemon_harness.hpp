@@ -62,14 +62,20 @@ class TestDaemon {
   /// `controller_keys`: extra keys of the soft controller's object; `socket_keys`: extra keys of "socket".
   /// `grace_ms`: shutdown_grace_ms.
   /// `open_files_limit`: RLIMIT_NOFILE of the daemon (0: inherited).
+  /// `ext4_image_bytes`: 0: the image is 16 MiB of zeros; else an ext4 file system of that size (mkfs.ext4),
+  /// for a namespace tuttid mounts (root tests).
   explicit TestDaemon(std::string controller_keys = "", std::string socket_keys = "", int grace_ms = 400,
-                      rlim_t open_files_limit = 0)
+                      rlim_t open_files_limit = 0, std::uint64_t ext4_image_bytes = 0)
       : open_files_limit_(open_files_limit) {
     dir_ = std::filesystem::temp_directory_path() / fmt::format("tuttid-test-{}-{}", ::getpid(), counter()++);
     std::filesystem::create_directories(dir_);
     ::chmod(dir_.c_str(), 0755);
     { std::ofstream image(dir_ / "soft0.img"); }
-    std::filesystem::resize_file(dir_ / "soft0.img", 16 << 20);
+    std::filesystem::resize_file(dir_ / "soft0.img", ext4_image_bytes != 0 ? ext4_image_bytes : 16 << 20);
+    if (ext4_image_bytes != 0)
+      REQUIRE(std::system(
+                  fmt::format("mkfs.ext4 -q -F -b 4096 '{}' >/dev/null 2>&1", (dir_ / "soft0.img").string()).c_str()) ==
+              0);
     config_text_ = fmt::format(
         R"({{ "socket": {{"path": "{}" {}}}, "state_file": "{}", "shutdown_grace_ms": {},
               "controllers": [{{"name": "soft0", "soft": {{"image": "{}"}}, "io_queue_pairs": 10,

@@ -4,7 +4,9 @@
 # (docs/kv-cache.md) lists; then corrupts one cached tensor on disk (uring: a layer file; nvme-soft-striped:
 # a shard file inside its ext4 image) and checks that the example fails with exit code 1 and names the
 # mismatch. BACKEND nvme-soft-striped:N runs --backend nvme-soft-striped --stripe-devices N and also checks
-# that every one of the N soft controllers moved tensors.
+# that every one of the N soft controllers moved tensors. BACKEND nvme needs a running tuttid: the caller
+# (tuttid_backend_test.sh) names it in LAYERWISE_EXAMPLE_ARGS (--controller, --tuttid-socket) and puts the data
+# folder on the leased namespace's file system with LAYERWISE_DATA_DIR.
 set -euo pipefail
 example=$1 backend=$2 doc=$3 gpu=${4:-}
 stripe=
@@ -28,8 +30,10 @@ extra=()
 dir=$(mktemp -d)
 # (the striped case mounts a shard's image at $dir/corrupt for a moment: unmount it before removing)
 trap 'if mountpoint -q "$dir/corrupt" 2>/dev/null; then umount "$dir/corrupt"; fi; rm -rf "$dir"' EXIT
+data=${LAYERWISE_DATA_DIR:-$dir/data}
+read -r -a caller_args <<<"${LAYERWISE_EXAMPLE_ARGS:-}"
 base=(--backend "$backend" --layers 6 --context-tokens 1024 --tokens-per-block 256 --tensor-bytes 65536
-      --data-dir "$dir/data" --no-drop-caches --repeat 1 ${stripe:+--stripe-devices "$stripe"})
+      --data-dir "$data" --no-drop-caches --repeat 1 ${stripe:+--stripe-devices "$stripe"} "${caller_args[@]}")
 args=("${base[@]}" "${extra[@]}" --compute-ms 0.5 --json "$dir/report.json")
 # After every run of an nvme-soft backend: nothing stays mounted under the data directory and no loop
 # device holds one of its images (the example detaches what it attached, on every exit path).
@@ -97,6 +101,10 @@ assert sources == expected, (sources, expected)
 assert r["mismatched_tensors"] == 0 and r["verified_tensors"] == sum(expected.values()), r
 assert r["bound"] == {"compute": "compute", "read": "reads", "write": "writes"}[verdict], (r["bound"], verdict)
 assert r["repeat"] == 1 and len(r["runs"]) == 1, r
+if backend == "nvme":  # the lease's controller and namespace (tuttid_backend_test.sh leases soft0's)
+    assert r["tuttid"] == {"controller": "soft0", "nsid": 1}, r.get("tuttid")
+else:
+    assert "tuttid" not in r, r["tuttid"]
 PY
 if [ "$gpu" = gpu ]; then
   python3 - "$dir/report.json" <<'PY' || { cat "$dir/out.txt"; echo "FAIL: the KV slots were not in GPU memory"; exit 1; }
@@ -127,7 +135,7 @@ PY
 while IFS= read -r label; do
   case "$label" in
     warning) continue ;;                                               # only for a RAM-backed data folder
-    note) [[ "$backend" == nvme-soft* ]] || continue ;;                # only for the nvme-soft backends
+    note) [[ "$backend" == nvme* ]] || continue ;;                     # only for the NVMe backends
     "pread 1 thread") [ "$backend" != memfs ] || continue ;;           # memfs has no files to pread
     "pread N thr") [ "$backend" != memfs ] || continue; label="pread [0-9]+ thr" ;;
   esac
@@ -193,15 +201,17 @@ if [ -n "$stripe" ]; then
   echo "the stale image of an unused device was removed"
   exit 0
 fi
-[ "$backend" = uring ] || exit 0  # the corruption check edits plain files in the data directory
+# The corruption check edits plain files in the data directory (nvme: on the leased namespace's file system,
+# through its page cache: the example must see the bytes on the device, which sync puts there).
+[ "$backend" = uring ] || [ "$backend" = nvme ] || exit 0
 # The 100% run rewrote the data set; write the 75% one back before corrupting it.
 rc=0
 "$example" "${args[@]}" --no-pread-baseline >"$dir/out.txt" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { cat "$dir/out.txt"; echo "FAIL: rerun exited $rc"; exit 1; }
 
 # Corrupt one byte of layer 2, chunk 1, V tensor (the store's layout: slot 1, piece 1): (2*1+1) * 65536 + 100.
-printf '\xff' | dd of="$dir/data/layer-00002.kv" bs=1 seek=$((3 * 65536 + 100)) conv=notrunc status=none
-printf '\x00' | dd of="$dir/data/layer-00002.kv" bs=1 seek=$((3 * 65536 + 101)) conv=notrunc status=none
+printf '\xff' | dd of="$data/layer-00002.kv" bs=1 seek=$((3 * 65536 + 100)) conv=notrunc status=none
+printf '\x00' | dd of="$data/layer-00002.kv" bs=1 seek=$((3 * 65536 + 101)) conv=notrunc status=none
 sync
 set +e
 "$example" "${args[@]}" --no-pread-baseline >"$dir/out2.txt" 2>&1

@@ -1,0 +1,354 @@
+// The namespaces' file systems: see mounts.hpp.
+#include "mounts.hpp"
+
+#include <fcntl.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <tutti/core/clock.hpp>
+
+namespace tutti::daemon {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr auto kRetryInterval = std::chrono::milliseconds(20);
+
+/// A file descriptor closed on scope exit.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+/// One line of /proc/self/mountinfo.
+struct MountEntry {
+  dev_t device = 0;
+  std::string filesystem;  ///< the type: "ext4"
+  std::string source;      ///< as mounted: "/dev/loop3"
+};
+
+/// mountinfo's octal escapes (\040 for a space) undone.
+std::string unescape(const std::string& field) {
+  std::string out;
+  for (std::size_t i = 0; i < field.size(); ++i) {
+    auto digit = [&](std::size_t k, char highest) { return field[k] >= '0' && field[k] <= highest; };
+    const bool octal =
+        field[i] == '\\' && i + 3 < field.size() && digit(i + 1, '3') && digit(i + 2, '7') && digit(i + 3, '7');
+    if (!octal) {
+      out += field[i];
+      continue;
+    }
+    out += static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 + (field[i + 3] - '0'));
+    i += 3;
+  }
+  return out;
+}
+
+/// The mount on top at `mount_point` (canonical), from /proc/self/mountinfo (later lines are mounted over
+/// earlier ones); nullopt when nothing is mounted there.
+std::optional<MountEntry> mounted_at(const std::string& mount_point) {
+  std::ifstream in("/proc/self/mountinfo");
+  std::optional<MountEntry> found;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string id, parent, numbers, root, point, field;
+    if (!(fields >> id >> parent >> numbers >> root >> point) || unescape(point) != mount_point) continue;
+    while (fields >> field && field != "-") {
+    }
+    MountEntry entry;
+    unsigned major_number = 0, minor_number = 0;
+    if (std::sscanf(numbers.c_str(), "%u:%u", &major_number, &minor_number) != 2) continue;
+    entry.device = makedev(major_number, minor_number);
+    if (!(fields >> entry.filesystem >> entry.source)) continue;
+    entry.source = unescape(entry.source);
+    found = entry;
+  }
+  return found;
+}
+
+std::string device_text(dev_t device) { return fmt::format("{}:{}", major(device), minor(device)); }
+
+/// "/dev/<kernel name>" of block device `device` (from /sys/dev/block/MAJ:MIN), or "MAJ:MIN" when sysfs
+/// does not list it.
+std::string device_node(dev_t device) {
+  std::error_code ec;
+  const fs::path link = fs::read_symlink(fmt::format("/sys/dev/block/{}", device_text(device)), ec);
+  return ec ? device_text(device) : "/dev/" + link.filename().string();
+}
+
+/// The backing file of loop device `node` as (device, inode) (LOOP_GET_STATUS64); nullopt when `node` is no
+/// loop device or has no backing file.
+std::optional<std::pair<dev_t, ino_t>> loop_backing(const std::string& node) {
+  Fd fd(::open(node.c_str(), O_RDONLY | O_CLOEXEC));
+  loop_info64 info{};
+  if (fd.fd < 0 || ::ioctl(fd.fd, LOOP_GET_STATUS64, &info) != 0) return std::nullopt;
+  // lo_device is the kernel's new_encode_dev (linux/kdev_t.h): minor bits 0-7 and 20-31, major bits 8-19.
+  const auto encoded = static_cast<std::uint32_t>(info.lo_device);
+  const dev_t device = makedev((encoded & 0xfff00u) >> 8, (encoded & 0xffu) | ((encoded >> 12) & 0xfff00u));
+  return std::pair<dev_t, ino_t>(device, static_cast<ino_t>(info.lo_inode));
+}
+
+/// The backing file sysfs names for loop device `node` ("/dev/loop3"), for messages; "none" when it has none.
+std::string loop_backing_name(const std::string& node) {
+  std::ifstream in(fmt::format("/sys/block/{}/loop/backing_file", fs::path(node).filename().string()));
+  std::string name;
+  return std::getline(in, name) && !name.empty() ? "'" + name + "'" : std::string("none");
+}
+
+/// Attaches `image` read-write to a free loop device; returns "/dev/loopN". A device another process takes
+/// between LOOP_CTL_GET_FREE and the attach (EBUSY) is skipped, until `deadline`.
+Result<std::string> attach_loop(const MountRequest& r, int image_fd, std::uint64_t deadline) {
+  Fd control(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
+  if (control.fd < 0)
+    return error(StatusCode::DEVICE_ERROR, "{}: attaching {} '{}' to a loop device: open /dev/loop-control: {}", r.key,
+                 r.source_key, r.source, std::strerror(errno));
+  for (;;) {
+    const int n = ::ioctl(control.fd, LOOP_CTL_GET_FREE);
+    if (n < 0)
+      return error(StatusCode::DEVICE_ERROR, "{}: attaching {} '{}': LOOP_CTL_GET_FREE: {}", r.key, r.source_key,
+                   r.source, std::strerror(errno));
+    const std::string node = fmt::format("/dev/loop{}", n);
+    Fd loop(::open(node.c_str(), O_RDWR | O_CLOEXEC));
+    int attached = -1, err = errno;
+    if (loop.fd >= 0) {
+      loop_config config{};
+      config.fd = static_cast<std::uint32_t>(image_fd);
+      std::strncpy(reinterpret_cast<char*>(config.info.lo_file_name), r.source.c_str(), LO_NAME_SIZE - 1);
+      attached = ::ioctl(loop.fd, LOOP_CONFIGURE, &config);
+      err = errno;
+      if (attached != 0 && (err == EINVAL || err == ENOTTY)) {  // before Linux 5.8: no LOOP_CONFIGURE
+        attached = ::ioctl(loop.fd, LOOP_SET_FD, image_fd);
+        err = errno;
+        if (attached == 0) {
+          loop_info64 info{};
+          std::strncpy(reinterpret_cast<char*>(info.lo_file_name), r.source.c_str(), LO_NAME_SIZE - 1);
+          if (::ioctl(loop.fd, LOOP_SET_STATUS64, &info) != 0) {
+            err = errno;
+            (void)::ioctl(loop.fd, LOOP_CLR_FD, 0);
+            attached = -1;
+          }
+        }
+      }
+    }
+    if (attached == 0) return node;
+    // EBUSY: another process attached it first; ENOENT: its node is not there yet. Both pass; others fail.
+    if (err != EBUSY && err != ENOENT)
+      return error(StatusCode::DEVICE_ERROR, "{}: attaching {} '{}' to {}: {}", r.key, r.source_key, r.source, node,
+                   std::strerror(err));
+    if (remaining_ns(deadline) == 0)
+      return error(StatusCode::TIMEOUT, "{}: attaching {} '{}': no free loop device within {} ms ({}: {})", r.key,
+                   r.source_key, r.source, r.timeout_ns / 1'000'000, node, std::strerror(err));
+    std::this_thread::sleep_for(kRetryInterval);
+  }
+}
+
+/// Detaches loop device `node` and waits (until `deadline`) until it has no backing file. A device still
+/// open elsewhere is set to clear itself at its last close (the kernel's LOOP_CLR_FD does that).
+Status detach_loop(const std::string& key, const std::string& node, std::uint64_t deadline) {
+  {
+    Fd loop(::open(node.c_str(), O_RDONLY | O_CLOEXEC));
+    if (loop.fd < 0)
+      return error(StatusCode::DEVICE_ERROR, "{}: detaching {}: open: {}", key, node, std::strerror(errno));
+    if (::ioctl(loop.fd, LOOP_CLR_FD, 0) != 0 && errno != ENXIO)
+      return error(StatusCode::DEVICE_ERROR, "{}: detaching {}: LOOP_CLR_FD: {}", key, node, std::strerror(errno));
+  }  // closed: a clear the kernel deferred to the last close happens now
+  while (loop_backing(node)) {
+    if (remaining_ns(deadline) == 0)
+      return error(StatusCode::TIMEOUT,
+                   "{}: {} still has backing file {} after LOOP_CLR_FD (it detaches at its last "
+                   "close)",
+                   key, node, loop_backing_name(node));
+    std::this_thread::sleep_for(kRetryInterval);
+  }
+  return Status::success();
+}
+
+}  // namespace
+
+Result<NamespaceMount> NamespaceMount::mount_or_verify(const MountRequest& r) {
+  const std::uint64_t deadline = deadline_after_ns(r.timeout_ns);
+  if (r.timeout_ns == 0)
+    return error(StatusCode::INVALID_ARGUMENT, "{}: MountRequest::timeout_ns = 0: every wait needs a bound", r.key);
+  if (r.mount_point.empty() || r.mount_point.front() != '/')
+    return error(StatusCode::INVALID_ARGUMENT, "{}.mount: '{}' is not an absolute path", r.key, r.mount_point);
+  if (r.filesystem != "ext4" && r.filesystem != "xfs")
+    return error(StatusCode::INVALID_ARGUMENT, "{}.filesystem: \"{}\" is not supported; expected \"ext4\" or \"xfs\"",
+                 r.key, r.filesystem);
+  struct stat source {};
+  if (::stat(r.source.c_str(), &source) != 0) {
+    const int e = errno;
+    return error(e == ENOENT ? StatusCode::NOT_FOUND : StatusCode::DEVICE_ERROR, "{}: '{}': {}", r.source_key, r.source,
+                 std::strerror(e));
+  }
+  const bool block = S_ISBLK(source.st_mode);
+  if (!block && !S_ISREG(source.st_mode))
+    return error(StatusCode::INVALID_ARGUMENT, "{}: '{}' is neither a block device nor a regular file (an image)",
+                 r.source_key, r.source);
+  std::error_code ec;
+  const std::string point = fs::weakly_canonical(r.mount_point, ec).string();
+  NamespaceMount m;
+  m.key_ = r.key;
+  m.nsid_ = r.nsid;
+  m.mount_point_ = point.empty() ? r.mount_point : point;
+  m.filesystem_ = r.filesystem;
+  m.timeout_ns_ = r.timeout_ns;
+  if (auto found = mounted_at(m.mount_point_)) {
+    // Verify: the namespace's file system, from its device (or the image's loop device), of the right type.
+    const std::string node = device_node(found->device);
+    if (block && found->device != source.st_rdev)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "{}.mount: '{}' is mounted from {} ({}), not from {} '{}' ({}): unmount it, or fix the mount point",
+                   r.key, m.mount_point_, node, device_text(found->device), r.source_key, r.source,
+                   device_text(source.st_rdev));
+    if (!block) {
+      const auto backing = loop_backing(node);
+      if (!backing || backing->first != source.st_dev || backing->second != source.st_ino)
+        return error(StatusCode::INVALID_ARGUMENT,
+                     "{}.mount: '{}' is mounted as {} from {} ({}{}), not from a loop device of {} '{}': unmount "
+                     "it, or fix the mount point",
+                     r.key, m.mount_point_, found->filesystem, found->source, device_text(found->device),
+                     backing ? ", backing file " + loop_backing_name(node) : std::string(), r.source_key, r.source);
+    }
+    if (found->filesystem != r.filesystem)
+      return error(StatusCode::INVALID_ARGUMENT, "{}.filesystem: \"{}\", but '{}' is mounted as {} from {}", r.key,
+                   r.filesystem, m.mount_point_, found->filesystem, node);
+    m.block_device_ = node;
+    m.device_ = found->device;
+    return m;
+  }
+  // Nothing mounted there: mount it.
+  if (fs::exists(m.mount_point_, ec) && !fs::is_directory(m.mount_point_, ec))
+    return error(StatusCode::INVALID_ARGUMENT, "{}.mount: '{}' exists and is not a folder", r.key, m.mount_point_);
+  fs::create_directories(m.mount_point_, ec);
+  if (ec) return error(StatusCode::DEVICE_ERROR, "{}.mount: creating '{}': {}", r.key, m.mount_point_, ec.message());
+  std::string node = r.source;
+  if (!block) {
+    Fd image(::open(r.source.c_str(), O_RDWR | O_CLOEXEC));
+    if (image.fd < 0)
+      return error(StatusCode::DEVICE_ERROR, "{}: opening '{}' read-write: {}", r.source_key, r.source,
+                   std::strerror(errno));
+    auto attached = attach_loop(r, image.fd, deadline);
+    if (!attached) return attached.status();
+    node = *attached;
+    m.loop_attached_here_ = true;  // from here on the destructor detaches it
+  }
+  m.block_device_ = node;
+  if (::mount(node.c_str(), m.mount_point_.c_str(), r.filesystem.c_str(), MS_NOSUID | MS_NODEV, nullptr) != 0) {
+    const int e = errno;
+    return error(StatusCode::DEVICE_ERROR, "{}.mount: mount -t {} {} ({} '{}') on '{}': {}{}", r.key, r.filesystem,
+                 node, r.source_key, r.source, m.mount_point_, std::strerror(e),
+                 e == EINVAL
+                     ? fmt::format(" (is there an {} file system on it? mkfs.{} makes one)", r.filesystem, r.filesystem)
+                     : std::string());
+  }
+  m.mounted_here_ = true;
+  struct stat device {};
+  if (::stat(node.c_str(), &device) == 0) m.device_ = device.st_rdev;
+  return m;
+}
+
+NamespaceMount& NamespaceMount::operator=(NamespaceMount&& other) noexcept {
+  if (this == &other) return *this;
+  (void)release();
+  key_ = std::move(other.key_);
+  mount_point_ = std::move(other.mount_point_);
+  filesystem_ = std::move(other.filesystem_);
+  block_device_ = std::move(other.block_device_);
+  nsid_ = other.nsid_;
+  device_ = other.device_;
+  mounted_here_ = std::exchange(other.mounted_here_, false);
+  loop_attached_here_ = std::exchange(other.loop_attached_here_, false);
+  timeout_ns_ = other.timeout_ns_;
+  return *this;
+}
+
+NamespaceMount::~NamespaceMount() { (void)release(); }
+
+Status NamespaceMount::release() {
+  const std::uint64_t deadline = deadline_after_ns(timeout_ns_);
+  Status first;
+  if (std::exchange(mounted_here_, false)) {
+    for (;;) {
+      if (::umount2(mount_point_.c_str(), 0) == 0 || errno == EINVAL) break;  // EINVAL: unmounted meanwhile
+      const int e = errno;
+      if (e != EBUSY) {
+        first = error(StatusCode::DEVICE_ERROR, "{}.mount: umount '{}': {}", key_, mount_point_, std::strerror(e));
+        break;
+      }
+      if (remaining_ns(deadline) == 0) {
+        // Busy past the timeout (a process has files open there): detach it from the tree now; the file
+        // system goes, and the loop device clears itself, once the last file closes.
+        (void)::umount2(mount_point_.c_str(), MNT_DETACH);
+        first = error(StatusCode::TIMEOUT,
+                      "{}.mount: '{}' still busy after {} ms (a process has files open there): unmounted lazily, it "
+                      "goes when the last file closes",
+                      key_, mount_point_, timeout_ns_ / 1'000'000);
+        break;
+      }
+      std::this_thread::sleep_for(kRetryInterval);
+    }
+  }
+  if (std::exchange(loop_attached_here_, false)) {
+    Status detached = detach_loop(key_, block_device_, first.is_ok() ? deadline : deadline_after_ns(0));
+    if (!detached.is_ok() && first.is_ok()) first = detached;
+  }
+  return first;
+}
+
+Result<std::vector<NamespaceMount>> mount_namespaces(
+    const ControllerConfig& config, std::size_t index,
+    const std::function<Result<std::pair<std::string, std::string>>(std::uint32_t nsid)>& source_of,
+    std::uint64_t timeout_ns) {
+  std::vector<NamespaceMount> mounts;
+  for (std::size_t i = 0; i < config.namespaces.size(); ++i) {
+    const NamespaceConfig& n = config.namespaces[i];
+    if (n.mount.empty()) continue;
+    const std::string key = fmt::format("controllers[{}].namespaces[{}]", index, i);
+    auto source = source_of(n.nsid);
+    if (!source) return source.status().with_context(key);
+    auto mount = NamespaceMount::mount_or_verify({.key = key,
+                                                  .nsid = n.nsid,
+                                                  .mount_point = n.mount,
+                                                  .filesystem = n.filesystem,
+                                                  .source = source->first,
+                                                  .source_key = source->second,
+                                                  .timeout_ns = timeout_ns});
+    if (!mount) return mount.status();  // the mounts made so far are released with `mounts`
+    mounts.push_back(std::move(mount.value()));
+  }
+  return mounts;
+}
+
+nlohmann::json namespace_json(const NamespaceConfig& config, const NamespaceMount* mount) {
+  nlohmann::json j{{"nsid", config.nsid}, {"mount", config.mount}, {"filesystem", config.filesystem}};
+  if (mount != nullptr) {
+    j["mount"] = mount->mount_point();  // canonical
+    j["block_device"] = mount->block_device();
+    j["mount_state"] = std::string(mount->state());
+  }
+  return j;
+}
+
+}  // namespace tutti::daemon
