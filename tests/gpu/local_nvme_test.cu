@@ -12,9 +12,13 @@
 //   - an injected NVMe error (DEVICE_ERROR with its status), a lost completion (TIMEOUT after an
 //     NVMe Abort, deadlines on %globaltimer; the soft controller answers the Abort, so no zombie);
 //   - DEVICE memory registrations refused by a controller without accelerator_mode;
-//   - a stream the caller creates (Options::stream) carrying the staged-batch copy, the kernels
-//     and the report copies; the batch pool's backpressure (RESOURCE_EXHAUSTED naming
-//     max_batches_in_flight) and 256 submits reusing one pool slot, every byte verified.
+//   - a stream the caller creates (Options::stream) carrying the staged-batch copy, the submit
+//     kernels and the report copies (and the poll kernels with poll_stream_per_batch false; by
+//     default each batch's own stream carries them); the batch pool's backpressure
+//     (RESOURCE_EXHAUSTED naming max_batches_in_flight) and 256 submits reusing one pool slot,
+//     every byte verified;
+//   - four threads submitting and progressing batches at once on one DataPath, their submit and
+//     poll kernels running concurrently (poll streams per batch) or on one stream, byte for byte.
 //   - retries: a retryable status (DNR clear) sent again by the poll kernel, at most 3 attempts;
 //     DNR set or a non-retryable status fails at once;
 //   - a host-compiled unit of the same program (local_nvme_host_unit.cpp) submitting through the
@@ -29,9 +33,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <string_view>
 #include <vector>
 
@@ -550,6 +556,9 @@ TEST_CASE("DEVICE memory needs a controller that can map it: UNSUPPORTED without
 
 TEST_CASE(
     "the caller's stream carries the batch copies and kernels; the batch pool bounds live batches and is reused") {
+  bool per_batch = true;
+  SUBCASE("poll kernels on each batch's own stream (the default)") {}
+  SUBCASE("poll kernels on the caller's stream too") { per_batch = false; }
   // A stream the caller owns (non-blocking: no implicit ordering with the legacy default stream).
   cudaStream_t stream = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
@@ -557,6 +566,7 @@ TEST_CASE(
     Path::Options o;
     o.queue_pairs = 4;
     o.stream = accel::StreamRef::from_cuda(stream);
+    o.poll_stream_per_batch = per_batch;
     o.max_batches_in_flight = 2;
     Rig rig(o);
     const std::uint64_t blocks = 1024;  // 4 MiB file, extents of 8 blocks in reverse order
@@ -616,6 +626,49 @@ TEST_CASE(
     CHECK(rig.path->unregister_memory(registration).is_ok());
   }
   CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
+TEST_CASE("four threads submit and progress batches at once on one DataPath, byte for byte") {
+  for (const bool per_batch : {true, false}) {
+    CAPTURE(per_batch);
+    Path::Options o;
+    o.queue_pairs = 8;
+    o.poll_stream_per_batch = per_batch;
+    Rig rig(o);
+    const std::uint64_t blocks = 1024;  // 4 MiB file, extents of 8 blocks in reverse order
+    const auto extents = reversed_extents(blocks, 8);
+    auto target = rig.open(extents, blocks * 4096);
+    constexpr std::uint64_t kThreads = 4, kBatches = 16, kPerBatch = 64;  // each thread reads the whole file
+    DeviceMemory memory(kThreads * blocks * 4096);
+    auto registration = rig.map(memory);
+    // doctest's checks are not thread-safe: the threads count what went wrong, checked after.
+    std::atomic<std::uint64_t> failures{0};
+    std::vector<std::thread> threads;
+    for (std::uint64_t t = 0; t < kThreads; ++t)
+      threads.emplace_back([&, t] {
+        for (std::uint64_t k = 0; k < kBatches; ++k) {
+          std::vector<PathRequest<Path>> rs;
+          for (std::uint64_t i = 0; i < kPerBatch; ++i) {
+            const std::uint64_t at = (k * kPerBatch + i) * 4096;
+            rs.push_back(rig.request(Direction::READ, registration, memory, t * blocks * 4096 + at, target, at, 4096));
+          }
+          std::vector<Status> states(kPerBatch);
+          auto b = rig.path->submit(rs, states);
+          std::vector<RequestCompletion> done(kPerBatch);
+          if (!rig.path->progress(b, done, 60 * kSecond).is_ok()) {
+            failures.fetch_add(1);
+            continue;
+          }
+          for (std::uint64_t i = 0; i < kPerBatch; ++i)
+            if (!states[i].is_ok() || !done[i].status.is_ok() || done[i].confirmed_bytes != 4096) failures.fetch_add(1);
+        }
+      });
+    for (std::thread& th : threads) th.join();
+    CHECK(failures.load() == 0);
+    for (std::uint64_t t = 0; t < kThreads; ++t)
+      CHECK(memory.read(t * blocks * 4096, blocks * 4096) == rig.expected(extents, 0, blocks * 4096));
+    CHECK(rig.path->unregister_memory(registration).is_ok());
+  }
 }
 
 TEST_CASE("the target handle cache: more targets than L1 holds, read in rotating order on the GPU, byte for byte") {

@@ -62,8 +62,13 @@ class StreamRef {
   bool set_ = false;
 };
 
-/// A non-blocking accelerator stream this object owns (see the header). Movable, not copyable.
-/// Thread-safety: as a plain value; work on the stream follows CUDA's rules.
+// OwnedStream's definition depends on the profile: one per profile in a program that links both
+// (accel/config.hpp, TUTTI_PROFILE_NAMESPACE).
+inline namespace TUTTI_PROFILE_NAMESPACE {
+
+/// A non-blocking accelerator stream this object owns (see the header), on the device current
+/// when create ran. Movable, not copyable. Thread-safety: as a plain value; work on the stream
+/// follows CUDA's rules.
 class OwnedStream {
  public:
   /// No stream (ref() has no value).
@@ -98,6 +103,14 @@ class OwnedStream {
   bool has_value() const noexcept { return handle_ != nullptr; }
   /// The stream as a StreamRef (no value when none is held).
   StreamRef ref() const noexcept { return handle_ != nullptr ? StreamRef::from_native_handle(handle_) : StreamRef{}; }
+  /// Whether nothing enqueued on the stream is still pending (one cudaStreamQuery; an error the
+  /// query reports counts as not idle). True when none is held.
+  bool idle() const noexcept {
+#if defined(TUTTI_ACCELERATOR_CUDA)
+    if (handle_ != nullptr) return cudaStreamQuery(static_cast<cudaStream_t>(handle_)) == cudaSuccess;
+#endif
+    return true;
+  }
 
  private:
   void reset() noexcept {
@@ -108,5 +121,7 @@ class OwnedStream {
   }
   void* handle_ = nullptr;
 };
+
+}  // namespace TUTTI_PROFILE_NAMESPACE
 
 }  // namespace tutti::accel

@@ -51,7 +51,8 @@ struct BatchSlot {
   accel::DeviceBuffer device_reports;    ///< size x RequestReport
   accel::DeviceBuffer device_poll_stop;  ///< the polling kernel's stop word (8 bytes, zeroed before each)
   /// The stream of this slot's poll kernels and their copies (Options::poll_stream_per_batch;
-  /// none: they run on Options::stream). Made once, by the first prepare that asks for it.
+  /// none: they run on Options::stream). Made once, by the first prepare that asks for it, on the
+  /// device current then; when CUDA cannot make one, the slot polls on Options::stream.
   accel::OwnedStream poll_stream;
   /// The native handle of the stream this slot's poll kernels and copies back run on: its poll
   /// stream, or `shared` (Options::stream) when it has none.
@@ -100,14 +101,12 @@ struct BatchSlot {
   /// pin. Only while no kernel runs over the slot. Errors, each naming the batch size, the array
   /// and the bytes requested: the kernel-reachable allocator's (accel::allocation_failure: in the
   /// cuda profile allocate_mapped_host's code and CUDA's text; RESOURCE_EXHAUSTED for host
-  /// memory), accel::DeviceBuffer::allocate's (device memory), accel::OwnedStream::create's (the
-  /// poll stream, made when `own_poll_stream` and the slot has none).
+  /// memory), accel::DeviceBuffer::allocate's (device memory). `own_poll_stream`: make the
+  /// slot's poll stream if it has none (a failure to make one is not an error: the slot then
+  /// polls on Options::stream, as with Options::poll_stream_per_batch false).
   Status prepare(std::size_t n, std::uint32_t window, std::size_t pin_capacity, bool own_poll_stream) {
-    if (own_poll_stream && !poll_stream.has_value()) {
-      auto made = accel::OwnedStream::create();
-      if (!made) return made.status().with_context("local_nvme: the poll stream of a batch slot");
-      poll_stream = std::move(made.value());
-    }
+    if (own_poll_stream && !poll_stream.has_value())
+      if (auto made = accel::OwnedStream::create(); made) poll_stream = std::move(made.value());
     const char* what = "request states (pinned staging)";
     std::size_t bytes = n * sizeof(RequestState);
     try {
@@ -207,8 +206,10 @@ struct SlotReturn {
   std::shared_ptr<BatchPool> pool;
   void operator()(BatchSlot* slot) const noexcept {
     if (slot == nullptr) return;
-    if (slot->kernel_may_run) {
-      // Never free or reuse memory a kernel may still write: keep it forever, counted in use.
+    if (slot->kernel_may_run || !slot->poll_stream.idle()) {
+      // Never free or reuse memory a kernel may still write: keep it forever, counted in use. A
+      // poll stream with work still queued (an error path that enqueued and then failed) counts:
+      // its work is ordered with nothing a later batch of this slot would enqueue.
       leak_on_purpose(slot);
       return;
     }

@@ -323,7 +323,7 @@ class LocalNvmeDataPath {
   /// completed, NOT_READY when the budget ran out first; a failed kernel wait or copy (TIMEOUT /
   /// DEVICE_ERROR) abandons the batch to its kernel, and every later progress on it returns
   /// DEVICE_ERROR without launching. Each wait is bounded by command_timeout_ns plus the budget of
-  /// this DataPath's poll kernels queued ahead on the shared stream. until = ProgressUntil::SOME:
+  /// this DataPath's polling kernels in flight (kernel_wait_bound_ns). until = ProgressUntil::SOME:
   /// returns after the first step that completed a request (NOT_READY unless it was the last), and
   /// each poll kernel stops polling as soon as one of its requests completes (PollKernel::
   /// stop_at_first_done) instead of polling on for its whole budget; a request that completed at

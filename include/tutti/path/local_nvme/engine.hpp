@@ -47,8 +47,7 @@ struct Engine {
   /// kernels, and submit kernels with Options::submit_poll_budget_ns; one word, pinned).
   KernelArray<std::uint64_t> zero_word;
   /// Polling kernels (poll kernels, and submit kernels that poll) launched and not yet waited for,
-  /// over all batches (they share the stream, so a wait may sit behind all of them:
-  /// kernel_wait_bound_ns).
+  /// over all batches and streams (a wait may sit behind all of them: kernel_wait_bound_ns).
   std::atomic<std::uint64_t> poll_launches_in_flight{0};
   std::atomic<std::uint64_t> next_queue{0};
   ZombieList zombies;

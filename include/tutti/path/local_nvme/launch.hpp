@@ -1,5 +1,6 @@
 // How the local_nvme DataPath launches its kernels (AdmitKernel, PollKernel: kernels.hpp) and
-// bounds its waits for them. Every launch is enqueued on Options::stream; every wait for it is
+// bounds its waits for them. Submit kernels are enqueued on Options::stream, poll kernels on their
+// batch slot's polling stream (BatchSlot::polling_stream); every wait for one is
 // accel::synchronize with kernel_wait_bound_ns.
 //
 // ONE definition of each launch per program (accel/config.hpp, TUTTI_PROFILE_NAMESPACE), whichever
@@ -55,11 +56,12 @@ Status preload_kernels(std::uint64_t timeout_ns);
 
 }  // namespace TUTTI_PROFILE_NAMESPACE
 
-/// How long a wait for work just enqueued on Options::stream may take, ns: command_timeout_ns
-/// plus a polling budget (the larger of poll_kernel_budget_ns and submit_poll_budget_ns) for each
-/// of `poll_kernels` polling kernels of this DataPath queued on the stream, the waited one
-/// included when it polls (all batches share the stream; each may poll for its whole budget).
-/// Saturating.
+/// How long a wait for work just enqueued on a stream of this DataPath may take, ns:
+/// command_timeout_ns plus a polling budget (the larger of poll_kernel_budget_ns and
+/// submit_poll_budget_ns) for each of `poll_kernels` polling kernels of this DataPath in flight,
+/// the waited one included when it polls. Counted over all its streams, not only the waited one:
+/// streams alias onto a few hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), so a kernel may queue
+/// behind any of them, each polling for up to its whole budget. Saturating.
 inline std::uint64_t kernel_wait_bound_ns(const Options& options, std::uint64_t poll_kernels) noexcept {
   const std::uint64_t budget = std::max(options.poll_kernel_budget_ns, options.submit_poll_budget_ns);
   const std::uint64_t limit = ~std::uint64_t{0};

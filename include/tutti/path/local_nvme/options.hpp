@@ -70,11 +70,13 @@ struct Options {
   /// orders the uring DataPath's staging copies.
   accel::StreamRef stream{};
   /// CUDA profile: each batch slot owns a non-blocking stream (accel::OwnedStream, made with the
-  /// slot) that its poll kernels and their report copies run on, so a batch's polling never holds
-  /// `stream` and another batch's submit kernel never queues behind it (docs/local-nvme.md, "Poll
-  /// streams"). A poll kernel is launched only after its batch's submit returned, which waited
-  /// for the submit kernel and the copies before it on `stream`, so it is ordered after them
-  /// without an event; progress's own bounded wait orders the caller after it. false: poll
+  /// slot, on the device current then; none when CUDA cannot make one) that its poll kernels and
+  /// their report copies run on, so a batch's polling does not hold `stream` and another batch's
+  /// submit kernel queues behind it only when their streams share a hardware queue
+  /// (CUDA_DEVICE_MAX_CONNECTIONS; docs/local-nvme.md, "Poll streams"). Work the caller enqueues
+  /// on `stream` is then not ordered with poll kernels: order after a batch by progress/wait. A poll kernel is launched
+  /// only after its batch's submit returned, which waited for the submit kernel and the copies before it on `stream`,
+  /// so it is ordered after them without an event; progress's own bounded wait orders the caller after it. false: poll
   /// kernels share `stream`, as submits do. Host profile: ignored (no streams).
   bool poll_stream_per_batch = true;
   /// Batches (submit results) alive at once (1..kMaxBatchesInFlightLimit): the size of the pool

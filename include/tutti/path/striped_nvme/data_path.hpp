@@ -582,11 +582,17 @@ class StripedNvmeDataPath {
       report_waiting = false;
       if (launch) {
         Gates gates(s);
-        TUTTI_RETURN_IF_ERROR(admit_deferred(slot, f));
+        // Admissions enqueued before a failure (theirs or the poll step's) may still run: the slot
+        // is then abandoned to them, never reused with work of its own still queued.
+        bool admitted = false;
+        if (Status readmitted = admit_deferred(slot, f, &admitted); !readmitted.is_ok()) {
+          if (admitted) abandon(slot);
+          return readmitted;
+        }
         bool kernel_may_run = false;
         const Status stepped = local_nvme::poll_step(s.options, slot, s.table(), s.engines[0]->zero_word.data(),
                                                      s.launches, s.poll_in_flight, budget, some, &kernel_may_run);
-        if (kernel_may_run) abandon(slot);
+        if (kernel_may_run || (admitted && !stepped.is_ok())) abandon(slot);
         TUTTI_RETURN_IF_ERROR(stepped.with_context("striped_nvme: poll kernel"));
       }
       bool all_done = true;
@@ -713,8 +719,9 @@ class StripedNvmeDataPath {
   /// Admits the deferred pieces again: their staged state copied back over what the kernels left
   /// and one AdmitKernel launch per run of consecutive deferred pieces (enqueued on the slot's
   /// polling stream before the poll launch, so ordered before it; the poll's copy of the reports
-  /// brings their outcome back).
-  Status admit_deferred(local_nvme::BatchSlot& slot, const Fanout& f) {
+  /// brings their outcome back). `*queued` becomes true once anything was enqueued: after that a
+  /// failure leaves work on the stream, and the caller must abandon the slot.
+  Status admit_deferred(local_nvme::BatchSlot& slot, const Fanout& f, bool* queued) {
     State& s = *state_;
     void* stream = slot.polling_stream(s.options.stream);
     auto* device_requests = static_cast<local_nvme::RequestState*>(slot.device_requests.data());
@@ -729,6 +736,7 @@ class StripedNvmeDataPath {
       TUTTI_RETURN_IF_ERROR(accel::copy_to_device_async(device_requests + j, slot.staged.data() + j,
                                                         (end - j) * sizeof(local_nvme::RequestState), stream)
                                 .with_context("striped_nvme: deferred pieces"));
+      *queued = true;
       TUTTI_RETURN_IF_ERROR(local_nvme::launch_over(
           s.options, stream, end - j,
           local_nvme::AdmitKernel{device_requests + j, s.table(), end - j, device_reports + j}));
