@@ -19,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -70,8 +71,9 @@ struct Lease {
   std::vector<std::uint16_t> qids;
   std::uint64_t pinned_bytes = 0;
   std::uint64_t granted_ns = 0;
-  int pidfd = -1;      // the holder's pidfd (a dup per lease)
-  int client_fd = -1;  // the connection it was granted on; -1 once that closed
+  int pidfd = -1;               // the holder's pidfd (a dup per lease)
+  int client_fd = -1;           // the connection it was granted on; -1 once that closed
+  std::optional<PciLease> pci;  // a PCI controller's lease: tuttid's copy of the sealed file sent to the client
 };
 
 struct Metrics {
@@ -241,6 +243,9 @@ Status Server::start() {
   spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (spare_fd_ < 0)
     return error(StatusCode::INTERNAL, "open /dev/null (the spare descriptor): {}", std::strerror(errno));
+  // The socket first: a second tuttid stops here, before it touches the state file or a controller the
+  // running one owns (its bring-up would adopt them, and its stop would unbind them).
+  TUTTI_RETURN_IF_ERROR(open_socket());
   TUTTI_RETURN_IF_ERROR(adopt_or_revoke_previous_state());
   // Bring-up, in the configured order. A controller that fails stays listed (state failed, its error):
   // leases on it are refused with "unavailable", the others serve.
@@ -248,6 +253,7 @@ Status Server::start() {
     controllers_.push_back(std::make_unique<ControllerSlot>(c));
     const std::uint64_t t0 = monotonic_ns();
     Status s = controllers_.back()->bring_up();
+    for (const auto& step : controllers_.back()->bring_up_steps()) say("controller {}: {}", c.name, step);
     if (s.is_ok())
       say("controller {} up in {} ms ({} leasable queue pairs of depth {}, kernel queues {})", c.name,
           (monotonic_ns() - t0) / 1'000'000, c.leasable_queues(), c.queue_depth, c.kernel_queues);
@@ -255,7 +261,6 @@ Status Server::start() {
       say("controller {} failed: {}", c.name, s.to_string());
   }
   TUTTI_RETURN_IF_ERROR(write_state());
-  TUTTI_RETURN_IF_ERROR(open_socket());
   say("listening on {} (pid {})", config_.socket_path, ::getpid());
   return Status::success();
 }
@@ -409,7 +414,17 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
     return refuse(errors::kInternal, fmt::format("acquire {}: duplicating the pidfd of pid {} failed ({}): the lease "
                                                  "could not be watched",
                                                  c.name, client.peer.pid, std::strerror(errno)));
-  auto qids = slot.create_queues(queues);
+  std::optional<PciLease> pci;
+  Result<std::vector<std::uint16_t>> qids = std::vector<std::uint16_t>{};
+  if (slot.is_pci()) {
+    auto opened = slot.open_pci_lease(queues, pinned);
+    if (opened)
+      pci = std::move(opened.value()), qids = pci->qids();
+    else
+      qids = opened.status();
+  } else {
+    qids = slot.create_queues(queues);
+  }
   if (!qids) {
     ::close(pidfd);
     return refuse(errors::kInternal, qids.status().to_string());
@@ -423,6 +438,7 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
   lease.granted_ns = monotonic_ns();
   lease.pidfd = pidfd;
   lease.client_fd = client.fd;
+  lease.pci = pci;
   leases_[lease.id] = lease;
   Status persisted = write_state();
   if (!persisted.is_ok()) say("{}", persisted.to_string());
@@ -445,6 +461,12 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
     response["lease"]["max_data_transfer_bytes"] = id->max_data_transfer_bytes;
     response["lease"]["memory_page_size"] = id->memory_page_size;
     response["lease"]["doorbell_stride"] = id->doorbell_stride;
+  }
+  // PCI: the lease's sealed file of /dev/snvme<C> travels with the response (SCM_RIGHTS), described by "snvme".
+  if (pci) {
+    out_fds.push_back(pci->fd);
+    response["lease"]["snvme"] = pci->to_json(out_fds.size() - 1);
+    return response;
   }
   // Soft mode: the memfds of BAR0 and of each queue's rings travel with the response (SCM_RIGHTS); "fd" is
   // the index among the descriptors received.
@@ -481,6 +503,11 @@ json Server::register_memory(const Request& request, Client& client, const std::
   if (lease.peer.pid != client.peer.pid)
     return error_response(errors::kPermissionDenied, fmt::format("register: lease {} belongs to pid {}, not pid {}",
                                                                  request.lease, lease.peer.pid, client.peer.pid));
+  if (lease.pci)
+    return error_response(errors::kBadRequest,
+                          fmt::format("register: lease {} is on a PCI controller: map memory with DMA_MAP on the "
+                                      "sealed file that came with the lease",
+                                      request.lease));
   if (fds.size() != 1)
     return error_response(
         errors::kBadRequest,
@@ -541,7 +568,9 @@ void Server::end_lease(std::uint64_t id, std::string_view how, std::string_view 
   if (it == leases_.end()) return;
   Lease& lease = it->second;
   ControllerSlot& slot = *controllers_[lease.controller];
-  Status deleted = slot.delete_queues(lease.qids);
+  // PCI: the groups are destroyed through tuttid's copy of the file (the client's copy sees its rings
+  // revoked), then that copy is closed; the driver frees the rest when the client's copies close.
+  Status deleted = lease.pci ? slot.end_pci_lease(*lease.pci) : slot.delete_queues(lease.qids);
   if (!deleted.is_ok()) {
     // A queue may still be live (its Delete I/O SQ timed out), and a command of it may still DMA
     // into the client's memory: keep every region mapped for the daemon's lifetime rather than let
@@ -839,7 +868,10 @@ Status Server::loop() {
     }
     if (fds[0].revents & POLLIN) accept_client();
   }
-  for (auto& slot : controllers_) slot->shut_down();
+  for (auto& slot : controllers_) {
+    Status stopped = slot->shut_down();
+    say("controller {} {}", slot->config().name, stopped.is_ok() ? "stopped" : stopped.to_string());
+  }
   Status persisted = write_state();
   say("stopped");
   return persisted;
