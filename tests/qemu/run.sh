@@ -317,7 +317,8 @@ boot() {
 	local abi=$1 initrd=$2 lba=$3 mode=$4 logf=$5
 	local disk=$WORK/disk-$abi-$lba-$mode.img qmp=$WORK/qmp-$abi-$lba-$mode.sock
 	local vmlinuz=$CACHE/kernels/$abi/root/boot/vmlinuz-$abi-amd64
-	rm -f "$disk" "$qmp" "$logf.qmp"
+	# The log too: a previous run's TUTTI-HOTPLUG-REQUEST must not trigger a removal before this guest asks.
+	rm -f "$disk" "$qmp" "$logf" "$logf.qmp"
 	truncate -s 256M "$disk"
 	local rc=0
 	timeout --kill-after=10 "$GUEST_TIMEOUT" qemu-system-x86_64 \
@@ -338,7 +339,7 @@ boot() {
 			rm -f "$disk" "$qmp"
 			return $HUNG_BEFORE_INIT
 		fi
-		if ((!removed)) && grep -aq 'TUTTI-HOTPLUG-REQUEST nvme0' "$logf"; then
+		if ((!removed)) && grep -saq 'TUTTI-HOTPLUG-REQUEST nvme0' "$logf"; then
 			removed=1
 			if qmp_device_del "$qmp" nvme0 "$logf"; then
 				log "$abi, LBA $lba: guest asked for hot removal: QMP device_del nvme0 sent"
