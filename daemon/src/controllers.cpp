@@ -60,23 +60,38 @@ Status ControllerSlot::bring_up() {
   return Status::success();
 }
 
-Status ControllerSlot::bring_up_pci() {
-  auto fail = [this](Status status) { return failed(std::move(status)); };
-  pci_ = std::make_unique<PciController>(config_);
-  Status up = pci_->bring_up();
-  if (!up.is_ok()) return fail(up);
+Status ControllerSlot::open_pci_identity() {
   auto driver = libnvm::SnvmeController::open(pci_->char_device());
-  if (!driver) return fail(driver.status().with_context(fmt::format("controller {}: driver", config_.name)));
+  if (!driver) return driver.status().with_context(fmt::format("controller {}: driver", config_.name));
   driver_ = std::move(driver.value());
   nvme::BringUpOptions options;
   options.io_queue_pairs_requested = static_cast<std::uint16_t>(config_.leasable_queues());
   options.nsid = config_.namespaces.empty() ? 1 : config_.namespaces.front().nsid;
-  up = driver_->bring_up(options);
-  if (!up.is_ok()) return fail(up.with_context(fmt::format("controller {}: bring_up", config_.name)));
+  Status up = driver_->bring_up(options);
+  return up.is_ok() ? up : up.with_context(fmt::format("controller {}: bring_up", config_.name));
+}
+
+Status ControllerSlot::bring_up_pci() {
+  pci_ = std::make_unique<PciController>(config_);
+  Status up = pci_->bring_up();
+  if (up.is_ok()) up = open_pci_identity();
+  if (!up.is_ok()) return failed(up);
   kernel_qids_ = pci_->kernel_qids();
   state_ = BringUpState::up;
   error_.clear();
   return Status::success();
+}
+
+Status ControllerSlot::recover(bool lost) {
+  if (!pci_) return Status::success();
+  driver_.reset();
+  if (lost)
+    return failed(error(StatusCode::DEVICE_ERROR,
+                        "controller {}: {} reports the controller failed or removed (POLLHUP)", config_.name,
+                        pci_->char_device()));
+  Status s = pci_->reopen_watch();
+  if (s.is_ok()) s = open_pci_identity();
+  return s.is_ok() ? s : failed(s.with_context("after a reset"));
 }
 
 Result<PciLease> ControllerSlot::open_pci_lease(std::uint32_t count, std::uint64_t pinned_bytes) {

@@ -49,6 +49,11 @@ class ControllerSlot {
   Result<PciLease> open_pci_lease(std::uint32_t count, std::uint64_t pinned_bytes);
   /// Destroys the lease's queue groups and closes tuttid's copy of its file; its queues are free again.
   Status end_pci_lease(PciLease& lease);
+  /// PCI: the file to poll for POLLPRI (see PciController::watch_fd) while up; -1 otherwise.
+  int event_fd() const noexcept { return pci_ && state_ == BringUpState::up ? pci_->watch_fd() : -1; }
+  /// PCI, after the driver revoked tuttid's files (POLLPRI): opens new ones (the watched file and the
+  /// identity's controller). `lost` (POLLHUP: the controller failed or is gone) marks it failed instead.
+  Status recover(bool lost);
   /// The PCI bring-up's steps (bound or adopted, mounted or verified), empty for soft controllers.
   std::vector<std::string> bring_up_steps() const { return pci_ ? pci_->steps() : std::vector<std::string>{}; }
 
@@ -75,6 +80,8 @@ class ControllerSlot {
 
  private:
   Status bring_up_pci();
+  /// PCI: libnvm's SnvmeController on /dev/snvme<C> (driver_), brought up for the identity leases report.
+  Status open_pci_identity();
   /// Records a failed bring-up (state, error, count) and drops the controller objects; returns `status`.
   Status failed(Status status);
 

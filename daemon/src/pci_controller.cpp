@@ -92,13 +92,24 @@ nlohmann::json PciLease::to_json(std::size_t fd_index) const {
   return {{"fd", fd_index}, {"sealed_bytes", sealed_bytes}, {"queues", std::move(q)}};
 }
 
+PciController::~PciController() {
+  if (watch_fd_ >= 0) ::close(watch_fd_);
+}
+
+Status PciController::reopen_watch() {
+  if (watch_fd_ >= 0) ::close(watch_fd_);
+  watch_fd_ = ::open(char_device_.c_str(), O_RDWR | O_CLOEXEC);
+  if (watch_fd_ < 0) return errno_error(StatusCode::DEVICE_ERROR, fmt::format("open {}", char_device_), errno);
+  return Status::success();
+}
+
 Status PciController::bind() {
   const std::string& address = *config_.pci_address;
   const int control = ::open(kControlDevice, O_RDWR | O_CLOEXEC);
   if (control < 0)
-    return errno_error(errno == ENOENT ? StatusCode::NOT_FOUND : StatusCode::DEVICE_ERROR,
-                       fmt::format("controller {}: open {} (is the snvme module loaded?)", config_.name, kControlDevice),
-                       errno);
+    return errno_error(
+        errno == ENOENT ? StatusCode::NOT_FOUND : StatusCode::DEVICE_ERROR,
+        fmt::format("controller {}: open {} (is the snvme module loaded?)", config_.name, kControlDevice), errno);
   auto b = with_header<snvme_bind>();
   std::snprintf(b.pci_addr, sizeof b.pci_addr, "%s", address.c_str());
   const int bound = ::ioctl(control, SNVME_IOC_BIND, &b);
@@ -118,8 +129,10 @@ Status PciController::bind() {
       if (name.starts_with("snvme") && name.size() > 5) instance_ = std::atoi(name.c_str() + 5);
     }
     if (instance_ < 0)
-      return error(StatusCode::DEVICE_ERROR, "controller {}: PCI {} is bound to snvme (EALREADY) but {} names no "
-                   "snvme<C> device", config_.name, address, dir);
+      return error(StatusCode::DEVICE_ERROR,
+                   "controller {}: PCI {} is bound to snvme (EALREADY) but {} names no "
+                   "snvme<C> device",
+                   config_.name, address, dir);
     steps_.push_back(fmt::format("adopted PCI {}: bound to snvme already (a previous tuttid)", address));
   } else {
     return errno_error(err == ENODEV ? StatusCode::NOT_FOUND : StatusCode::DEVICE_ERROR,
@@ -127,8 +140,7 @@ Status PciController::bind() {
                        err);
   }
   if (instance_ < 0)
-    return error(StatusCode::DEVICE_ERROR, "controller {}: BIND of PCI {} returned no instance", config_.name,
-                 address);
+    return error(StatusCode::DEVICE_ERROR, "controller {}: BIND of PCI {} returned no instance", config_.name, address);
   char_device_ = fmt::format("/dev/snvme{}", instance_);
   bound_ = true;
   return Status::success();
@@ -146,8 +158,8 @@ Status PciController::wait_for_nodes() {
     struct stat st {};
     while (::stat(node.c_str(), &st) != 0) {
       if (remaining_ns(deadline) == 0)
-        return error(StatusCode::TIMEOUT, "controller {}: {} did not appear within {} ms of BIND", config_.name,
-                     node, kPciNodeTimeoutNs / 1'000'000);
+        return error(StatusCode::TIMEOUT, "controller {}: {} did not appear within {} ms of BIND", config_.name, node,
+                     kPciNodeTimeoutNs / 1'000'000);
       sleep_ns(10'000'000);
     }
   }
@@ -175,10 +187,9 @@ Status PciController::mount_namespaces() {
       if (ec)
         return error(StatusCode::DEVICE_ERROR, "controller {}: mkdir {}: {}", config_.name, n.mount, ec.message());
       if (::mount(device.c_str(), n.mount.c_str(), n.filesystem.c_str(), MS_NOATIME, nullptr) != 0)
-        return errno_error(StatusCode::DEVICE_ERROR,
-                           fmt::format("controller {}: mount {} on {} as {}", config_.name, device, n.mount,
-                                       n.filesystem),
-                           errno);
+        return errno_error(
+            StatusCode::DEVICE_ERROR,
+            fmt::format("controller {}: mount {} on {} as {}", config_.name, device, n.mount, n.filesystem), errno);
       steps_.push_back(fmt::format("mounted {} on {} ({})", device, n.mount, n.filesystem));
     }
     mounted_.push_back(n.mount);
@@ -195,14 +206,12 @@ Status PciController::mount_namespaces() {
 Status PciController::bring_up() {
   TUTTI_RETURN_IF_ERROR(bind());
   TUTTI_RETURN_IF_ERROR(wait_for_nodes());
-  // The driver must seal files (a lease's file must not grow past it) and have the queues to lease.
-  const int fd = ::open(char_device_.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return errno_error(StatusCode::DEVICE_ERROR, fmt::format("open {}", char_device_), errno);
+  // The driver must seal files (a lease's file must not grow past it) and have the queues to lease. The file
+  // stays open: tuttid polls it for the driver's reset and failure events.
+  TUTTI_RETURN_IF_ERROR(reopen_watch());
   auto info = with_header<snvme_info>();
-  const int got = ::ioctl(fd, SNVME_IOC_GET_INFO, &info);
-  const int err = errno;
-  ::close(fd);
-  if (got != 0) return errno_error(StatusCode::DEVICE_ERROR, fmt::format("{}: GET_INFO", char_device_), err);
+  if (::ioctl(watch_fd_, SNVME_IOC_GET_INFO, &info) != 0)
+    return errno_error(StatusCode::DEVICE_ERROR, fmt::format("{}: GET_INFO", char_device_), errno);
   if ((info.caps & SNVME_CAP_SEAL) == 0)
     return error(StatusCode::UNSUPPORTED, "controller {}: {} lacks SNVME_CAP_SEAL: a lease's file could not be sealed",
                  config_.name, char_device_);
@@ -218,6 +227,8 @@ Status PciController::bring_up() {
 }
 
 Status PciController::shut_down() {
+  if (watch_fd_ >= 0) ::close(watch_fd_);
+  watch_fd_ = -1;
   Status first;
   bool all_unmounted = true;
   for (const auto& point : mounted_) {
@@ -226,9 +237,9 @@ Status PciController::shut_down() {
       if (errno == EINVAL) break;  // not mounted (any more)
       if (errno != EBUSY || ++tries >= kUnmountTries) {
         if (first.is_ok())
-          first = errno_error(StatusCode::BUSY, fmt::format("controller {}: umount {} ({} tries)", config_.name, point,
-                                                            tries + 1),
-                              errno);
+          first =
+              errno_error(StatusCode::BUSY,
+                          fmt::format("controller {}: umount {} ({} tries)", config_.name, point, tries + 1), errno);
         all_unmounted = false;
         break;
       }
@@ -269,8 +280,8 @@ Result<PciLease> PciController::open_lease(std::uint32_t queues, std::uint32_t d
                                           char_device_, depth, i + 1, queues),
                               errno));
     const snvme_queue_desc& d = g.queues[0];
-    lease.queues.push_back({g.group_id, d.qid, d.entries, d.sq_doorbell, d.cq_doorbell, d.sq_offset, d.cq_offset,
-                            d.sq_bytes, d.cq_bytes});
+    lease.queues.push_back(
+        {g.group_id, d.qid, d.entries, d.sq_doorbell, d.cq_doorbell, d.sq_offset, d.cq_offset, d.sq_bytes, d.cq_bytes});
   }
   auto seal = with_header<snvme_seal>();
   seal.max_dma_bytes = pinned_bytes / page_size_ * page_size_;

@@ -56,7 +56,7 @@ struct PciLease {
 class PciController {
  public:
   explicit PciController(const ControllerConfig& config) : config_(config) {}
-  ~PciController() = default;
+  ~PciController();
   PciController(const PciController&) = delete;
   PciController& operator=(const PciController&) = delete;
 
@@ -75,6 +75,12 @@ class PciController {
   bool adopted() const noexcept { return adopted_; }
   /// What bring_up did, one line per step (mounted, verified, adopted), for tuttid's log.
   const std::vector<std::string>& steps() const noexcept { return steps_; }
+  /// tuttid's own open file of /dev/snvme<C> (no queue on it), polled for POLLPRI: the driver revokes every
+  /// open file on a controller reset (POLLPRI | POLLERR) and on a failure or removal (POLLHUP too); -1
+  /// before bring_up.
+  int watch_fd() const noexcept { return watch_fd_; }
+  /// After a reset: a new file to watch (the revoked one would report POLLPRI for good).
+  Status reopen_watch();
   /// The driver's kernel queue IDs (1..kernel_queues), from GET_INFO.
   const std::vector<std::uint16_t>& kernel_qids() const noexcept { return kernel_qids_; }
 
@@ -94,6 +100,7 @@ class PciController {
   const ControllerConfig& config_;
   std::string char_device_;
   int instance_ = -1;
+  int watch_fd_ = -1;
   bool adopted_ = false;
   bool bound_ = false;  ///< bound or adopted by bring_up: UNBIND at stop
   std::uint32_t page_size_ = 4096;

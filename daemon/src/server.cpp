@@ -112,6 +112,7 @@ class Server {
   json leases_json() const;
   std::string metrics_text() const;
   void start_drain(std::uint64_t deadline_ms, std::string_view why);
+  void controller_reset(std::size_t controller, bool lost);
   void end_lease(std::uint64_t id, std::string_view how, std::string_view reason);
   void send(int fd, const json& message, const std::vector<int>& fds = {});
   bool allowed(const ControllerConfig& c, const Peer& peer) const;
@@ -741,6 +742,24 @@ void Server::start_drain(std::uint64_t deadline_ms, std::string_view why) {
   }
 }
 
+// The driver revoked every open file of a PCI controller (a reset: POLLPRI; a failure or removal: POLLHUP
+// too): the leases' queues are gone from the controller, so each lease is revoked (its holder is told), then
+// tuttid's own files are opened again (docs/daemon.md, "PCI controllers").
+void Server::controller_reset(std::size_t controller, bool lost) {
+  ControllerSlot& slot = *controllers_[controller];
+  const std::string reason = lost ? "the controller failed or was removed" : "controller reset";
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, lease] : leases_)
+    if (lease.controller == controller) ids.push_back(id);
+  say("controller {}: {}: revoking {} lease(s)", slot.config().name, reason, ids.size());
+  for (auto id : ids) {
+    ++metrics_.revoked;
+    end_lease(id, "revoked", reason);
+  }
+  Status recovered = slot.recover(lost);
+  say("controller {}: {}", slot.config().name, recovered.is_ok() ? "up again" : recovered.to_string());
+}
+
 json Server::handle(const Request& request, Client& client, const std::vector<int>& fds, std::vector<int>& out_fds) {
   switch (request.op) {
     case Op::acquire: return acquire(request, client, out_fds);
@@ -833,6 +852,11 @@ Status Server::loop() {
     lease_of.assign(2, 0);
     for (const auto& [fd, client] : clients_) fds.push_back({fd, POLLIN, 0}), lease_of.push_back(0);
     for (const auto& [id, lease] : leases_) fds.push_back({lease.pidfd, POLLIN, 0}), lease_of.push_back(id);
+    const std::size_t first_controller = fds.size();  // PCI controllers' files: the driver's reset events
+    std::vector<std::size_t> controller_of;
+    for (std::size_t c = 0; c < controllers_.size(); ++c)
+      if (controllers_[c]->event_fd() >= 0)
+        fds.push_back({controllers_[c]->event_fd(), POLLPRI, 0}), controller_of.push_back(c);
     int timeout_ms = -1;
     if (draining_ && !leases_.empty())
       timeout_ms = static_cast<int>(std::min<std::uint64_t>(remaining_ns(drain_deadline_ns_) / 1'000'000 + 1, 60'000));
@@ -840,8 +864,12 @@ Status Server::loop() {
     if (ready < 0 && errno != EINTR) return error(StatusCode::INTERNAL, "poll: {}", std::strerror(errno));
     if (ready <= 0) continue;
     const std::uint64_t woke_ns = monotonic_ns();
+    for (std::size_t i = first_controller; i < fds.size(); ++i)
+      if (fds[i].revents & (POLLPRI | POLLERR | POLLHUP))
+        controller_reset(controller_of[i - first_controller], (fds[i].revents & POLLHUP) != 0);
     // Client deaths first: their queues are free before this round's acquires are served.
-    for (std::size_t i = 2 + clients_.size(); i < fds.size(); ++i) {
+    for (std::size_t i = 2 + clients_.size(); i < first_controller; ++i) {
+      if (leases_.count(lease_of[i]) == 0) continue;  // revoked by a controller reset above
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       ++metrics_.reclaimed;
       end_lease(lease_of[i], "reclaimed", "the client process exited");

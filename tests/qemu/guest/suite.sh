@@ -228,6 +228,18 @@ tuttid_kill_mid_io() {
 }
 t tuttid-kill-mid-io tuttid_kill_mid_io
 t leaks-after-tuttid-kill $T leaks
+tuttid_reset() {
+	rm -f /tmp/td-leased
+	$TC told $TSOCK nvme0 /tmp/td-leased &
+	pid=$!
+	wait_for 30 [ -e /tmp/td-leased ] || { kill -9 $pid; echo "no lease"; return 1; }
+	echo 1 >/sys/kernel/debug/snvme/snvme0/reset || return 1
+	wait $pid || return 1
+	grep "controller reset" $TD/log || return 1
+	grep -q "nvme0: up again" $TD/log || { echo "tuttid did not reopen the controller"; return 1; }
+	$TC seal $TSOCK nvme0	# leases work after the reset
+}
+t tuttid-reset tuttid_reset
 tuttid_restart_adopt() {
 	kill -9 $TPID
 	wait $TPID

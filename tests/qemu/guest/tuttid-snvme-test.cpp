@@ -13,6 +13,9 @@
 //   hold <socket> <controller> <lba_size> <scratch_lba> <ready_file>
 //       a lease of 2 queues keeping READs in flight through the DataPath until killed; creates ready_file
 //       once they are.
+//   told <socket> <controller> <ready_file>
+//       a lease of 1 queue asked on the socket; creates ready_file, then waits (bounded 60 s) for tuttid's
+//       "revoked" event of that lease with the reason "controller reset" (the suite resets the controller).
 //   reclaim <socket> <controller> <leasable_queues>
 //       acquires every leasable queue, retrying until tuttid has reclaimed a killed holder's (bounded 10 s);
 //       prints the time from its start (right after the kill) to the grant; then the driver holds only this
@@ -178,19 +181,33 @@ int io_test(const std::string& socket, const std::string& controller, std::uint3
   return failures ? 1 : 0;
 }
 
-int seal_test(const std::string& socket, const std::string& controller) {
-  auto c = daemon::Connection::connect(socket);
-  if (!check(c.is_ok(), "connect: " + c.status().to_string())) return 1;
+/// A lease of 1 queue and 64 KiB asked by hand on a new connection `c`: the answer's "lease", its file in
+/// `fd`; null (with a FAIL line) when refused or when not exactly one file came with it.
+json raw_lease(std::optional<daemon::Connection>& c, const std::string& socket, const std::string& controller, int& fd) {
+  auto connected = daemon::Connection::connect(socket);
+  if (!check(connected.is_ok(), "connect: " + connected.status().to_string())) return nullptr;
+  c.emplace(std::move(connected.value()));
   std::vector<int> fds;
   auto answer = c->call(json{{"tutti", 1}, {"op", "acquire"}, {"controller", controller}, {"queues", 1},
                              {"pinned_bytes", 64 * kKiB}},
                         10 * kSecond, {}, fds);
-  if (!check(answer.is_ok() && answer->value("ok", false) && fds.size() == 1 && (*answer)["lease"].contains("snvme"),
-             "acquire 1 queue, 64 KiB: one file came with the answer: " + (answer ? answer->dump() : answer.status().to_string())))
-    return 1;
-  const int fd = fds[0];
-  const std::uint64_t id = (*answer)["lease"]["id"];
-  check((*answer)["lease"]["snvme"]["sealed_bytes"] == 64 * kKiB, "sealed_bytes is the lease's 64 KiB");
+  const bool ok = answer.is_ok() && answer->value("ok", false) && fds.size() == 1 && (*answer)["lease"].contains("snvme");
+  check(ok, "acquire 1 queue, 64 KiB: one file came with the answer: " + (answer ? answer->dump() : answer.status().to_string()));
+  if (!ok) {
+    for (int f : fds) ::close(f);
+    return nullptr;
+  }
+  fd = fds[0];
+  return (*answer)["lease"];
+}
+
+int seal_test(const std::string& socket, const std::string& controller) {
+  std::optional<daemon::Connection> c;
+  int fd = -1;
+  const json lease = raw_lease(c, socket, controller, fd);
+  if (lease.is_null()) return 1;
+  const std::uint64_t id = lease["id"];
+  check(lease["snvme"]["sealed_bytes"] == 64 * kKiB, "sealed_bytes is the lease's 64 KiB");
   auto group = snvme_queue_group{};
   group.hdr = {SNVME_ABI_VERSION, sizeof group};
   group.nr_queues = 1;
@@ -253,6 +270,24 @@ int hold_test(const std::string& socket, const std::string& controller, std::uin
   }
 }
 
+int told_test(const std::string& socket, const std::string& controller, const char* ready) {
+  std::optional<daemon::Connection> c;
+  int fd = -1;
+  const json lease = raw_lease(c, socket, controller, fd);
+  if (lease.is_null()) return 1;
+  const std::uint64_t id = lease["id"];
+  std::ofstream(ready) << "leased\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto event = c->next_event(60 * kSecond);
+  check(event.is_ok() && (*event)["event"] == "revoked" && (*event)["lease"] == id &&
+            (*event)["reason"] == "controller reset",
+        "tuttid told this holder its lease " + std::to_string(id) + " was revoked by the reset, " +
+            std::to_string(ms_since(t0)) + " ms after the lease was ready: " +
+            (event ? event->dump() : event.status().to_string()));
+  ::close(fd);
+  return failures ? 1 : 0;
+}
+
 int reclaim_test(const std::string& socket, const std::string& controller, std::uint32_t queues) {
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<daemon::LeasedController> all;
@@ -283,11 +318,13 @@ int main(int argc, char** argv) {
     return io_test(argv[2], argv[3], static_cast<std::uint32_t>(std::atoi(argv[4])), std::strtoull(argv[5], nullptr, 0));
   if (mode == "seal" && argc == 4) return seal_test(argv[2], argv[3]);
   if (mode == "hold" && argc == 7) return hold_test(argv[2], argv[3], std::strtoull(argv[5], nullptr, 0), argv[6]);
+  if (mode == "told" && argc == 5) return told_test(argv[2], argv[3], argv[4]);
   if (mode == "reclaim" && argc == 5)
     return reclaim_test(argv[2], argv[3], static_cast<std::uint32_t>(std::atoi(argv[4])));
   std::fprintf(stderr,
                "usage: %s io SOCKET CONTROLLER LBA_SIZE SCRATCH_LBA | seal SOCKET CONTROLLER | "
-               "hold SOCKET CONTROLLER LBA_SIZE SCRATCH_LBA READY_FILE | reclaim SOCKET CONTROLLER QUEUES\n",
+               "hold SOCKET CONTROLLER LBA_SIZE SCRATCH_LBA READY_FILE | told SOCKET CONTROLLER READY_FILE | "
+               "reclaim SOCKET CONTROLLER QUEUES\n",
                argv[0]);
   return 2;
 }
