@@ -251,11 +251,19 @@ tuttid_restart_adopt() {
 }
 t tuttid-restart-adopt tuttid_restart_adopt
 tuttid_sigterm() {
+	# A holder with the DataPath on its queues: revoked at the 2 s deadline, it sees its queues' CSTS read all
+	# ones and tears down cleanly (no SIGBUS on the rings the driver revoked).
+	rm -f /tmp/td-leased
+	$TC revoked $TSOCK nvme0 "$LBA" $TSCRATCH /tmp/td-leased &
+	holder=$!
+	wait_for 30 [ -e /tmp/td-leased ] || { kill -9 $holder; echo "no lease"; return 1; }
 	kill -TERM $TPID
 	wait_for 30 tuttid_gone || { echo "tuttid still runs 30 s after SIGTERM"; return 1; }
+	wait $holder || { echo "the revoked holder failed"; return 1; }
 	wait $TPID
 	rc=$?
-	tail -n 5 $TD/log
+	tail -n 8 $TD/log
+	grep -q "revoked: pid $holder on nvme0" $TD/log || { echo "the holder's lease was not revoked"; return 1; }
 	[ $rc = 0 ] || { echo "tuttid exited $rc"; return 1; }
 	! grep -q " /mnt/tuttid " /proc/mounts || { echo "/mnt/tuttid still mounted"; return 1; }
 	[ ! -e /sys/bus/pci/devices/$ADDR/driver ] && [ ! -e /dev/snvme0 ] || { echo "$ADDR still bound"; return 1; }

@@ -16,6 +16,10 @@
 //   told <socket> <controller> <ready_file>
 //       a lease of 1 queue asked on the socket; creates ready_file, then waits (bounded 60 s) for tuttid's
 //       "revoked" event of that lease with the reason "controller reset" (the suite resets the controller).
+//   revoked <socket> <controller> <lba_size> <scratch_lba> <ready_file>
+//       a lease of 2 queues with the DataPath on them (one READ done); creates ready_file, then waits (bounded
+//       60 s) until the queues' CSTS word reads all ones (tuttid revoked the lease: the suite sends SIGTERM),
+//       then tears the DataPath and the lease down without touching the revoked rings (no SIGBUS).
 //   reclaim <socket> <controller> <leasable_queues>
 //       acquires every leasable queue, retrying until tuttid has reclaimed a killed holder's (bounded 10 s);
 //       prints the time from its start (right after the kill) to the grant; then the driver holds only this
@@ -288,6 +292,22 @@ int told_test(const std::string& socket, const std::string& controller, const ch
   return failures ? 1 : 0;
 }
 
+int revoked_test(const std::string& socket, const std::string& controller, std::uint64_t scratch_lba,
+                 const char* ready) {
+  Session s;
+  if (!s.open(socket, controller, scratch_lba)) return 1;
+  Status r = s.run(Direction::READ, 0, 64 * kKiB);
+  check(r.is_ok(), "READ 64 KiB through the leased queues: " + r.to_string());
+  std::ofstream(ready) << "leased\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  while (s.leased->controller_status().raw != 0xffffffffu && ms_since(t0) < 60000)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  check(s.leased->controller_status().raw == 0xffffffffu,
+        "the queues' CSTS word reads all ones once tuttid revoked the lease (" + std::to_string(ms_since(t0)) +
+            " ms after the lease was ready)");
+  return failures ? 1 : 0;  // ~Session: DataPath, then the lease (release answers not_found), no SIGBUS
+}
+
 int reclaim_test(const std::string& socket, const std::string& controller, std::uint32_t queues) {
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<daemon::LeasedController> all;
@@ -318,12 +338,13 @@ int main(int argc, char** argv) {
     return io_test(argv[2], argv[3], static_cast<std::uint32_t>(std::atoi(argv[4])), std::strtoull(argv[5], nullptr, 0));
   if (mode == "seal" && argc == 4) return seal_test(argv[2], argv[3]);
   if (mode == "hold" && argc == 7) return hold_test(argv[2], argv[3], std::strtoull(argv[5], nullptr, 0), argv[6]);
+  if (mode == "revoked" && argc == 7) return revoked_test(argv[2], argv[3], std::strtoull(argv[5], nullptr, 0), argv[6]);
   if (mode == "told" && argc == 5) return told_test(argv[2], argv[3], argv[4]);
   if (mode == "reclaim" && argc == 5)
     return reclaim_test(argv[2], argv[3], static_cast<std::uint32_t>(std::atoi(argv[4])));
   std::fprintf(stderr,
                "usage: %s io SOCKET CONTROLLER LBA_SIZE SCRATCH_LBA | seal SOCKET CONTROLLER | "
-               "hold SOCKET CONTROLLER LBA_SIZE SCRATCH_LBA READY_FILE | told SOCKET CONTROLLER READY_FILE | "
+               "hold|revoked SOCKET CONTROLLER LBA_SIZE SCRATCH_LBA READY_FILE | told SOCKET CONTROLLER READY_FILE | "
                "reclaim SOCKET CONTROLLER QUEUES\n",
                argv[0]);
   return 2;
