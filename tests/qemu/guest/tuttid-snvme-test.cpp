@@ -47,6 +47,7 @@
 #include "../../../daemon/src/client.hpp"
 #include "../../../daemon/src/leased_controller.hpp"
 #include "../../../libnvm/snvme/snvme_controller.hpp"
+#include "guest_check.hpp"
 
 using namespace tutti;
 using Path = local_nvme::LocalNvmeDataPath;
@@ -54,27 +55,15 @@ using json = nlohmann::json;
 
 namespace {
 
-int failures = 0;
-
-bool check(bool ok, const std::string& what) {
-  std::printf("%s: %s\n", ok ? "ok" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  if (!ok) ++failures;
-  return ok;
-}
+using guest::check;
+using guest::failures;
 
 constexpr std::uint64_t kSecond = 1'000'000'000ull;
 constexpr std::uint64_t kKiB = 1024;
 constexpr std::uint64_t kBytes = 1024 * kKiB;
 constexpr std::uint8_t kCanary = 0xa5;
 
-std::uint8_t pattern(std::uint64_t o) {
-  std::uint64_t z = o / 8 + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<std::uint8_t>(z >> (8 * (o % 8)));
-}
+using guest::pattern;
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
