@@ -44,8 +44,32 @@ void sleep_ns(std::uint64_t ns) {
   ::nanosleep(&t, nullptr);
 }
 
-/// The mount at `mount_point` in /proc/self/mountinfo: its device (major:minor) and file system type, or
-/// nothing. Paths in mountinfo escape blanks as octal; configured mount points have none (config.cpp).
+/// A path as /proc/self/mountinfo writes it: blanks, newlines and backslashes as \ooo (octal).
+std::string unescape_mountinfo(const std::string& s) {
+  auto octal = [](char c) { return c >= '0' && c <= '7'; };
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size() && octal(s[i + 1]) && octal(s[i + 2]) && octal(s[i + 3])) {
+      out += static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+/// A mount point as the kernel lists it: symbolic links resolved, no "." or "..", no trailing slash.
+std::string kernel_path(const std::string& p) {
+  std::error_code ec;
+  std::string s = std::filesystem::weakly_canonical(p, ec).string();
+  if (ec) s = std::filesystem::path(p).lexically_normal().string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+
+/// The mount at `mount_point` (a kernel_path) in /proc/self/mountinfo: its device (major:minor) and file
+/// system type, or nothing.
 struct MountEntry {
   unsigned major = 0, minor = 0;
   std::string fstype;
@@ -58,7 +82,7 @@ std::optional<MountEntry> mount_at(const std::string& mount_point) {
     std::istringstream fields(line);
     std::string id, parent, device, root, point, field;
     fields >> id >> parent >> device >> root >> point;
-    if (point != mount_point) continue;
+    if (unescape_mountinfo(point) != mount_point) continue;
     while (fields >> field && field != "-") {
     }
     MountEntry e;
@@ -167,35 +191,36 @@ Status PciController::wait_for_nodes() {
 }
 
 Status PciController::mount_namespaces() {
-  for (const auto& n : config_.namespaces) {
+  for (std::size_t j = 0; j < config_.namespaces.size(); ++j) {
+    const NamespaceConfig& n = config_.namespaces[j];
     if (n.mount.empty()) continue;
+    const std::string point = kernel_path(n.mount);
     const std::string device = block_device(n.nsid);
     struct stat st {};
     if (::stat(device.c_str(), &st) != 0 || !S_ISBLK(st.st_mode))
       return error(StatusCode::DEVICE_ERROR, "controller {}: {} is not a block device", config_.name, device);
-    if (auto there = mount_at(n.mount)) {
+    if (auto there = mount_at(point)) {
       // Mounted already (a previous tuttid): adopted only when it is this namespace with this file system.
       if (there->major != major(st.st_rdev) || there->minor != minor(st.st_rdev) || there->fstype != n.filesystem)
         return error(StatusCode::INVALID_ARGUMENT,
-                     "controller {}: namespaces[nsid {}].mount {} holds device {}:{} ({}); expected {} ({}:{}, {})",
-                     config_.name, n.nsid, n.mount, there->major, there->minor, there->fstype, device,
-                     major(st.st_rdev), minor(st.st_rdev), n.filesystem);
-      steps_.push_back(fmt::format("verified the mount of {} on {} ({})", device, n.mount, n.filesystem));
+                     "controller {}: namespaces[{}].mount {} holds device {}:{} ({}); expected {} ({}:{}, {})",
+                     config_.name, j, point, there->major, there->minor, there->fstype, device, major(st.st_rdev),
+                     minor(st.st_rdev), n.filesystem);
+      steps_.push_back(fmt::format("verified the mount of {} on {} ({})", device, point, n.filesystem));
     } else {
       std::error_code ec;
-      std::filesystem::create_directories(n.mount, ec);
-      if (ec)
-        return error(StatusCode::DEVICE_ERROR, "controller {}: mkdir {}: {}", config_.name, n.mount, ec.message());
-      if (::mount(device.c_str(), n.mount.c_str(), n.filesystem.c_str(), MS_NOATIME, nullptr) != 0)
+      std::filesystem::create_directories(point, ec);
+      if (ec) return error(StatusCode::DEVICE_ERROR, "controller {}: mkdir {}: {}", config_.name, point, ec.message());
+      if (::mount(device.c_str(), point.c_str(), n.filesystem.c_str(), MS_NOATIME, nullptr) != 0)
         return errno_error(
             StatusCode::DEVICE_ERROR,
-            fmt::format("controller {}: mount {} on {} as {}", config_.name, device, n.mount, n.filesystem), errno);
-      steps_.push_back(fmt::format("mounted {} on {} ({})", device, n.mount, n.filesystem));
+            fmt::format("controller {}: mount {} on {} as {}", config_.name, device, point, n.filesystem), errno);
+      steps_.push_back(fmt::format("mounted {} on {} ({})", device, point, n.filesystem));
     }
-    mounted_.push_back(n.mount);
+    mounted_.push_back(point);
     // Per-accelerator directories: <mount>/accelerator<N> for each configured accelerator ordinal.
     for (std::uint32_t a : config_.accelerators) {
-      const std::string dir = fmt::format("{}/accelerator{}", n.mount, a);
+      const std::string dir = fmt::format("{}/accelerator{}", point, a);
       if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
         return errno_error(StatusCode::DEVICE_ERROR, fmt::format("controller {}: mkdir {}", config_.name, dir), errno);
     }

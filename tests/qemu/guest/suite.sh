@@ -204,10 +204,10 @@ tuttid_bind_mount() {
 	cat >$TD/tuttid.json <<EOF
 { "socket": {"path": "$TSOCK"}, "state_file": "$TD/tuttid.state", "shutdown_grace_ms": 2000,
   "controllers": [{"name": "nvme0", "pci_address": "$ADDR", "io_queue_pairs": 6, "kernel_queues": 2,
-                   "queue_depth": 64, "namespaces": [{"nsid": 1, "mount": "/mnt/tuttid", "filesystem": "ext4"}],
+                   "queue_depth": 64, "namespaces": [{"nsid": 1, "mount": "/mnt/./tuttid/", "filesystem": "ext4"}],
                    "accelerators": [0, 1], "client": {"max_queues": 4}}] }
 EOF
-	tuttid_start || return 1
+	tuttid_start || return 1	# the mount point is written unnormalised: /mnt/tuttid in the kernel's table
 	grep -q "bound PCI $ADDR to snvme" $TD/log || return 1
 	grep -q "^/dev/snvme0n1 /mnt/tuttid ext4" /proc/mounts || { echo "/mnt/tuttid is not mounted"; return 1; }
 	[ -d /mnt/tuttid/accelerator0 ] && [ -d /mnt/tuttid/accelerator1 ] || { echo "no accelerator directories"; return 1; }
