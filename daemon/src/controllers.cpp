@@ -1,6 +1,8 @@
 // tuttid's controllers: see controllers.hpp.
 #include "controllers.hpp"
 
+#include "snvme_controller.hpp"  // libnvm's controller over /dev/snvme<C> (libnvm/snvme)
+
 namespace tutti::daemon {
 
 std::string_view to_string(BringUpState state) noexcept {
@@ -12,22 +14,20 @@ std::string_view to_string(BringUpState state) noexcept {
   return "unknown";
 }
 
-ControllerSlot::~ControllerSlot() { shut_down(); }
+ControllerSlot::~ControllerSlot() { (void)shut_down(); }
+
+Status ControllerSlot::failed(Status status) {
+  state_ = BringUpState::failed;
+  error_ = status.to_string();
+  ++bring_up_errors_;
+  driver_.reset();
+  device_.reset();
+  return status;  // pci_ stays: shut_down unmounts and unbinds what the bring-up did
+}
 
 Status ControllerSlot::bring_up() {
-  auto fail = [this](Status status) {
-    state_ = BringUpState::failed;
-    error_ = status.to_string();
-    ++bring_up_errors_;
-    driver_.reset();
-    device_.reset();
-    return status;
-  };
-  if (config_.pci_address)
-    return fail(error(StatusCode::UNSUPPORTED,
-                      "controller {} (PCI {}): binding PCI controllers through /dev/snvme-control is not implemented "
-                      "in this tuttid yet; use a soft controller",
-                      config_.name, *config_.pci_address));
+  auto fail = [this](Status status) { return failed(std::move(status)); };
+  if (config_.pci_address) return bring_up_pci();
   libnvm::SoftControllerConfig soft;
   soft.backing_path = config_.soft->image;
   soft.lba_size = config_.soft->lba_size;
@@ -58,6 +58,58 @@ Status ControllerSlot::bring_up() {
   state_ = BringUpState::up;
   error_.clear();
   return Status::success();
+}
+
+Status ControllerSlot::open_pci_identity() {
+  auto driver = libnvm::SnvmeController::open(pci_->char_device());
+  if (!driver) return driver.status().with_context(fmt::format("controller {}: driver", config_.name));
+  driver_ = std::move(driver.value());
+  nvme::BringUpOptions options;
+  options.io_queue_pairs_requested = static_cast<std::uint16_t>(config_.leasable_queues());
+  options.nsid = config_.namespaces.empty() ? 1 : config_.namespaces.front().nsid;
+  Status up = driver_->bring_up(options);
+  return up.is_ok() ? up : up.with_context(fmt::format("controller {}: bring_up", config_.name));
+}
+
+Status ControllerSlot::bring_up_pci() {
+  pci_ = std::make_unique<PciController>(config_);
+  Status up = pci_->bring_up();
+  if (up.is_ok()) up = open_pci_identity();
+  if (!up.is_ok()) return failed(up);
+  kernel_qids_ = pci_->kernel_qids();
+  state_ = BringUpState::up;
+  error_.clear();
+  return Status::success();
+}
+
+Status ControllerSlot::recover(bool lost) {
+  if (!pci_) return Status::success();
+  driver_.reset();
+  if (lost)
+    return failed(error(StatusCode::DEVICE_ERROR,
+                        "controller {}: {} reports the controller failed or removed (POLLHUP)", config_.name,
+                        pci_->char_device()));
+  Status s = pci_->reopen_watch();
+  if (s.is_ok()) s = open_pci_identity();
+  return s.is_ok() ? s : failed(s.with_context("after a reset"));
+}
+
+Result<PciLease> ControllerSlot::open_pci_lease(std::uint32_t count, std::uint64_t pinned_bytes) {
+  if (state_ != BringUpState::up || !pci_)
+    return error(StatusCode::NOT_READY, "controller {} is {}: {}", config_.name, to_string(state_), error_);
+  if (count > queues_free())
+    return error(StatusCode::RESOURCE_EXHAUSTED, "controller {} has {} of {} leasable queues free; {} asked",
+                 config_.name, queues_free(), config_.leasable_queues(), count);
+  auto lease = pci_->open_lease(count, config_.queue_depth, pinned_bytes);
+  if (!lease) return lease.status().with_context(fmt::format("controller {}: lease", config_.name));
+  for (auto qid : lease->qids()) leased_.insert(qid);
+  return lease;
+}
+
+Status ControllerSlot::end_pci_lease(PciLease& lease) {
+  for (auto qid : lease.qids()) leased_.erase(qid);
+  if (!pci_) return Status::success();
+  return pci_->end_lease(lease);
 }
 
 Result<std::vector<std::uint16_t>> ControllerSlot::create_queues(std::uint32_t count) {
@@ -92,17 +144,25 @@ Status ControllerSlot::delete_queues(const std::vector<std::uint16_t>& qids) {
   return first;
 }
 
-void ControllerSlot::shut_down() {
+Status ControllerSlot::shut_down() {
   (void)release_mounts();
   mounts_.clear();
-  if (!driver_) return;
+  if (!driver_ && !pci_) return Status::success();
   infos_.clear();
-  (void)delete_queues(std::vector<std::uint16_t>(leased_.begin(), leased_.end()));
-  (void)driver_->shutdown(2'000'000'000);
+  if (!pci_) (void)delete_queues(std::vector<std::uint16_t>(leased_.begin(), leased_.end()));
+  if (driver_) (void)driver_->shutdown(2'000'000'000);
   driver_.reset();
   device_.reset();
   kernel_qids_.clear();
+  leased_.clear();
   state_ = BringUpState::down;
+  Status stopped;
+  if (pci_) {
+    stopped = pci_->shut_down();  // the leases' files are closed by now (the server ends every lease first)
+    pci_.reset();
+    if (!stopped.is_ok()) error_ = stopped.to_string();
+  }
+  return stopped;
 }
 
 const nvme::QueuePairInfo* ControllerSlot::queue_info(std::uint16_t qid) const {
@@ -150,7 +210,7 @@ Status ControllerSlot::mount_namespaces(std::size_t index) {
                                                    fmt::format("controllers[{}].soft.image", index));
       });
   if (!mounts) {
-    shut_down();
+    (void)shut_down();
     state_ = BringUpState::failed;
     error_ = mounts.status().to_string();
     ++bring_up_errors_;
@@ -172,6 +232,10 @@ Status ControllerSlot::release_mounts() {
 nlohmann::json ControllerSlot::namespaces_json() const {
   nlohmann::json namespaces = nlohmann::json::array();
   for (const auto& n : config_.namespaces) {
+    if (pci_) {
+      namespaces.push_back(pci_->namespace_json(n));
+      continue;
+    }
     const NamespaceMount* mount = nullptr;
     for (const auto& m : mounts_)
       if (m.nsid() == n.nsid) mount = &m;

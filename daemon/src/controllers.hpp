@@ -16,6 +16,7 @@
 
 #include "config.hpp"
 #include "mounts.hpp"
+#include "pci_controller.hpp"
 
 namespace tutti::daemon {
 
@@ -29,16 +30,18 @@ class ControllerSlot {
 
   /// Brings the controller up: soft: creates the soft controller on its image, brings it up (CC.EN, Identify,
   /// Number of Queues) and creates the kernel_queues queue pairs it keeps for itself (standing for the kernel's
-  /// blk-mq queues of an snvme controller). PCI: FAILED with UNSUPPORTED (binding through /dev/snvme-control is
-  /// not in this tuttid yet). On error the state is failed and last_error() says why.
+  /// blk-mq queues of an snvme controller). PCI: PciController::bring_up (bind or adopt, nodes, mounts), then
+  /// libnvm's SnvmeController on /dev/snvme<C> for the identity (its file holds no queue). On error the state
+  /// is failed and last_error() says why.
   Status bring_up();
   /// Creates `count` I/O queue pairs of config().queue_depth entries; all or none. Errors: UNAVAILABLE-like
   /// NOT_READY (not up), RESOURCE_EXHAUSTED (fewer than count leasable queues free), the controller's errors.
   Result<std::vector<std::uint16_t>> create_queues(std::uint32_t count);
   /// Deletes the queue pairs (Delete I/O SQ then CQ). Returns the first error; deletes the rest anyway.
   Status delete_queues(const std::vector<std::uint16_t>& qids);
-  /// Deletes every leased queue, then shuts the controller down (CC.SHN, bounded); releases the mounts.
-  void shut_down();
+  /// Deletes every leased queue, then shuts the controller down (CC.SHN, bounded); releases the mounts. PCI:
+  /// unmounts and unbinds (PciController::shut_down); a failure is returned and kept in last_error().
+  Status shut_down();
   /// After bring_up: verifies or mounts the file systems of the namespaces with a mount point (mounts.hpp;
   /// `index`: the controller's place in the configuration, for key paths in errors). On error the controller
   /// is shut down, its state is failed and last_error() says why.
@@ -47,6 +50,21 @@ class ControllerSlot {
   Status release_mounts();
   /// The namespaces as the protocol reports them (devices, acquire): namespace_json of each.
   nlohmann::json namespaces_json() const;
+
+  /// PCI controllers: a lease's own sealed file with `count` queue pairs of config().queue_depth (see
+  /// PciController::open_lease). Errors: NOT_READY (not up), RESOURCE_EXHAUSTED (fewer leasable queues free),
+  /// the driver's.
+  bool is_pci() const noexcept { return pci_ != nullptr; }
+  Result<PciLease> open_pci_lease(std::uint32_t count, std::uint64_t pinned_bytes);
+  /// Destroys the lease's queue groups and closes tuttid's copy of its file; its queues are free again.
+  Status end_pci_lease(PciLease& lease);
+  /// PCI: the file to poll for POLLPRI (see PciController::watch_fd) while up; -1 otherwise.
+  int event_fd() const noexcept { return pci_ && state_ == BringUpState::up ? pci_->watch_fd() : -1; }
+  /// PCI, after the driver revoked tuttid's files (POLLPRI): opens new ones (the watched file and the
+  /// identity's controller). `lost` (POLLHUP: the controller failed or is gone) marks it failed instead.
+  Status recover(bool lost);
+  /// The PCI bring-up's steps (bound or adopted, mounted or verified), empty for soft controllers.
+  std::vector<std::string> bring_up_steps() const { return pci_ ? pci_->steps() : std::vector<std::string>{}; }
 
   const ControllerConfig& config() const noexcept { return config_; }
   BringUpState state() const noexcept { return state_; }
@@ -70,6 +88,12 @@ class ControllerSlot {
   Status dma_unmap(std::uint64_t mapping_id);
 
  private:
+  Status bring_up_pci();
+  /// PCI: libnvm's SnvmeController on /dev/snvme<C> (driver_), brought up for the identity leases report.
+  Status open_pci_identity();
+  /// Records a failed bring-up (state, error, count) and drops the controller objects; returns `status`.
+  Status failed(Status status);
+
   ControllerConfig config_;
   BringUpState state_ = BringUpState::down;
   std::string error_;
@@ -80,6 +104,7 @@ class ControllerSlot {
   std::set<std::uint16_t> leased_;
   std::map<std::uint16_t, nvme::QueuePairInfo> infos_;
   std::vector<NamespaceMount> mounts_;  ///< of the namespaces with a mount point, in the configuration's order
+  std::unique_ptr<PciController> pci_;
 };
 
 }  // namespace tutti::daemon

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "protocol.hpp"
+#include "snvme_controller.hpp"  // libnvm's controller over /dev/snvme<C> (PCI leases)
 
 namespace tutti::daemon {
 
@@ -52,6 +53,9 @@ Result<std::uint64_t> field(const nlohmann::json& object, std::string_view key) 
 }
 
 }  // namespace
+
+LeasedController::LeasedController(Connection connection, LeaseOptions options)
+    : connection_(std::move(connection)), options_(std::move(options)) {}
 
 Result<std::unique_ptr<LeasedController>> LeasedController::acquire(const LeaseOptions& options) {
   if (options.controller.empty() || options.controller.size() > 32)
@@ -131,13 +135,14 @@ Status LeasedController::map_lease(const nlohmann::json& lease, const std::vecto
       return error(StatusCode::INTERNAL, "tuttid's namespace {} is not {{nsid, mount, filesystem, ...}}", n.dump());
     namespaces_.push_back({n["nsid"].get<std::uint32_t>(), *mount, *filesystem, *device, *state});
   }
+  if (lease.contains("snvme")) return map_snvme_lease(lease["snvme"], fds);
   // Soft mode: BAR0 and the rings are memfds that came with the answer; "fd" indexes `fds`. Every range,
   // ring and doorbell is checked against what was mapped: the answer decides where this process writes.
   const nlohmann::json shared = lease.value("shared_memory", nlohmann::json());
   if (!shared.is_object() || !shared.contains("bar0") || !shared["bar0"].is_object())
     return error(StatusCode::UNSUPPORTED,
-                 "tuttid's lease has no shared memory: only soft controllers can be leased in this version "
-                 "(docs/daemon.md, \"What works today\")");
+                 "tuttid's lease has neither shared memory (soft controller) nor an snvme file (PCI controller): {}",
+                 lease.dump());
   // Maps range {fd, offset, length} and returns its bytes [offset, length) of the memfd.
   auto map = [&](const nlohmann::json& range, const char* what) -> Result<std::span<std::uint8_t>> {
     if (!range.is_object()) return error(StatusCode::INTERNAL, "tuttid's {} is not a range: {}", what, range.dump());
@@ -197,6 +202,63 @@ Status LeasedController::map_lease(const nlohmann::json& lease, const std::vecto
   if (queues_.size() != options_.queues)
     return error(StatusCode::INTERNAL, "tuttid granted {} queues with memory, {} asked", queues_.size(),
                  options_.queues);
+  handed_out_.assign(queues_.size(), false);
+  identity_.io_submission_queues_allocated = static_cast<std::uint16_t>(queues_.size());
+  identity_.io_completion_queues_allocated = static_cast<std::uint16_t>(queues_.size());
+  return Status::success();
+}
+
+Status LeasedController::map_snvme_lease(const nlohmann::json& snvme, const std::vector<int>& fds) {
+  const std::uint64_t index = snvme.is_object() ? snvme.value("fd", std::uint64_t{fds.size()}) : fds.size();
+  const nlohmann::json queues = snvme.is_object() ? snvme.value("queues", nlohmann::json()) : nlohmann::json();
+  if (index >= fds.size() || !queues.is_array() || queues.size() != options_.queues)
+    return error(StatusCode::INTERNAL, "tuttid's snvme lease {} does not fit the {} descriptors sent and {} queues",
+                 snvme.dump(), fds.size(), options_.queues);
+  std::vector<libnvm::SnvmeController::AdoptedQueue> adopted;
+  for (const nlohmann::json& q : queues) {
+    libnvm::SnvmeController::AdoptedQueue a;
+    try {
+      a.group_id = q.at("group_id").get<std::uint32_t>();
+      a.qid = q.at("qid").get<std::uint16_t>();
+      a.entries = q.at("entries").get<std::uint32_t>();
+      a.sq_doorbell = q.at("sq_doorbell").get<std::uint32_t>();
+      a.cq_doorbell = q.at("cq_doorbell").get<std::uint32_t>();
+      a.sq_offset = q.at("sq_offset").get<std::uint64_t>();
+      a.cq_offset = q.at("cq_offset").get<std::uint64_t>();
+      a.sq_bytes = q.at("sq_bytes").get<std::uint32_t>();
+      a.cq_bytes = q.at("cq_bytes").get<std::uint32_t>();
+    } catch (const nlohmann::json::exception& e) {
+      return error(StatusCode::INTERNAL, "tuttid's snvme queue {}: {}", q.dump(), e.what());
+    }
+    if (a.entries != identity_.max_queue_entries)
+      return error(StatusCode::INTERNAL, "tuttid's snvme queue {} does not match the lease's depth {}", q.dump(),
+                   identity_.max_queue_entries);
+    adopted.push_back(a);
+  }
+  // The answer's descriptors are closed by acquire: the adopted controller owns a copy of the file.
+  const int fd = ::fcntl(fds[index], F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return error(StatusCode::RESOURCE_EXHAUSTED, "dup of the lease's file: {}", std::strerror(errno));
+  auto adopted_controller = libnvm::SnvmeController::adopt(
+      fd, fmt::format("the sealed file of lease {} on {}", lease_id_, options_.controller), std::move(adopted));
+  if (!adopted_controller) return adopted_controller.status();
+  snvme_ = std::move(adopted_controller.value());
+  nvme::BringUpOptions up;
+  up.nsid = identity_.nsid;
+  up.io_queue_pairs_requested = static_cast<std::uint16_t>(options_.queues);
+  TUTTI_RETURN_IF_ERROR(snvme_->bring_up(up));
+  for (std::uint32_t i = 0; i < options_.queues; ++i) {
+    auto pair = snvme_->create_io_queue_pair(identity_.max_queue_entries);
+    if (!pair) return pair.status();
+    if (pair->controller_status == nullptr)
+      return error(StatusCode::UNSUPPORTED, "{}: the driver has no status page (SNVME_CAP_STATUS)",
+                   options_.controller);
+    csts_ = pair->controller_status;
+    // The word the watcher keeps: the driver's CSTS of this file, or all ones once the lease is gone.
+    pair->controller_status = reinterpret_cast<const volatile std::uint32_t*>(&queue_csts_);
+    queues_.push_back(*pair);
+    qids_.push_back(pair->qid);
+  }
+  queue_csts_.store(*csts_, std::memory_order_relaxed);
   handed_out_.assign(queues_.size(), false);
   identity_.io_submission_queues_allocated = static_cast<std::uint16_t>(queues_.size());
   identity_.io_completion_queues_allocated = static_cast<std::uint16_t>(queues_.size());
@@ -271,6 +333,9 @@ LeasedController::~LeasedController() {
     (void)call(nlohmann::json{{"tutti", kProtocolVersion}, {"op", "release"}, {"lease", lease_id_}}, {}, fds);
     for (int fd : fds) ::close(fd);
   }
+  // PCI: the driver unmaps and unpins this process's DMA maps (the queues are deleted by now, or are deleted
+  // first when this copy of the file is the last one) before the memory below goes.
+  snvme_.reset();
   for (const Region& r : regions_) ::munmap(r.address, r.length);
   for (const Shared& s : shared_) ::munmap(s.base, s.length);
 }
@@ -290,6 +355,22 @@ Result<nlohmann::json> LeasedController::call(const nlohmann::json& request, con
 
 Result<void*> LeasedController::allocate_host_memory(std::size_t length) {
   std::lock_guard lock(mutex_);
+  if (snvme_) {
+    // PCI: the driver pins any memory of this process; dma_map (the DataPath's registration) maps it.
+    if (length == 0 || length > kMaxHostMemoryBytes)
+      return error(StatusCode::INVALID_ARGUMENT, "LeasedController::allocate_host_memory: length = {} outside 1..{}",
+                   length, kMaxHostMemoryBytes);
+    const std::size_t bytes = (length + kPage - 1) / kPage * kPage;
+    void* address = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (address == MAP_FAILED)
+      return error(StatusCode::RESOURCE_EXHAUSTED, "allocate_host_memory: mmap of {} bytes: {}", bytes,
+                   std::strerror(errno));
+    Region region;
+    region.address = static_cast<std::uint8_t*>(address);
+    region.length = bytes;
+    regions_.push_back(std::move(region));
+    return address;
+  }
   auto region = register_region(length);
   if (!region) return region.status();
   return static_cast<void*>((*region)->address);
@@ -411,6 +492,7 @@ Result<nvme::DmaMapping> LeasedController::dma_map(void* host_address, std::size
     return error(StatusCode::INVALID_ARGUMENT,
                  "dma_map({}, {} bytes): the address and the length must be non-zero multiples of {}", host_address,
                  length, kPage);
+  if (snvme_) return snvme_->dma_map(host_address, length);
   std::lock_guard lock(mutex_);
   const Region* r = region_of(host_address, length);
   if (r == nullptr)
@@ -431,6 +513,7 @@ Result<nvme::DmaMapping> LeasedController::dma_map(void* host_address, std::size
 }
 
 Status LeasedController::dma_unmap(std::uint64_t mapping_id) {
+  if (snvme_) return snvme_->dma_unmap(mapping_id);
   std::lock_guard lock(mutex_);
   if (live_ids_.erase(mapping_id) == 0)
     return error(StatusCode::NOT_FOUND, "dma_unmap: no mapping with id = {}", mapping_id);
@@ -438,6 +521,7 @@ Status LeasedController::dma_unmap(std::uint64_t mapping_id) {
 }
 
 Result<nvme::DmaBuffer> LeasedController::allocate_dma_buffer(std::size_t length) {
+  if (snvme_) return snvme_->allocate_dma_buffer(length);
   std::lock_guard lock(mutex_);
   const std::size_t bytes = (length + kPage - 1) / kPage * kPage;
   Region* reused = nullptr;
@@ -468,6 +552,7 @@ Result<nvme::DmaBuffer> LeasedController::allocate_dma_buffer(std::size_t length
 }
 
 Status LeasedController::free_dma_buffer(std::uint64_t id) {
+  if (snvme_) return snvme_->free_dma_buffer(id);
   std::lock_guard lock(mutex_);
   for (Region& r : regions_)
     if (r.dma_buffer && id != 0 && r.buffer_id == id) {
@@ -483,7 +568,8 @@ Result<nvme::CompletionQueueEntry> LeasedController::submit_admin(const nvme::Su
                command.opcode, options_.controller);
 }
 
-Result<bool> LeasedController::abort(std::uint16_t sqid, std::uint16_t cid, std::uint64_t) {
+Result<bool> LeasedController::abort(std::uint16_t sqid, std::uint16_t cid, std::uint64_t timeout_ns) {
+  if (snvme_) return snvme_->abort(sqid, cid, timeout_ns);  // PCI: the driver's ABORT, for this file's queues
   return error(StatusCode::UNSUPPORTED,
                "abort(queue {}, command {}): tuttid's protocol version 1 has no abort; the command ends when lease {} "
                "does",

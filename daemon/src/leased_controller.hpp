@@ -20,6 +20,14 @@
 //     that memory and refuses any other address with UNSUPPORTED naming allocate_host_memory. Memory stays
 //     mapped and registered until the controller is destroyed, after the lease has ended: the controller never
 //     writes memory that is gone.
+//   - PCI mode (a controller bound to the snvme driver): the lease's file of /dev/snvme<C> arrives with the
+//     answer, sealed by tuttid (no new queue group; DMA maps up to the lease's pinned_bytes). It is adopted by
+//     libnvm's SnvmeController (SnvmeController::adopt), whose rings, doorbells and status page the queues
+//     use; dma_map, allocate_dma_buffer and abort go to the driver through it (a map past the seal is
+//     RESOURCE_EXHAUSTED), and allocate_host_memory is plain anonymous memory of this process (the
+//     controller reaches any memory the driver pins). When the lease ends tuttid destroys the queue groups
+//     (their ring mappings here are revoked by the driver: touching them then raises SIGBUS), so stop using
+//     the queues once the lease is revoked (the CSTS word below says so).
 //   - Admin commands stay with tuttid: bring_up, shutdown and submit_admin are UNSUPPORTED; abort is UNSUPPORTED
 //     too (protocol version 1 has no abort message), so a command whose completion is lost stays in its
 //     queue until the lease ends; local_nvme reports its request TIMEOUT and keeps the memory mapped.
@@ -54,6 +62,10 @@
 
 #include "client.hpp"
 #include "config.hpp"
+
+namespace tutti::libnvm {
+class SnvmeController;
+}
 
 namespace tutti::daemon {
 
@@ -126,7 +138,8 @@ class LeasedController final : public nvme::Controller {
   Status delete_io_queue_pair(std::uint16_t qid) override;
   /// The page table of [host_address, host_address + length) inside memory from allocate_host_memory or
   /// allocate_dma_buffer; both multiples of 4096. Errors: INVALID_ARGUMENT (null, zero, misaligned),
-  /// UNSUPPORTED (not inside such memory: the daemon's process cannot reach it).
+  /// UNSUPPORTED (not inside such memory: the daemon's process cannot reach it). PCI mode: any memory of this
+  /// process, pinned by the driver (SnvmeController::dma_map); RESOURCE_EXHAUSTED past the lease's seal.
   Result<nvme::DmaMapping> dma_map(void* host_address, std::size_t length) override;
   /// Forgets a dma_map (the memory stays registered until the controller is destroyed). Errors: NOT_FOUND.
   Status dma_unmap(std::uint64_t mapping_id) override;
@@ -140,7 +153,8 @@ class LeasedController final : public nvme::Controller {
   /// UNSUPPORTED: admin commands stay with tuttid.
   Result<nvme::CompletionQueueEntry> submit_admin(const nvme::SubmissionQueueEntry& command,
                                                   std::uint64_t timeout_ns) override;
-  /// UNSUPPORTED: protocol version 1 has no abort message (see the file comment).
+  /// Soft mode: UNSUPPORTED, protocol version 1 has no abort message (see the file comment). PCI mode: the
+  /// driver's ABORT of a command of this lease's queues (SnvmeController::abort).
   Result<bool> abort(std::uint16_t sqid, std::uint16_t cid, std::uint64_t timeout_ns) override;
 
  private:
@@ -158,9 +172,9 @@ class LeasedController final : public nvme::Controller {
     std::size_t length = 0;
   };
 
-  LeasedController(Connection connection, LeaseOptions options)
-      : connection_(std::move(connection)), options_(std::move(options)) {}
+  LeasedController(Connection connection, LeaseOptions options);  // in the .cpp: SnvmeController is complete there
   Status map_lease(const nlohmann::json& lease, const std::vector<int>& fds);
+  Status map_snvme_lease(const nlohmann::json& snvme, const std::vector<int>& fds);
   /// One request to tuttid (mutex_ held). After a failed or timed-out call every later call fails.
   Result<nlohmann::json> call(const nlohmann::json& request, const std::vector<int>& fds_out, std::vector<int>& fds_in);
   Result<Region*> register_region(std::size_t length);                     // mutex_ held
@@ -179,6 +193,7 @@ class LeasedController final : public nvme::Controller {
   std::vector<LeasedNamespace> namespaces_;
   std::vector<nvme::QueuePairInfo> queues_;
   std::vector<bool> handed_out_;  ///< per queue: create_io_queue_pair gave it (never handed out again)
+  std::unique_ptr<libnvm::SnvmeController> snvme_;  ///< PCI mode: the adopted sealed file; null in soft mode
   std::vector<Shared> shared_;
   const volatile std::uint32_t* csts_ = nullptr;  ///< CSTS in the shared BAR0
   /// What the queues poll as CSTS: the watcher's copy of *csts_, all ones once the lease is gone. Written by

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -70,8 +71,9 @@ struct Lease {
   std::vector<std::uint16_t> qids;
   std::uint64_t pinned_bytes = 0;
   std::uint64_t granted_ns = 0;
-  int pidfd = -1;      // the holder's pidfd (a dup per lease)
-  int client_fd = -1;  // the connection it was granted on; -1 once that closed
+  int pidfd = -1;               // the holder's pidfd (a dup per lease)
+  int client_fd = -1;           // the connection it was granted on; -1 once that closed
+  std::optional<PciLease> pci;  // a PCI controller's lease: tuttid's copy of the sealed file sent to the client
 };
 
 struct Metrics {
@@ -110,6 +112,7 @@ class Server {
   json leases_json() const;
   std::string metrics_text() const;
   void start_drain(std::uint64_t deadline_ms, std::string_view why);
+  void controller_reset(std::size_t controller, bool lost);
   void end_lease(std::uint64_t id, std::string_view how, std::string_view reason);
   void send(int fd, const json& message, const std::vector<int>& fds = {});
   bool allowed(const ControllerConfig& c, const Peer& peer) const;
@@ -241,6 +244,9 @@ Status Server::start() {
   spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (spare_fd_ < 0)
     return error(StatusCode::INTERNAL, "open /dev/null (the spare descriptor): {}", std::strerror(errno));
+  // The socket first: a second tuttid stops here, before it touches the state file or a controller the
+  // running one owns (its bring-up would adopt them, and its stop would unbind them).
+  TUTTI_RETURN_IF_ERROR(open_socket());
   TUTTI_RETURN_IF_ERROR(adopt_or_revoke_previous_state());
   // Bring-up, in the configured order. A controller that fails stays listed (state failed, its error):
   // leases on it are refused with "unavailable", the others serve.
@@ -248,7 +254,9 @@ Status Server::start() {
     controllers_.push_back(std::make_unique<ControllerSlot>(c));
     const std::uint64_t t0 = monotonic_ns();
     Status s = controllers_.back()->bring_up();
-    if (s.is_ok()) s = controllers_.back()->mount_namespaces(controllers_.size() - 1);
+    for (const auto& step : controllers_.back()->bring_up_steps()) say("controller {}: {}", c.name, step);
+    // Soft controllers' namespaces are mounted here (mounts.hpp); a PCI controller's bring-up mounted its own.
+    if (s.is_ok() && !controllers_.back()->is_pci()) s = controllers_.back()->mount_namespaces(controllers_.size() - 1);
     if (s.is_ok()) {
       say("controller {} up in {} ms ({} leasable queue pairs of depth {}, kernel queues {})", c.name,
           (monotonic_ns() - t0) / 1'000'000, c.leasable_queues(), c.queue_depth, c.kernel_queues);
@@ -261,7 +269,6 @@ Status Server::start() {
       say("controller {} failed: {}", c.name, s.to_string());
   }
   TUTTI_RETURN_IF_ERROR(write_state());
-  TUTTI_RETURN_IF_ERROR(open_socket());
   say("listening on {} (pid {})", config_.socket_path, ::getpid());
   return Status::success();
 }
@@ -415,7 +422,17 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
     return refuse(errors::kInternal, fmt::format("acquire {}: duplicating the pidfd of pid {} failed ({}): the lease "
                                                  "could not be watched",
                                                  c.name, client.peer.pid, std::strerror(errno)));
-  auto qids = slot.create_queues(queues);
+  std::optional<PciLease> pci;
+  Result<std::vector<std::uint16_t>> qids = std::vector<std::uint16_t>{};
+  if (slot.is_pci()) {
+    auto opened = slot.open_pci_lease(queues, pinned);
+    if (opened)
+      pci = std::move(opened.value()), qids = pci->qids();
+    else
+      qids = opened.status();
+  } else {
+    qids = slot.create_queues(queues);
+  }
   if (!qids) {
     ::close(pidfd);
     return refuse(errors::kInternal, qids.status().to_string());
@@ -429,6 +446,7 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
   lease.granted_ns = monotonic_ns();
   lease.pidfd = pidfd;
   lease.client_fd = client.fd;
+  lease.pci = pci;
   leases_[lease.id] = lease;
   Status persisted = write_state();
   if (!persisted.is_ok()) say("{}", persisted.to_string());
@@ -452,6 +470,12 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
     response["lease"]["max_data_transfer_bytes"] = id->max_data_transfer_bytes;
     response["lease"]["memory_page_size"] = id->memory_page_size;
     response["lease"]["doorbell_stride"] = id->doorbell_stride;
+  }
+  // PCI: the lease's sealed file of /dev/snvme<C> travels with the response (SCM_RIGHTS), described by "snvme".
+  if (pci) {
+    out_fds.push_back(pci->fd);
+    response["lease"]["snvme"] = pci->to_json(out_fds.size() - 1);
+    return response;
   }
   // Soft mode: the memfds of BAR0 and of each queue's rings travel with the response (SCM_RIGHTS); "fd" is
   // the index among the descriptors received.
@@ -488,6 +512,11 @@ json Server::register_memory(const Request& request, Client& client, const std::
   if (lease.peer.pid != client.peer.pid)
     return error_response(errors::kPermissionDenied, fmt::format("register: lease {} belongs to pid {}, not pid {}",
                                                                  request.lease, lease.peer.pid, client.peer.pid));
+  if (lease.pci)
+    return error_response(errors::kBadRequest,
+                          fmt::format("register: lease {} is on a PCI controller: map memory with DMA_MAP on the "
+                                      "sealed file that came with the lease",
+                                      request.lease));
   if (fds.size() != 1)
     return error_response(
         errors::kBadRequest,
@@ -548,7 +577,9 @@ void Server::end_lease(std::uint64_t id, std::string_view how, std::string_view 
   if (it == leases_.end()) return;
   Lease& lease = it->second;
   ControllerSlot& slot = *controllers_[lease.controller];
-  Status deleted = slot.delete_queues(lease.qids);
+  // PCI: the groups are destroyed through tuttid's copy of the file (the client's copy sees its rings
+  // revoked), then that copy is closed; the driver frees the rest when the client's copies close.
+  Status deleted = lease.pci ? slot.end_pci_lease(*lease.pci) : slot.delete_queues(lease.qids);
   if (!deleted.is_ok()) {
     // A queue may still be live (its Delete I/O SQ timed out), and a command of it may still DMA
     // into the client's memory: keep every region mapped for the daemon's lifetime rather than let
@@ -716,6 +747,24 @@ void Server::start_drain(std::uint64_t deadline_ms, std::string_view why) {
   }
 }
 
+// The driver revoked every open file of a PCI controller (a reset: POLLPRI; a failure or removal: POLLHUP
+// too): the leases' queues are gone from the controller, so each lease is revoked (its holder is told), then
+// tuttid's own files are opened again (docs/daemon.md, "PCI controllers").
+void Server::controller_reset(std::size_t controller, bool lost) {
+  ControllerSlot& slot = *controllers_[controller];
+  const std::string reason = lost ? "the controller failed or was removed" : "controller reset";
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, lease] : leases_)
+    if (lease.controller == controller) ids.push_back(id);
+  say("controller {}: {}: revoking {} lease(s)", slot.config().name, reason, ids.size());
+  for (auto id : ids) {
+    ++metrics_.revoked;
+    end_lease(id, "revoked", reason);
+  }
+  Status recovered = slot.recover(lost);
+  say("controller {}: {}", slot.config().name, recovered.is_ok() ? "up again" : recovered.to_string());
+}
+
 json Server::handle(const Request& request, Client& client, const std::vector<int>& fds, std::vector<int>& out_fds) {
   switch (request.op) {
     case Op::acquire: return acquire(request, client, out_fds);
@@ -808,6 +857,11 @@ Status Server::loop() {
     lease_of.assign(2, 0);
     for (const auto& [fd, client] : clients_) fds.push_back({fd, POLLIN, 0}), lease_of.push_back(0);
     for (const auto& [id, lease] : leases_) fds.push_back({lease.pidfd, POLLIN, 0}), lease_of.push_back(id);
+    const std::size_t first_controller = fds.size();  // PCI controllers' files: the driver's reset events
+    std::vector<std::size_t> controller_of;
+    for (std::size_t c = 0; c < controllers_.size(); ++c)
+      if (controllers_[c]->event_fd() >= 0)
+        fds.push_back({controllers_[c]->event_fd(), POLLPRI, 0}), controller_of.push_back(c);
     int timeout_ms = -1;
     if (draining_ && !leases_.empty())
       timeout_ms = static_cast<int>(std::min<std::uint64_t>(remaining_ns(drain_deadline_ns_) / 1'000'000 + 1, 60'000));
@@ -815,8 +869,12 @@ Status Server::loop() {
     if (ready < 0 && errno != EINTR) return error(StatusCode::INTERNAL, "poll: {}", std::strerror(errno));
     if (ready <= 0) continue;
     const std::uint64_t woke_ns = monotonic_ns();
+    for (std::size_t i = first_controller; i < fds.size(); ++i)
+      if (fds[i].revents & (POLLPRI | POLLERR | POLLHUP))
+        controller_reset(controller_of[i - first_controller], (fds[i].revents & POLLHUP) != 0);
     // Client deaths first: their queues are free before this round's acquires are served.
-    for (std::size_t i = 2 + clients_.size(); i < fds.size(); ++i) {
+    for (std::size_t i = 2 + clients_.size(); i < first_controller; ++i) {
+      if (leases_.count(lease_of[i]) == 0) continue;  // revoked by a controller reset above
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       ++metrics_.reclaimed;
       end_lease(lease_of[i], "reclaimed", "the client process exited");
@@ -846,7 +904,8 @@ Status Server::loop() {
   for (auto& slot : controllers_) {
     Status released = slot->release_mounts();
     if (!released.is_ok()) say("controller {}: {}", slot->config().name, released.to_string());
-    slot->shut_down();
+    Status stopped = slot->shut_down();
+    say("controller {} {}", slot->config().name, stopped.is_ok() ? "stopped" : stopped.to_string());
   }
   Status persisted = write_state();
   say("stopped");

@@ -35,7 +35,8 @@ StatusCode code_of(int err) {
     case ENOENT: return StatusCode::NOT_FOUND;
     case ENOSPC:
     case ENOMEM:
-    case EMFILE: return StatusCode::RESOURCE_EXHAUSTED;
+    case EMFILE:
+    case EDQUOT: return StatusCode::RESOURCE_EXHAUSTED;  // EDQUOT: DMA_MAP past a sealed file's budget
     case EBUSY: return StatusCode::BUSY;
     case ETIMEDOUT: return StatusCode::TIMEOUT;
     case EOPNOTSUPP:
@@ -59,24 +60,44 @@ Result<std::unique_ptr<SnvmeController>> SnvmeController::open(std::string_view 
     if (err == ENOENT) return error(StatusCode::NOT_FOUND, "{}: no such device node (is snvme bound?)", path);
     return errno_status(fmt::format("open {}", path), err);
   }
-  auto info = with_header<snvme_info>();
-  if (::ioctl(fd, SNVME_IOC_GET_INFO, &info) != 0) {
-    int err = errno;
+  Status checked = check_file(fd, path);
+  if (!checked.is_ok()) {
     ::close(fd);
-    return errno_status(fmt::format("{}: GET_INFO", path), err);
-  }
-  // ABI version and capabilities first: nothing else is trusted before these match.
-  if (info.hdr.abi_version != SNVME_ABI_VERSION) {
-    ::close(fd);
-    return error(StatusCode::UNSUPPORTED, "{}: driver ABI version {} but libnvm speaks {}", path, info.hdr.abi_version,
-                 SNVME_ABI_VERSION);
-  }
-  if ((info.caps & kRequiredCaps) != kRequiredCaps) {
-    ::close(fd);
-    return error(StatusCode::UNSUPPORTED, "{}: driver capabilities {:#x} lack {:#x}", path, info.caps,
-                 kRequiredCaps & ~info.caps);
+    return checked;
   }
   return std::unique_ptr<SnvmeController>(new SnvmeController(fd, std::move(path)));
+}
+
+Status SnvmeController::check_file(int fd, const std::string& path) {
+  auto info = with_header<snvme_info>();
+  if (::ioctl(fd, SNVME_IOC_GET_INFO, &info) != 0) return errno_status(fmt::format("{}: GET_INFO", path), errno);
+  // ABI version and capabilities first: nothing else is trusted before these match.
+  if (info.hdr.abi_version != SNVME_ABI_VERSION)
+    return error(StatusCode::UNSUPPORTED, "{}: driver ABI version {} but libnvm speaks {}", path, info.hdr.abi_version,
+                 SNVME_ABI_VERSION);
+  if ((info.caps & kRequiredCaps) != kRequiredCaps)
+    return error(StatusCode::UNSUPPORTED, "{}: driver capabilities {:#x} lack {:#x}", path, info.caps,
+                 kRequiredCaps & ~info.caps);
+  return Status::success();
+}
+
+Result<std::unique_ptr<SnvmeController>> SnvmeController::adopt(int fd, std::string_view name,
+                                                                std::vector<AdoptedQueue> queues) {
+  std::string path(name);
+  if (fd < 0) return error(StatusCode::INVALID_ARGUMENT, "adopt {}: fd = {} is not an open file", path, fd);
+  if (queues.empty()) {
+    ::close(fd);
+    return error(StatusCode::INVALID_ARGUMENT, "adopt {}: no queues to adopt", path);
+  }
+  Status checked = check_file(fd, path);
+  if (!checked.is_ok()) {
+    ::close(fd);
+    return checked;
+  }
+  std::unique_ptr<SnvmeController> c(new SnvmeController(fd, std::move(path)));
+  c->adopted_ = std::move(queues);
+  c->adopting_ = true;
+  return c;
 }
 
 SnvmeController::SnvmeController(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
@@ -170,10 +191,28 @@ Result<QueuePairInfo> SnvmeController::create_io_queue_pair(std::uint32_t depth)
     return error(StatusCode::INVALID_ARGUMENT, "depth = {} is outside 2..{} (CAP.MQES + 1)", depth,
                  identity_.max_queue_entries);
   auto g = with_header<snvme_queue_group>();
-  g.nr_queues = 1;
-  g.entries = depth;
-  if (::ioctl(fd_, SNVME_IOC_CREATE_QUEUE_GROUP, &g) != 0)
-    return errno_status(fmt::format("CREATE_QUEUE_GROUP of 1 pair x {} entries", depth), errno);
+  if (adopting_) {
+    // The groups exist already (created by the process that handed the file over): the next one, as it is.
+    if (adopted_.empty())
+      return error(StatusCode::RESOURCE_EXHAUSTED, "{}: every adopted queue pair is handed out", path_);
+    const AdoptedQueue a = adopted_.front();
+    if (a.entries != depth)
+      return error(StatusCode::INVALID_ARGUMENT, "depth = {}, but the adopted queue pair {} has {} entries", depth,
+                   a.qid, a.entries);
+    adopted_.erase(adopted_.begin());
+    g.group_id = a.group_id;
+    g.queues[0] = snvme_queue_desc{a.qid,       0,           a.entries,  a.sq_doorbell, a.cq_doorbell,
+                                   a.sq_offset, a.cq_offset, a.sq_bytes, a.cq_bytes};
+    if (a.sq_doorbell + 4 > doorbell_bytes_ || a.cq_doorbell + 4 > doorbell_bytes_)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "adopted queue pair {}: doorbells {:#x}, {:#x} outside the {}-byte window", a.qid, a.sq_doorbell,
+                   a.cq_doorbell, doorbell_bytes_);
+  } else {
+    g.nr_queues = 1;
+    g.entries = depth;
+    if (::ioctl(fd_, SNVME_IOC_CREATE_QUEUE_GROUP, &g) != 0)
+      return errno_status(fmt::format("CREATE_QUEUE_GROUP of 1 pair x {} entries", depth), errno);
+  }
   const snvme_queue_desc& d = g.queues[0];
   Ring ring{g.group_id, nullptr, nullptr, d.sq_bytes, d.cq_bytes};
   void* sq = ::mmap(nullptr, d.sq_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, static_cast<off_t>(d.sq_offset));

@@ -40,6 +40,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <tutti/libnvm/controller.hpp>
 
@@ -55,6 +56,26 @@ class SnvmeController final : public Controller {
   /// Errors: NOT_FOUND (no such node), DEVICE_ERROR (open or GET_INFO failed: errno text),
   /// UNSUPPORTED (ABI version mismatch or a capability missing: message names it).
   static Result<std::unique_ptr<SnvmeController>> open(std::string_view device_path = kDefaultDevice);
+
+  /// A queue pair of a group that another process (the broker, tuttid) created on an open file of
+  /// /dev/snvme<C> and handed over with it (snvme_queue_desc, plus its group's id).
+  struct AdoptedQueue {
+    std::uint32_t group_id = 0;
+    std::uint16_t qid = 0;
+    std::uint32_t entries = 0;
+    std::uint32_t sq_doorbell = 0, cq_doorbell = 0;
+    std::uint64_t sq_offset = 0, cq_offset = 0;
+    std::uint32_t sq_bytes = 0, cq_bytes = 0;
+  };
+  /// Takes an open file of /dev/snvme<C> (it owns `fd` from here on, also on error) whose queue groups were
+  /// created by another process, e.g. a sealed file tuttid sent with SCM_RIGHTS. The file is checked as
+  /// open() checks it. After bring_up, create_io_queue_pair hands out `queues` in order instead of creating
+  /// groups (their depth must be the `entries` of the next one); delete_io_queue_pair and shutdown destroy
+  /// the groups as for groups of its own. A sealed file refuses new groups (EPERM) and DMA maps past its
+  /// seal (EDQUOT: RESOURCE_EXHAUSTED). `name` names the file in messages.
+  /// Errors: those of open; INVALID_ARGUMENT (fd < 0, no queues).
+  static Result<std::unique_ptr<SnvmeController>> adopt(int fd, std::string_view name,
+                                                        std::vector<AdoptedQueue> queues);
 
   ~SnvmeController() override;
   SnvmeController(const SnvmeController&) = delete;
@@ -100,6 +121,7 @@ class SnvmeController final : public Controller {
   };
 
   SnvmeController(int fd, std::string path);
+  static Status check_file(int fd, const std::string& path);
   Status release_all_locked();
   Status destroy_ring_locked(std::uint16_t qid, Ring& ring);
   Result<DmaMapping> dma_map_locked(void* host_address, std::size_t length);
@@ -113,6 +135,8 @@ class SnvmeController final : public Controller {
   const void* status_page_ = nullptr;        // snvme_status, read-only; null without SNVME_CAP_STATUS
   std::map<std::uint16_t, Ring> rings_;      // by QID
   std::map<std::uint64_t, Buffer> buffers_;  // allocate_dma_buffer, by map id
+  std::vector<AdoptedQueue> adopted_;        // adopt: queues not handed out yet, in order
+  bool adopting_ = false;                    // adopt: create_io_queue_pair hands out adopted_ only
 };
 
 }  // namespace tutti::libnvm

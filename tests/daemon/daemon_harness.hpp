@@ -63,9 +63,10 @@ class TestDaemon {
   /// `grace_ms`: shutdown_grace_ms.
   /// `open_files_limit`: RLIMIT_NOFILE of the daemon (0: inherited).
   /// `ext4_image_bytes`: 0: the image is 16 MiB of zeros; else an ext4 file system of that size (mkfs.ext4),
-  /// for a namespace tuttid mounts (root tests).
+  /// for a namespace tuttid mounts (root tests). `extra_controllers`: more objects of "controllers", after soft0.
   explicit TestDaemon(std::string controller_keys = "", std::string socket_keys = "", int grace_ms = 400,
-                      rlim_t open_files_limit = 0, std::uint64_t ext4_image_bytes = 0)
+                      rlim_t open_files_limit = 0, std::uint64_t ext4_image_bytes = 0,
+                      std::string extra_controllers = "")
       : open_files_limit_(open_files_limit) {
     dir_ = std::filesystem::temp_directory_path() / fmt::format("tuttid-test-{}-{}", ::getpid(), counter()++);
     std::filesystem::create_directories(dir_);
@@ -80,13 +81,13 @@ class TestDaemon {
         R"({{ "socket": {{"path": "{}" {}}}, "state_file": "{}", "shutdown_grace_ms": {},
               "controllers": [{{"name": "soft0", "soft": {{"image": "{}"}}, "io_queue_pairs": 10,
                                 "kernel_queues": 2, "queue_depth": 32, {}
-                                "client": {{"max_queues": 4, "default_pinned_bytes": 4096, "max_pinned_bytes": 67108864}} {} }}] }})",
+                                "client": {{"max_queues": 4, "default_pinned_bytes": 4096, "max_pinned_bytes": 67108864}} {} }} {}] }})",
         socket_path(), socket_keys.empty() ? "" : "," + socket_keys, (dir_ / "tuttid.state").string(), grace_ms,
         (dir_ / "soft0.img").string(),
         controller_keys.find("\"allow\"") == std::string::npos
             ? fmt::format(R"("allow": {{"users": ["{}"]}},)", current_user())
             : std::string(),
-        controller_keys.empty() ? "" : "," + controller_keys);
+        controller_keys.empty() ? "" : "," + controller_keys, extra_controllers.empty() ? "" : "," + extra_controllers);
     std::ofstream(dir_ / "tuttid.json") << config_text_;
     start();
   }

@@ -515,6 +515,30 @@ TEST_CASE("SIGKILL of a client returns its queues within a generous bound (pidfd
   MESSAGE(metrics.substr(metrics.find("tuttid_lease_reclaim_seconds{stat=\"last\"}"), 100));
 }
 
+TEST_CASE(
+    "a PCI controller that cannot be bound is listed failed with the step and address; leases on it are "
+    "unavailable, and the soft controller serves") {
+  // No snvme driver on the host (no /dev/snvme-control), or no device at this address: bring-up fails at BIND
+  // either way, before any mount. The QEMU rig's guest runs the PCI path for real (docs/driver.md).
+  TestDaemon d("", "", 400, 0, 0,
+               fmt::format(R"({{"name": "pci0", "pci_address": "0000:ff:1f.7", "io_queue_pairs": 8,
+                                "namespaces": [{{"nsid": 1, "mount": "{}", "filesystem": "ext4"}}],
+                                "allow": {{"users": ["{}"]}}}})",
+                           (std::filesystem::temp_directory_path() / "tuttid-never-mounted").string(), current_user()));
+  const json devices = d.call({{"tutti", 1}, {"op", "devices"}})["devices"];
+  REQUIRE(devices.size() == 2);
+  CHECK(devices[1]["kind"] == "pci");
+  CHECK(devices[1]["state"] == "failed");
+  const std::string why = devices[1]["error"];
+  CHECK_MESSAGE((why.find("/dev/snvme-control") != std::string::npos || why.find("0000:ff:1f.7") != std::string::npos),
+                why);
+  CHECK_FALSE(std::filesystem::exists(std::filesystem::temp_directory_path() / "tuttid-never-mounted"));
+  const json refused =
+      d.call(json{{"tutti", 1}, {"op", "acquire"}, {"controller", "pci0"}, {"queues", 1}, {"pinned_bytes", 4096}});
+  CHECK(refused["error"]["code"] == "unavailable");
+  CHECK(d.call(acquire_request(1))["ok"] == true);
+}
+
 TEST_CASE("SIGTERM: new leases are refused, holders are told the deadline, then revoked, and tuttid exits 0") {
   TestDaemon d("", "", 3000);  // long enough for the refused acquire below to be served on a loaded machine
   auto holder = d.connect();

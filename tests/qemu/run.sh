@@ -7,7 +7,7 @@
 # fetches the kernel image and headers as packages, builds driver/snvme
 # against the headers (with its fault injection: SNVME_FAULT_INJECTION=1),
 # builds the static guest programs (snvme-test, libnvm-snvme-test, kv-store-snvme-test,
-# local-nvme-snvme-test) and an initramfs, then boots qemu-system-x86_64
+# local-nvme-snvme-test, tuttid, tuttictl, tuttid-snvme-test) and an initramfs, then boots qemu-system-x86_64
 # (q35, emulated Intel IOMMU, emulated NVMe behind a pcie-root-port, a QMP
 # socket) once per LBA format (512 and 4096 bytes) and runs
 # tests/qemu/guest/suite.sh. When the guest prints TUTTI-HOTPLUG-REQUEST,
@@ -54,7 +54,8 @@ readonly EXPECTED_TESTS=(param-range no-grab-on-load bind perms queue-flush-fua 
 	bad-ioctl load-ext4 mkfs-mount-write fiemap-read fiemap-write wrap
 	libnvm-snvme-controller local-nvme-snvme kill-9-mid-io leaks-after-kill close-with-queues-live
 	leaks-after-close umount-fsck rebind-50 remount-after-rebind controller-failure
-	leaks-final ladder-setup timeout-poll timeout-abort-reset timeout-fail reset-revoke
+	leaks-final tuttid-bind-mount tuttid-lease-io tuttid-seal tuttid-kill-mid-io leaks-after-tuttid-kill tuttid-reset
+	tuttid-restart-adopt tuttid-sigterm bind-after-tuttid ladder-setup timeout-poll timeout-abort-reset timeout-fail reset-revoke
 	libnvm-reset local-nvme-reset leaks-after-reset ladder-fsck hot-removal)
 
 MODE=normal
@@ -79,7 +80,7 @@ fi
 # --- host packages -----------------------------------------------------------
 readonly HOST_PKGS=(qemu-system-x86 qemu-utils busybox-static cpio kmod pahole
 	e2fsprogs make gcc gcc-12 g++ libc6-dev libfmt-dev libelf-dev bc flex bison xz-utils
-	zstd dpkg-dev apt socat)
+	zstd dpkg-dev apt socat libcli11-dev nlohmann-json3-dev)
 
 install_host_packages() {
 	local missing=() p
@@ -241,6 +242,7 @@ build_guest_programs() {
 	gcc -std=gnu11 -O2 -Wall -Wextra -Werror -static -I "$ROOT/driver/snvme/include" -o "$WORK/bin/snvme-test" \
 		"$ROOT/tests/qemu/guest/snvme-test.c" "$ROOT/tests/qemu/guest/uq.c"
 	bash "$ROOT/tests/qemu/guest/build-libnvm.sh" "$ROOT" "$WORK/bin"
+	bash "$ROOT/tests/qemu/guest/build-tuttid.sh" "$ROOT" "$WORK/bin"
 }
 
 # copy_with_libs ROOTFS BINARY...: copies binaries and the libraries ldd names.
@@ -315,7 +317,8 @@ boot() {
 	local abi=$1 initrd=$2 lba=$3 mode=$4 logf=$5
 	local disk=$WORK/disk-$abi-$lba-$mode.img qmp=$WORK/qmp-$abi-$lba-$mode.sock
 	local vmlinuz=$CACHE/kernels/$abi/root/boot/vmlinuz-$abi-amd64
-	rm -f "$disk" "$qmp" "$logf.qmp"
+	# The log too: a previous run's TUTTI-HOTPLUG-REQUEST must not trigger a removal before this guest asks.
+	rm -f "$disk" "$qmp" "$logf" "$logf.qmp"
 	truncate -s 256M "$disk"
 	local rc=0
 	timeout --kill-after=10 "$GUEST_TIMEOUT" qemu-system-x86_64 \
@@ -336,7 +339,7 @@ boot() {
 			rm -f "$disk" "$qmp"
 			return $HUNG_BEFORE_INIT
 		fi
-		if ((!removed)) && grep -aq 'TUTTI-HOTPLUG-REQUEST nvme0' "$logf"; then
+		if ((!removed)) && grep -saq 'TUTTI-HOTPLUG-REQUEST nvme0' "$logf"; then
 			removed=1
 			if qmp_device_del "$qmp" nvme0 "$logf"; then
 				log "$abi, LBA $lba: guest asked for hot removal: QMP device_del nvme0 sent"

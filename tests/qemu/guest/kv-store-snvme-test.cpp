@@ -30,6 +30,7 @@
 
 #include "../../../libnvm/snvme/snvme_controller.hpp"
 #include "../../kv/kv_test_support.hpp"
+#include "guest_check.hpp"
 
 using namespace tutti;
 using namespace tutti::kvtest;
@@ -37,14 +38,8 @@ using Store = kv::KvStore<LocalNvmeRuntime>;
 
 namespace {
 
-int failures = 0;
-
-bool check(bool ok, const std::string& what) {
-  std::printf("%s: %s\n", ok ? "ok" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  if (!ok) ++failures;
-  return ok;
-}
+using guest::check;
+using guest::failures;
 
 constexpr std::uint32_t kLayers = 4;
 constexpr std::size_t kBlocks = 24;

@@ -27,18 +27,14 @@
 #include <tutti/nvme/queue.hpp>
 
 #include "../../../libnvm/snvme/snvme_controller.hpp"
+#include "guest_check.hpp"
 
 using namespace tutti;
 
 namespace {
 
-int failures = 0;
-
-void check(bool ok, const std::string& what) {
-  std::printf("%s: %s\n", ok ? "ok" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  if (!ok) ++failures;
-}
+using guest::check;
+using guest::failures;
 
 constexpr std::uint64_t kSecond = 1'000'000'000ull;
 

@@ -50,20 +50,15 @@
 #include <tutti/path/local_nvme.hpp>
 
 #include "../../../libnvm/snvme/snvme_controller.hpp"
+#include "guest_check.hpp"
 
 using namespace tutti;
 using Path = local_nvme::LocalNvmeDataPath;
 
 namespace {
 
-int failures = 0;
-
-bool check(bool ok, const std::string& what) {
-  std::printf("%s: %s\n", ok ? "ok" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  if (!ok) ++failures;
-  return ok;
-}
+using guest::check;
+using guest::failures;
 
 constexpr std::uint64_t kSecond = 1'000'000'000ull;
 constexpr std::uint64_t kKiB = 1024;
@@ -76,14 +71,7 @@ constexpr std::uint32_t kBatchRequests = 384;
 constexpr std::uint64_t kFileExtentBytes[] = {1024 * kKiB, 640 * kKiB, 4 * kKiB, 8 * kKiB, 116 * kKiB, 256 * kKiB, 2048 * kKiB};
 constexpr std::uint64_t kGap = 4 * kKiB;
 
-/// The file's byte at file offset `o`: splitmix64 of the 8-byte word index, so every LBA differs.
-std::uint8_t pattern(std::uint64_t o) {
-  std::uint64_t z = o / 8 + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<std::uint8_t>(z >> (8 * (o % 8)));
-}
+using guest::pattern;  // the file's byte at file offset o
 
 /// Page-aligned host memory (freed by the destructor; registered regions are unregistered first).
 struct Memory {

@@ -46,6 +46,16 @@ t() {
 	fi
 }
 
+wait_for() {	# wait_for SECONDS TEST...: polls TEST every 0.1 s
+	n=$(($1 * 10))
+	shift
+	while ! "$@"; do
+		[ $n -gt 0 ] || return 1
+		n=$((n - 1))
+		sleep 0.1
+	done
+}
+
 finish() {
 	echo "TUTTI-DMESG-BEGIN"
 	dmesg
@@ -168,6 +178,99 @@ t remount-after-rebind remount
 t controller-failure $T fail "$ADDR"
 t leaks-final $T leaks
 
+# tuttid on this PCI controller (docs/daemon.md, "PCI controllers"): a real tuttid binds the controller
+# through /dev/snvme-control, mounts the ext4 of mkfs-mount-write, leases sealed queue groups to client
+# processes (tuttid-snvme-test: the local_nvme DataPath over LeasedController), reclaims the queues of a
+# client killed mid-I/O, adopts the bound controller and the mount after a crash, and on SIGTERM unmounts
+# and unbinds.
+TD=/tmp/tuttid
+TSOCK=$TD/tuttid.sock
+TC=/bin/tuttid-snvme-test
+TSCRATCH=$((240 * 1048576 / LBA))  # 1 MiB after the file system, before the other tests' scratch
+tuttid_up() { /bin/tuttictl --socket $TSOCK --json devices 2>/dev/null | grep -q '"state": *"up"'; }
+tuttid_gone() { ! kill -0 $TPID 2>/dev/null; }
+tuttid_up_or_gone() { tuttid_gone || tuttid_up; }
+tuttid_start() {
+	/bin/tuttid --config $TD/tuttid.json >>$TD/log 2>&1 &
+	TPID=$!
+	wait_for 30 tuttid_up_or_gone && tuttid_up || { echo "tuttid not up within 30 s"; cat $TD/log; return 1; }
+	cat $TD/log
+}
+tuttid_bind_mount() {
+	mkdir -p $TD
+	# The controller is released first (sysfs), so that tuttid's BIND binds it.
+	echo "$ADDR" >/sys/bus/pci/drivers/snvme/unbind || return 1
+	wait_for 10 [ ! -e /dev/snvme0 ] || return 1
+	cat >$TD/tuttid.json <<EOF
+{ "socket": {"path": "$TSOCK"}, "state_file": "$TD/tuttid.state", "shutdown_grace_ms": 2000,
+  "controllers": [{"name": "nvme0", "pci_address": "$ADDR", "io_queue_pairs": 6, "kernel_queues": 2,
+                   "queue_depth": 64, "namespaces": [{"nsid": 1, "mount": "/mnt/./tuttid/", "filesystem": "ext4"}],
+                   "accelerators": [0, 1], "client": {"max_queues": 4}}] }
+EOF
+	tuttid_start || return 1	# the mount point is written unnormalised: /mnt/tuttid in the kernel's table
+	grep -q "bound PCI $ADDR to snvme" $TD/log || return 1
+	grep -q "^/dev/snvme0n1 /mnt/tuttid ext4" /proc/mounts || { echo "/mnt/tuttid is not mounted"; return 1; }
+	[ -d /mnt/tuttid/accelerator0 ] && [ -d /mnt/tuttid/accelerator1 ] || { echo "no accelerator directories"; return 1; }
+	cmp /mnt/tuttid/small /mnt/tuttid/dir/copy
+}
+t tuttid-bind-mount tuttid_bind_mount
+t tuttid-lease-io $TC io $TSOCK nvme0 "$LBA" $TSCRATCH
+t tuttid-seal $TC seal $TSOCK nvme0
+tuttid_kill_mid_io() {
+	rm -f /tmp/td-ready
+	$TC hold $TSOCK nvme0 "$LBA" $TSCRATCH /tmp/td-ready &
+	pid=$!
+	wait_for 60 [ -e /tmp/td-ready ] || { kill -9 $pid; echo "the holder never got busy"; return 1; }
+	kill -9 $pid
+	$TC reclaim $TSOCK nvme0 4 || return 1
+	wait $pid
+	grep "reclaimed" $TD/log
+}
+t tuttid-kill-mid-io tuttid_kill_mid_io
+t leaks-after-tuttid-kill $T leaks
+tuttid_reset() {
+	rm -f /tmp/td-leased
+	$TC told $TSOCK nvme0 /tmp/td-leased &
+	pid=$!
+	wait_for 30 [ -e /tmp/td-leased ] || { kill -9 $pid; echo "no lease"; return 1; }
+	echo 1 >/sys/kernel/debug/snvme/snvme0/reset || return 1
+	wait $pid || return 1
+	grep "controller reset" $TD/log || return 1
+	grep -q "nvme0: up again" $TD/log || { echo "tuttid did not reopen the controller"; return 1; }
+	$TC seal $TSOCK nvme0	# leases work after the reset
+}
+t tuttid-reset tuttid_reset
+tuttid_restart_adopt() {
+	kill -9 $TPID
+	wait $TPID
+	: >$TD/log
+	tuttid_start || return 1
+	grep -q "adopted PCI $ADDR" $TD/log || return 1
+	grep -q "verified the mount of /dev/snvme0n1 on /mnt/tuttid" $TD/log || return 1
+	$TC seal $TSOCK nvme0
+}
+t tuttid-restart-adopt tuttid_restart_adopt
+tuttid_sigterm() {
+	# A holder with the DataPath on its queues: revoked at the 2 s deadline, it sees its queues' CSTS read all
+	# ones and tears down cleanly (no SIGBUS on the rings the driver revoked).
+	rm -f /tmp/td-leased
+	$TC revoked $TSOCK nvme0 "$LBA" $TSCRATCH /tmp/td-leased &
+	holder=$!
+	wait_for 30 [ -e /tmp/td-leased ] || { kill -9 $holder; echo "no lease"; return 1; }
+	kill -TERM $TPID
+	wait_for 30 tuttid_gone || { echo "tuttid still runs 30 s after SIGTERM"; return 1; }
+	wait $holder || { echo "the revoked holder failed"; return 1; }
+	wait $TPID
+	rc=$?
+	tail -n 8 $TD/log
+	grep -q "revoked: pid $holder on nvme0" $TD/log || { echo "the holder's lease was not revoked"; return 1; }
+	[ $rc = 0 ] || { echo "tuttid exited $rc"; return 1; }
+	! grep -q " /mnt/tuttid " /proc/mounts || { echo "/mnt/tuttid still mounted"; return 1; }
+	[ ! -e /sys/bus/pci/devices/$ADDR/driver ] && [ ! -e /dev/snvme0 ] || { echo "$ADDR still bound"; return 1; }
+}
+t tuttid-sigterm tuttid_sigterm
+t bind-after-tuttid $T bind "$ADDR"
+
 # The timeout ladder (docs/driver.md): a mounted file system, 1 s deadlines,
 # the fault injection knobs of the test build. The injections hit the next
 # completions or interrupts, whoever's they are, so nothing else may do I/O:
@@ -197,15 +300,6 @@ t ladder-fsck ladder_fsck
 # QMP device_del of the NVMe behind its pcie-root-port. Block readers, a file
 # writer and a userspace queue group are busy meanwhile; each must end with
 # an error, none may hang, and then rmmod must succeed.
-wait_for() {	# wait_for SECONDS TEST...: polls TEST every 0.1 s
-	n=$(($1 * 10))
-	shift
-	while ! "$@"; do
-		[ $n -gt 0 ] || return 1
-		n=$((n - 1))
-		sleep 0.1
-	done
-}
 all_ready() { [ -e /tmp/r-raw ] && [ -e /tmp/r-file ] && [ -e /tmp/r-queues ]; }
 pci_gone() { [ ! -e /sys/bus/pci/devices/$ADDR ]; }
 hot_removal() {

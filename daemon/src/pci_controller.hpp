@@ -1,0 +1,118 @@
+// A PCI controller of tuttid: bound to the snvme driver through /dev/snvme-control, its namespaces mounted,
+// its leases opened on /dev/snvme<C> (docs/daemon.md, "PCI controllers"; the driver's ABI in
+// driver/snvme/include/uapi/snvme.h and docs/driver.md).
+//
+// Bring-up, in order, every wait bounded: BIND (EALREADY: the controller is bound already, by a previous
+// tuttid, and is adopted), wait for /dev/snvme<C> and /dev/snvme<C>n<nsid> of every configured namespace,
+// mount each namespace with a mount point (or verify that the mount already there is of that block device
+// and file system), create the per-accelerator directories. Stop reverses it: unmount with bounded retries,
+// then UNBIND.
+// A lease is an open file of /dev/snvme<C> of its own: CREATE_QUEUE_GROUP (one group of one pair per
+// leased queue), then SNVME_IOC_SEAL with the lease's pinned bytes, so the copy the client receives can
+// neither create queues nor map more. tuttid keeps its own copy of the file to end the lease: it destroys
+// the groups (Delete I/O SQ, then CQ, on the controller) through it, whether the client still holds the
+// file or not, then closes it.
+// Thread-safety: one thread (the daemon's loop) uses a PciController.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <tutti/core/status.hpp>
+
+#include "config.hpp"
+
+namespace tutti::daemon {
+
+/// Longest wait for the nodes after BIND (udev or devtmpfs creates them).
+inline constexpr std::uint64_t kPciNodeTimeoutNs = 10'000'000'000;
+/// Unmount at stop: tries, and the pause between two (EBUSY: a file still open).
+inline constexpr int kUnmountTries = 50;
+inline constexpr std::uint64_t kUnmountRetryNs = 100'000'000;
+
+/// One leased queue pair: a queue group of one pair on the lease's file (snvme_queue_desc).
+struct PciLeaseQueue {
+  std::uint32_t group_id = 0;
+  std::uint16_t qid = 0;
+  std::uint32_t entries = 0;
+  std::uint32_t sq_doorbell = 0, cq_doorbell = 0;  ///< byte offsets in the doorbell window (mmap offset 0)
+  std::uint64_t sq_offset = 0, cq_offset = 0;      ///< mmap offsets of the rings
+  std::uint32_t sq_bytes = 0, cq_bytes = 0;
+};
+
+/// The open file of a lease (tuttid's copy) and its queues.
+struct PciLease {
+  int fd = -1;
+  std::uint64_t sealed_bytes = 0;  ///< SNVME_IOC_SEAL's max_dma_bytes: pinned_bytes rounded down to pages
+  std::vector<PciLeaseQueue> queues;
+  std::vector<std::uint16_t> qids() const;
+  /// The acquire answer's "snvme" object; the file goes out as SCM_RIGHTS descriptor `fd_index`.
+  nlohmann::json to_json(std::size_t fd_index) const;
+};
+
+class PciController {
+ public:
+  explicit PciController(const ControllerConfig& config) : config_(config) {}
+  ~PciController();
+  PciController(const PciController&) = delete;
+  PciController& operator=(const PciController&) = delete;
+
+  /// Binds (or adopts), waits for the nodes, mounts or verifies, makes the accelerator directories.
+  /// Errors name the step, the path or PCI address and the errno text: NOT_FOUND (no /dev/snvme-control:
+  /// snvme is not loaded; no such PCI device), TIMEOUT (a node did not appear within kPciNodeTimeoutNs),
+  /// UNSUPPORTED (the driver lacks SNVME_CAP_SEAL or has fewer user queues than leasable), INVALID_ARGUMENT
+  /// (a mount point holds another device or file system), DEVICE_ERROR (BIND, mount, mkdir failed).
+  Status bring_up();
+  /// Unmounts what is mounted (bounded retries), then UNBINDs; each failure is logged in `log` and the
+  /// controller stays bound when a file system would not unmount.
+  Status shut_down();
+
+  /// /dev/snvme<C>, known once bring_up bound or adopted the controller.
+  const std::string& char_device() const noexcept { return char_device_; }
+  bool adopted() const noexcept { return adopted_; }
+  /// What bring_up did, one line per step (mounted, verified, adopted), for tuttid's log.
+  const std::vector<std::string>& steps() const noexcept { return steps_; }
+  /// tuttid's own open file of /dev/snvme<C> (no queue on it), polled for POLLPRI: the driver revokes every
+  /// open file on a controller reset (POLLPRI | POLLERR) and on a failure or removal (POLLHUP too); -1
+  /// before bring_up.
+  int watch_fd() const noexcept { return watch_fd_; }
+  /// After a reset: a new file to watch (the revoked one would report POLLPRI for good).
+  Status reopen_watch();
+  /// Namespace `n` as the protocol reports it (devices, acquire; mounts.hpp's namespace_json for soft
+  /// controllers): once bring_up mounted or verified it, also its canonical `mount`, `block_device`
+  /// (/dev/snvme<C>n<NSID>) and `mount_state` ("mounted" or "verified").
+  nlohmann::json namespace_json(const NamespaceConfig& n) const;
+  /// The driver's kernel queue IDs (1..kernel_queues), from GET_INFO.
+  const std::vector<std::uint16_t>& kernel_qids() const noexcept { return kernel_qids_; }
+
+  /// Opens a file for a lease: `queues` groups of one pair of `depth` entries, sealed to `pinned_bytes`
+  /// rounded down to the driver's page size. Errors: those of the driver (ENOSPC: RESOURCE_EXHAUSTED).
+  Result<PciLease> open_lease(std::uint32_t queues, std::uint32_t depth, std::uint64_t pinned_bytes);
+  /// Destroys the lease's groups on tuttid's copy (the client's copies see their rings revoked), closes it.
+  /// Returns the first error (a group that is gone already, ENOENT, is not one).
+  Status end_lease(PciLease& lease);
+
+ private:
+  Status bind();
+  Status wait_for_nodes();
+  Status mount_namespaces();
+  std::string block_device(std::uint32_t nsid) const;
+
+  const ControllerConfig& config_;
+  std::string char_device_;
+  int instance_ = -1;
+  int watch_fd_ = -1;
+  bool adopted_ = false;
+  bool bound_ = false;  ///< bound or adopted by bring_up: UNBIND at stop
+  std::uint32_t page_size_ = 4096;
+  std::vector<std::string> mounted_;  ///< mount points this tuttid mounted or verified: unmounted at stop
+  std::vector<std::pair<std::uint32_t, std::string>> mount_states_;  ///< per NSID: "mounted" or "verified"
+  std::vector<std::string> steps_;
+  std::vector<std::uint16_t> kernel_qids_;
+};
+
+}  // namespace tutti::daemon
