@@ -3,6 +3,8 @@
 
 #include <grp.h>
 #include <pwd.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,8 +12,10 @@
 #include <fstream>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -289,6 +293,7 @@ Config parse(const json& root) {
   if (!controllers.is_array() || controllers.empty())
     fail("controllers", controllers, "expected an array of at least one controller");
   std::set<std::string> names, sources;
+  std::map<std::pair<dev_t, ino_t>, std::string> images;  // (device, inode) -> the key that named it
   std::size_t i = 0;
   for (const auto& c : controllers) {
     const std::string path = fmt::format("controllers[{}]", i++);
@@ -299,6 +304,15 @@ Config parse(const json& root) {
     if (!sources.insert(source).second)
       fail(path + (controller.pci_address ? ".pci_address" : ".soft.image"), json(source),
            "is used by an earlier controller; expected each device once");
+    // One image spelled two ways (/x//ns.img, a symlink) is one file: compared by device and inode.
+    struct stat image {};
+    if (controller.soft && ::stat(controller.soft->image.c_str(), &image) == 0) {
+      const auto [earlier, added] = images.emplace(std::pair(image.st_dev, image.st_ino), path + ".soft.image");
+      if (!added)
+        fail(path + ".soft.image", json(controller.soft->image),
+             fmt::format("is the same file as {} (device {}:{}, inode {}); expected each image once", earlier->second,
+                         major(image.st_dev), minor(image.st_dev), image.st_ino));
+    }
     config.controllers.push_back(std::move(controller));
   }
   return config;

@@ -21,6 +21,7 @@ Status ControllerSlot::bring_up() {
     ++bring_up_errors_;
     driver_.reset();
     device_.reset();
+    image_lock_ = ImageLock();
     return status;
   };
   if (config_.pci_address)
@@ -28,6 +29,9 @@ Status ControllerSlot::bring_up() {
                       "controller {} (PCI {}): binding PCI controllers through /dev/snvme-control is not implemented "
                       "in this tuttid yet; use a soft controller",
                       config_.name, *config_.pci_address));
+  auto lock = ImageLock::acquire(config_.soft->image, fmt::format("controller {}: soft.image", config_.name));
+  if (!lock) return fail(lock.status());
+  image_lock_ = std::move(lock.value());  // held until shut_down: one tuttid per image
   libnvm::SoftControllerConfig soft;
   soft.backing_path = config_.soft->image;
   soft.lba_size = config_.soft->lba_size;
@@ -102,6 +106,7 @@ void ControllerSlot::shut_down() {
   driver_.reset();
   device_.reset();
   kernel_qids_.clear();
+  image_lock_ = ImageLock();
   state_ = BringUpState::down;
 }
 
@@ -157,6 +162,18 @@ Status ControllerSlot::mount_namespaces(std::size_t index) {
     return mounts.status();
   }
   mounts_ = std::move(mounts.value());
+  return Status::success();
+}
+
+Status ControllerSlot::recheck_mounts() {
+  if (state_ != BringUpState::up) return Status::success();
+  for (const auto& m : mounts_) {
+    Status same = m.recheck();
+    if (same.is_ok()) continue;
+    state_ = BringUpState::failed;  // devices reports it; acquires are refused with the reason
+    error_ = same.to_string();
+    return same;
+  }
   return Status::success();
 }
 
