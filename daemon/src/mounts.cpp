@@ -45,6 +45,7 @@ struct Fd {
 
 /// One line of /proc/self/mountinfo.
 struct MountEntry {
+  std::string id;     ///< the mount ID (first field): unique among the mounts present
   std::string point;  ///< where, unescaped
   dev_t device = 0;
   std::string filesystem;  ///< the type: "ext4"
@@ -80,6 +81,7 @@ std::vector<MountEntry> mount_table() {
     while (fields >> field && field != "-") {
     }
     MountEntry entry;
+    entry.id = id;
     entry.point = unescape(point);
     unsigned major_number = 0, minor_number = 0;
     if (std::sscanf(numbers.c_str(), "%u:%u", &major_number, &minor_number) != 2) continue;
@@ -349,6 +351,7 @@ Result<NamespaceMount> NamespaceMount::mount_or_verify(const MountRequest& r) {
                      : std::string());
   }
   m.mounted_here_ = true;
+  if (auto made = mounted_at(m.mount_point_)) m.mount_id_ = made->id;  // what release() may unmount
   struct stat device {};
   if (::stat(node.c_str(), &device) == 0) m.device_ = device.st_rdev;
   if (m.device_fd_ < 0) m.device_fd_ = ::open(node.c_str(), O_RDONLY | O_CLOEXEC);
@@ -367,6 +370,7 @@ NamespaceMount& NamespaceMount::operator=(NamespaceMount&& other) noexcept {
   mounted_here_ = std::exchange(other.mounted_here_, false);
   loop_attached_here_ = std::exchange(other.loop_attached_here_, false);
   device_fd_ = std::exchange(other.device_fd_, -1);
+  mount_id_ = std::move(other.mount_id_);
   image_ = other.image_;
   timeout_ns_ = other.timeout_ns_;
   return *this;
@@ -379,6 +383,16 @@ Status NamespaceMount::release() {
   Status first;
   if (std::exchange(mounted_here_, false)) {
     for (;;) {
+      // Only the mount tuttid made: another one mounted on top since (or in its place) is left alone.
+      const auto top = mounted_at(mount_point_);
+      if (!top) break;  // unmounted meanwhile
+      if (top->id != mount_id_ || top->device != device_) {
+        first = error(StatusCode::DEVICE_ERROR,
+                      "{}.mount: '{}' now has {} from {} on top (mount ID {}), not the mount tuttid made (mount ID "
+                      "{}, {}): left mounted; unmount it, and tuttid's beneath it, by hand",
+                      key_, mount_point_, top->filesystem, top->source, top->id, mount_id_, block_device_);
+        break;
+      }
       if (::umount2(mount_point_.c_str(), 0) == 0 || errno == EINVAL) break;  // EINVAL: unmounted meanwhile
       const int e = errno;
       if (e != EBUSY) {
@@ -386,8 +400,9 @@ Status NamespaceMount::release() {
         break;
       }
       if (remaining_ns(deadline) == 0) {
-        // Busy past the timeout (a process has files open there): detach it from the tree now; the file
-        // system goes, and the loop device clears itself, once the last file closes.
+        // Busy past the timeout (a process has files open there), and still ours (checked above): detach it
+        // from the tree now; the file system goes, and the loop device clears itself, once the last file
+        // closes.
         (void)::umount2(mount_point_.c_str(), MNT_DETACH);
         first = error(StatusCode::TIMEOUT,
                       "{}.mount: '{}' still busy after {} ms (a process has files open there): unmounted lazily, it "

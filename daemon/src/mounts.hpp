@@ -74,10 +74,11 @@ class NamespaceMount {
   ~NamespaceMount();
 
   /// Unmounts what mount_or_verify mounted and detaches the loop device it attached; nothing for a verified
-  /// mount. An unmount refused with EBUSY (a process has files open there) is retried every 20 ms until the
-  /// timeout, then done lazily (MNT_DETACH: the file system goes once its last file closes; the loop device,
-  /// set to clear itself, with it). Returns the first error (TIMEOUT for the lazy case, DEVICE_ERROR for a
-  /// failed call); releasing twice does nothing.
+  /// mount. Only while the top mount at the mount point is still the one it made (same mount ID and device):
+  /// another mount on top is left alone, with a DEVICE_ERROR saying so. An unmount refused with EBUSY (a process has
+  /// files open there) is retried every 20 ms until the timeout, then done lazily (MNT_DETACH: the file system goes
+  /// once its last file closes; the loop device, set to clear itself, with it). Returns the first error (TIMEOUT for
+  /// the lazy case, DEVICE_ERROR for a failed call); releasing twice does nothing.
   Status release();
 
   const std::string& key() const noexcept { return key_; }
@@ -102,7 +103,8 @@ class NamespaceMount {
   dev_t device_ = 0;
   bool mounted_here_ = false;
   bool loop_attached_here_ = false;
-  int device_fd_ = -1;                   ///< block_device(), open while tuttid serves the mount
+  std::string mount_id_;  ///< of the mount tuttid made (mountinfo's first field): release() unmounts only it
+  int device_fd_ = -1;    ///< block_device(), open while tuttid serves the mount
   std::pair<dev_t, ino_t> image_{0, 0};  ///< a loop device's backing file; inode 0: not a loop device
   std::uint64_t timeout_ns_ = kDefaultMountTimeoutNs;
 };

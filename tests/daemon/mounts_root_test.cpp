@@ -346,6 +346,25 @@ TEST_CASE("tuttid holds an flock on a soft controller's image: an image locked b
   CHECK(d.call({{"tutti", 1}, {"op", "devices"}})["devices"][0]["state"] == "up");
 }
 
+TEST_CASE("release unmounts only the mount it made: another one mounted on top is left, and said so") {
+  Scratch s;
+  auto m = NamespaceMount::mount_or_verify(s.request());
+  REQUIRE_MESSAGE(m.is_ok(), m.status().to_string());
+  REQUIRE(::mount("tmpfs", s.mnt.c_str(), "tmpfs", 0, nullptr) == 0);  // the admin's, on top of tuttid's
+  const tutti::Status released = m->release();
+  INFO(released.to_string());
+  CHECK(released.code() == StatusCode::DEVICE_ERROR);
+  CHECK(released.message().find("controllers[0].namespaces[0].mount: '" + s.mnt.string() +
+                                "' now has tmpfs from tmpfs on top") != std::string::npos);
+  CHECK(released.message().find("not the mount tuttid made") != std::string::npos);
+  struct stat top {};
+  REQUIRE(::stat(s.mnt.c_str(), &top) == 0);
+  CHECK(top.st_dev != m->device());  // the tmpfs is still there
+  CHECK(::umount2(s.mnt.c_str(), 0) == 0);
+  CHECK(::umount2(s.mnt.c_str(), 0) == 0);  // and tuttid's beneath it, by hand
+  CHECK(s.loops_gone());
+}
+
 TEST_CASE("a mount point kept busy past the timeout is unmounted lazily, and its loop device goes with its last file") {
   Scratch s;
   MountRequest r = s.request();
