@@ -903,9 +903,14 @@ std::optional<int> lease_for_run(const Options& o, DataPlace& place,
                hint.empty() ? "" : ": " + hint);
     return kExitRefused;
   };
+  // A path that is there but no socket (a regular file, a folder) says so, not "connection refused".
+  if (struct stat st{}; ::stat(o.lease.socket.c_str(), &st) == 0 && !S_ISSOCK(st.st_mode))
+    return refuse(
+        tutti::error(tutti::StatusCode::INVALID_ARGUMENT, "--tuttid-socket '{}' is not a socket", o.lease.socket),
+        "point --tuttid-socket at tuttid's socket (socket.path of its configuration)");
   auto acquired = tutti::daemon::LeasedController::acquire({.socket_path = o.lease.socket,
                                                             .controller = o.lease.controller,
-                                                            .queues = o.lease.queues,
+                                                            .queues = static_cast<std::uint32_t>(o.lease.queues),
                                                             .pinned_bytes = pinned});
   if (!acquired) {
     const tutti::Status& s = acquired.status();
@@ -915,6 +920,16 @@ std::optional<int> lease_for_run(const Options& o, DataPlace& place,
       hint = "is tuttid running? Start it (docs/daemon.md) or point --tuttid-socket at its socket";
     else if (s.code() == tutti::StatusCode::NOT_FOUND)
       hint = "--controller must name a controller of tuttid's configuration (`tuttictl devices` lists them)";
+    else if (s.message().find("client.max_queues") != std::string::npos)
+      hint = fmt::format(
+          "lower --lease-queues {} to at most client.max_queues of controller {} (less the queues this process "
+          "holds), or raise client.max_queues in tuttid's configuration",
+          o.lease.queues, o.lease.controller);
+    else if (s.message().find("leasable queues free") != std::string::npos)
+      hint = fmt::format(
+          "other clients hold controller {}'s queues (`tuttictl leases` lists them): lower --lease-queues {}, or "
+          "run when they are done",
+          o.lease.controller, o.lease.queues);
     else if (s.code() == tutti::StatusCode::RESOURCE_EXHAUSTED)
       hint = fmt::format(
           "this shape needs a lease of {} pinned bytes (KV slots of {} and {} bytes and local_nvme's PRP lists) and "
@@ -934,6 +949,10 @@ std::optional<int> lease_for_run(const Options& o, DataPlace& place,
   place.controller = o.lease.controller;
   place.nsid = ns->nsid;
   if (o.data_dir.empty()) place.dir = fs::path(ns->mount) / "tutti-layerwise-kv";
+  // Resolved first (symlinks, and ".." after the part that exists): the check walks the path's parents, and
+  // MNT/missing/../../elsewhere is not on the namespace. Nothing is created before it passes.
+  std::error_code ec;
+  if (fs::path resolved = fs::weakly_canonical(fs::absolute(place.dir, ec), ec); !ec) place.dir = resolved;
   if (auto on = check_on_namespace(place.dir, *ns, o.lease.controller); !on.is_ok()) return refuse(on, "");
   return std::nullopt;
 }
@@ -1242,6 +1261,9 @@ int main(int argc, char** argv) {
     return refuse(
         "--backend nvme needs --controller NAME: the controller of tuttid's configuration to lease queues on "
         "(`tuttictl devices` lists them)");
+  if (o.backend == "nvme" && o.lease.socket.empty())
+    return refuse("--tuttid-socket is empty: expected the path of tuttid's socket (default " +
+                  std::string(tutti::daemon::kDefaultSocketPath) + ")");
   if (o.lease.queues < 1 || o.lease.queues > kMaxLeaseQueues)
     return refuse(
         fmt::format("--lease-queues = {} is out of range: expected 1 to {}", o.lease.queues, kMaxLeaseQueues));
