@@ -7,6 +7,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -315,6 +316,12 @@ Result<NamespaceMount> NamespaceMount::mount_or_verify(const MountRequest& r) {
     if (found->filesystem != r.filesystem)
       return error(StatusCode::INVALID_ARGUMENT, "{}.filesystem: \"{}\", but '{}' is mounted as {} from {}", r.key,
                    r.filesystem, m.mount_point_, found->filesystem, node);
+    struct statvfs fs_flags {};
+    if (::statvfs(m.mount_point_.c_str(), &fs_flags) == 0 && (fs_flags.f_flag & ST_RDONLY) != 0)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "{}.mount: '{}' is mounted read-only from {}: expected read-write (clients write their files "
+                   "there); remount it rw",
+                   r.key, m.mount_point_, node);
     m.block_device_ = node;
     m.device_ = found->device;
     if (!block) m.image_ = {source.st_dev, source.st_ino};
@@ -326,6 +333,9 @@ Result<NamespaceMount> NamespaceMount::mount_or_verify(const MountRequest& r) {
   if (fs::exists(m.mount_point_, ec) && !fs::is_directory(m.mount_point_, ec))
     return error(StatusCode::INVALID_ARGUMENT, "{}.mount: '{}' exists and is not a folder", r.key, m.mount_point_);
   fs::create_directories(m.mount_point_, ec);
+  if (ec == std::errc::not_a_directory)  // a parent is a regular file: the same mistake as above
+    return error(StatusCode::INVALID_ARGUMENT, "{}.mount: '{}' lies under a file that is not a folder", r.key,
+                 m.mount_point_);
   if (ec) return error(StatusCode::DEVICE_ERROR, "{}.mount: creating '{}': {}", r.key, m.mount_point_, ec.message());
   std::string node = r.source;
   if (!block) {

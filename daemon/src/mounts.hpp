@@ -61,7 +61,8 @@ class NamespaceMount {
   /// Errors (each naming request.key or request.source_key, the value and what was expected):
   /// INVALID_ARGUMENT (a mount of another device, file system type or image there; the image attached to
   /// another loop device; a loop device with an offset or a size limit, a partition; source neither a block
-  /// device nor a regular file; the mount point not an absolute path or not a folder; timeout_ns 0), NOT_FOUND (source
+  /// device nor a regular file; the mount point not an absolute path, not a folder
+  /// or under a file that is not a folder; a verified mount read-only; timeout_ns 0), NOT_FOUND (source
   /// missing), DEVICE_ERROR (a loop or mount system call failed: its errno text, with a hint for EINVAL, e.g. no such
   /// file system on the image), TIMEOUT (no free loop device within the timeout).
   static Result<NamespaceMount> mount_or_verify(const MountRequest& request);

@@ -343,6 +343,23 @@ TEST_CASE("one image spelled two ways (a doubled slash, a symlink) is refused, n
   }
 }
 
+TEST_CASE("a mount point is one namespace's: a second one, spelled with a trailing slash, names the first") {
+  auto config =
+      parse_config(with_controllers(
+                       R"({"name": "a", "soft": {"image": "/a.img"}, "namespaces": [{"nsid": 1, "mount": "/mnt/kv0/"}]},
+             {"name": "b", "soft": {"image": "/b.img"}, "namespaces": [{"nsid": 1, "mount": "/mnt//kv0"}]})"),
+                   "test.json");
+  REQUIRE_FALSE(config.is_ok());
+  const std::string message = config.status().message();
+  CAPTURE(message);
+  CHECK(message.find("controllers[1].namespaces[0].mount: \"/mnt//kv0\" is also the mount point of "
+                     "controllers[0].namespaces[0].mount") != std::string::npos);
+  auto one = parse_config(with_controllers(
+      R"({"name": "a", "soft": {"image": "/a.img"}, "namespaces": [{"nsid": 1, "mount": "/mnt/kv0//"}]})"));
+  REQUIRE(one.is_ok());
+  CHECK(one->controllers[0].namespaces[0].mount == "/mnt/kv0");
+}
+
 TEST_CASE("the shipped example configuration is valid") {
   const char* source = std::getenv("TUTTI_SOURCE_ROOT");
   REQUIRE(source != nullptr);

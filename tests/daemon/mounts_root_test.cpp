@@ -325,6 +325,25 @@ TEST_CASE("a loop device with an offset into the image is refused: the file syst
   CHECK(::umount2(s.mnt.c_str(), 0) == 0);
 }
 
+TEST_CASE("a read-only mount is refused (clients write there), and a mount point under a file is INVALID_ARGUMENT") {
+  Scratch s;
+  fs::create_directories(s.mnt);
+  SUBCASE("read-only") {
+    REQUIRE(Scratch::run(fmt::format("mount -o loop,ro '{}' '{}'", s.image.string(), s.mnt.string())));
+    const std::string text = Scratch::refusal(s.request());
+    INFO(text);
+    CHECK(text.find("controllers[0].namespaces[0].mount: '" + s.mnt.string() + "' is mounted read-only from") !=
+          std::string::npos);
+    CHECK(::umount2(s.mnt.c_str(), 0) == 0);
+  }
+  SUBCASE("under a regular file") {
+    MountRequest r = s.request();
+    r.mount_point = (s.image / "mnt").string();
+    const std::string text = Scratch::refusal(r);
+    CHECK(text.find("lies under a file that is not a folder") != std::string::npos);
+  }
+}
+
 TEST_CASE("tuttid holds an flock on a soft controller's image: an image locked by another process is refused") {
   using namespace tutti::daemon::testing;
   TestDaemon d;
