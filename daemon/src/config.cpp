@@ -3,15 +3,20 @@
 
 #include <grp.h>
 #include <pwd.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -69,6 +74,13 @@ std::string get_absolute_path(const json& v, const std::string& path) {
   if (s.empty() || s[0] != '/' || s.find('\0') != std::string::npos || s.size() > 4095)
     fail(path, v, "is not an absolute path; expected a path starting with /");
   return s;
+}
+
+/// `path` with "." and ".." and doubled slashes resolved textually, no trailing slash: one spelling per mount point.
+std::string fs_normal(const std::string& path) {
+  std::string normal = std::filesystem::path(path).lexically_normal().string();
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  return normal;
 }
 
 bool valid_name(const std::string& s) {
@@ -187,7 +199,10 @@ ControllerConfig parse_controller(const json& v, const std::string& path, const 
       if (n.contains("nsid")) ns.nsid = get_uint(n["nsid"], join(ep, "nsid"), 1, 0xFFFFFFFEu);
       if (!nsids.insert(ns.nsid).second)
         fail(join(ep, "nsid"), json(ns.nsid), "is listed twice; expected unique NSIDs");
-      if (n.contains("mount")) ns.mount = get_absolute_path(n["mount"], join(ep, "mount"));
+      if (n.contains("mount")) {
+        ns.mount = get_absolute_path(n["mount"], join(ep, "mount"));
+        while (ns.mount.size() > 1 && ns.mount.back() == '/') ns.mount.pop_back();  // "/mnt/kv0/" is "/mnt/kv0"
+      }
       if (n.contains("filesystem")) {
         ns.filesystem = get_string(n["filesystem"], join(ep, "filesystem"));
         if (ns.filesystem != "ext4" && ns.filesystem != "xfs")
@@ -289,6 +304,8 @@ Config parse(const json& root) {
   if (!controllers.is_array() || controllers.empty())
     fail("controllers", controllers, "expected an array of at least one controller");
   std::set<std::string> names, sources;
+  std::map<std::pair<dev_t, ino_t>, std::string> images;  // (device, inode) -> the key that named it
+  std::map<std::string, std::string> mounts;              // mount point -> the key that named it
   std::size_t i = 0;
   for (const auto& c : controllers) {
     const std::string path = fmt::format("controllers[{}]", i++);
@@ -299,6 +316,24 @@ Config parse(const json& root) {
     if (!sources.insert(source).second)
       fail(path + (controller.pci_address ? ".pci_address" : ".soft.image"), json(source),
            "is used by an earlier controller; expected each device once");
+    // One image spelled two ways (/x//ns.img, a symlink) is one file: compared by device and inode.
+    struct stat image {};
+    if (controller.soft && ::stat(controller.soft->image.c_str(), &image) == 0) {
+      const auto [earlier, added] = images.emplace(std::pair(image.st_dev, image.st_ino), path + ".soft.image");
+      if (!added)
+        fail(path + ".soft.image", json(controller.soft->image),
+             fmt::format("is the same file as {} (device {}:{}, inode {}); expected each image once", earlier->second,
+                         major(image.st_dev), minor(image.st_dev), image.st_ino));
+    }
+    for (std::size_t k = 0; k < controller.namespaces.size(); ++k) {
+      const std::string& point = controller.namespaces[k].mount;
+      const std::string key = fmt::format("{}.namespaces[{}].mount", path, k);
+      if (point.empty()) continue;
+      const auto [earlier, added] = mounts.emplace(fs_normal(point), key);
+      if (!added)
+        fail(key, json(point),
+             fmt::format("is also the mount point of {}; expected one namespace per mount point", earlier->second));
+    }
     config.controllers.push_back(std::move(controller));
   }
   return config;

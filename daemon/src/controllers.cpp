@@ -22,12 +22,16 @@ Status ControllerSlot::failed(Status status) {
   ++bring_up_errors_;
   driver_.reset();
   device_.reset();
+  image_lock_ = ImageLock();
   return status;  // pci_ stays: shut_down unmounts and unbinds what the bring-up did
 }
 
 Status ControllerSlot::bring_up() {
   auto fail = [this](Status status) { return failed(std::move(status)); };
   if (config_.pci_address) return bring_up_pci();
+  auto lock = ImageLock::acquire(config_.soft->image, fmt::format("controller {}: soft.image", config_.name));
+  if (!lock) return fail(lock.status());
+  image_lock_ = std::move(lock.value());  // held until shut_down: one tuttid per image
   libnvm::SoftControllerConfig soft;
   soft.backing_path = config_.soft->image;
   soft.lba_size = config_.soft->lba_size;
@@ -155,6 +159,7 @@ Status ControllerSlot::shut_down() {
   device_.reset();
   kernel_qids_.clear();
   leased_.clear();
+  image_lock_ = ImageLock();
   state_ = BringUpState::down;
   Status stopped;
   if (pci_) {
@@ -217,6 +222,18 @@ Status ControllerSlot::mount_namespaces(std::size_t index) {
     return mounts.status();
   }
   mounts_ = std::move(mounts.value());
+  return Status::success();
+}
+
+Status ControllerSlot::recheck_mounts() {
+  if (state_ != BringUpState::up) return Status::success();
+  for (const auto& m : mounts_) {
+    Status same = m.recheck();
+    if (same.is_ok()) continue;
+    state_ = BringUpState::failed;  // devices reports it; acquires are refused with the reason
+    error_ = same.to_string();
+    return same;
+  }
   return Status::success();
 }
 

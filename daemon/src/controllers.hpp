@@ -46,6 +46,9 @@ class ControllerSlot {
   /// `index`: the controller's place in the configuration, for key paths in errors). On error the controller
   /// is shut down, its state is failed and last_error() says why.
   Status mount_namespaces(std::size_t index);
+  /// Rechecks the mounts (NamespaceMount::recheck); one that changed since bring-up fails the controller
+  /// (state failed, last_error() says why). Nothing when the controller is not up.
+  Status recheck_mounts();
   /// Unmounts what mount_namespaces mounted and detaches its loop devices (NamespaceMount::release).
   Status release_mounts();
   /// The namespaces as the protocol reports them (devices, acquire): namespace_json of each.
@@ -103,6 +106,7 @@ class ControllerSlot {
   std::vector<std::uint16_t> kernel_qids_;
   std::set<std::uint16_t> leased_;
   std::map<std::uint16_t, nvme::QueuePairInfo> infos_;
+  ImageLock image_lock_;                ///< a soft controller's image, locked while it is up
   std::vector<NamespaceMount> mounts_;  ///< of the namespaces with a mount point, in the configuration's order
   std::unique_ptr<PciController> pci_;
 };

@@ -113,6 +113,13 @@ Status LeasedController::map_lease(const nlohmann::json& lease, const std::vecto
   auto depth = field(lease, "queue_depth");
   for (const auto* f : {&nsid, &lba_size, &lbas, &mdts, &page, &stride, &depth})
     if (!f->is_ok()) return f->status();
+  // 32-bit fields refused, not truncated, when tuttid's answer does not fit them.
+  for (const auto& [key, value] :
+       {std::pair{"nsid", *nsid}, std::pair{"lba_size", *lba_size}, std::pair{"memory_page_size", *page},
+        std::pair{"doorbell_stride", *stride}, std::pair{"queue_depth", *depth}})
+    if (value > 0xFFFFFFFFu)
+      return error(StatusCode::INTERNAL, "tuttid's acquire answer has \"{}\": {}, above 2^32-1 (4294967295)", key,
+                   value);
   identity_.nsid = static_cast<std::uint32_t>(*nsid);
   identity_.lba_size = static_cast<std::uint32_t>(*lba_size);
   identity_.namespace_size_lbas = *lbas;
@@ -122,7 +129,10 @@ Status LeasedController::map_lease(const nlohmann::json& lease, const std::vecto
   identity_.max_queue_entries = static_cast<std::uint32_t>(*depth);
   identity_.number_of_namespaces = 1;
   const nlohmann::json namespaces = lease.value("namespaces", nlohmann::json::array());
-  for (const nlohmann::json& n : namespaces.is_array() ? namespaces : nlohmann::json::array()) {
+  if (!namespaces.is_array())
+    return error(StatusCode::INTERNAL, "tuttid's acquire answer has \"namespaces\": {}; expected an array",
+                 namespaces.dump());
+  for (const nlohmann::json& n : namespaces) {
     // A string field of the namespace, empty when absent; nullopt when it is there but not a string.
     auto text = [&n](const char* key) -> std::optional<std::string> {
       if (!n.contains(key)) return std::string();
@@ -131,8 +141,10 @@ Status LeasedController::map_lease(const nlohmann::json& lease, const std::vecto
     };
     const auto mount = text("mount"), filesystem = text("filesystem"), device = text("block_device"),
                state = text("mount_state");
-    if (!n.contains("nsid") || !n["nsid"].is_number_unsigned() || !mount || !filesystem || !device || !state)
-      return error(StatusCode::INTERNAL, "tuttid's namespace {} is not {{nsid, mount, filesystem, ...}}", n.dump());
+    if (!n.contains("nsid") || !n["nsid"].is_number_unsigned() || n["nsid"].get<std::uint64_t>() > 0xFFFFFFFFu ||
+        !mount || !filesystem || !device || !state)
+      return error(StatusCode::INTERNAL,
+                   "tuttid's namespace {} is not {{nsid (at most 2^32-1), mount, filesystem, ...}}", n.dump());
     namespaces_.push_back({n["nsid"].get<std::uint32_t>(), *mount, *filesystem, *device, *state});
   }
   if (lease.contains("snvme")) return map_snvme_lease(lease["snvme"], fds);

@@ -410,6 +410,7 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
                   fmt::format("acquire {}: pinned_bytes {} for pid {} (which holds {}) is above "
                               "client.max_pinned_bytes {} of controller {}",
                               c.name, pinned, client.peer.pid, held_pinned, c.client.max_pinned_bytes, c.name));
+  (void)slot.recheck_mounts();  // a mount swapped since bring-up fails the controller: refused below
   if (slot.state() != BringUpState::up)
     return refuse(errors::kUnavailable,
                   fmt::format("acquire {}: controller is {}: {}", c.name, to_string(slot.state()), slot.last_error()));

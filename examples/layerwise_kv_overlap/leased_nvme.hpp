@@ -35,7 +35,7 @@ namespace layerwise {
 struct LeaseChoice {
   std::string socket{tutti::daemon::kDefaultSocketPath};
   std::string controller;
-  std::uint32_t queues = 1;
+  std::uint64_t queues = 1;  ///< wide, so that a huge --lease-queues is range-checked, not a conversion error
 };
 
 /// Most queue pairs --lease-queues asks for (tuttid grants at most 64 in one lease).

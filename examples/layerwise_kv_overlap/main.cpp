@@ -890,6 +890,34 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
 }
 
 #if defined(LAYERWISE_TUTTID)
+/// --backend nvme, before the lease: the namespace of --controller as tuttid's `devices` lists it (no queue
+/// taken), and the data folder (default <mount point>/tutti-layerwise-kv) resolved and checked to lie on its
+/// file system, so that the folder's lock is taken before queues are leased (a run refused for the lock then
+/// holds no queue another run needs). Whether it could: when tuttid, the controller or the folder does not
+/// fit, lease_for_run refuses with the reason.
+bool place_before_lease(const Options& o, DataPlace& place) {
+  auto connection = tutti::daemon::Connection::connect(o.lease.socket);
+  if (!connection) return false;
+  auto devices = connection->call({{"tutti", 1}, {"op", "devices"}}, 10'000'000'000ull);
+  if (!devices || !(*devices)["devices"].is_array()) return false;
+  for (const auto& d : (*devices)["devices"]) {
+    if (d.value("name", "") != o.lease.controller || !d["namespaces"].is_array()) continue;
+    for (const auto& n : d["namespaces"]) {
+      if (!n.contains("block_device") || !n["block_device"].is_string()) continue;
+      tutti::daemon::LeasedNamespace ns;
+      ns.nsid = n.value("nsid", 0u);
+      ns.mount = n.value("mount", "");
+      ns.filesystem = n.value("filesystem", "");
+      ns.block_device = n["block_device"].get<std::string>();
+      if (o.data_dir.empty()) place.dir = fs::path(ns.mount) / "tutti-layerwise-kv";
+      std::error_code ec;
+      if (fs::path resolved = fs::weakly_canonical(fs::absolute(place.dir, ec), ec); !ec) place.dir = resolved;
+      return check_on_namespace(place.dir, ns, o.lease.controller).is_ok();  // lease_for_run checks again
+    }
+  }
+  return false;
+}
+
 /// --backend nvme, before the data folder is checked: a lease from tuttid (`leased`; pinned bytes sized for the
 /// shape), the file system of its namespace as tuttid mounted or verified it, and the data folder on it (the
 /// default: <mount point>/tutti-layerwise-kv). Returns the exit code after printing why, on refusal.
@@ -903,9 +931,14 @@ std::optional<int> lease_for_run(const Options& o, DataPlace& place,
                hint.empty() ? "" : ": " + hint);
     return kExitRefused;
   };
+  // A path that is there but no socket (a regular file, a folder) says so, not "connection refused".
+  if (struct stat st{}; ::stat(o.lease.socket.c_str(), &st) == 0 && !S_ISSOCK(st.st_mode))
+    return refuse(
+        tutti::error(tutti::StatusCode::INVALID_ARGUMENT, "--tuttid-socket '{}' is not a socket", o.lease.socket),
+        "point --tuttid-socket at tuttid's socket (socket.path of its configuration)");
   auto acquired = tutti::daemon::LeasedController::acquire({.socket_path = o.lease.socket,
                                                             .controller = o.lease.controller,
-                                                            .queues = o.lease.queues,
+                                                            .queues = static_cast<std::uint32_t>(o.lease.queues),
                                                             .pinned_bytes = pinned});
   if (!acquired) {
     const tutti::Status& s = acquired.status();
@@ -915,6 +948,16 @@ std::optional<int> lease_for_run(const Options& o, DataPlace& place,
       hint = "is tuttid running? Start it (docs/daemon.md) or point --tuttid-socket at its socket";
     else if (s.code() == tutti::StatusCode::NOT_FOUND)
       hint = "--controller must name a controller of tuttid's configuration (`tuttictl devices` lists them)";
+    else if (s.message().find("client.max_queues") != std::string::npos)
+      hint = fmt::format(
+          "lower --lease-queues {} to at most client.max_queues of controller {} (less the queues this process "
+          "holds), or raise client.max_queues in tuttid's configuration",
+          o.lease.queues, o.lease.controller);
+    else if (s.message().find("leasable queues free") != std::string::npos)
+      hint = fmt::format(
+          "other clients hold controller {}'s queues (`tuttictl leases` lists them): lower --lease-queues {}, or "
+          "run when they are done",
+          o.lease.controller, o.lease.queues);
     else if (s.code() == tutti::StatusCode::RESOURCE_EXHAUSTED)
       hint = fmt::format(
           "this shape needs a lease of {} pinned bytes (KV slots of {} and {} bytes and local_nvme's PRP lists) and "
@@ -934,6 +977,10 @@ std::optional<int> lease_for_run(const Options& o, DataPlace& place,
   place.controller = o.lease.controller;
   place.nsid = ns->nsid;
   if (o.data_dir.empty()) place.dir = fs::path(ns->mount) / "tutti-layerwise-kv";
+  // Resolved first (symlinks, and ".." after the part that exists): the check walks the path's parents, and
+  // MNT/missing/../../elsewhere is not on the namespace. Nothing is created before it passes.
+  std::error_code ec;
+  if (fs::path resolved = fs::weakly_canonical(fs::absolute(place.dir, ec), ec); !ec) place.dir = resolved;
   if (auto on = check_on_namespace(place.dir, *ns, o.lease.controller); !on.is_ok()) return refuse(on, "");
   return std::nullopt;
 }
@@ -1242,6 +1289,9 @@ int main(int argc, char** argv) {
     return refuse(
         "--backend nvme needs --controller NAME: the controller of tuttid's configuration to lease queues on "
         "(`tuttictl devices` lists them)");
+  if (o.backend == "nvme" && o.lease.socket.empty())
+    return refuse("--tuttid-socket is empty: expected the path of tuttid's socket (default " +
+                  std::string(tutti::daemon::kDefaultSocketPath) + ")");
   if (o.lease.queues < 1 || o.lease.queues > kMaxLeaseQueues)
     return refuse(
         fmt::format("--lease-queues = {} is out of range: expected 1 to {}", o.lease.queues, kMaxLeaseQueues));
@@ -1377,13 +1427,21 @@ int main(int argc, char** argv) {
   const char* tmp = std::getenv("TMPDIR");
   place.dir =
       o.data_dir.empty() ? fs::path(tmp && *tmp ? tmp : "/var/tmp") / "tutti-layerwise-kv" : fs::path(o.data_dir);
+  bool placed = false;  // nvme: the data folder known (and on the namespace) before the lease
 #if defined(LAYERWISE_TUTTID)
-  std::unique_ptr<tutti::daemon::LeasedController> leased;  // outlives the runtime over its queues
-  if (o.backend == "nvme")
-    if (auto refused = lease_for_run(o, place, leased)) return *refused;
+  if (o.backend == "nvme") placed = place_before_lease(o, place);
 #endif
   DataDirLock lock;  // held until main returns: every phase below reads or writes the folder's files
-  if (auto refused = check_data_dir(o, place, lock)) return *refused;
+  if (o.backend != "nvme" || placed)
+    if (auto refused = check_data_dir(o, place, lock)) return *refused;  // the lock before the lease
+#if defined(LAYERWISE_TUTTID)
+  std::unique_ptr<tutti::daemon::LeasedController> leased;  // outlives the runtime over its queues
+  if (o.backend == "nvme") {
+    if (auto refused = lease_for_run(o, place, leased)) return *refused;
+    if (!placed)
+      if (auto refused = check_data_dir(o, place, lock)) return *refused;
+  }
+#endif
   print_header(o, place);
   const fs::path& dir = place.dir;
   if (o.prepare_only) {

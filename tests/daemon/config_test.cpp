@@ -317,6 +317,49 @@ TEST_CASE("load_config names a file it cannot read, and the file in every parse 
   CHECK(bad.status().message().find(path.string() + ": controllers[0].io_queue_pairs: \"many\"") != std::string::npos);
 }
 
+TEST_CASE("one image spelled two ways (a doubled slash, a symlink) is refused, naming both controllers' keys") {
+  const auto dir = std::filesystem::temp_directory_path() / ("tuttid-config-images-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct Remove {
+    std::filesystem::path dir;
+    ~Remove() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } remove{dir};
+  { std::ofstream(dir / "ns.img") << "image"; }
+  std::filesystem::create_symlink(dir / "ns.img", dir / "link.img");
+  for (const std::string& other : {dir.string() + "//ns.img", (dir / "link.img").string()}) {
+    CAPTURE(other);
+    auto config = parse_config(with_controllers(R"({"name": "a", "soft": {"image": ")" + (dir / "ns.img").string() +
+                                                R"("}}, {"name": "b", "soft": {"image": ")" + other + R"("}})"),
+                               "test.json");
+    REQUIRE_FALSE(config.is_ok());
+    const std::string message = config.status().message();
+    CAPTURE(message);
+    CHECK(message.find("controllers[1].soft.image: \"" + other + "\" is the same file as controllers[0].soft.image") !=
+          std::string::npos);
+    CHECK(message.find("expected each image once") != std::string::npos);
+  }
+}
+
+TEST_CASE("a mount point is one namespace's: a second one, spelled with a trailing slash, names the first") {
+  auto config =
+      parse_config(with_controllers(
+                       R"({"name": "a", "soft": {"image": "/a.img"}, "namespaces": [{"nsid": 1, "mount": "/mnt/kv0/"}]},
+             {"name": "b", "soft": {"image": "/b.img"}, "namespaces": [{"nsid": 1, "mount": "/mnt//kv0"}]})"),
+                   "test.json");
+  REQUIRE_FALSE(config.is_ok());
+  const std::string message = config.status().message();
+  CAPTURE(message);
+  CHECK(message.find("controllers[1].namespaces[0].mount: \"/mnt//kv0\" is also the mount point of "
+                     "controllers[0].namespaces[0].mount") != std::string::npos);
+  auto one = parse_config(with_controllers(
+      R"({"name": "a", "soft": {"image": "/a.img"}, "namespaces": [{"nsid": 1, "mount": "/mnt/kv0//"}]})"));
+  REQUIRE(one.is_ok());
+  CHECK(one->controllers[0].namespaces[0].mount == "/mnt/kv0");
+}
+
 TEST_CASE("the shipped example configuration is valid") {
   const char* source = std::getenv("TUTTI_SOURCE_ROOT");
   REQUIRE(source != nullptr);

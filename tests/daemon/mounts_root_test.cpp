@@ -5,11 +5,14 @@
 // mounts); the suite is skipped with 77 otherwise.
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -42,8 +45,9 @@ struct Scratch {
     REQUIRE(run(fmt::format("truncate -s 64M '{}' && mkfs.ext4 -q -F -b 4096 '{}'", image.string(), image.string())));
   }
   ~Scratch() {
-    // Whatever a failed check left: unmounted and detached before the folder goes.
-    for (int i = 0; i < 3 && mounted(mnt.string()); ++i) ::umount2(mnt.c_str(), MNT_DETACH);
+    // Whatever a failed check left: unmounted (anywhere under dir) and detached before the folder goes.
+    for (const fs::path& point : {mnt, dir / "elsewhere"})
+      for (int i = 0; i < 3 && mounted(point.string()); ++i) ::umount2(point.c_str(), MNT_DETACH);
     run(fmt::format("losetup -j '{}' | cut -d: -f1 | xargs -r -n1 losetup -d", image.string()));
     std::error_code ec;
     fs::remove_all(dir, ec);
@@ -65,6 +69,20 @@ struct Scratch {
     while (in >> device >> point && std::getline(in, rest))
       if (point == path) return true;
     return false;
+  }
+  /// Whether `image` has no loop device within 5 s (a self-clearing one goes asynchronously).
+  bool loops_gone() const {
+    const std::uint64_t deadline = tutti::deadline_after_ns(5'000'000'000ull);
+    while (!loops().empty() && tutti::remaining_ns(deadline) > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return loops().empty();
+  }
+  /// The message of mount_or_verify's refusal of `r`, checked to be INVALID_ARGUMENT.
+  static std::string refusal(const MountRequest& r) {
+    auto m = NamespaceMount::mount_or_verify(r);
+    REQUIRE_FALSE(m.is_ok());
+    CHECK(m.code() == StatusCode::INVALID_ARGUMENT);
+    return m.status().message();
   }
   /// The loop devices `image` is attached to, as losetup lists them (empty: none).
   std::string loops() const { return loops_of(image); }
@@ -110,6 +128,75 @@ TEST_CASE("nothing mounted: the image is loop-attached read-write and mounted, a
   std::string text;
   std::ifstream(s.mnt / "probe") >> text;
   CHECK(text == "written");
+}
+
+TEST_CASE("the loop device tuttid attached clears itself at unmount after tuttid was killed") {
+  Scratch s;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // as tuttid: mounts, then dies without releasing
+    auto m = NamespaceMount::mount_or_verify(s.request());
+    ::kill(::getpid(), SIGKILL);
+    ::_exit(1);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFSIGNALED(status));
+  REQUIRE(Scratch::mounted(s.mnt.string()));
+  REQUIRE(::umount2(s.mnt.c_str(), 0) == 0);  // the admin
+  CHECK(s.loops_gone());                      // LO_FLAGS_AUTOCLEAR
+}
+
+TEST_CASE("a mount swapped after bring-up fails the recheck, naming what is there now") {
+  Scratch s, other;
+  fs::create_directories(s.mnt);
+  REQUIRE(Scratch::run(fmt::format("mount -o loop '{}' '{}'", s.image.string(), s.mnt.string())));
+  auto m = NamespaceMount::mount_or_verify(s.request());
+  REQUIRE_MESSAGE(m.is_ok(), m.status().to_string());
+  CHECK(m->recheck().is_ok());
+  REQUIRE(::umount2(s.mnt.c_str(), 0) == 0);
+  SUBCASE("unmounted") {
+    const tutti::Status changed = m->recheck();
+    CHECK(changed.code() == StatusCode::INVALID_ARGUMENT);
+    CHECK(changed.message().find("is no longer mounted, not from " + m->block_device()) != std::string::npos);
+  }
+  SUBCASE("another image mounted there") {
+    REQUIRE(Scratch::run(fmt::format("mount -o loop '{}' '{}'", other.image.string(), s.mnt.string())));
+    const tutti::Status changed = m->recheck();
+    CHECK(changed.code() == StatusCode::INVALID_ARGUMENT);
+    INFO(changed.message());
+    CHECK(changed.message().find("controllers[0].namespaces[0].mount: '" + s.mnt.string() + "' is now mounted from") !=
+          std::string::npos);
+    ::umount2(s.mnt.c_str(), 0);
+  }
+  // The held descriptor kept the admin's self-clearing loop device attached: it goes with the release.
+  CHECK_FALSE(s.loops().empty());
+  CHECK(m->release().is_ok());
+  CHECK(s.loops_gone());
+}
+
+TEST_CASE("tuttid refuses an acquire with unavailable once its mount was taken away, and devices says why") {
+  using namespace tutti::daemon::testing;
+  const fs::path mount_point = fs::temp_directory_path() / fmt::format("tutti-mounts-swapped-{}", ::getpid());
+  TestDaemon d(
+      fmt::format(R"("namespaces": [{{"nsid": 1, "mount": "{}", "filesystem": "ext4"}}])", mount_point.string()), "",
+      400, 0, 64 << 20);
+  REQUIRE(Scratch::mounted(mount_point.string()));
+  REQUIRE(::umount2(mount_point.c_str(), 0) == 0);
+  const json refused = d.call(acquire_request(1));
+  INFO(refused.dump());
+  CHECK(refused["ok"] == false);
+  CHECK(refused["error"]["code"] == "unavailable");
+  const std::string why = refused["error"]["message"];
+  CHECK(why.find("controllers[0].namespaces[0].mount: '" + mount_point.string() + "' is no longer mounted") !=
+        std::string::npos);
+  const json devices = d.call({{"tutti", 1}, {"op", "devices"}});
+  CHECK(devices["devices"][0]["state"] == "failed");
+  CHECK(std::string(devices["devices"][0]["error"]).find("is no longer mounted") != std::string::npos);
+  d.stop(SIGTERM);
+  CHECK(Scratch::loops_of(d.dir() / "soft0.img").empty());
+  std::error_code ec;
+  fs::remove_all(mount_point, ec);
 }
 
 TEST_CASE("a mount of the image's loop device made by someone else is verified and left mounted at release") {
@@ -190,6 +277,111 @@ TEST_CASE("a mount point holding the wrong thing is refused with the key path, t
     CHECK(m.code() == StatusCode::NOT_FOUND);
     CHECK(m.status().message().find("controllers[0].soft.image: '" + r.source + "'") != std::string::npos);
   }
+}
+
+TEST_CASE("an image already attached to a loop device is never mounted a second time") {
+  Scratch s;
+  SUBCASE("loop-mounted elsewhere by the admin, the image named through a symlink: refused before attaching") {
+    const fs::path elsewhere = s.dir / "elsewhere";
+    fs::create_directories(elsewhere);
+    REQUIRE(Scratch::run(fmt::format("mount -o loop '{}' '{}'", s.image.string(), elsewhere.string())));
+    fs::create_symlink(s.image, s.dir / "link.img");
+    MountRequest r = s.request();
+    r.source = (s.dir / "link.img").string();
+    const std::string text = Scratch::refusal(r);
+    INFO(text);
+    CHECK(text.find("controllers[0].soft.image '" + r.source + "' is already attached to /dev/loop") !=
+          std::string::npos);
+    CHECK(text.find("mounted at '" + elsewhere.string() + "'") != std::string::npos);
+    CHECK_FALSE(Scratch::mounted(s.mnt.string()));
+    CHECK(::umount2(elsewhere.c_str(), 0) == 0);
+  }
+  SUBCASE("the verified mount's image also attached to a second loop device: refused") {
+    fs::create_directories(s.mnt);
+    REQUIRE(Scratch::run(fmt::format("mount -o loop '{}' '{}'", s.image.string(), s.mnt.string())));
+    REQUIRE(Scratch::run(fmt::format("losetup -f '{}'", s.image.string())));
+    const std::string text = Scratch::refusal(s.request());
+    INFO(text);
+    CHECK(text.find("is already attached to /dev/loop") != std::string::npos);
+    CHECK(text.find("not mounted") != std::string::npos);
+    ::umount2(s.mnt.c_str(), 0);
+  }
+}
+
+TEST_CASE("a loop device with an offset into the image is refused: the file system must start at its first byte") {
+  Scratch s;
+  fs::create_directories(s.mnt);
+  REQUIRE(
+      Scratch::run(fmt::format("truncate -s 0 '{}' && truncate -s 64M '{}' && mkfs.ext4 -q -F -b 4096 -E "
+                               "offset=1048576 '{}' 32M",
+                               s.image.string(), s.image.string(), s.image.string())));
+  REQUIRE(Scratch::run(fmt::format("mount -o loop,offset=1048576 '{}' '{}'", s.image.string(), s.mnt.string())));
+  const std::string text = Scratch::refusal(s.request());
+  INFO(text);
+  CHECK(text.find("controllers[0].namespaces[0].mount: '" + s.mnt.string() + "' is mounted from /dev/loop") !=
+        std::string::npos);
+  CHECK(text.find("starts at offset 1048576 of controllers[0].soft.image") != std::string::npos);
+  CHECK(text.find("expected offset 0") != std::string::npos);
+  CHECK(::umount2(s.mnt.c_str(), 0) == 0);
+}
+
+TEST_CASE("a read-only mount is refused (clients write there), and a mount point under a file is INVALID_ARGUMENT") {
+  Scratch s;
+  fs::create_directories(s.mnt);
+  SUBCASE("read-only") {
+    REQUIRE(Scratch::run(fmt::format("mount -o loop,ro '{}' '{}'", s.image.string(), s.mnt.string())));
+    const std::string text = Scratch::refusal(s.request());
+    INFO(text);
+    CHECK(text.find("controllers[0].namespaces[0].mount: '" + s.mnt.string() + "' is mounted read-only from") !=
+          std::string::npos);
+    CHECK(::umount2(s.mnt.c_str(), 0) == 0);
+  }
+  SUBCASE("under a regular file") {
+    MountRequest r = s.request();
+    r.mount_point = (s.image / "mnt").string();
+    const std::string text = Scratch::refusal(r);
+    CHECK(text.find("lies under a file that is not a folder") != std::string::npos);
+  }
+}
+
+TEST_CASE("tuttid holds an flock on a soft controller's image: an image locked by another process is refused") {
+  using namespace tutti::daemon::testing;
+  TestDaemon d;
+  d.stop(SIGTERM);
+  const fs::path image = d.dir() / "soft0.img";
+  const int held = ::open(image.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(held >= 0);
+  REQUIRE(::flock(held, LOCK_EX | LOCK_NB) == 0);  // as a second tuttid serving the image would hold it
+  d.start();
+  const json devices = d.call({{"tutti", 1}, {"op", "devices"}});
+  INFO(devices.dump());
+  CHECK(devices["devices"][0]["state"] == "failed");
+  const std::string why = devices["devices"][0]["error"];
+  CHECK(why.find("controller soft0: soft.image: '" + image.string() + "' is locked (flock) by another process") !=
+        std::string::npos);
+  d.stop(SIGTERM);
+  ::close(held);
+  d.start();  // the lock released: it comes up
+  CHECK(d.call({{"tutti", 1}, {"op", "devices"}})["devices"][0]["state"] == "up");
+}
+
+TEST_CASE("release unmounts only the mount it made: another one mounted on top is left, and said so") {
+  Scratch s;
+  auto m = NamespaceMount::mount_or_verify(s.request());
+  REQUIRE_MESSAGE(m.is_ok(), m.status().to_string());
+  REQUIRE(::mount("tmpfs", s.mnt.c_str(), "tmpfs", 0, nullptr) == 0);  // the admin's, on top of tuttid's
+  const tutti::Status released = m->release();
+  INFO(released.to_string());
+  CHECK(released.code() == StatusCode::DEVICE_ERROR);
+  CHECK(released.message().find("controllers[0].namespaces[0].mount: '" + s.mnt.string() +
+                                "' now has tmpfs from tmpfs on top") != std::string::npos);
+  CHECK(released.message().find("not the mount tuttid made") != std::string::npos);
+  struct stat top {};
+  REQUIRE(::stat(s.mnt.c_str(), &top) == 0);
+  CHECK(top.st_dev != m->device());  // the tmpfs is still there
+  CHECK(::umount2(s.mnt.c_str(), 0) == 0);
+  CHECK(::umount2(s.mnt.c_str(), 0) == 0);  // and tuttid's beneath it, by hand
+  CHECK(s.loops_gone());
 }
 
 TEST_CASE("a mount point kept busy past the timeout is unmounted lazily, and its loop device goes with its last file") {

@@ -7,14 +7,17 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <tutti/nvme/commands.hpp>
 #include <tutti/nvme/opcodes.hpp>
@@ -372,6 +375,59 @@ TEST_CASE("LeasedController::acquire names what tuttid refused and every option 
   CHECK(leases_now(d).size() == 1);
   c.value().reset();
   CHECK(leases_now(d).empty());
+}
+
+TEST_CASE(
+    "LeasedController refuses an acquire answer whose nsid does not fit 32 bits or whose namespaces is no array") {
+  // A stand-in for tuttid on a SOCK_SEQPACKET socket: answers the acquire with `lease`, then closes.
+  const std::string path =
+      (std::filesystem::temp_directory_path() / fmt::format("tutti-fake-tuttid-{}.sock", ::getpid())).string();
+  auto answer_with = [&path](const json& lease) {
+    ::unlink(path.c_str());
+    const int listener = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    REQUIRE(listener >= 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::strncpy(address.sun_path, path.c_str(), sizeof address.sun_path - 1);
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+    REQUIRE(::listen(listener, 1) == 0);
+    std::thread fake([listener, lease] {
+      const int client = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+      char request[65536];
+      if (client >= 0 && ::recv(client, request, sizeof request, 0) > 0) {
+        const std::string text = json{{"tutti", 1}, {"ok", true}, {"lease", lease}}.dump();
+        (void)::send(client, text.data(), text.size(), MSG_NOSIGNAL);
+      }
+      if (client >= 0) ::close(client);  // the release the client then sends finds the connection closed
+    });
+    auto c = LeasedController::acquire({path, "soft0", 1, 4096});
+    fake.join();
+    ::close(listener);
+    ::unlink(path.c_str());
+    REQUIRE_FALSE(c.is_ok());
+    return c.status().message();
+  };
+  const json lease{{"id", 1},
+                   {"nsid", 1},
+                   {"lba_size", 4096},
+                   {"namespace_size_lbas", 1024},
+                   {"max_data_transfer_bytes", 131072},
+                   {"memory_page_size", 4096},
+                   {"doorbell_stride", 4},
+                   {"queue_depth", 32}};
+  json wide = lease;
+  wide["nsid"] = 4294967297ull;  // 2^32 + 1: would be NSID 1 truncated
+  std::string why = answer_with(wide);
+  CAPTURE(why);
+  CHECK(why.find("\"nsid\": 4294967297, above 2^32-1") != std::string::npos);
+  json not_array = lease;
+  not_array["namespaces"] = json{{"nsid", 1}};
+  why = answer_with(not_array);
+  CHECK(why.find("\"namespaces\": {\"nsid\":1}; expected an array") != std::string::npos);
+  json wide_namespace = lease;
+  wide_namespace["namespaces"] = json::array({json{{"nsid", 4294967297ull}, {"mount", ""}, {"filesystem", ""}}});
+  why = answer_with(wide_namespace);
+  CHECK(why.find("nsid (at most 2^32-1)") != std::string::npos);
 }
 
 TEST_CASE("LeasedController: 16 MiB regions, DMA buffers reused, and the queues see tuttid's end as device gone") {

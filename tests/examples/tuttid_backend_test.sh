@@ -118,6 +118,31 @@ refused "--data-dir '$dir/off' is on device" --backend nvme --controller soft0 -
   --data-dir "$dir/off" "${small[@]}"
 grep -qF "not on namespace 1 of controller soft0, whose ext4 file system tuttid mounted at '$dir/mnt'" \
   "$dir/refused.txt" || { cat "$dir/refused.txt"; fail "the data-dir refusal does not name the namespace"; }
+# A path through the mount point that leaves it again: refused, and nothing created on the way.
+refused "--data-dir '$dir/elsewhere' is on device" --backend nvme --controller soft0 --tuttid-socket "$sock" \
+  --data-dir "$dir/mnt/missing/../../elsewhere" "${small[@]}"
+[ ! -e "$dir/elsewhere" ] && [ ! -e "$dir/mnt/missing" ] || fail "a refused --data-dir with .. created folders"
+refused "--lease-queues = 99999999999 is out of range: expected 1 to 64" --backend nvme --controller soft0 \
+  --tuttid-socket "$sock" --lease-queues 99999999999 "${small[@]}"
+refused "--tuttid-socket is empty" --backend nvme --controller soft0 --tuttid-socket "" "${small[@]}"
+refused "--tuttid-socket '$dir/tuttid.json' is not a socket" --backend nvme --controller soft0 \
+  --tuttid-socket "$dir/tuttid.json" "${small[@]}"
+refused "lower --lease-queues 5 to at most client.max_queues of controller soft0" --backend nvme --controller soft0 \
+  --tuttid-socket "$sock" --lease-queues 5 --data-dir "$data" "${small[@]}"
+# The data folder's lock is taken before the lease: a run refused for the lock never held queues (here its
+# --lease-queues 5, above client.max_queues, would be refused by tuttid only once it asked).
+mkdir -p "$data"
+(
+  exec 9>"$data/layerwise.lock"
+  flock 9
+  exec sleep 30 # the holder of the lock (and of fd 9): $holder
+) &
+holder=$!
+for _ in $(seq 100); do flock -n "$data/layerwise.lock" true || break; sleep 0.05; done
+refused "is in use by another layerwise_kv_overlap run" --backend nvme --controller soft0 --tuttid-socket "$sock" \
+  --lease-queues 5 --data-dir "$data" "${small[@]}"
+kill "$holder"
+wait "$holder" 2>/dev/null || true
 refused "above client.max_pinned_bytes 65536 of controller tight" --backend nvme --controller tight \
   --tuttid-socket "$sock" --data-dir "$data" "${small[@]}"
 grep -qF "this shape needs a lease of" "$dir/refused.txt" || { cat "$dir/refused.txt"; fail "no budget hint"; }
