@@ -12,7 +12,7 @@ flags=(-std=c++20 -O2 -Wall -Wextra -Werror -DFMT_HEADER_ONLY -DTUTTI_ACCELERATO
 	-I "$root/include" -I "$root/libnvm/include" -I "$root/libnvm/snvme" -I "$root/libnvm/src"
 	-I "$root/driver/snvme/include" -I "$root/daemon/src")
 sources=(daemon/src/config.cpp daemon/src/protocol.cpp daemon/src/client.cpp daemon/src/controllers.cpp
-	daemon/src/server.cpp daemon/src/leased_controller.cpp daemon/src/pci_controller.cpp
+	daemon/src/server.cpp daemon/src/leased_controller.cpp daemon/src/mounts.cpp daemon/src/pci_controller.cpp
 	libnvm/src/controller.cpp libnvm/src/register_controller.cpp libnvm/src/soft_controller.cpp
 	libnvm/src/soft_dma.cpp libnvm/snvme/snvme_controller.cpp)
 objects=()
