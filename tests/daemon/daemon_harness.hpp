@@ -115,7 +115,12 @@ class TestDaemon {
     }
     const std::uint64_t deadline = deadline_after_ns(20'000'000'000ull);
     for (;;) {
-      if (Connection::connect(socket_path()).is_ok()) return;
+      // tuttid listens before it brings up its controllers (a second tuttid must stop before touching them),
+      // and answers only once bring-up (mounts included) is over: ready is a status answered, not a connect.
+      if (auto c = Connection::connect(socket_path()); c.is_ok()) {
+        const std::uint64_t left = remaining_ns(deadline);
+        if (left > 0 && c.value().call({{"tutti", 1}, {"op", "status"}}, left).is_ok()) return;
+      }
       int status = 0;
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;

@@ -44,12 +44,13 @@ cat >"$dir/tuttid.json" <<EOF
      "client": {"max_queues": 1, "default_pinned_bytes": 1048576, "max_pinned_bytes": 67108864}}
   ] }
 EOF
-# Starts tuttid in the background ($pid) and waits (20 s at most) until it listens.
+# Starts tuttid in the background ($pid) and waits (20 s at most) until it answers: it listens before it
+# brings up its controllers and mounts, and answers only once they are up.
 start_tuttid() {
   "$tuttid" --config "$dir/tuttid.json" 2>>"$dir/tuttid.log" &
   pid=$!
   for ((i = 0; i < 400; i++)); do
-    [ -S "$sock" ] && return 0
+    [ -S "$sock" ] && "$tuttictl" --socket "$sock" status >/dev/null 2>&1 && return 0
     kill -0 "$pid" 2>/dev/null || fail "tuttid exited before listening"
     sleep 0.05
   done

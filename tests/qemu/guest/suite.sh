@@ -235,8 +235,10 @@ tuttid_reset() {
 	wait_for 30 [ -e /tmp/td-leased ] || { kill -9 $pid; echo "no lease"; return 1; }
 	echo 1 >/sys/kernel/debug/snvme/snvme0/reset || return 1
 	wait $pid || return 1
-	grep "controller reset" $TD/log || return 1
-	grep -q "nvme0: up again" $TD/log || { echo "tuttid did not reopen the controller"; return 1; }
+	# tuttid logs the revocation before it tells the holder, and reopens its files after: wait for the log.
+	wait_for 10 grep -q "controller reset" $TD/log || { echo "tuttid did not log the reset"; return 1; }
+	grep "controller reset" $TD/log
+	wait_for 10 grep -q "nvme0: up again" $TD/log || { echo "tuttid did not reopen the controller within 10 s"; return 1; }
 	$TC seal $TSOCK nvme0	# leases work after the reset
 }
 t tuttid-reset tuttid_reset
