@@ -162,6 +162,20 @@ Status cuda(cudaError_t e, const char* what) {
   return e == cudaSuccess ? Status::success() : error(StatusCode::DEVICE_ERROR, "{}: {}", what, cudaGetErrorString(e));
 }
 
+/// The DataPath options every row shares, from the command line (--queues, --depth, --queue-state,
+/// --submit-poll-us, --poll-kernel-us, --poll-stream-per-batch), its kernels on `stream`.
+local_nvme::Options path_options(const Options& o, cudaStream_t stream) {
+  local_nvme::Options options;
+  options.queue_pairs = o.queues;
+  options.queue_depth = o.depth;
+  options.device_queue_state = o.queue_state == "device";
+  options.submit_poll_budget_ns = std::uint64_t{o.submit_poll_us} * 1000;
+  if (o.poll_kernel_us >= 0) options.poll_kernel_budget_ns = static_cast<std::uint64_t>(o.poll_kernel_us) * 1000;
+  options.poll_stream_per_batch = o.poll_stream_per_batch;
+  options.stream = accel::StreamRef::from_native_handle(stream);
+  return options;
+}
+
 /// Brings up a drive with `submitters` buffer pairs of `buffer_bytes` each.
 Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_host, std::uint64_t seed,
                                           std::uint32_t submitters, std::uint64_t buffer_bytes) {
@@ -176,14 +190,7 @@ Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_ho
                              seed);
   TUTTI_RETURN_IF_ERROR(cuda(cudaDeviceSynchronize(), "namespace fill"));
   TUTTI_RETURN_IF_ERROR(cuda(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking), "cudaStreamCreate"));
-  local_nvme::Options options;
-  options.queue_pairs = o.queues;
-  options.queue_depth = o.depth;
-  options.device_queue_state = o.queue_state == "device";
-  options.submit_poll_budget_ns = std::uint64_t{o.submit_poll_us} * 1000;
-  if (o.poll_kernel_us >= 0) options.poll_kernel_budget_ns = static_cast<std::uint64_t>(o.poll_kernel_us) * 1000;
-  options.poll_stream_per_batch = o.poll_stream_per_batch;
-  options.stream = accel::StreamRef::from_native_handle(d->stream);
+  local_nvme::Options options = path_options(o, d->stream);
   options.max_batches_in_flight = std::max<std::uint32_t>(4, 2 * submitters);
   // Every slot made now, before the service's persistent kernel starts (Options::prepared_batches).
   options.prepared_batches = options.max_batches_in_flight;
@@ -470,14 +477,7 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
       raw.push_back(controllers[d].get());
       serviced.push_back(controllers[d].get());
     }
-    local_nvme::Options options;
-    options.queue_pairs = o.queues;
-    options.queue_depth = o.depth;
-    options.device_queue_state = o.queue_state == "device";
-    options.submit_poll_budget_ns = std::uint64_t{o.submit_poll_us} * 1000;
-    if (o.poll_kernel_us >= 0) options.poll_kernel_budget_ns = static_cast<std::uint64_t>(o.poll_kernel_us) * 1000;
-    options.poll_stream_per_batch = o.poll_stream_per_batch;
-    options.stream = accel::StreamRef::from_native_handle(stream);
+    local_nvme::Options options = path_options(o, stream);
     options.max_batches_in_flight = std::max<std::uint32_t>(4, in_flight);
     options.prepared_batches =
         options.max_batches_in_flight;  // every slot made now, before the service's persistent kernel starts
