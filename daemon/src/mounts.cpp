@@ -44,15 +44,6 @@ struct Fd {
   }
 };
 
-/// One line of /proc/self/mountinfo.
-struct MountEntry {
-  std::string id;     ///< the mount ID (first field): unique among the mounts present
-  std::string point;  ///< where, unescaped
-  dev_t device = 0;
-  std::string filesystem;  ///< the type: "ext4"
-  std::string source;      ///< as mounted: "/dev/loop3"
-};
-
 /// mountinfo's octal escapes (\040 for a space) undone.
 std::string unescape(const std::string& field) {
   std::string out;
@@ -68,38 +59,6 @@ std::string unescape(const std::string& field) {
     i += 3;
   }
   return out;
-}
-
-/// Every mount of /proc/self/mountinfo, in its order (a later mount at a point is on top of earlier ones).
-std::vector<MountEntry> mount_table() {
-  std::ifstream in("/proc/self/mountinfo");
-  std::vector<MountEntry> table;
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string id, parent, numbers, root, point, field;
-    if (!(fields >> id >> parent >> numbers >> root >> point)) continue;
-    while (fields >> field && field != "-") {
-    }
-    MountEntry entry;
-    entry.id = id;
-    entry.point = unescape(point);
-    unsigned major_number = 0, minor_number = 0;
-    if (std::sscanf(numbers.c_str(), "%u:%u", &major_number, &minor_number) != 2) continue;
-    entry.device = makedev(major_number, minor_number);
-    if (!(fields >> entry.filesystem >> entry.source)) continue;
-    entry.source = unescape(entry.source);
-    table.push_back(std::move(entry));
-  }
-  return table;
-}
-
-/// The mount on top at `mount_point` (canonical); nullopt when nothing is mounted there.
-std::optional<MountEntry> mounted_at(const std::string& mount_point) {
-  std::optional<MountEntry> found;
-  for (auto& entry : mount_table())
-    if (entry.point == mount_point) found = std::move(entry);
-  return found;
 }
 
 /// Where block device `device` is mounted ("'/mnt/a'"), for messages; "not mounted" when nowhere.
@@ -249,6 +208,38 @@ Status detach_loop(const std::string& key, const std::string& node, std::uint64_
 }
 
 }  // namespace
+
+/// Every mount of /proc/self/mountinfo, in its order (a later mount at a point is on top of earlier ones).
+std::vector<MountEntry> mount_table() {
+  std::ifstream in("/proc/self/mountinfo");
+  std::vector<MountEntry> table;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string id, parent, numbers, root, point, field;
+    if (!(fields >> id >> parent >> numbers >> root >> point)) continue;
+    while (fields >> field && field != "-") {
+    }
+    MountEntry entry;
+    entry.id = id;
+    entry.point = unescape(point);
+    unsigned major_number = 0, minor_number = 0;
+    if (std::sscanf(numbers.c_str(), "%u:%u", &major_number, &minor_number) != 2) continue;
+    entry.device = makedev(major_number, minor_number);
+    if (!(fields >> entry.filesystem >> entry.source)) continue;
+    entry.source = unescape(entry.source);
+    table.push_back(std::move(entry));
+  }
+  return table;
+}
+
+/// The mount on top at `mount_point` (canonical); nullopt when nothing is mounted there.
+std::optional<MountEntry> mounted_at(const std::string& mount_point) {
+  std::optional<MountEntry> found;
+  for (auto& entry : mount_table())
+    if (entry.point == mount_point) found = std::move(entry);
+  return found;
+}
 
 Result<NamespaceMount> NamespaceMount::mount_or_verify(const MountRequest& r) {
   const std::uint64_t deadline = deadline_after_ns(r.timeout_ns);

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -40,6 +41,22 @@ namespace tutti::daemon {
 /// Longest any one step of mounting or unmounting waits: a loop attach racing other attaches, an unmount
 /// while a process still has files open, a loop device's detach.
 inline constexpr std::uint64_t kDefaultMountTimeoutNs = 5'000'000'000;
+
+/// One line of /proc/self/mountinfo (proc(5)): the one parser of tuttid's mounts, soft and PCI.
+struct MountEntry {
+  std::string id;     ///< the mount ID (first field): unique among the mounts present
+  std::string point;  ///< where, unescaped
+  dev_t device = 0;
+  std::string filesystem;  ///< the type: "ext4"
+  std::string source;      ///< as mounted: "/dev/loop3"
+};
+
+/// Every mount of /proc/self/mountinfo, in its order (a later mount at a point is on top of earlier ones).
+std::vector<MountEntry> mount_table();
+
+/// The mount on top at `mount_point` (spelled as the kernel lists it: canonical, no trailing slash); nullopt
+/// when nothing is mounted there.
+std::optional<MountEntry> mounted_at(const std::string& mount_point);
 
 /// What to mount (or find mounted) where.
 struct MountRequest {

@@ -12,28 +12,20 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
-#include <optional>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include <tutti/core/clock.hpp>
 #include <uapi/snvme.h>  // the driver's ABI (libnvm's include directories reach driver/snvme/include)
 
+#include "mounts.hpp"          // mounted_at: the one mountinfo parser
+#include "snvme_argument.hpp"  // libnvm/snvme: the ioctl header filled in one place
+
 namespace tutti::daemon {
 namespace {
 
 constexpr const char* kControlDevice = "/dev/snvme-control";
-
-template <class T>
-T with_header() {
-  T arg{};
-  arg.hdr.abi_version = SNVME_ABI_VERSION;
-  arg.hdr.argsz = sizeof(T);
-  return arg;
-}
 
 Status errno_error(StatusCode code, std::string what, int err) {
   return error(code, "{}: {} (errno {})", what, std::strerror(err), err);
@@ -44,21 +36,6 @@ void sleep_ns(std::uint64_t ns) {
   ::nanosleep(&t, nullptr);
 }
 
-/// A path as /proc/self/mountinfo writes it: blanks, newlines and backslashes as \ooo (octal).
-std::string unescape_mountinfo(const std::string& s) {
-  auto octal = [](char c) { return c >= '0' && c <= '7'; };
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size() && octal(s[i + 1]) && octal(s[i + 2]) && octal(s[i + 3])) {
-      out += static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
-      i += 3;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
 /// A mount point as the kernel lists it: symbolic links resolved, no "." or "..", no trailing slash.
 std::string kernel_path(const std::string& p) {
   std::error_code ec;
@@ -66,31 +43,6 @@ std::string kernel_path(const std::string& p) {
   if (ec) s = std::filesystem::path(p).lexically_normal().string();
   while (s.size() > 1 && s.back() == '/') s.pop_back();
   return s;
-}
-
-/// The mount at `mount_point` (a kernel_path) in /proc/self/mountinfo: its device (major:minor) and file
-/// system type, or nothing.
-struct MountEntry {
-  unsigned major = 0, minor = 0;
-  std::string fstype;
-};
-std::optional<MountEntry> mount_at(const std::string& mount_point) {
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  std::optional<MountEntry> found;  // the last one: a later mount hides an earlier one on the same point
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string id, parent, device, root, point, field;
-    fields >> id >> parent >> device >> root >> point;
-    if (unescape_mountinfo(point) != mount_point) continue;
-    while (fields >> field && field != "-") {
-    }
-    MountEntry e;
-    fields >> e.fstype;
-    if (std::sscanf(device.c_str(), "%u:%u", &e.major, &e.minor) != 2) continue;
-    found = e;
-  }
-  return found;
 }
 
 }  // namespace
@@ -134,7 +86,7 @@ Status PciController::bind() {
     return errno_error(
         errno == ENOENT ? StatusCode::NOT_FOUND : StatusCode::DEVICE_ERROR,
         fmt::format("controller {}: open {} (is the snvme module loaded?)", config_.name, kControlDevice), errno);
-  auto b = with_header<snvme_bind>();
+  auto b = libnvm::snvme_argument<snvme_bind>();
   std::snprintf(b.pci_addr, sizeof b.pci_addr, "%s", address.c_str());
   const int bound = ::ioctl(control, SNVME_IOC_BIND, &b);
   const int err = errno;
@@ -210,13 +162,13 @@ Status PciController::mount_namespaces() {
     struct stat st {};
     if (::stat(device.c_str(), &st) != 0 || !S_ISBLK(st.st_mode))
       return error(StatusCode::DEVICE_ERROR, "controller {}: {} is not a block device", config_.name, device);
-    if (auto there = mount_at(point)) {
+    if (auto there = mounted_at(point)) {
       // Mounted already (a previous tuttid): adopted only when it is this namespace with this file system.
-      if (there->major != major(st.st_rdev) || there->minor != minor(st.st_rdev) || there->fstype != n.filesystem)
+      if (there->device != st.st_rdev || there->filesystem != n.filesystem)
         return error(StatusCode::INVALID_ARGUMENT,
                      "controller {}: namespaces[{}].mount {} holds device {}:{} ({}); expected {} ({}:{}, {})",
-                     config_.name, j, point, there->major, there->minor, there->fstype, device, major(st.st_rdev),
-                     minor(st.st_rdev), n.filesystem);
+                     config_.name, j, point, major(there->device), minor(there->device), there->filesystem, device,
+                     major(st.st_rdev), minor(st.st_rdev), n.filesystem);
       steps_.push_back(fmt::format("verified the mount of {} on {} ({})", device, point, n.filesystem));
       mount_states_.emplace_back(n.nsid, "verified");
     } else {
@@ -247,7 +199,7 @@ Status PciController::bring_up() {
   // The driver must seal files (a lease's file must not grow past it) and have the queues to lease. The file
   // stays open: tuttid polls it for the driver's reset and failure events.
   TUTTI_RETURN_IF_ERROR(reopen_watch());
-  auto info = with_header<snvme_info>();
+  auto info = libnvm::snvme_argument<snvme_info>();
   if (::ioctl(watch_fd_, SNVME_IOC_GET_INFO, &info) != 0)
     return errno_error(StatusCode::DEVICE_ERROR, fmt::format("{}: GET_INFO", char_device_), errno);
   if ((info.caps & SNVME_CAP_SEAL) == 0)
@@ -290,7 +242,7 @@ Status PciController::shut_down() {
   if (!bound_) return first;  // BIND failed: nothing to unbind
   const int control = ::open(kControlDevice, O_RDWR | O_CLOEXEC);
   if (control < 0) return errno_error(StatusCode::DEVICE_ERROR, fmt::format("open {}", kControlDevice), errno);
-  auto b = with_header<snvme_bind>();
+  auto b = libnvm::snvme_argument<snvme_bind>();
   std::snprintf(b.pci_addr, sizeof b.pci_addr, "%s", config_.pci_address->c_str());
   const int unbound = ::ioctl(control, SNVME_IOC_UNBIND, &b);
   const int err = errno;
@@ -310,7 +262,7 @@ Result<PciLease> PciController::open_lease(std::uint32_t queues, std::uint32_t d
     return status;
   };
   for (std::uint32_t i = 0; i < queues; ++i) {
-    auto g = with_header<snvme_queue_group>();
+    auto g = libnvm::snvme_argument<snvme_queue_group>();
     g.nr_queues = 1;
     g.entries = depth;
     if (::ioctl(lease.fd, SNVME_IOC_CREATE_QUEUE_GROUP, &g) != 0)
@@ -322,7 +274,7 @@ Result<PciLease> PciController::open_lease(std::uint32_t queues, std::uint32_t d
     lease.queues.push_back(
         {g.group_id, d.qid, d.entries, d.sq_doorbell, d.cq_doorbell, d.sq_offset, d.cq_offset, d.sq_bytes, d.cq_bytes});
   }
-  auto seal = with_header<snvme_seal>();
+  auto seal = libnvm::snvme_argument<snvme_seal>();
   seal.max_dma_bytes = pinned_bytes / page_size_ * page_size_;
   if (::ioctl(lease.fd, SNVME_IOC_SEAL, &seal) != 0)
     return fail(errno_error(StatusCode::DEVICE_ERROR,
@@ -334,7 +286,7 @@ Result<PciLease> PciController::open_lease(std::uint32_t queues, std::uint32_t d
 Status PciController::end_lease(PciLease& lease) {
   Status first;
   for (const auto& q : lease.queues) {
-    auto arg = with_header<snvme_group_id>();
+    auto arg = libnvm::snvme_argument<snvme_group_id>();
     arg.group_id = q.group_id;
     // ENOENT: the holder destroyed it; ESTALE, ENODEV: a reset, failure or removal deleted it already.
     if (lease.fd >= 0 && ::ioctl(lease.fd, SNVME_IOC_DESTROY_QUEUE_GROUP, &arg) != 0 && errno != ENOENT &&

@@ -13,20 +13,14 @@
 
 #include <uapi/snvme.h>  // the driver's ABI, through libnvm's include directories (driver/snvme/include)
 
+#include "snvme_argument.hpp"
+
 namespace tutti::libnvm {
 namespace {
 
 constexpr std::uint64_t kRequiredCaps =
     SNVME_CAP_QUEUE_GROUPS | SNVME_CAP_DMA_HOST | SNVME_CAP_IDENTIFY | SNVME_CAP_ABORT;
 constexpr std::size_t kPage = 4096;
-
-template <class T>
-T with_header() {
-  T arg{};
-  arg.hdr.abi_version = SNVME_ABI_VERSION;
-  arg.hdr.argsz = sizeof(T);
-  return arg;
-}
 
 StatusCode code_of(int err) {
   switch (err) {
@@ -69,7 +63,7 @@ Result<std::unique_ptr<SnvmeController>> SnvmeController::open(std::string_view 
 }
 
 Status SnvmeController::check_file(int fd, const std::string& path) {
-  auto info = with_header<snvme_info>();
+  auto info = snvme_argument<snvme_info>();
   if (::ioctl(fd, SNVME_IOC_GET_INFO, &info) != 0) return errno_status(fmt::format("{}: GET_INFO", path), errno);
   // ABI version and capabilities first: nothing else is trusted before these match.
   if (info.hdr.abi_version != SNVME_ABI_VERSION)
@@ -118,7 +112,7 @@ SnvmeController::~SnvmeController() {
 Status SnvmeController::bring_up(const BringUpOptions& options) {
   std::lock_guard lock(mutex_);
   TUTTI_RETURN_IF_ERROR(release_all_locked());
-  auto info = with_header<snvme_info>();
+  auto info = snvme_argument<snvme_info>();
   if (::ioctl(fd_, SNVME_IOC_GET_INFO, &info) != 0) return errno_status(fmt::format("{}: GET_INFO", path_), errno);
   if (options.io_queue_pairs_requested > info.user_queues)
     return error(StatusCode::INVALID_ARGUMENT,
@@ -133,7 +127,7 @@ Status SnvmeController::bring_up(const BringUpOptions& options) {
 
   nvme::IdentifyController controller{};
   nvme::IdentifyNamespace namespace_data{};
-  auto ident = with_header<snvme_identify>();
+  auto ident = snvme_argument<snvme_identify>();
   ident.cns = SNVME_IDENTIFY_CNS_CTRL;
   ident.data = reinterpret_cast<std::uintptr_t>(&controller);
   static_assert(sizeof(controller) == SNVME_IDENTIFY_BYTES);
@@ -179,7 +173,7 @@ Status SnvmeController::shutdown(std::uint64_t /*timeout_ns*/) {
 nvme::ControllerStatus SnvmeController::controller_status() const noexcept {
   if (status_page_ != nullptr)
     return nvme::ControllerStatus{static_cast<const volatile snvme_status*>(status_page_)->csts};
-  auto info = with_header<snvme_info>();
+  auto info = snvme_argument<snvme_info>();
   if (::ioctl(fd_, SNVME_IOC_GET_INFO, &info) != 0) return nvme::ControllerStatus{0xffffffffu};
   return nvme::ControllerStatus{nvme::ControllerStatus::RDY::encode(0u, 1u)};
 }
@@ -190,7 +184,7 @@ Result<QueuePairInfo> SnvmeController::create_io_queue_pair(std::uint32_t depth)
   if (depth < 2 || depth > identity_.max_queue_entries)
     return error(StatusCode::INVALID_ARGUMENT, "depth = {} is outside 2..{} (CAP.MQES + 1)", depth,
                  identity_.max_queue_entries);
-  auto g = with_header<snvme_queue_group>();
+  auto g = snvme_argument<snvme_queue_group>();
   if (adopting_) {
     // The groups exist already (created by the process that handed the file over): the next one, as it is.
     if (adopted_.empty())
@@ -243,7 +237,7 @@ Status SnvmeController::destroy_ring_locked(std::uint16_t qid, Ring& ring) {
   if (ring.sq != nullptr) ::munmap(ring.sq, ring.sq_bytes);
   if (ring.cq != nullptr) ::munmap(ring.cq, ring.cq_bytes);
   ring.sq = ring.cq = nullptr;
-  auto arg = with_header<snvme_group_id>();
+  auto arg = snvme_argument<snvme_group_id>();
   arg.group_id = ring.group_id;
   if (::ioctl(fd_, SNVME_IOC_DESTROY_QUEUE_GROUP, &arg) != 0)
     return errno_status(fmt::format("DESTROY_QUEUE_GROUP of QID {}", qid), errno);
@@ -267,7 +261,7 @@ Result<DmaMapping> SnvmeController::dma_map_locked(void* host_address, std::size
                  "host_address = {:#x}, length = {}: both must be non-zero multiples of {}", addr, length, kPage);
   DmaMapping m;
   m.bus_addresses.resize(length / kPage);
-  auto arg = with_header<snvme_dma_map>();
+  auto arg = snvme_argument<snvme_dma_map>();
   arg.kind = SNVME_DMA_HOST;
   arg.vaddr = addr;
   arg.length = length;
@@ -291,7 +285,7 @@ Status SnvmeController::dma_unmap(std::uint64_t mapping_id) {
   std::lock_guard lock(mutex_);
   if (buffers_.count(mapping_id) != 0)
     return error(StatusCode::BUSY, "mapping_id = {} belongs to a DmaBuffer: use free_dma_buffer", mapping_id);
-  auto arg = with_header<snvme_dma_unmap>();
+  auto arg = snvme_argument<snvme_dma_unmap>();
   arg.map_id = static_cast<std::uint32_t>(mapping_id);
   if (mapping_id == 0 || mapping_id > UINT32_MAX || ::ioctl(fd_, SNVME_IOC_DMA_UNMAP, &arg) != 0)
     return errno_status(fmt::format("DMA_UNMAP of mapping {}", mapping_id), mapping_id == 0 ? ENOENT : errno);
@@ -312,7 +306,7 @@ Result<DmaBuffer> SnvmeController::allocate_dma_buffer(std::size_t length) {
   const DmaMapping& m = mapped.value();
   for (std::size_t i = 1; i < m.bus_addresses.size(); ++i) {
     if (m.bus_addresses[i] != m.bus_addresses[0] + i * kPage) {
-      auto arg = with_header<snvme_dma_unmap>();
+      auto arg = snvme_argument<snvme_dma_unmap>();
       arg.map_id = static_cast<std::uint32_t>(m.id);
       (void)::ioctl(fd_, SNVME_IOC_DMA_UNMAP, &arg);
       ::munmap(host, bytes);
@@ -329,7 +323,7 @@ Status SnvmeController::free_dma_buffer(std::uint64_t id) {
   auto it = buffers_.find(id);
   if (it == buffers_.end())
     return error(StatusCode::NOT_FOUND, "id = {} is not a DmaBuffer of this controller object", id);
-  auto arg = with_header<snvme_dma_unmap>();
+  auto arg = snvme_argument<snvme_dma_unmap>();
   arg.map_id = it->second.map_id;
   Status st;
   if (::ioctl(fd_, SNVME_IOC_DMA_UNMAP, &arg) != 0) st = errno_status("DMA_UNMAP of a DMA buffer", errno);
@@ -348,7 +342,7 @@ Result<nvme::CompletionQueueEntry> SnvmeController::submit_admin(const nvme::Sub
 
 Result<bool> SnvmeController::abort(std::uint16_t sqid, std::uint16_t cid, std::uint64_t /*timeout_ns*/) {
   std::lock_guard lock(mutex_);
-  auto arg = with_header<snvme_abort>();
+  auto arg = snvme_argument<snvme_abort>();
   arg.sqid = sqid;
   arg.cid = cid;
   if (::ioctl(fd_, SNVME_IOC_ABORT, &arg) != 0)
@@ -357,7 +351,7 @@ Result<bool> SnvmeController::abort(std::uint16_t sqid, std::uint16_t cid, std::
 }
 
 Result<SnvmeController::DriverCounters> SnvmeController::driver_counters() const {
-  auto info = with_header<snvme_info>();
+  auto info = snvme_argument<snvme_info>();
   if (::ioctl(fd_, SNVME_IOC_GET_INFO, &info) != 0) return errno_status("GET_INFO", errno);
   return DriverCounters{info.pinned_pages, info.dma_maps, info.queue_groups, info.user_queues, info.user_queues_free};
 }
@@ -370,7 +364,7 @@ Status SnvmeController::release_all_locked() {
   }
   rings_.clear();
   for (auto& [id, buffer] : buffers_) {
-    auto arg = with_header<snvme_dma_unmap>();
+    auto arg = snvme_argument<snvme_dma_unmap>();
     arg.map_id = buffer.map_id;
     if (::ioctl(fd_, SNVME_IOC_DMA_UNMAP, &arg) != 0 && first.is_ok()) first = errno_status("DMA_UNMAP", errno);
     ::munmap(buffer.host, buffer.length);
