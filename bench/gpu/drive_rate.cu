@@ -30,7 +30,9 @@
 // Usage: tutti-bench-gpu-drive [--controllers 1,2,3,4] [--latencies-us 0,70] [--seconds S]
 //   [--submitters T] [--queues Q] [--depth D] [--iops-batch B] [--gbps-batch B] [--cap-gbps G]
 //   [--latency-row-us L] [--latency-batches N] [--queue-state device|mapped-host] [--warps-per-queue W]
-//   [--submit-poll-us U] [--poll-kernel-us P] [--poll-stream-per-batch 0|1] [--striped [--stripe-controllers 1,2,3,4]
+//   [--submit-poll-us U] [--poll-kernel-us P] [--poll-stream-per-batch 0|1] [--persistent-poller-warps W]
+//   [--persistent-poller-idle-us I]
+//   [--striped [--stripe-controllers 1,2,3,4]
 //   [--striped-in-flight F]]
 //   [--raw-json FILE] [--json FILE]
 // Exits 77 without a CUDA device, 2 on bad flags, 1 when any row had errors.
@@ -89,12 +91,14 @@ struct Options {
   std::uint32_t latency_batches = 300;
   std::uint32_t submit_poll_us =
       0;  ///< local_nvme::Options::submit_poll_budget_ns, us (0: the submit kernel does not poll)
-  bool poll_stream_per_batch = true;    ///< local_nvme::Options::poll_stream_per_batch
-  std::int64_t poll_kernel_us = -1;     ///< local_nvme::Options::poll_kernel_budget_ns, us (-1: its default)
-  std::string queue_state = "device";   ///< local_nvme::Options::device_queue_state: device | mapped-host
-  std::uint32_t warps_per_queue = 0;    ///< the drive service's warps per queue (0: DriveService's default)
-  bool striped = false;                 ///< --striped: the striped rows only
-  std::uint32_t striped_in_flight = 1;  ///< --striped-in-flight: batches the striped submitter keeps in flight
+  bool poll_stream_per_batch = true;            ///< local_nvme::Options::poll_stream_per_batch
+  std::int64_t poll_kernel_us = -1;             ///< local_nvme::Options::poll_kernel_budget_ns, us (-1: its default)
+  std::uint32_t persistent_poller_warps = 0;    ///< local_nvme::Options::persistent_poller_warps (0: none)
+  std::uint64_t persistent_poller_idle_us = 0;  ///< local_nvme::Options::persistent_poller_idle_ns, us (0: default)
+  std::string queue_state = "device";           ///< local_nvme::Options::device_queue_state: device | mapped-host
+  std::uint32_t warps_per_queue = 0;            ///< the drive service's warps per queue (0: DriveService's default)
+  bool striped = false;                         ///< --striped: the striped rows only
+  std::uint32_t striped_in_flight = 1;          ///< --striped-in-flight: batches the striped submitter keeps in flight
   std::vector<std::uint32_t> stripe_controllers{1, 2, 3, 4};
   std::string raw_json, json;
 };
@@ -163,7 +167,8 @@ Status cuda(cudaError_t e, const char* what) {
 }
 
 /// The DataPath options every row shares, from the command line (--queues, --depth, --queue-state,
-/// --submit-poll-us, --poll-kernel-us, --poll-stream-per-batch), its kernels on `stream`.
+/// --submit-poll-us, --poll-kernel-us, --poll-stream-per-batch, --persistent-poller-warps), its kernels on
+/// `stream`.
 local_nvme::Options path_options(const Options& o, cudaStream_t stream) {
   local_nvme::Options options;
   options.queue_pairs = o.queues;
@@ -172,6 +177,8 @@ local_nvme::Options path_options(const Options& o, cudaStream_t stream) {
   options.submit_poll_budget_ns = std::uint64_t{o.submit_poll_us} * 1000;
   if (o.poll_kernel_us >= 0) options.poll_kernel_budget_ns = static_cast<std::uint64_t>(o.poll_kernel_us) * 1000;
   options.poll_stream_per_batch = o.poll_stream_per_batch;
+  options.persistent_poller_warps = o.persistent_poller_warps;
+  if (o.persistent_poller_idle_us != 0) options.persistent_poller_idle_ns = o.persistent_poller_idle_us * 1000;
   options.stream = accel::StreamRef::from_native_handle(stream);
   return options;
 }
@@ -227,9 +234,12 @@ struct Row {
   double seconds = 0;
   std::uint64_t requests = 0, bytes = 0, verified_bytes = 0, batches = 0;
   double iops = 0, gbps = 0, p50_us = 0, p99_us = 0, cpu_us_per_batch = 0;
-  double submit_p50_us = 0;              ///< submit's share of a batch (staging, AdmitKernel launch, report copy)
-  double poll_launches_per_batch = 0;    ///< PollKernel launches per batch (wait's relaunches)
-  double staging_us = 0, device_us = 0;  ///< submit's mean split (LocalNvmeDataPath::submit_time_split)
+  double submit_p50_us = 0;               ///< submit's share of a batch (staging, AdmitKernel launch, report copy)
+  double poll_launches_per_batch = 0;     ///< PollKernel launches per batch (wait's relaunches)
+  double posted_per_batch = 0;            ///< batches handed to the persistent poller, per batch
+  std::uint64_t poller_launches = 0;      ///< the persistent poller's kernel launches in the row
+  std::uint64_t returned_unfinished = 0;  ///< batches it handed back unfinished (LocalNvmeDataPath)
+  double staging_us = 0, device_us = 0;   ///< submit's mean split (LocalNvmeDataPath::submit_time_split)
   std::uint64_t errors = 0;
   std::string first_error;
 };
@@ -353,10 +363,13 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
   for (std::uint32_t c = 0; c < controllers; ++c)
     for (std::uint32_t t = 0; t < submitters; ++t)
       threads.emplace_back([&, c, t] { measure(c, t, per[c * submitters + t]); });
-  std::uint64_t launches_before = 0;
+  std::uint64_t launches_before = 0, posted_before = 0, poller_launches_before = 0, unfinished_before = 0;
   std::vector<local_nvme::LocalNvmeDataPath::SubmitTimeSplit> split_before;
   for (std::uint32_t c = 0; c < controllers; ++c) {
     launches_before += drives[c]->runtime->datapath().poll_kernel_launches();
+    posted_before += drives[c]->runtime->datapath().batches_posted_to_poller();
+    poller_launches_before += drives[c]->runtime->datapath().persistent_poller_launches();
+    unfinished_before += drives[c]->runtime->datapath().batches_returned_unfinished();
     split_before.push_back(drives[c]->runtime->datapath().submit_time_split());
   }
   const auto start = std::chrono::steady_clock::now();
@@ -365,10 +378,13 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
   row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (const std::uint32_t exits = service.stop(); exits != 0)
     note(row, fmt::format("{} service warps ran out of budget", exits));
-  std::uint64_t launches = 0;
+  std::uint64_t launches = 0, posted = 0;
   std::uint64_t timed = 0, staging_ns = 0, device_ns = 0;
   for (std::uint32_t c = 0; c < controllers; ++c) {
     launches += drives[c]->runtime->datapath().poll_kernel_launches();
+    posted += drives[c]->runtime->datapath().batches_posted_to_poller();
+    row.poller_launches += drives[c]->runtime->datapath().persistent_poller_launches();
+    row.returned_unfinished += drives[c]->runtime->datapath().batches_returned_unfinished();
     const auto split = drives[c]->runtime->datapath().submit_time_split();
     timed += split.submits - split_before[c].submits;
     staging_ns += split.staging_ns - split_before[c].staging_ns;
@@ -398,6 +414,10 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
   row.cpu_us_per_batch = row.batches == 0 ? 0 : cpu / static_cast<double>(row.batches);
   row.submit_p50_us = percentile_us(submits, 0.50);
   row.poll_launches_per_batch = row.batches == 0 ? 0 : static_cast<double>(launches) / static_cast<double>(row.batches);
+  row.poller_launches -= poller_launches_before;
+  row.returned_unfinished -= unfinished_before;
+  row.posted_per_batch =
+      row.batches == 0 ? 0 : static_cast<double>(posted - posted_before) / static_cast<double>(row.batches);
   return row;
 }
 
@@ -478,6 +498,7 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
       serviced.push_back(controllers[d].get());
     }
     local_nvme::Options options = path_options(o, stream);
+    options.persistent_poller_warps = 0;  // local_nvme only (striped_nvme refuses it)
     options.max_batches_in_flight = std::max<std::uint32_t>(4, in_flight);
     options.prepared_batches =
         options.max_batches_in_flight;  // every slot made now, before the service's persistent kernel starts
@@ -682,6 +703,9 @@ nlohmann::json to_json(const Row& r) {
           {"cpu_us_per_batch", r.cpu_us_per_batch},
           {"submit_p50_us", r.submit_p50_us},
           {"poll_launches_per_batch", r.poll_launches_per_batch},
+          {"posted_to_poller_per_batch", r.posted_per_batch},
+          {"poller_launches", r.poller_launches},
+          {"poller_returned_unfinished", r.returned_unfinished},
           {"submit_staging_us", r.staging_us},
           {"submit_device_us", r.device_us},
           {"errors", r.errors},
@@ -692,12 +716,13 @@ void print(const Row& r) {
   std::printf(
       "%-7s controllers=%u latency_us=%u namespace=%s batch=%ux%lluB submitters=%u  M_IOPS=%.3f GB/s=%.2f "
       "p50_us=%.1f p99_us=%.1f submit_p50_us=%.1f (means: staging %.1f + device %.1f) polls/batch=%.1f "
-      "cpu_us/batch=%.1f "
+      "posted/batch=%.2f (poller launches %llu, returned unfinished %llu) cpu_us/batch=%.1f "
       "batches=%llu verified_bytes=%llu errors=%llu%s%s\n",
       r.kind.c_str(), r.controllers, r.latency_us, r.namespace_memory.c_str(), r.batch,
       static_cast<unsigned long long>(r.request_bytes), r.submitters, r.iops / 1e6, r.gbps, r.p50_us, r.p99_us,
-      r.submit_p50_us, r.staging_us, r.device_us, r.poll_launches_per_batch, r.cpu_us_per_batch,
-      static_cast<unsigned long long>(r.batches), static_cast<unsigned long long>(r.verified_bytes),
+      r.submit_p50_us, r.staging_us, r.device_us, r.poll_launches_per_batch, r.posted_per_batch,
+      static_cast<unsigned long long>(r.poller_launches), static_cast<unsigned long long>(r.returned_unfinished),
+      r.cpu_us_per_batch, static_cast<unsigned long long>(r.batches), static_cast<unsigned long long>(r.verified_bytes),
       static_cast<unsigned long long>(r.errors), r.errors ? " first_error=" : "", r.first_error.c_str());
   std::fflush(stdout);
 }
@@ -755,6 +780,8 @@ bool run_striped(const Options& o, std::uint64_t cap) {
     j["submit_poll_us"] = o.submit_poll_us;
     j["poll_kernel_us"] = o.poll_kernel_us;
     j["poll_stream_per_batch"] = o.poll_stream_per_batch;
+    j["persistent_poller_warps"] = o.persistent_poller_warps;
+    j["persistent_poller_idle_us"] = o.persistent_poller_idle_us;
     j["stripe_unit_bytes"] = kStripeUnit;
     j["striped_in_flight"] = o.striped_in_flight;
     j["rows"] = out;
@@ -797,6 +824,14 @@ int main(int argc, char** argv) {
                  "how long one poll kernel launch may poll, us (local_nvme::Options::poll_kernel_budget_ns; 0: one "
                  "pass per launch; -1: the default)")
       ->check(CLI::Range(-1, 1000000));
+  app.add_option("--persistent-poller-warps", o.persistent_poller_warps,
+                 "warps of the persistent poller (local_nvme::Options::persistent_poller_warps; 0: none, the "
+                 "default): progress waits on a word the poller writes instead of launching poll kernels")
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--persistent-poller-idle-us", o.persistent_poller_idle_us,
+                 "how long the persistent poller stays without a batch before it ends, us (local_nvme::Options::"
+                 "persistent_poller_idle_ns; 0: its default, 1 ms)")
+      ->check(CLI::Range(0, 100000));
   app.add_option("--submit-poll-us", o.submit_poll_us,
                  "how long the submit kernel polls the batch it admitted, us (local_nvme::Options::"
                  "submit_poll_budget_ns; 0: it does not, the default)")
@@ -831,6 +866,8 @@ int main(int argc, char** argv) {
   std::printf("poll kernels on %s\n", o.poll_stream_per_batch ? "a stream per batch" : "the DataPath's stream");
   std::printf("poll kernel budget: %lld us%s\n", static_cast<long long>(o.poll_kernel_us),
               o.poll_kernel_us < 0 ? " (the default)" : "");
+  std::printf("persistent poller: %u warps%s\n", o.persistent_poller_warps,
+              o.persistent_poller_warps == 0 ? " (none)" : "");
   std::printf("drive service: %u warps per queue\n",
               o.warps_per_queue != 0 ? o.warps_per_queue : DriveService::kDefaultWarpsPerQueue);
   std::printf("copy    pinned host-to-device GB/s=%.2f\n", copy_gbps);
@@ -912,6 +949,8 @@ int main(int argc, char** argv) {
     j["submit_poll_us"] = o.submit_poll_us;
     j["poll_kernel_us"] = o.poll_kernel_us;
     j["poll_stream_per_batch"] = o.poll_stream_per_batch;
+    j["persistent_poller_warps"] = o.persistent_poller_warps;
+    j["persistent_poller_idle_us"] = o.persistent_poller_idle_us;
     j["pinned_copy_gbps"] = copy_gbps;
     j["raw_queue_commands_per_second"] = raw;
     j["rows"] = nlohmann::json::array();

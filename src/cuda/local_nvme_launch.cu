@@ -23,9 +23,14 @@ Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel
   return accel::launch(config, kernel);
 }
 
+Status launch_kernel(const accel::LaunchConfig& config, const PersistentPollKernel& kernel) {
+  return accel::launch(config, kernel);
+}
+
 Status preload_kernels(std::uint64_t timeout_ns) {
   TUTTI_RETURN_IF_ERROR(accel::preload<AdmitKernel>());
   TUTTI_RETURN_IF_ERROR(accel::preload<PollKernel>());
+  TUTTI_RETURN_IF_ERROR(accel::preload<PersistentPollKernel>());
   // The stack never shrinks, so one growing launch per device and process is enough: later DataPaths
   // (a second engine, every engine of a striped DataPath) launch nothing here, and so cannot be
   // delayed by kernels that fill the device.
@@ -44,6 +49,7 @@ Status preload_kernels(std::uint64_t timeout_ns) {
   const accel::LaunchConfig config{1, accel::kKernelWarpLanes, stream};
   Status s = accel::launch(config, AdmitKernel{});
   if (s.is_ok()) s = accel::launch(config, PollKernel{});
+  if (s.is_ok()) s = accel::launch(config, PersistentPollKernel{});  // no words: returns at once
   if (s.is_ok()) s = accel::synchronize(stream, timeout_ns);
   (void)cudaStreamDestroy(stream);  // with work still queued, CUDA releases it once that work is done
   if (!s.is_ok())

@@ -9,6 +9,9 @@
 //   - fault injection: an error status becomes DEVICE_ERROR with that status and no bytes claimed;
 //     a lost completion becomes TIMEOUT; the other requests of the batch succeed byte for byte;
 //   - two controllers served by one kernel (striping), each with its own runtime;
+//   - the persistent poller (Options::persistent_poller_warps): batches it polls land byte for byte
+//     with no poll kernel launched, it ends when idle and the next submit launches it again, and a
+//     lost completion still becomes TIMEOUT (the poller hands the batch back for the Abort);
 //   - one striped_nvme DataPath over three controllers: requests that cross units land byte for
 //     byte, one submit launch for all controllers, also with the submit kernel polling
 //     (Options::submit_poll_budget_ns: then progress launches nothing).
@@ -22,6 +25,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -59,7 +63,7 @@ std::uint8_t pattern(std::uint64_t seed, std::uint64_t at) {
 /// DEVICE memory registered, one target over the whole namespace.
 struct Drive {
   Drive(DriveSettings settings, std::uint64_t seed, std::uint32_t queue_pairs, std::uint64_t command_timeout_ns,
-        void* stream)
+        void* stream, std::uint32_t persistent_poller_warps = 0)
       : controller(std::make_unique<DriveNvmeController>(settings)), seed(seed) {
     REQUIRE(controller->bring_up({}).is_ok());
     std::vector<std::uint8_t> bytes(settings.namespace_bytes);
@@ -76,6 +80,7 @@ struct Drive {
     options.max_batches_in_flight = 4;
     options.prepared_batches = 4;
     options.prepared_batch_requests = 64;
+    options.persistent_poller_warps = persistent_poller_warps;
     auto path = local_nvme::LocalNvmeDataPath::create(*controller, options);
     REQUIRE_MESSAGE(path.is_ok(), path.status().to_string());
     runtime = std::make_unique<DriveRuntime>(DriveBackend{DriveNamespaceResolver{}, std::move(path.value())});
@@ -381,6 +386,137 @@ TEST_CASE("injected faults: an error status becomes DEVICE_ERROR, a lost complet
   CHECK(q->failed == 1);
   CHECK(q->dropped == 1);
   CHECK(q->bytes_moved == 6 * 4096);
+}
+
+TEST_CASE("the persistent poller: three batches in flight land byte for byte with no poll kernel; idle, it ends") {
+  if (!have_gpu()) return;
+  Stream stream;
+  DriveSettings settings;
+  settings.namespace_bytes = kNamespaceBytes;
+  settings.latency_ns = 50'000;  // every batch is still in flight when its submit returns: posted
+  Drive drive(settings, 31, 2, 5 * kSecond, stream.stream, 4);
+  auto& path = drive.runtime->datapath();
+  DriveService service;
+  REQUIRE(service.start({drive.controller.get()}, 0, 20 * kSecond).is_ok());
+  for (int round = 0; round < 2; ++round) {
+    // Three batches of 40 requests (two chunks of 32, one warp each, and a partial one), all in flight
+    // at once, 4 KiB to 64 KiB each.
+    std::vector<IoHandle> ios;
+    std::vector<std::array<std::uint64_t, 3>> shapes;
+    for (std::uint64_t b = 0; b < 3; ++b) {
+      std::vector<IoRequest> requests;
+      for (std::uint64_t i = 0; i < 40; ++i) {
+        const std::uint64_t k = b * 40 + i;
+        const std::array<std::uint64_t, 3> s{k * 65536, ((k * 37 + round * 11) % 200) * 131072, 4096 * (1 + k % 16)};
+        requests.push_back(drive.read(s[0], s[1], s[2]));
+        shapes.push_back(s);
+      }
+      auto outcome = drive.runtime->submit(requests);
+      for (const Status& s : outcome.initial_states) REQUIRE_MESSAGE(s.is_ok(), s.to_string());
+      ios.push_back(outcome.io);
+    }
+    for (IoHandle& io : ios) {
+      auto result = drive.runtime->wait(io, 10 * kSecond);
+      REQUIRE_MESSAGE(result.is_ok(), result.status().to_string());
+      CHECK_MESSAGE(result->status.is_ok(), result->status.to_string());
+      (void)drive.runtime->release(io);
+    }
+    for (const auto& s : shapes) CHECK(drive.memory_bytes_at(s[0], s[2]) == drive.expected(s[1], s[2]));
+    REQUIRE(cudaMemset(drive.memory_buffer.data(), 0xEE, Drive::memory_bytes) == cudaSuccess);
+    CHECK(path.batches_posted_to_poller() == 3u * (round + 1));
+    CHECK(path.poll_kernel_launches() == 0);  // progress only read the released words
+    // Idle for 20 times Options::persistent_poller_idle_ns (1 ms): the kernel ended by itself, and the
+    // next round's first submit launches it again.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(path.persistent_poller_launches() == static_cast<std::uint64_t>(round + 1));
+  }
+  CHECK(service.stop() == 0);
+}
+
+TEST_CASE("the persistent poller under load: 800 batches, four in flight, chunks of one bitmap word on two warps") {
+  // Two chunks per batch (64 requests), owned by the two warps, their released bits in one word: a
+  // lost bit would hand a batch back early (counted as returned unfinished) or never (TIMEOUT).
+  if (!have_gpu()) return;
+  Stream stream;
+  DriveSettings settings;
+  settings.namespace_bytes = kNamespaceBytes;
+  settings.latency_ns = 10'000;
+  Drive drive(settings, 41, 2, 5 * kSecond, stream.stream, 2);
+  auto& path = drive.runtime->datapath();
+  DriveService service;
+  REQUIRE(service.start({drive.controller.get()}, 0, 60 * kSecond).is_ok());
+  std::uint64_t failed = 0, checked = 0;
+  for (std::uint64_t round = 0; round < 200; ++round) {
+    std::vector<IoHandle> ios;
+    for (std::uint64_t b = 0; b < 4; ++b) {
+      std::vector<IoRequest> requests;
+      for (std::uint64_t i = 0; i < 64; ++i) {
+        const std::uint64_t k = b * 64 + i;
+        requests.push_back(drive.read(k * 4096, ((k * 131 + round * 7) % 8000) * 4096, 4096));
+      }
+      auto outcome = drive.runtime->submit(requests);
+      for (const Status& s : outcome.initial_states) REQUIRE_MESSAGE(s.is_ok(), s.to_string());
+      ios.push_back(outcome.io);
+    }
+    for (IoHandle& io : ios) {
+      auto result = drive.runtime->wait(io, 10 * kSecond);
+      REQUIRE_MESSAGE(result.is_ok(), result.status().to_string());
+      if (!result->status.is_ok()) ++failed;
+      (void)drive.runtime->release(io);
+    }
+    if (round % 50 == 49) {  // every byte of this round
+      for (std::uint64_t k = 0; k < 256; ++k)
+        CHECK(drive.memory_bytes_at(k * 4096, 4096) == drive.expected(((k * 131 + round * 7) % 8000) * 4096, 4096));
+      ++checked;
+    }
+  }
+  CHECK(failed == 0);
+  CHECK(checked == 4);
+  CHECK(path.batches_posted_to_poller() == 800);
+  // Only a kernel that ends (its lifetime, 100 ms) hands batches back unfinished: at most the four in
+  // flight per launch.
+  CHECK(path.batches_returned_unfinished() <= 4 * path.persistent_poller_launches());
+  CHECK(service.stop() == 0);
+}
+
+TEST_CASE("the persistent poller hands back a batch with a lost completion: TIMEOUT after the Abort, the rest land") {
+  if (!have_gpu()) return;
+  Stream stream;
+  DriveSettings settings;
+  settings.namespace_bytes = kNamespaceBytes;
+  settings.latency_ns = 20'000;
+  // One queue pair: SQ position 3 fails with Unrecovered Read Error, position 6 is never completed.
+  Drive drive(settings, 9, 1, 200'000'000, stream.stream, 2);
+  REQUIRE(drive.controller->inject(1, 3, 0x281, 6).is_ok());
+  DriveService service;
+  REQUIRE(service.start({drive.controller.get()}, 0, 20 * kSecond).is_ok());
+  std::vector<IoRequest> requests;
+  for (std::uint64_t i = 0; i < 8; ++i) requests.push_back(drive.read(i * 65536, i * 1048576, 4096));
+  auto outcome = drive.runtime->submit(requests);
+  for (const Status& s : outcome.initial_states) REQUIRE_MESSAGE(s.is_ok(), s.to_string());
+  auto result = drive.runtime->wait(outcome.io, 10 * kSecond);
+  REQUIRE_MESSAGE(result.is_ok(), result.status().to_string());
+  std::uint32_t ok = 0, device_errors = 0, timeouts = 0;
+  for (const RequestCompletion& c : result->completions) {
+    const std::uint64_t i = c.request_index;
+    if (c.status.is_ok()) {
+      ++ok;
+      CHECK(drive.memory_bytes_at(i * 65536, 4096) == drive.expected(i * 1048576, 4096));
+    } else {
+      CHECK(c.confirmed_bytes == 0);
+      if (c.status.code() == StatusCode::DEVICE_ERROR) ++device_errors;
+      if (c.status.code() == StatusCode::TIMEOUT) ++timeouts;
+    }
+  }
+  CHECK(ok == 6);
+  CHECK(device_errors == 1);
+  CHECK(timeouts == 1);
+  auto& path = drive.runtime->datapath();
+  CHECK(path.batches_posted_to_poller() == 1);
+  CHECK(path.aborts_sent() == 1);           // the host's, after the poller handed the batch back
+  CHECK(path.poll_kernel_launches() >= 1);  // the Abort's wait goes on with poll kernels
+  (void)drive.runtime->release(outcome.io);
+  CHECK(service.stop() == 0);
 }
 
 TEST_CASE("two controllers served by one kernel, each under its own runtime, both land byte for byte") {

@@ -291,6 +291,56 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("the persistent poller's settings are checked, naming the field and the range") {
+  Rig rig;
+  auto& controller = *rig.controller;
+  Path::Options o;
+  o.persistent_poller_warps = Path::Options::kMaxPersistentPollerWarps + 1;
+  CHECK(Path::create(controller, o).status().message().find("persistent_poller_warps = 1025 outside 0..1024") !=
+        std::string::npos);
+  o = {};
+  o.persistent_poller_warps = 1;
+  o.persistent_poller_lifetime_ns = 0;
+  CHECK(Path::create(controller, o).status().message().find("persistent_poller_lifetime_ns = 0 outside 1..") !=
+        std::string::npos);
+  o.persistent_poller_lifetime_ns = 1'000'000;
+  o.persistent_poller_idle_ns = 1'000'001;
+  CHECK(Path::create(controller, o).status().message().find("persistent_poller_idle_ns = 1000001 outside 1..1000000") !=
+        std::string::npos);
+}
+
+TEST_CASE("the persistent poller polls the soft controller's queues: every batch posted, no poll kernel, bytes right") {
+  // The same 96 requests of 8 commands as above (3 warps' chunks over 4 poller warps), twice: the
+  // batch is handed to the poller at submit and progress only reads its released word.
+  const std::uint64_t requests_per_batch = 96, bytes_per_request = 8 * 4096;
+  Path::Options o;
+  o.queue_pairs = 4;
+  o.request_window = 2;
+  o.max_command_bytes = 4096;
+  o.persistent_poller_warps = 4;
+  Rig rig(o);
+  const auto extents = reversed_extents(1024, 16);
+  auto target = rig.open(extents, 1024 * 4096);
+  DeviceMemory memory(requests_per_batch * bytes_per_request);
+  auto registration = rig.map(memory);
+  for (std::uint64_t round = 0; round < 2; ++round) {
+    std::vector<PathRequest<Path>> requests;
+    std::vector<std::uint64_t> lengths(requests_per_batch, bytes_per_request);
+    for (std::uint64_t i = 0; i < requests_per_batch; ++i)
+      requests.push_back(rig.request(Direction::READ, registration, memory, i * bytes_per_request, target,
+                                     ((i * 37 + round) % 128) * bytes_per_request, bytes_per_request));
+    auto [states, completions] = rig.run(requests);
+    check_all_ok(states, completions, lengths);
+    for (std::uint64_t i = 0; i < requests_per_batch; ++i)
+      CHECK(memory.read(i * bytes_per_request, bytes_per_request) ==
+            rig.expected(extents, ((i * 37 + round) % 128) * bytes_per_request, bytes_per_request));
+  }
+  CHECK(rig.path->batches_posted_to_poller() == 2);
+  CHECK(rig.path->poll_kernel_launches() == 0);
+  CHECK(rig.path->persistent_poller_launches() >= 1);
+  CHECK(rig.path->unregister_memory(registration).is_ok());
+}
+
 TEST_CASE("writes from GPU memory reach the file byte for byte") {
   Rig rig;
   const auto extents = reversed_extents(512, 8);

@@ -109,9 +109,12 @@ TEST_CASE("option defaults are pinned") {
   CHECK(o.device_target_cache_entry_extents == 256);
   CHECK(o.host_target_cache_bytes == std::uint64_t{256} << 20);
   CHECK(o.device_queue_state);
-  CHECK(o.poll_kernel_budget_ns == 0u);  // host profile; 1 ms in the cuda profile (tests/gpu pins it)
-  CHECK(o.submit_poll_budget_ns == 0u);  // the submit kernel does not poll unless asked
-  CHECK(o.poll_stream_per_batch);        // CUDA profile: poll kernels on each batch's own stream
+  CHECK(o.poll_kernel_budget_ns == 0u);    // host profile; 1 ms in the cuda profile (tests/gpu pins it)
+  CHECK(o.submit_poll_budget_ns == 0u);    // the submit kernel does not poll unless asked
+  CHECK(o.poll_stream_per_batch);          // CUDA profile: poll kernels on each batch's own stream
+  CHECK(o.persistent_poller_warps == 0u);  // no persistent poller unless asked (CUDA profile only)
+  CHECK(o.persistent_poller_lifetime_ns == 100'000'000u);
+  CHECK(o.persistent_poller_idle_ns == 1'000'000u);
   CHECK(Path::capabilities.offset_alignment == 4096);
   CHECK(Path::capabilities.unaligned_tail_at_end_of_target);
 }
@@ -177,6 +180,12 @@ TEST_CASE("invalid options are rejected naming the field") {
         std::string::npos);
   o.submit_poll_budget_ns = 500'000;
   CHECK(Path::create(**c, o).is_ok());
+  // The persistent poller is a long-lived kernel: the host profile's launches run a block's threads
+  // one after another, so it is refused there, naming the field (its ranges are checked on the GPU).
+  o = {};
+  o.persistent_poller_warps = 4;
+  CHECK(Path::create(**c, o).status().message().find("persistent_poller_warps = 4 needs the cuda profile") !=
+        std::string::npos);
 }
 
 TEST_CASE("a submit kernel that polls (submit_poll_budget_ns) returns the batch done, and progress launches nothing") {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -28,6 +29,7 @@
 
 #include <tutti/accel/memory.hpp>
 #include <tutti/accel/placement.hpp>
+#include <tutti/accel/primitives.hpp>
 #include <tutti/accel/stream.hpp>
 #include <tutti/core/leak.hpp>
 #include <tutti/core/status.hpp>
@@ -78,6 +80,21 @@ struct BatchSlot {
   /// A wait for a kernel over this slot failed: the kernel may still run, so the slot is never
   /// reused or freed (kept alive forever, and it stays counted as in use).
   bool kernel_may_run = false;
+  /// The persistent poller's view of the slot (persistent_poller.hpp): its table entry (the slot's
+  /// index in its pool, fixed), the word the kernel stores a post's sequence into when it hands the
+  /// batch back (mapped pinned), the kernel's bitmap of released chunks (device memory), and the
+  /// sequence and launch of the post that owns the batch now (0: the host owns it).
+  std::uint32_t poller_index = 0;
+  KernelArray<std::uint64_t> poller_released{accel::PlacementAllocator<std::uint64_t>(accel::kKernelReachable)};
+  accel::DeviceBuffer poller_chunk_bits;
+  std::uint64_t poller_sequence = 0;
+  std::uint64_t poller_generation = 0;
+  /// Whether the persistent poller still owns the batch (posted and not handed back). Reads one
+  /// word the kernel writes (acquire: the reports it wrote before are visible after).
+  bool poller_owns() const noexcept {
+    return poller_sequence != 0 && std::atomic_ref<std::uint64_t>(const_cast<std::uint64_t&>(poller_released[0]))
+                                           .load(std::memory_order_acquire) != poller_sequence;
+  }
 
   /// True when the last reports copied back show an accepted request done that progress has not
   /// reported yet (it completed at submit, or in a step of a call that returned before handling it).
@@ -104,7 +121,8 @@ struct BatchSlot {
   /// memory), accel::DeviceBuffer::allocate's (device memory). `own_poll_stream`: make the
   /// slot's poll stream if it has none (a failure to make one is not an error: the slot then
   /// polls on Options::stream, as with Options::poll_stream_per_batch false).
-  Status prepare(std::size_t n, std::uint32_t window, std::size_t pin_capacity, bool own_poll_stream) {
+  Status prepare(std::size_t n, std::uint32_t window, std::size_t pin_capacity, bool own_poll_stream,
+                 bool persistent_poller = false) {
     if (own_poll_stream && !poll_stream.has_value())
       if (auto made = accel::OwnedStream::create(); made) poll_stream = std::move(made.value());
     const char* what = "request states (pinned staging)";
@@ -127,6 +145,9 @@ struct BatchSlot {
       pins.clear();
       pins.reserve(pin_capacity);
       resolved.clear();
+      what = "the persistent poller's released word (pinned)";
+      bytes = sizeof(std::uint64_t);
+      if (persistent_poller && poller_released.empty()) poller_released.assign(1, 0);
     } catch (const std::bad_alloc& failure) {
       return accel::allocation_failure(
           failure, fmt::format("local_nvme: no memory for the state of a batch of {} requests (request_window = {}): "
@@ -137,7 +158,9 @@ struct BatchSlot {
          {std::tuple{&device_requests, n * sizeof(RequestState), "request states"},
           std::tuple{&device_records, n * window * sizeof(CommandRecord), "command records"},
           std::tuple{&device_reports, n * sizeof(RequestReport), "request reports"},
-          std::tuple{&device_poll_stop, sizeof(std::uint64_t), "poll kernel's stop word"}}) {
+          std::tuple{&device_poll_stop, sizeof(std::uint64_t), "poll kernel's stop word"},
+          std::tuple{&poller_chunk_bits, persistent_poller ? ((n + 31) / 32 + 63) / 64 * sizeof(std::uint64_t) : 0,
+                     "persistent poller's chunk bitmap"}}) {
       if (buffer->size() >= bytes) continue;
       auto grown = accel::DeviceBuffer::allocate(std::max(bytes, 2 * buffer->size()));
       if (!grown)
@@ -171,6 +194,10 @@ struct BatchPool {
   std::vector<std::unique_ptr<BatchSlot>> idle;  ///< slots ready for reuse (LIFO: warm memory first)
   std::uint32_t in_use = 0;                      ///< slots held by batches (or abandoned to a kernel)
   std::uint32_t limit = 0;
+  std::uint32_t slots_made = 0;  ///< slots ever made: the next one's poller_index
+  /// How long a returning slot waits for the persistent poller to hand its batch back before it is
+  /// kept forever instead, ns (the Engine sets it; 0 without a poller).
+  std::uint64_t poller_release_bound_ns = 0;
 
   /// Slots allocated: held by batches plus idle ones kept for reuse.
   std::size_t slots_allocated() {
@@ -185,11 +212,16 @@ struct BatchPool {
 /// (Options::poll_stream_per_batch). `owner` names the DataPath in errors. Errors:
 /// BatchSlot::prepare's, naming the slot; RESOURCE_EXHAUSTED (host memory for a slot).
 inline Status prepare_idle_slots(BatchPool& pool, std::uint32_t count, std::size_t requests, std::uint32_t window,
-                                 std::size_t pin_capacity, bool own_poll_stream, std::string_view owner) {
+                                 std::size_t pin_capacity, bool own_poll_stream, std::string_view owner,
+                                 bool persistent_poller = false) {
   for (std::uint32_t i = 0; i < count; ++i) {
     auto slot = std::unique_ptr<BatchSlot>(new (std::nothrow) BatchSlot());
     if (!slot) return error(StatusCode::RESOURCE_EXHAUSTED, "{}: no memory for prepared batch slot {}", owner, i);
-    if (Status s = slot->prepare(requests, window, pin_capacity, own_poll_stream); !s.is_ok())
+    {
+      std::scoped_lock lock(pool.mutex);
+      slot->poller_index = pool.slots_made++;
+    }
+    if (Status s = slot->prepare(requests, window, pin_capacity, own_poll_stream, persistent_poller); !s.is_ok())
       return s.with_context(fmt::format("{}: prepared batch slot {} of {}", owner, i, count));
     try {
       std::scoped_lock lock(pool.mutex);
@@ -204,8 +236,24 @@ inline Status prepare_idle_slots(BatchPool& pool, std::uint32_t count, std::size
 /// Returns a batch's slot to its pool when the batch is destroyed.
 struct SlotReturn {
   std::shared_ptr<BatchPool> pool;
+  /// Waits, at most pool->poller_release_bound_ns, for the persistent poller to hand the slot's
+  /// batch back (a batch destroyed while in flight: the kernel's last pass at the latest).
+  bool poller_handed_back(const BatchSlot& slot) const noexcept {
+    const std::uint64_t deadline = accel::deadline_after(pool->poller_release_bound_ns);
+    accel::Backoff backoff;
+    while (slot.poller_owns()) {
+      if (accel::timer_ns() >= deadline) return false;
+      backoff.pause();
+    }
+    return true;
+  }
   void operator()(BatchSlot* slot) const noexcept {
     if (slot == nullptr) return;
+    if (slot->poller_sequence != 0 && !poller_handed_back(*slot)) {
+      leak_on_purpose(slot);  // the persistent poller may still write its reports and bitmap
+      return;
+    }
+    slot->poller_sequence = 0;
     if (slot->kernel_may_run || !slot->poll_stream.idle()) {
       // Never free or reuse memory a kernel may still write: keep it forever, counted in use. A
       // poll stream with work still queued (an error path that enqueued and then failed) counts:
@@ -252,6 +300,7 @@ inline Result<Batch> acquire_batch(const std::shared_ptr<BatchPool>& pool) {
   } else {
     slot = new (std::nothrow) BatchSlot();
     if (slot == nullptr) return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for a batch slot");
+    slot->poller_index = pool->slots_made++;
   }
   ++pool->in_use;
   Batch b;

@@ -93,6 +93,17 @@ class LocalNvmeDataPath {
   /// Progress kernels launched so far by progress() over all batches (one per step; see
   /// Options::poll_kernel_budget_ns). Thread-safe (an atomic counter).
   std::uint64_t poll_kernel_launches() const noexcept { return engine_->poll_kernel_launches.load(); }
+  /// The persistent poller's kernel launches and the batches submit handed to it so far (both 0
+  /// without Options::persistent_poller_warps). Thread-safe.
+  std::uint64_t persistent_poller_launches() const noexcept {
+    return engine_->poller ? engine_->poller->launches() : 0;
+  }
+  std::uint64_t batches_posted_to_poller() const noexcept {
+    return engine_->poller ? engine_->poller->batches_posted() : 0;
+  }
+  /// Batches the persistent poller handed back with requests still in flight (its kernel was
+  /// stopping, or a request needed the host's Abort), which progress then polled with poll kernels.
+  std::uint64_t batches_returned_unfinished() const noexcept { return engine_->poller_returned_unfinished.load(); }
   /// Where submit's time went, summed over every submit whose reports came back: `staging_ns` on
   /// the host (the batch slot, the RequestStates and their memory mappings, the target cache),
   /// `device_ns` from the kernel gate to the end of the wait for the AdmitKernel and its reports
@@ -226,7 +237,8 @@ class LocalNvmeDataPath {
     batch b = std::move(acquired.value());
     local_file::poll_changes();  // a target whose file changed is refused below, by its kernel thread
     BatchSlot& slot = *b.slot;
-    if (Status prepared = slot.prepare(n, window, e.pin_capacity(n), e.options.poll_stream_per_batch);
+    if (Status prepared =
+            slot.prepare(n, window, e.pin_capacity(n), e.options.poll_stream_per_batch, e.poller != nullptr);
         !prepared.is_ok()) {
       reject_all(prepared);
       b.slot.reset();  // nothing ran over it: back to the pool
@@ -313,7 +325,15 @@ class LocalNvmeDataPath {
       if (!report.accepted) slot.reported[i] = 1;
       any_accepted = any_accepted || report.accepted;
     }
-    if (!any_accepted) b.slot.reset();  // nothing in flight: the slot goes back at once
+    if (!any_accepted) {
+      b.slot.reset();  // nothing in flight: the slot goes back at once
+    } else if (e.poller && !slot.reports_settled() && !needs_host(slot) &&
+               e.poller->post(slot) == PostOutcome::unknown) {
+      // The poller was closing and did not leave in time: it may own the batch, so the slot is
+      // abandoned to it (progress returns DEVICE_ERROR; never reused or freed).
+      slot.kernel_may_run = true;
+      e.kernel_abandoned.store(true);
+    }
     return b;
   }
 
@@ -344,6 +364,12 @@ class LocalNvmeDataPath {
     const std::size_t n = slot.size;
     accel::Backoff backoff;
     raise_changed_targets(slot);  // changed files first: their kernel threads issue nothing more
+    // Posted to the persistent poller: it owns the batch until it hands it back whole.
+    if (slot.poller_sequence != 0) {
+      TUTTI_RETURN_IF_ERROR(wait_for_poller(slot, deadline));
+      if (!slot.reports_settled())  // handed back by a stopping kernel, or for an Abort: poll kernels go on
+        e.poller_returned_unfinished.fetch_add(1, std::memory_order_relaxed);
+    }
     const bool some = until == ProgressUntil::SOME;
     bool report_waiting = some && slot.has_unreported_done();
     // A batch its submit kernel polled to the end needs no launch: its reports are final.
@@ -411,6 +437,40 @@ class LocalNvmeDataPath {
 
  private:
   explicit LocalNvmeDataPath(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+
+  /// Whether a request of the batch needs the host (its Abort) according to the last reports.
+  static bool needs_host(const BatchSlot& slot) noexcept {
+    for (std::size_t i = 0; i < slot.size; ++i)
+      if (slot.reports[i].accepted && !slot.reported[i] && slot.reports[i].needs_host != 0) return true;
+    return false;
+  }
+
+  /// Waits until the persistent poller hands the batch back (its reports are then final in
+  /// slot.reports), reading the slot's released word with a host backoff, raising changed targets
+  /// meanwhile. NOT_READY at `deadline`; DEVICE_ERROR when the poller's launch ended without handing
+  /// it back (the slot is then abandoned).
+  Status wait_for_poller(BatchSlot& slot, std::uint64_t deadline) {
+    Engine& e = *engine_;
+    // Yields before any sleep: a sleep of the host lasts at least the thread's timer slack (50 us by
+    // default on Linux), as long as a 4 KiB read takes; 512 yields cover about half a millisecond.
+    accel::Backoff backoff(
+        accel::Backoff::Settings{.spin_steps = 64, .yield_steps = 512, .first_sleep_ns = 2000, .max_sleep_ns = 20000});
+    for (std::uint32_t step = 1; slot.poller_owns(); ++step) {
+      if (e.poller->launch_ended(slot.poller_generation) && slot.poller_owns()) {
+        slot.kernel_may_run = true;
+        e.kernel_abandoned.store(true);
+        return error(StatusCode::DEVICE_ERROR,
+                     "local_nvme: the persistent poller ended without handing the batch back; its requests' outcome "
+                     "is unknown");
+      }
+      if (accel::timer_ns() >= deadline)
+        return Status(StatusCode::NOT_READY, "local_nvme: batch still in flight (persistent poller)");
+      if (step % 256 == 0) raise_changed_targets(slot);
+      backoff.pause();
+    }
+    slot.poller_sequence = 0;
+    return Status::success();
+  }
 
   /// Reads the change events (local_file::poll_changes) and raises the signal of every target of
   /// the batch whose file changed, for the requests still in flight.

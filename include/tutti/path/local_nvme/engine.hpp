@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <tutti/accel/async_copy.hpp>
+#include <tutti/core/leak.hpp>
 #include <tutti/core/status.hpp>
 #include <tutti/nvme/controller.hpp>
 #include <tutti/path/local_nvme/batch_pool.hpp>
@@ -26,6 +27,7 @@
 #include <tutti/path/local_nvme/kernels.hpp>
 #include <tutti/path/local_nvme/launch.hpp>
 #include <tutti/path/local_nvme/options.hpp>
+#include <tutti/path/local_nvme/persistent_poller.hpp>
 #include <tutti/path/local_nvme/queues.hpp>
 #include <tutti/path/local_nvme/target_cache.hpp>
 #include <tutti/path/local_nvme/zombies.hpp>
@@ -56,6 +58,7 @@ struct Engine {
   /// request's completion is reported.
   std::atomic<std::uint64_t> commands_retried{0};
   std::atomic<std::uint64_t> poll_kernel_launches{0};
+  std::atomic<std::uint64_t> poller_returned_unfinished{0};  ///< LocalNvmeDataPath::batches_returned_unfinished
   /// Where submit's time goes (SubmitTimeSplit): submits whose reports came back, their host
   /// staging (entry to the kernel gate) and their device part (copy, AdmitKernel, copy of the
   /// reports back and the host's wait for them), ns of accel::timer_ns on the host.
@@ -71,6 +74,9 @@ struct Engine {
   /// A kernel wait failed (the kernel may run forever): the host never reaps zombies again; the
   /// queues' deletion in the destructor ends them.
   std::atomic<bool> kernel_abandoned{false};
+  /// Options::persistent_poller_warps != 0: the persistent poller; the destructor stops its kernel
+  /// first, while the queues it polls still exist.
+  std::unique_ptr<PersistentPoller> poller;
 
   /// Validates `options` (validate_options), creates the target handle cache and the queue
   /// pairs. Errors: validate_options', TargetCache::create's, RESOURCE_EXHAUSTED (host memory),
@@ -118,6 +124,14 @@ struct Engine {
     // admitted ("resubmit later" forever). The window adapts to what the queues can ever give.
     for (const auto& q : engine->queues)
       engine->options.request_window = std::min(engine->options.request_window, q->info.depth - 1);
+    if (options.persistent_poller_warps != 0) {
+      auto poller = PersistentPoller::create(engine->options, engine->device_queues());
+      if (!poller) return poller.status();
+      engine->poller = std::move(poller.value());
+      // A destroyed batch the poller still owns is handed back by the time its requests time out.
+      engine->pool->poller_release_bound_ns =
+          options.command_timeout_ns + options.abort_timeout_ns + options.persistent_poller_lifetime_ns;
+    }
     TUTTI_RETURN_IF_ERROR(engine->prepare_batches());
     return Result<std::unique_ptr<Engine>>(std::move(engine));
   }
@@ -133,7 +147,7 @@ struct Engine {
   Status prepare_batches() {
     const std::size_t n = options.prepared_batch_requests;
     return prepare_idle_slots(*pool, options.prepared_batches, n, options.request_window, pin_capacity(n),
-                              options.poll_stream_per_batch, "local_nvme");
+                              options.poll_stream_per_batch, "local_nvme", poller != nullptr);
   }
 
   /// Frees zombies whose completion finally arrived (ZombieList::reap). Never waits: skipped
@@ -141,6 +155,7 @@ struct Engine {
   /// abandoned; the next progress, zombie_commands or unregister_memory retries.
   void reap_zombies() {
     if (kernel_abandoned.load()) return;
+    if (poller && poller->may_run()) return;  // its warps own the queue words while it runs
     std::unique_lock gate(kernel_gate, std::try_to_lock);
     if (!gate.owns_lock()) return;  // a kernel's threads own the queue words now
     zombies.reap(queues);
@@ -161,9 +176,15 @@ struct Engine {
   }
 
   ~Engine() {
+    // The poller's last pass hands every batch back. A kernel that does not stop keeps its own
+    // memory (~PersistentPoller) and the queues' memory it polls (leaked below, after the deletion).
+    const bool poller_stopped = !poller || poller->stop().is_ok();
+    poller.reset();
     bool all_deleted = true;
     for (auto& q : queues)
       if (q && !controller->delete_io_queue_pair(q->info.qid).is_ok()) all_deleted = false;  // ends its commands
+    if (!poller_stopped)
+      for (auto& q : queues) leak_on_purpose(q.release());
     zombies.release(all_deleted);
   }
 };

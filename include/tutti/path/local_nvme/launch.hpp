@@ -25,6 +25,7 @@
 #include <tutti/core/status.hpp>
 #include <tutti/path/local_nvme/kernels.hpp>
 #include <tutti/path/local_nvme/options.hpp>
+#include <tutti/path/local_nvme/persistent_poll_kernel.hpp>
 
 namespace tutti::local_nvme {
 inline namespace TUTTI_PROFILE_NAMESPACE {
@@ -35,6 +36,8 @@ inline namespace TUTTI_PROFILE_NAMESPACE {
 /// CUDA refuses the launch (with its error text). Defined in libtutti_cuda only.
 Status launch_kernel(const accel::LaunchConfig& config, const AdmitKernel& kernel);
 Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel);
+/// cuda profile: the persistent poller's launch (persistent_poller.hpp), asynchronous, on config.stream.
+Status launch_kernel(const accel::LaunchConfig& config, const PersistentPollKernel& kernel);
 
 /// cuda profile: makes the DataPath's first launches run beside kernels already running on the
 /// device (a persistent GPU-resident controller, or a serving engine's persistent kernel, would
@@ -58,7 +61,8 @@ Status preload_kernels(std::uint64_t timeout_ns);
 
 /// How long a wait for work just enqueued on a stream of this DataPath may take, ns:
 /// command_timeout_ns plus a polling budget (the larger of poll_kernel_budget_ns and
-/// submit_poll_budget_ns) for each of `poll_kernels` polling kernels of this DataPath in flight,
+/// submit_poll_budget_ns) for each of `poll_kernels` polling kernels of this DataPath in flight, and
+/// persistent_poller_lifetime_ns when the persistent poller is on,
 /// the waited one included when it polls. Counted over all its streams, not only the waited one:
 /// streams alias onto a few hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), so a kernel may queue
 /// behind any of them, each polling for up to its whole budget. Saturating.
@@ -66,8 +70,20 @@ inline std::uint64_t kernel_wait_bound_ns(const Options& options, std::uint64_t 
   const std::uint64_t budget = std::max(options.poll_kernel_budget_ns, options.submit_poll_budget_ns);
   const std::uint64_t limit = ~std::uint64_t{0};
   const std::uint64_t extra = budget == 0 ? 0 : (poll_kernels > limit / budget ? limit : poll_kernels * budget);
-  const std::uint64_t timeout = options.command_timeout_ns;
+  // The persistent poller's kernel may sit ahead of it too, for its whole lifetime.
+  const std::uint64_t timeout =
+      options.command_timeout_ns + (options.persistent_poller_warps != 0 ? options.persistent_poller_lifetime_ns : 0);
   return extra > limit - timeout ? limit : timeout + extra;
+}
+
+/// One launch of `kernel` over `config` (a template, so the host profile never names launch_kernel).
+template <class Kernel>
+Status launch_grid(const accel::LaunchConfig& config, const Kernel& kernel) {
+  if constexpr (accel::kProfile == accel::Profile::cuda) {
+    return launch_kernel(config, kernel);  // libtutti_cuda
+  } else {
+    return accel::launch(config, kernel);  // the host profile's inline launch
+  }
 }
 
 /// One launch of `kernel` (AdmitKernel / PollKernel: they skip threads at or past n) over n
@@ -79,12 +95,7 @@ template <class Kernel>
 Status launch_over(const Options& options, void* stream, std::size_t n, const Kernel& kernel) {
   if (n == 0) return Status::success();
   const std::uint32_t tpb = options.threads_per_block;
-  const accel::LaunchConfig config{static_cast<std::uint32_t>((n + tpb - 1) / tpb), tpb, stream};
-  if constexpr (accel::kProfile == accel::Profile::cuda) {
-    return launch_kernel(config, kernel);  // libtutti_cuda
-  } else {
-    return accel::launch(config, kernel);  // the host profile's inline launch
-  }
+  return launch_grid(accel::LaunchConfig{static_cast<std::uint32_t>((n + tpb - 1) / tpb), tpb, stream}, kernel);
 }
 
 /// Takes one polling launch off the DataPath's count of polling kernels in flight when its wait is

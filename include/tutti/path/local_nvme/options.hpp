@@ -40,6 +40,9 @@ struct Options {
   /// another (accel/launch_host.hpp), so a polling thread would hold the later requests of its block.
   static constexpr std::uint64_t kDefaultPollKernelBudgetNs = accel::kProfile == accel::Profile::cuda ? 1'000'000 : 0;
   static constexpr std::uint64_t kMaxPollKernelBudgetNs = 1'000'000'000;  // 1 s
+  static constexpr std::uint32_t kMaxPersistentPollerWarps = 1024;
+  static constexpr std::uint64_t kDefaultPersistentPollerLifetimeNs = 100'000'000;  // 100 ms
+  static constexpr std::uint64_t kDefaultPersistentPollerIdleNs = 1'000'000;        // 1 ms
   /// I/O queue pairs to create (1..the controller's allocated queues). Requests of a batch are
   /// spread round robin over them, one queue pair per warp of 32 requests (CUDA profile; per
   /// request on the host). Warps that share a queue pair contend on its SQ, CQ and credits: give
@@ -133,6 +136,23 @@ struct Options {
   /// attention), not for those that overlap work between submit and wait. Host profile: as
   /// poll_kernel_budget_ns there (a block's threads run one after another).
   std::uint64_t submit_poll_budget_ns = 0;
+  /// Warps of the persistent poller (path/local_nvme/persistent_poller.hpp; docs/local-nvme.md, "The
+  /// persistent poller"), 0..kMaxPersistentPollerWarps; 0 (default): none. CUDA profile only. With
+  /// warps, submit hands each batch it leaves in flight to one long-lived kernel whose warps poll
+  /// every such batch (the 32-request chunks of a batch spread over them), and progress/wait read a
+  /// word in mapped pinned memory instead of launching a poll kernel, copying the reports back and
+  /// waiting for a stream. A batch comes back whole: once all its requests are done, one needs the
+  /// host (its Abort), or the kernel ends; progress then goes on with poll kernels as without the
+  /// poller. ProgressUntil::SOME therefore waits for the whole batch. While the kernel runs the host
+  /// reaps no zombie commands (zombie_commands counts them until it ends), and CUDA calls that wait
+  /// for the device (cudaFree, cudaMalloc, cudaHostAlloc in any thread of the process) wait for it
+  /// to end: persistent_poller_idle_ns after the last batch, at most persistent_poller_lifetime_ns.
+  std::uint32_t persistent_poller_warps = 0;
+  /// The persistent poller's kernel ends by itself this long after its launch, ns (1..
+  /// kMaxPollKernelBudgetNs and at most command_timeout_ns / 2); the next submit launches it again.
+  std::uint64_t persistent_poller_lifetime_ns = kDefaultPersistentPollerLifetimeNs;
+  /// ... or once it had no batch for this long, ns (1..persistent_poller_lifetime_ns).
+  std::uint64_t persistent_poller_idle_ns = kDefaultPersistentPollerIdleNs;
   /// L2 bound: bytes of extents (24 per extent) of all open targets together, held in
   /// kernel-reachable memory (CUDA profile: mapped pinned host memory) from open to close
   /// (1..accel::kMaxAllocationBytes). open beyond it returns RESOURCE_EXHAUSTED naming this field.
@@ -184,6 +204,27 @@ inline Result<std::uint64_t> validate_options(const Options& options, const nvme
                    "local_nvme: {} = {} outside 0..{} (at most {} ns and command_timeout_ns / 2 = {} ns): lower {} or "
                    "raise command_timeout_ns",
                    field, budget, budget_limit, Options::kMaxPollKernelBudgetNs, options.command_timeout_ns / 2, field);
+  if (options.persistent_poller_warps != 0) {
+    if (accel::kProfile != accel::Profile::cuda)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "local_nvme: persistent_poller_warps = {} needs the cuda profile (0 in the host profile, whose "
+                   "kernels run their threads one after another)",
+                   options.persistent_poller_warps);
+    if (options.persistent_poller_warps > Options::kMaxPersistentPollerWarps)
+      return error(StatusCode::INVALID_ARGUMENT, "local_nvme: persistent_poller_warps = {} outside 0..{}",
+                   options.persistent_poller_warps, Options::kMaxPersistentPollerWarps);
+    if (options.persistent_poller_lifetime_ns == 0 || options.persistent_poller_lifetime_ns > budget_limit)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "local_nvme: persistent_poller_lifetime_ns = {} outside 1..{} (at most {} ns and "
+                   "command_timeout_ns / 2 = {} ns)",
+                   options.persistent_poller_lifetime_ns, budget_limit, Options::kMaxPollKernelBudgetNs,
+                   options.command_timeout_ns / 2);
+    if (options.persistent_poller_idle_ns == 0 ||
+        options.persistent_poller_idle_ns > options.persistent_poller_lifetime_ns)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "local_nvme: persistent_poller_idle_ns = {} outside 1..{} (persistent_poller_lifetime_ns)",
+                   options.persistent_poller_idle_ns, options.persistent_poller_lifetime_ns);
+  }
   if (options.max_batches_in_flight == 0 || options.max_batches_in_flight > Options::kMaxBatchesInFlightLimit)
     return error(StatusCode::INVALID_ARGUMENT, "local_nvme: max_batches_in_flight = {} outside 1..{}",
                  options.max_batches_in_flight, Options::kMaxBatchesInFlightLimit);

@@ -160,6 +160,10 @@ class StripedNvmeDataPath {
         return error(StatusCode::INVALID_ARGUMENT, "striped_nvme: controllers[{}] is null", d);
     if (auto checked = local_nvme::validate_options(options, controllers[0]->identity()); !checked)
       return checked.status().with_context("striped_nvme");
+    if (options.persistent_poller_warps != 0)
+      return error(StatusCode::INVALID_ARGUMENT,
+                   "striped_nvme: persistent_poller_warps = {}: the persistent poller serves local_nvme only (0 here)",
+                   options.persistent_poller_warps);
     // The engines' own pools would hold slots striped_nvme never takes (its pool below holds pieces).
     Options engine_options = options;
     engine_options.prepared_batches = 0;
