@@ -7,7 +7,8 @@
 # fetches the kernel image and headers as packages, builds driver/snvme
 # against the headers (with its fault injection: SNVME_FAULT_INJECTION=1),
 # builds the static guest programs (snvme-test, libnvm-snvme-test, kv-store-snvme-test,
-# local-nvme-snvme-test, tuttid, tuttictl, tuttid-snvme-test) and an initramfs, then boots qemu-system-x86_64
+# local-nvme-snvme-test, tuttid, tuttictl, tuttid-snvme-test, the KV example layerwise_kv_overlap) and an
+# initramfs, then boots qemu-system-x86_64
 # (q35, emulated Intel IOMMU, emulated NVMe behind a pcie-root-port, a QMP
 # socket) once per LBA format (512 and 4096 bytes) and runs
 # tests/qemu/guest/suite.sh. When the guest prints TUTTI-HOTPLUG-REQUEST,
@@ -54,8 +55,9 @@ readonly EXPECTED_TESTS=(param-range no-grab-on-load bind perms queue-flush-fua 
 	bad-ioctl load-ext4 mkfs-mount-write fiemap-read fiemap-write wrap
 	libnvm-snvme-controller local-nvme-snvme kill-9-mid-io leaks-after-kill close-with-queues-live
 	leaks-after-close umount-fsck rebind-50 remount-after-rebind controller-failure
-	leaks-final tuttid-bind-mount tuttid-lease-io tuttid-seal tuttid-kill-mid-io leaks-after-tuttid-kill tuttid-reset
-	tuttid-restart-adopt tuttid-sigterm bind-after-tuttid ladder-setup timeout-poll timeout-abort-reset timeout-fail reset-revoke
+	leaks-final tuttid-bind-mount tuttid-lease-io tuttid-seal tuttid-kv-example tuttid-kv-example-corrupt
+	tuttid-kill-mid-io leaks-after-tuttid-kill tuttid-reset tuttid-restart-adopt tuttid-sigterm bind-after-tuttid
+	ladder-setup timeout-poll timeout-abort-reset timeout-fail reset-revoke
 	libnvm-reset local-nvme-reset leaks-after-reset ladder-fsck hot-removal)
 
 MODE=normal
@@ -80,7 +82,8 @@ fi
 # --- host packages -----------------------------------------------------------
 readonly HOST_PKGS=(qemu-system-x86 qemu-utils busybox-static cpio kmod pahole
 	e2fsprogs make gcc gcc-12 g++ libc6-dev libfmt-dev libelf-dev bc flex bison xz-utils
-	zstd dpkg-dev apt socat libcli11-dev nlohmann-json3-dev)
+	zstd dpkg-dev apt socat libcli11-dev nlohmann-json3-dev liburing-dev liburiparser-dev libxxhash-dev
+	liblmdb-dev)
 
 install_host_packages() {
 	local missing=() p
@@ -267,7 +270,8 @@ build_initramfs() {
 	for a in $(/bin/busybox --list); do
 		[[ $a == busybox ]] || ln -sf busybox "$r/bin/$a"
 	done
-	copy_with_libs "$r" "$(command -v mke2fs)" "$(command -v e2fsck)" "$WORK/bin/kv-store-snvme-test"
+	copy_with_libs "$r" "$(command -v mke2fs)" "$(command -v e2fsck)" "$WORK/bin/kv-store-snvme-test" \
+		"$WORK/bin/layerwise_kv_overlap"
 	ln -sf mke2fs "$r/sbin/mkfs.ext4"
 	cp /etc/mke2fs.conf "$r/etc/"
 	install -m 0644 "$ko" "$r/lib/snvme.ko"

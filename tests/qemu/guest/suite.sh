@@ -180,9 +180,9 @@ t leaks-final $T leaks
 
 # tuttid on this PCI controller (docs/daemon.md, "PCI controllers"): a real tuttid binds the controller
 # through /dev/snvme-control, mounts the ext4 of mkfs-mount-write, leases sealed queue groups to client
-# processes (tuttid-snvme-test: the local_nvme DataPath over LeasedController), reclaims the queues of a
-# client killed mid-I/O, adopts the bound controller and the mount after a crash, and on SIGTERM unmounts
-# and unbinds.
+# processes (tuttid-snvme-test: the local_nvme DataPath over LeasedController; the KV example with --backend nvme),
+# reclaims the queues of a client killed mid-I/O, adopts the bound controller and the mount after a crash, and on
+# SIGTERM unmounts and unbinds.
 TD=/tmp/tuttid
 TSOCK=$TD/tuttid.sock
 TC=/bin/tuttid-snvme-test
@@ -216,6 +216,50 @@ EOF
 t tuttid-bind-mount tuttid_bind_mount
 t tuttid-lease-io $TC io $TSOCK nvme0 "$LBA" $TSCRATCH
 t tuttid-seal $TC seal $TSOCK nvme0
+# The KV example as tuttid's client (docs/kv-cache.md, "--backend nvme through tuttid"): it leases 2 queues of
+# nvme0, puts its layer files in its default folder on the namespace tuttid mounted, resolves them with FIEMAP to
+# LBAs of /dev/snvme0n1 and moves every tensor through the leased queues; its pread baselines read the same files
+# with O_DIRECT through the kernel's queues. 6 layers x 4 chunks x K and V of 64 KiB: 3 MiB.
+KV="/bin/layerwise_kv_overlap --backend nvme --controller nvme0 --tuttid-socket $TSOCK --lease-queues 2 --layers 6
+	--context-tokens 1024 --tokens-per-block 256 --tensor-bytes 65536 --repeat 1 --compute-ms 0.5 --no-drop-caches"
+KVDATA=/mnt/tuttid/tutti-layerwise-kv
+tuttid_kv_example() {
+	rc=0
+	timeout 120 $KV >/tmp/kv.out 2>&1 || rc=$?
+	cat /tmp/kv.out
+	[ $rc = 0 ] || { echo "the example exited $rc"; return 1; }
+	# Per read pass (restore, pread, pread x6 = the 6 requests in flight, pipeline) 6 layers x 3 cached chunks x 2
+	# tensors; written: 6 layers x 1 missed chunk x 2.
+	grep -q "^  verify  *: 156 tensors checked (restore 36, pread 36, pread x6 36, pipeline 36, written 12; .*), 0 mismatched -> VERIFIED$" \
+		/tmp/kv.out || { echo "no VERIFIED line of 156 tensors"; return 1; }
+	grep -q "^  verdict  *: .*; every tensor verified (156)$" /tmp/kv.out || { echo "no verdict line"; return 1; }
+	# Each request of the restore an NVMe command (local_nvme), on the queues tuttid says it leased to this run.
+	grep -q "^  restore only  *: .* (36 requests, 36 device commands; " /tmp/kv.out || { echo "no restore line"; return 1; }
+	grep -q "^  local_nvme  *: 0 NVMe commands sent again after a retryable status, 0 Aborts sent$" /tmp/kv.out ||
+		{ echo "no local_nvme line"; return 1; }
+	lease=$(sed -n 's|^  lease  *: lease \([0-9]*\) of tuttid on controller nvme0: queues \([0-9]*,[0-9]*\) of depth 64, namespace 1 (/dev/snvme0n1 on /mnt/tuttid)$|\1 \2|p' /tmp/kv.out)
+	[ -n "$lease" ] || { echo "no lease line of 2 queues on /dev/snvme0n1"; return 1; }
+	set -- $lease
+	grep "lease $1 granted: pid [0-9]* uid 0 on nvme0, queues $2, " $TD/log || { echo "tuttid logged no lease $1 of queues $2"; return 1; }
+	grep "lease $1 released: " $TD/log || { echo "tuttid logged no release of lease $1"; return 1; }
+}
+t tuttid-kv-example tuttid_kv_example
+tuttid_kv_example_corrupt() {
+	# Two bytes of layer 2, chunk 1, V (the store's layout: (2 x 1 + 1) x 64 KiB in) changed through ext4 and the
+	# kernel's queues; the next run reads them through the leased queues: exit 1, the tensor named.
+	printf '\xff\x00' | dd of=$KVDATA/layer-00002.kv bs=1 seek=$((3 * 65536 + 100)) conv=notrunc 2>/dev/null || return 1
+	sync
+	rc=0
+	timeout 120 $KV --no-pread-baseline >/tmp/kv.out 2>&1 || rc=$?
+	cat /tmp/kv.out
+	[ $rc = 1 ] || { echo "a corrupted tensor gave exit $rc, expected 1"; return 1; }
+	grep -q "^  verify  *: 84 tensors checked (restore 36, pipeline 36, written 12; .*), 2 mismatched -> FAILED$" \
+		/tmp/kv.out || { echo "no FAILED line of 2 in 84 tensors"; return 1; }
+	grep -q "did not match their checksums, first: restore layer 2 chunk 1 V" /tmp/kv.out ||
+		{ echo "the mismatch is not named"; return 1; }
+	rm -rf $KVDATA
+}
+t tuttid-kv-example-corrupt tuttid_kv_example_corrupt
 tuttid_kill_mid_io() {
 	rm -f /tmp/td-ready
 	$TC hold $TSOCK nvme0 "$LBA" $TSCRATCH /tmp/td-ready &
