@@ -113,6 +113,7 @@ t queue-flush-fua queue_flags
 t info $T info "$LBA" deadbeef
 t bad-ioctl $T bad-ioctl
 t seal $T seal
+t revoke $T revoke
 
 load_ext4() {
 	# crc32c-intel needs SSE4.2, which the emulated CPU may lack: optional.
