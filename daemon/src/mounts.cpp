@@ -343,7 +343,8 @@ Result<NamespaceMount> NamespaceMount::mount_or_verify(const MountRequest& r) {
     m.loop_attached_here_ = true;  // from here on the destructor detaches it
   }
   m.block_device_ = node;
-  if (::mount(node.c_str(), m.mount_point_.c_str(), r.filesystem.c_str(), MS_NOSUID | MS_NODEV, nullptr) != 0) {
+  if (::mount(node.c_str(), m.mount_point_.c_str(), r.filesystem.c_str(), MS_NOSUID | MS_NODEV | MS_NOATIME, nullptr) !=
+      0) {
     const int e = errno;
     return error(StatusCode::DEVICE_ERROR, "{}.mount: mount -t {} {} ({} '{}') on '{}': {}{}", r.key, r.filesystem,
                  node, r.source_key, r.source, m.mount_point_, std::strerror(e),

@@ -8,7 +8,8 @@
 //   - mounted by tuttid: nothing is mounted there, so tuttid attaches the image to a free loop device
 //     (LOOP_CTL_GET_FREE, then LOOP_CONFIGURE, or LOOP_SET_FD + LOOP_SET_STATUS64 on kernels before 5.8;
 //     read-write, buffered, LO_FLAGS_AUTOCLEAR: the loop device and the soft controller share the image's page cache),
-//     or takes the block device as it is, and mounts it with the configured file system (MS_NOSUID | MS_NODEV).
+//     or takes the block device as it is, and mounts it with the configured file system (MS_NOSUID | MS_NODEV |
+//     MS_NOATIME).
 // An image another loop device already has as backing file is refused (all but the verified mount), so one
 // image is never mounted twice; ImageLock holds an flock on a soft controller's image while it is up.
 // At stop, release() unmounts what tuttid mounted (retrying while busy, up to the timeout, then a lazy

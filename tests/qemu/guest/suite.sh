@@ -182,8 +182,8 @@ t leaks-final $T leaks
 # tuttid on this PCI controller (docs/daemon.md, "PCI controllers"): a real tuttid binds the controller
 # through /dev/snvme-control, mounts the ext4 of mkfs-mount-write, leases sealed queue groups to client
 # processes (tuttid-snvme-test: the local_nvme DataPath over LeasedController), reclaims the queues of a
-# client killed mid-I/O, adopts the bound controller and the mount after a crash, and on SIGTERM unmounts
-# and unbinds.
+# client killed mid-I/O, adopts the bound controller and verifies the mount after a crash, leaves a mount it
+# only verified (and the controller bound) at stop, and on SIGTERM unmounts what it mounted and unbinds.
 TD=/tmp/tuttid
 TSOCK=$TD/tuttid.sock
 TC=/bin/tuttid-snvme-test
@@ -211,6 +211,7 @@ EOF
 	tuttid_start || return 1	# the mount point is written unnormalised: /mnt/tuttid in the kernel's table
 	grep -q "bound PCI $ADDR to snvme" $TD/log || return 1
 	grep -q "^/dev/snvme0n1 /mnt/tuttid ext4" /proc/mounts || { echo "/mnt/tuttid is not mounted"; return 1; }
+	grep -q "nvme0 namespace 1: /dev/snvme0n1 on /mnt/tuttid (ext4, mounted)" $TD/log || return 1
 	[ -d /mnt/tuttid/accelerator0 ] && [ -d /mnt/tuttid/accelerator1 ] || { echo "no accelerator directories"; return 1; }
 	cmp /mnt/tuttid/small /mnt/tuttid/dir/copy
 }
@@ -249,10 +250,29 @@ tuttid_restart_adopt() {
 	: >$TD/log
 	tuttid_start || return 1
 	grep -q "adopted PCI $ADDR" $TD/log || return 1
-	grep -q "verified the mount of /dev/snvme0n1 on /mnt/tuttid" $TD/log || return 1
+	grep -q "nvme0 namespace 1: /dev/snvme0n1 on /mnt/tuttid (ext4, verified)" $TD/log || return 1
 	$TC seal $TSOCK nvme0
 }
 t tuttid-restart-adopt tuttid_restart_adopt
+tuttid_verified_stop() {
+	# The mount this tuttid found at its restart (verified, not its own): SIGTERM leaves it mounted and the
+	# controller bound, and says why; once the admin unmounted it, a new tuttid adopts and mounts it itself.
+	kill -TERM $TPID
+	wait_for 30 tuttid_gone || { echo "tuttid still runs 30 s after SIGTERM"; return 1; }
+	wait $TPID
+	rc=$?
+	tail -n 3 $TD/log
+	[ $rc = 0 ] || { echo "tuttid exited $rc"; return 1; }
+	grep -q "^/dev/snvme0n1 /mnt/tuttid ext4" /proc/mounts || { echo "the verified /mnt/tuttid was unmounted"; return 1; }
+	[ -e /dev/snvme0 ] || { echo "$ADDR was unbound under a mounted file system"; return 1; }
+	grep -q "left $ADDR bound: /dev/snvme0n1 is mounted at /mnt/tuttid" $TD/log || { echo "the log does not say why"; return 1; }
+	umount /mnt/tuttid || return 1
+	: >$TD/log
+	tuttid_start || return 1
+	grep -q "adopted PCI $ADDR" $TD/log || return 1
+	grep -q "nvme0 namespace 1: /dev/snvme0n1 on /mnt/tuttid (ext4, mounted)" $TD/log
+}
+t tuttid-verified-stop tuttid_verified_stop
 tuttid_sigterm() {
 	# A holder with the DataPath on its queues: revoked at the 2 s deadline, it sees its queues' CSTS read all
 	# ones and tears down cleanly (no SIGBUS on the rings the driver revoked).
