@@ -30,9 +30,9 @@ class ControllerSlot {
 
   /// Brings the controller up: soft: creates the soft controller on its image, brings it up (CC.EN, Identify,
   /// Number of Queues) and creates the kernel_queues queue pairs it keeps for itself (standing for the kernel's
-  /// blk-mq queues of an snvme controller). PCI: PciController::bring_up (bind or adopt, nodes, checks), then
-  /// libnvm's SnvmeController on /dev/snvme<C> for the identity (its file holds no queue). On error the state
-  /// is failed and last_error() says why.
+  /// blk-mq queues of an snvme controller). PCI: PciController::bring_up (bind or adopt, nodes, lock, the
+  /// revocation of files tuttid does not hold), then libnvm's SnvmeController on /dev/snvme<C> for the identity
+  /// (its file holds no queue). On error the state is failed and last_error() says why.
   Status bring_up();
   /// Creates `count` I/O queue pairs of config().queue_depth entries; all or none. Errors: UNAVAILABLE-like
   /// NOT_READY (not up), RESOURCE_EXHAUSTED (fewer than count leasable queues free), the controller's errors.
@@ -71,7 +71,7 @@ class ControllerSlot {
   /// PCI, after the driver revoked tuttid's files (POLLPRI): opens new ones (the watched file and the
   /// identity's controller). `lost` (POLLHUP: the controller failed or is gone) marks it failed instead.
   Status recover(bool lost);
-  /// The PCI bring-up's steps (bound or adopted), empty for soft controllers.
+  /// The PCI bring-up's steps (bound or adopted, files revoked), empty for soft controllers.
   std::vector<std::string> bring_up_steps() const { return pci_ ? pci_->steps() : std::vector<std::string>{}; }
 
   const ControllerConfig& config() const noexcept { return config_; }

@@ -459,8 +459,8 @@ Result<ImageLock> ImageLock::acquire(const std::string& image, const std::string
     const int e = errno;
     if (e == EWOULDBLOCK)
       return error(StatusCode::BUSY,
-                   "{}: '{}' is locked (flock) by another process: another tuttid serves this image; expected "
-                   "each image served by one tuttid",
+                   "{}: '{}' is locked (flock) by another process: another tuttid serves it; expected each "
+                   "image or controller served by one tuttid",
                    key, image);
     return error(StatusCode::DEVICE_ERROR, "{}: flock '{}': {}", key, image, std::strerror(e));
   }

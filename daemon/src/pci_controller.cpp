@@ -18,7 +18,7 @@
 #include <tutti/core/clock.hpp>
 #include <uapi/snvme.h>  // the driver's ABI (libnvm's include directories reach driver/snvme/include)
 
-#include "mounts.hpp"          // mount_table: the one mountinfo parser
+#include "mounts.hpp"          // mount_table: the one mountinfo parser; ImageLock
 #include "snvme_argument.hpp"  // libnvm/snvme: the ioctl header filled in one place
 
 namespace tutti::daemon {
@@ -112,7 +112,7 @@ Status PciController::bind() {
   if (instance_ < 0)
     return error(StatusCode::DEVICE_ERROR, "controller {}: BIND of PCI {} returned no instance", config_.name, address);
   char_device_ = fmt::format("/dev/snvme{}", instance_);
-  bound_ = true;
+  bound_ = !adopted_;  // adopted: unbound at stop only once locked (another tuttid may serve it)
   return Status::success();
 }
 
@@ -136,14 +136,23 @@ Status PciController::wait_for_nodes() {
   return Status::success();
 }
 
-Status PciController::check_driver() {
+Status PciController::check_driver_and_revoke_others() {
+  // The lock's file of /dev/snvme<C> asks the driver (it holds no queue): GET_INFO's checks, then the
+  // revocation of every other open file.
+  const int fd = lock_.fd();
   auto info = libnvm::snvme_argument<snvme_info>();
-  if (::ioctl(watch_fd_, SNVME_IOC_GET_INFO, &info) != 0)
+  if (::ioctl(fd, SNVME_IOC_GET_INFO, &info) != 0)
     return errno_error(StatusCode::DEVICE_ERROR, fmt::format("{}: GET_INFO", char_device_), errno);
-  // The driver must seal files (a lease's file must not grow past it) and have the queues to lease.
+  // The driver must seal files (a lease's file must not grow past it), revoke them (a lease must end even
+  // while its holder runs) and have the queues to lease.
   if ((info.caps & SNVME_CAP_SEAL) == 0)
     return error(StatusCode::UNSUPPORTED, "controller {}: {} lacks SNVME_CAP_SEAL: a lease's file could not be sealed",
                  config_.name, char_device_);
+  if ((info.caps & SNVME_CAP_REVOKE) == 0)
+    return error(StatusCode::UNSUPPORTED,
+                 "controller {}: {} lacks SNVME_CAP_REVOKE (caps {:#x}): a lease could not be ended while its holder "
+                 "runs; load the snvme module of this tree",
+                 config_.name, char_device_, info.caps);
   if (info.user_queues < config_.leasable_queues())
     return error(StatusCode::UNSUPPORTED,
                  "controller {}: io_queue_pairs - kernel_queues = {} leasable queues, but {} reserves {} for userspace "
@@ -152,15 +161,35 @@ Status PciController::check_driver() {
   page_size_ = info.page_size;
   kernel_qids_.clear();
   for (std::uint16_t q = 1; q <= info.kernel_queues; ++q) kernel_qids_.push_back(q);
+  // Restart policy "revoke all": the files of a previous tuttid's leases whose holders still run hold queue
+  // groups that no tuttid can reach any more. They end here, before this tuttid counts its free queues.
+  auto revoke = libnvm::snvme_argument<snvme_revoke>();
+  revoke.scope = SNVME_REVOKE_OTHERS;
+  if (::ioctl(fd, SNVME_IOC_REVOKE, &revoke) != 0)
+    return errno_error(StatusCode::DEVICE_ERROR,
+                       fmt::format("controller {}: REVOKE of the other open files of {}", config_.name, char_device_),
+                       errno);
+  if (revoke.files != 0 || adopted_)
+    steps_.push_back(fmt::format(
+        "revoked {} open file(s) of {} that this tuttid does not hold, with {} queue group(s) of {} queue pair(s) "
+        "(leases of a previous tuttid whose holders still run)",
+        revoke.files, char_device_, revoke.queue_groups, revoke.queues));
   return Status::success();
 }
 
 Status PciController::bring_up() {
   TUTTI_RETURN_IF_ERROR(bind());
   TUTTI_RETURN_IF_ERROR(wait_for_nodes());
+  // One tuttid per controller: a second one (another configuration, another socket) stops here, before it
+  // revokes the first one's leases or unbinds the controller under it at its stop.
+  auto lock = ImageLock::acquire(
+      char_device_, fmt::format("controller {}: {} (PCI {})", config_.name, char_device_, *config_.pci_address));
+  if (!lock) return lock.status();
+  lock_ = std::move(lock.value());
+  bound_ = true;
+  TUTTI_RETURN_IF_ERROR(check_driver_and_revoke_others());
   // The file stays open: tuttid polls it for the driver's reset and failure events.
-  TUTTI_RETURN_IF_ERROR(reopen_watch());
-  return check_driver();
+  return reopen_watch();
 }
 
 Status PciController::shut_down(bool file_systems_released) {
@@ -205,6 +234,7 @@ Status PciController::shut_down(bool file_systems_released) {
     }
   }
   bound_ = false;
+  lock_ = ImageLock();  // last: no other tuttid takes the controller while this one still unbinds it
   return result;
 }
 
@@ -220,11 +250,25 @@ Result<PciLease> PciController::open_lease(std::uint32_t queues, std::uint32_t d
     auto g = libnvm::snvme_argument<snvme_queue_group>();
     g.nr_queues = 1;
     g.entries = depth;
-    if (::ioctl(lease.fd, SNVME_IOC_CREATE_QUEUE_GROUP, &g) != 0)
-      return fail(errno_error(errno == ENOSPC ? StatusCode::RESOURCE_EXHAUSTED : StatusCode::DEVICE_ERROR,
+    if (::ioctl(lease.fd, SNVME_IOC_CREATE_QUEUE_GROUP, &g) != 0) {
+      const int err = errno;
+      if (err == ENOSPC) {
+        // The driver has fewer free user queues than tuttid counts: another process holds queue groups of
+        // this controller (it opened /dev/snvme<C> itself). The queues of this lease made so far count as free.
+        auto info = libnvm::snvme_argument<snvme_info>();
+        const bool known = ::ioctl(lease.fd, SNVME_IOC_GET_INFO, &info) == 0;
+        return fail(error(StatusCode::RESOURCE_EXHAUSTED,
+                          "{} queues asked, but {} has {} of its {} user queues free (queue groups of files "
+                          "tuttid does not hold: a process that opened {} itself)",
+                          queues, char_device_,
+                          known ? fmt::format("{}", info.user_queues_free + i) : std::string("an unknown number"),
+                          known ? fmt::format("{}", info.user_queues) : std::string("?"), char_device_));
+      }
+      return fail(errno_error(StatusCode::DEVICE_ERROR,
                               fmt::format("{}: CREATE_QUEUE_GROUP of 1 pair x {} entries (queue {} of {})",
                                           char_device_, depth, i + 1, queues),
-                              errno));
+                              err));
+    }
     const snvme_queue_desc& d = g.queues[0];
     lease.queues.push_back(
         {g.group_id, d.qid, d.entries, d.sq_doorbell, d.cq_doorbell, d.sq_offset, d.cq_offset, d.sq_bytes, d.cq_bytes});
@@ -239,20 +283,22 @@ Result<PciLease> PciController::open_lease(std::uint32_t queues, std::uint32_t d
 }
 
 Status PciController::end_lease(PciLease& lease) {
-  Status first;
-  for (const auto& q : lease.queues) {
-    auto arg = libnvm::snvme_argument<snvme_group_id>();
-    arg.group_id = q.group_id;
-    // ENOENT: the holder destroyed it; ESTALE, ENODEV: a reset, failure or removal deleted it already.
-    if (lease.fd >= 0 && ::ioctl(lease.fd, SNVME_IOC_DESTROY_QUEUE_GROUP, &arg) != 0 && errno != ENOENT &&
-        errno != ESTALE && errno != ENODEV && first.is_ok())
-      first = errno_error(StatusCode::DEVICE_ERROR,
-                          fmt::format("{}: DESTROY_QUEUE_GROUP of queue {}", char_device_, q.qid), errno);
+  Status result;
+  if (lease.fd >= 0) {
+    // The whole file, whatever the holder still does with it: its groups deleted (a reset's revocation
+    // deleted them on the controller already; this frees their QIDs), stand-ins under its mappings.
+    auto revoke = libnvm::snvme_argument<snvme_revoke>();
+    revoke.scope = SNVME_REVOKE_FILE;
+    // ENODEV: the controller failed or is gone; its queues are gone with it.
+    if (::ioctl(lease.fd, SNVME_IOC_REVOKE, &revoke) != 0 && errno != ENODEV)
+      result = errno_error(
+          StatusCode::DEVICE_ERROR,
+          fmt::format("{}: REVOKE of the lease's file (queues {})", char_device_, fmt::join(lease.qids(), ",")), errno);
+    ::close(lease.fd);
   }
   lease.queues.clear();
-  if (lease.fd >= 0) ::close(lease.fd);
   lease.fd = -1;
-  return first;
+  return result;
 }
 
 }  // namespace tutti::daemon

@@ -4,13 +4,15 @@
 // controller (ControllerSlot::mount_namespaces, with block_device() as the source).
 //
 // Bring-up, in order, every wait bounded: BIND (EALREADY: the controller is bound already, by a previous
-// tuttid, and is adopted), wait for /dev/snvme<C> and /dev/snvme<C>n<nsid> of every configured namespace,
-// GET_INFO's checks. Stop: UNBIND, unless a file system of the controller is still mounted.
+// tuttid, and is adopted), wait for /dev/snvme<C> and /dev/snvme<C>n<nsid> of every configured namespace, an
+// flock on /dev/snvme<C> (one tuttid per controller), GET_INFO's checks, then SNVME_IOC_REVOKE of every other
+// open file of the controller: the leases of a previous tuttid whose holders still run end here (restart
+// policy "revoke all"). Stop: UNBIND, unless a file system of the controller is still mounted.
 // A lease is an open file of /dev/snvme<C> of its own: CREATE_QUEUE_GROUP (one group of one pair per
 // leased queue), then SNVME_IOC_SEAL with the lease's pinned bytes, so the copy the client receives can
-// neither create queues nor map more. tuttid keeps its own copy of the file to end the lease: it destroys
-// the groups (Delete I/O SQ, then CQ, on the controller) through it, whether the client still holds the
-// file or not, then closes it.
+// neither create queues nor map more. tuttid keeps its own copy of the file to end the lease: SNVME_IOC_REVOKE
+// through it deletes the groups (Delete I/O SQ, then CQ, on the controller) and puts stand-ins under the
+// holder's mappings, whether the client still holds the file or not; then tuttid closes it.
 // Thread-safety: one thread (the daemon's loop) uses a PciController.
 #pragma once
 
@@ -24,6 +26,7 @@
 #include <tutti/core/status.hpp>
 
 #include "config.hpp"
+#include "mounts.hpp"  // ImageLock
 
 namespace tutti::daemon {
 
@@ -57,14 +60,16 @@ class PciController {
   PciController(const PciController&) = delete;
   PciController& operator=(const PciController&) = delete;
 
-  /// Binds (or adopts), waits for the nodes, checks the driver. Errors name the step, the path or PCI address
-  /// and the errno text: NOT_FOUND (no /dev/snvme-control: snvme is not loaded; no such PCI device), TIMEOUT
-  /// (a node did not appear within kPciNodeTimeoutNs), UNSUPPORTED (the driver lacks SNVME_CAP_SEAL or has
-  /// fewer user queues than leasable), DEVICE_ERROR (BIND or GET_INFO failed).
+  /// Binds (or adopts), waits for the nodes, locks the controller, checks the driver, revokes every open file
+  /// of the controller that this tuttid does not hold. Errors name the step, the path or PCI address and the
+  /// errno text: NOT_FOUND (no /dev/snvme-control: snvme is not loaded; no such PCI device), TIMEOUT (a node
+  /// did not appear within kPciNodeTimeoutNs), BUSY (another process holds the flock of /dev/snvme<C>: another
+  /// tuttid serves the controller), UNSUPPORTED (the driver lacks SNVME_CAP_SEAL or SNVME_CAP_REVOKE, or has
+  /// fewer user queues than leasable), DEVICE_ERROR (BIND, GET_INFO or REVOKE failed).
   Status bring_up();
   /// UNBINDs, unless `file_systems_released` is false (a mount tuttid made could only be detached lazily) or a
   /// namespace of the controller is still mounted (a mount tuttid verified and left): then the controller
-  /// stays bound, and stop_note() says why.
+  /// stays bound, and stop_note() says why. Releases the flock last.
   Status shut_down(bool file_systems_released);
   /// What shut_down left and why ("left bound: ..."), empty when it unbound or had nothing to do.
   const std::string& stop_note() const noexcept { return stop_note_; }
@@ -74,7 +79,7 @@ class PciController {
   /// /dev/snvme<C>n<nsid>: where namespace `nsid`'s file system lives.
   std::string block_device(std::uint32_t nsid) const;
   bool adopted() const noexcept { return adopted_; }
-  /// What bring_up did, one line per step (bound or adopted), for tuttid's log.
+  /// What bring_up did, one line per step (bound or adopted, revoked), for tuttid's log.
   const std::vector<std::string>& steps() const noexcept { return steps_; }
   /// tuttid's own open file of /dev/snvme<C> (no queue on it), polled for POLLPRI: the driver revokes every
   /// open file on a controller reset (POLLPRI | POLLERR) and on a failure or removal (POLLHUP too); -1
@@ -86,23 +91,27 @@ class PciController {
   const std::vector<std::uint16_t>& kernel_qids() const noexcept { return kernel_qids_; }
 
   /// Opens a file for a lease: `queues` groups of one pair of `depth` entries, sealed to `pinned_bytes`
-  /// rounded down to the driver's page size. Errors: those of the driver (ENOSPC: RESOURCE_EXHAUSTED).
+  /// rounded down to the driver's page size. Errors: RESOURCE_EXHAUSTED when the driver has fewer free user
+  /// queues than asked (ENOSPC: queue groups of files tuttid does not hold), naming the controller, the
+  /// queues asked and the queues free; the driver's others (DEVICE_ERROR).
   Result<PciLease> open_lease(std::uint32_t queues, std::uint32_t depth, std::uint64_t pinned_bytes);
-  /// Destroys the lease's groups on tuttid's copy (the client's copies see their rings revoked), closes it.
-  /// Returns the first error (a group that is gone already, ENOENT, is not one).
+  /// Revokes tuttid's copy of the lease's file (SNVME_IOC_REVOKE: its groups deleted, stand-ins under the
+  /// holder's mappings, its status page all ones), closes it. Returns the driver's error; ENODEV (the
+  /// controller failed or is gone: nothing left to delete) is none.
   Status end_lease(PciLease& lease);
 
  private:
   Status bind();
   Status wait_for_nodes();
-  Status check_driver();
+  Status check_driver_and_revoke_others();
 
   const ControllerConfig& config_;
   std::string char_device_;
   int instance_ = -1;
   int watch_fd_ = -1;
   bool adopted_ = false;
-  bool bound_ = false;  ///< bound or adopted by bring_up: UNBIND at stop
+  bool bound_ = false;  ///< bound by bring_up, or adopted and locked: UNBIND at stop
+  ImageLock lock_;      ///< flock on /dev/snvme<C> while this tuttid serves the controller
   std::uint32_t page_size_ = 4096;
   std::vector<std::string> steps_;
   std::string stop_note_;

@@ -436,7 +436,10 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
   }
   if (!qids) {
     ::close(pidfd);
-    return refuse(errors::kInternal, qids.status().to_string());
+    // Fewer free queues in the driver than tuttid counts (queue groups of files tuttid does not hold): a
+    // resource refusal whose message names the controller, the queues asked and the queues free.
+    return refuse(qids.status() == StatusCode::RESOURCE_EXHAUSTED ? errors::kExhausted : errors::kInternal,
+                  qids.status().to_string());
   }
   Lease lease;
   lease.id = next_lease_++;
