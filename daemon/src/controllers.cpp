@@ -1,6 +1,11 @@
 // tuttid's controllers: see controllers.hpp.
 #include "controllers.hpp"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "snvme_controller.hpp"  // libnvm's controller over /dev/snvme<C> (libnvm/snvme)
 
 namespace tutti::daemon {
@@ -151,6 +156,7 @@ Status ControllerSlot::delete_queues(const std::vector<std::uint16_t>& qids) {
 Status ControllerSlot::shut_down() {
   (void)release_mounts();
   mounts_.clear();
+  stop_note_.clear();
   if (!driver_ && !pci_) return Status::success();
   infos_.clear();
   if (!pci_) (void)delete_queues(std::vector<std::uint16_t>(leased_.begin(), leased_.end()));
@@ -163,10 +169,13 @@ Status ControllerSlot::shut_down() {
   state_ = BringUpState::down;
   Status stopped;
   if (pci_) {
-    stopped = pci_->shut_down();  // the leases' files are closed by now (the server ends every lease first)
+    // The leases' files are closed by now (the server ends every lease first), and the mounts released.
+    stopped = pci_->shut_down(mounts_released_);
+    stop_note_ = pci_->stop_note();
     pci_.reset();
     if (!stopped.is_ok()) error_ = stopped.to_string();
   }
+  mounts_released_ = true;
   return stopped;
 }
 
@@ -204,24 +213,37 @@ const nvme::ControllerIdentity* ControllerSlot::identity() const noexcept {
 }
 
 Status ControllerSlot::mount_namespaces(std::size_t index) {
+  if (state_ != BringUpState::up) return Status::success();  // a failed bring-up mounts nothing
+  auto fail = [&](const Status& status) {
+    (void)shut_down();
+    state_ = BringUpState::failed;
+    error_ = status.to_string();
+    ++bring_up_errors_;
+    return status;
+  };
   auto mounts =
       daemon::mount_namespaces(config_, index, [&](std::uint32_t nsid) -> Result<std::pair<std::string, std::string>> {
-        if (!config_.soft)
-          return error(StatusCode::UNSUPPORTED, "nsid {}: only the namespaces of soft controllers are mounted yet",
-                       nsid);
+        if (pci_)  // the namespace's block device, as the snvme driver serves it
+          return std::pair<std::string, std::string>(
+              pci_->block_device(nsid),
+              fmt::format("controllers[{}].pci_address {} namespace {}", index, *config_.pci_address, nsid));
         if (nsid != 1)
           return error(StatusCode::INVALID_ARGUMENT, "nsid {}: a soft controller has one namespace, NSID 1", nsid);
         return std::pair<std::string, std::string>(config_.soft->image,
                                                    fmt::format("controllers[{}].soft.image", index));
       });
-  if (!mounts) {
-    (void)shut_down();
-    state_ = BringUpState::failed;
-    error_ = mounts.status().to_string();
-    ++bring_up_errors_;
-    return mounts.status();
-  }
+  if (!mounts) return fail(mounts.status());
   mounts_ = std::move(mounts.value());
+  if (pci_) {
+    // Per-accelerator folders: <mount>/accelerator<N> for each configured accelerator ordinal.
+    for (const auto& m : mounts_)
+      for (std::size_t a = 0; a < config_.accelerators.size(); ++a) {
+        const std::string dir = fmt::format("{}/accelerator{}", m.mount_point(), config_.accelerators[a]);
+        if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+          return fail(error(StatusCode::DEVICE_ERROR, "controllers[{}].accelerators[{}]: mkdir '{}': {}", index, a, dir,
+                            std::strerror(errno)));
+      }
+  }
   return Status::success();
 }
 
@@ -243,16 +265,13 @@ Status ControllerSlot::release_mounts() {
     Status s = it->release();
     if (!s.is_ok() && first.is_ok()) first = s;
   }
+  if (!first.is_ok()) mounts_released_ = false;
   return first;
 }
 
 nlohmann::json ControllerSlot::namespaces_json() const {
   nlohmann::json namespaces = nlohmann::json::array();
   for (const auto& n : config_.namespaces) {
-    if (pci_) {
-      namespaces.push_back(pci_->namespace_json(n));
-      continue;
-    }
     const NamespaceMount* mount = nullptr;
     for (const auto& m : mounts_)
       if (m.nsid() == n.nsid) mount = &m;

@@ -30,9 +30,9 @@ class ControllerSlot {
 
   /// Brings the controller up: soft: creates the soft controller on its image, brings it up (CC.EN, Identify,
   /// Number of Queues) and creates the kernel_queues queue pairs it keeps for itself (standing for the kernel's
-  /// blk-mq queues of an snvme controller). PCI: PciController::bring_up (bind or adopt, nodes, mounts), then
-  /// libnvm's SnvmeController on /dev/snvme<C> for the identity (its file holds no queue). On error the state
-  /// is failed and last_error() says why.
+  /// blk-mq queues of an snvme controller). PCI: PciController::bring_up (bind or adopt, nodes, lock, the
+  /// revocation of files tuttid does not hold), then libnvm's SnvmeController on /dev/snvme<C> for the identity
+  /// (its file holds no queue). On error the state is failed and last_error() says why.
   Status bring_up();
   /// Creates `count` I/O queue pairs of config().queue_depth entries; all or none. Errors: UNAVAILABLE-like
   /// NOT_READY (not up), RESOURCE_EXHAUSTED (fewer than count leasable queues free), the controller's errors.
@@ -40,16 +40,21 @@ class ControllerSlot {
   /// Deletes the queue pairs (Delete I/O SQ then CQ). Returns the first error; deletes the rest anyway.
   Status delete_queues(const std::vector<std::uint16_t>& qids);
   /// Deletes every leased queue, then shuts the controller down (CC.SHN, bounded); releases the mounts. PCI:
-  /// unmounts and unbinds (PciController::shut_down); a failure is returned and kept in last_error().
+  /// then unbinds, unless a file system of it is still mounted (PciController::shut_down; stop_note() says
+  /// so); a failure is returned and kept in last_error().
   Status shut_down();
-  /// After bring_up: verifies or mounts the file systems of the namespaces with a mount point (mounts.hpp;
-  /// `index`: the controller's place in the configuration, for key paths in errors). On error the controller
-  /// is shut down, its state is failed and last_error() says why.
+  /// What shut_down left and why (a PCI controller left bound), empty otherwise.
+  const std::string& stop_note() const noexcept { return stop_note_; }
+  /// After bring_up: verifies or mounts the file systems of the namespaces with a mount point (mounts.hpp: a
+  /// soft controller's image, a PCI controller's /dev/snvme<C>n<nsid>; `index`: the controller's place in the
+  /// configuration, for key paths in errors); PCI: then <mount>/accelerator<N> for each of `accelerators`.
+  /// On error the controller is shut down, its state is failed and last_error() says why.
   Status mount_namespaces(std::size_t index);
   /// Rechecks the mounts (NamespaceMount::recheck); one that changed since bring-up fails the controller
   /// (state failed, last_error() says why). Nothing when the controller is not up.
   Status recheck_mounts();
-  /// Unmounts what mount_namespaces mounted and detaches its loop devices (NamespaceMount::release).
+  /// Unmounts what mount_namespaces mounted and detaches its loop devices (NamespaceMount::release); a mount
+  /// verified at bring-up is left. A failure (e.g. only a lazy unmount) keeps a PCI controller bound at stop.
   Status release_mounts();
   /// The namespaces as the protocol reports them (devices, acquire): namespace_json of each.
   nlohmann::json namespaces_json() const;
@@ -66,7 +71,7 @@ class ControllerSlot {
   /// PCI, after the driver revoked tuttid's files (POLLPRI): opens new ones (the watched file and the
   /// identity's controller). `lost` (POLLHUP: the controller failed or is gone) marks it failed instead.
   Status recover(bool lost);
-  /// The PCI bring-up's steps (bound or adopted, mounted or verified), empty for soft controllers.
+  /// The PCI bring-up's steps (bound or adopted, files revoked), empty for soft controllers.
   std::vector<std::string> bring_up_steps() const { return pci_ ? pci_->steps() : std::vector<std::string>{}; }
 
   const ControllerConfig& config() const noexcept { return config_; }
@@ -108,6 +113,8 @@ class ControllerSlot {
   std::map<std::uint16_t, nvme::QueuePairInfo> infos_;
   ImageLock image_lock_;                ///< a soft controller's image, locked while it is up
   std::vector<NamespaceMount> mounts_;  ///< of the namespaces with a mount point, in the configuration's order
+  bool mounts_released_ = true;         ///< false once a release failed: a PCI controller then stays bound
+  std::string stop_note_;
   std::unique_ptr<PciController> pci_;
 };
 

@@ -343,7 +343,8 @@ Result<NamespaceMount> NamespaceMount::mount_or_verify(const MountRequest& r) {
     m.loop_attached_here_ = true;  // from here on the destructor detaches it
   }
   m.block_device_ = node;
-  if (::mount(node.c_str(), m.mount_point_.c_str(), r.filesystem.c_str(), MS_NOSUID | MS_NODEV, nullptr) != 0) {
+  if (::mount(node.c_str(), m.mount_point_.c_str(), r.filesystem.c_str(), MS_NOSUID | MS_NODEV | MS_NOATIME, nullptr) !=
+      0) {
     const int e = errno;
     return error(StatusCode::DEVICE_ERROR, "{}.mount: mount -t {} {} ({} '{}') on '{}': {}{}", r.key, r.filesystem,
                  node, r.source_key, r.source, m.mount_point_, std::strerror(e),
@@ -458,8 +459,8 @@ Result<ImageLock> ImageLock::acquire(const std::string& image, const std::string
     const int e = errno;
     if (e == EWOULDBLOCK)
       return error(StatusCode::BUSY,
-                   "{}: '{}' is locked (flock) by another process: another tuttid serves this image; expected "
-                   "each image served by one tuttid",
+                   "{}: '{}' is locked (flock) by another process: another tuttid serves it; expected each "
+                   "image or controller served by one tuttid",
                    key, image);
     return error(StatusCode::DEVICE_ERROR, "{}: flock '{}': {}", key, image, std::strerror(e));
   }

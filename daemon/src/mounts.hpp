@@ -8,9 +8,11 @@
 //   - mounted by tuttid: nothing is mounted there, so tuttid attaches the image to a free loop device
 //     (LOOP_CTL_GET_FREE, then LOOP_CONFIGURE, or LOOP_SET_FD + LOOP_SET_STATUS64 on kernels before 5.8;
 //     read-write, buffered, LO_FLAGS_AUTOCLEAR: the loop device and the soft controller share the image's page cache),
-//     or takes the block device as it is, and mounts it with the configured file system (MS_NOSUID | MS_NODEV).
+//     or takes the block device as it is, and mounts it with the configured file system (MS_NOSUID | MS_NODEV |
+//     MS_NOATIME).
 // An image another loop device already has as backing file is refused (all but the verified mount), so one
-// image is never mounted twice; ImageLock holds an flock on a soft controller's image while it is up.
+// image is never mounted twice; ImageLock holds an flock on a soft controller's image (a PCI controller's
+// /dev/snvmeX) while it is up.
 // At stop, release() unmounts what tuttid mounted (retrying while busy, up to the timeout, then a lazy
 // unmount) and detaches the loop device it attached. A verified mount is left as it was.
 // Every wait is bounded by MountRequest::timeout_ns. Errors name the configuration key path.
@@ -127,13 +129,16 @@ class NamespaceMount {
   std::uint64_t timeout_ns_ = kDefaultMountTimeoutNs;
 };
 
-/// An exclusive flock(2) (LOCK_EX | LOCK_NB) on a soft controller's image, held while the controller runs,
-/// so that two tuttids never serve (and mount) one image. Move-only; the lock goes with the object.
+/// An exclusive flock(2) (LOCK_EX | LOCK_NB) on a soft controller's image, or a PCI controller's /dev/snvmeX,
+/// held while the controller runs, so that two tuttids never serve (and mount) one image or controller.
+/// Move-only; the lock goes with the object.
 class ImageLock {
  public:
-  /// Locks `image` (named by configuration key `key`). Errors: NOT_FOUND (no such file), BUSY (another
-  /// process holds the lock: another tuttid serves the image), DEVICE_ERROR (open or flock failed).
+  /// Locks `image` (named by configuration key `key`), opened read-only. Errors: NOT_FOUND (no such file),
+  /// BUSY (another process holds the lock: another tuttid serves it), DEVICE_ERROR (open or flock failed).
   static Result<ImageLock> acquire(const std::string& image, const std::string& key);
+  /// The locked file's descriptor (read-only), -1 when empty.
+  int fd() const noexcept { return fd_; }
   ImageLock() = default;
   ImageLock(ImageLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
   ImageLock& operator=(ImageLock&& other) noexcept;

@@ -4,7 +4,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/ioctl.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -19,7 +18,7 @@
 #include <tutti/core/clock.hpp>
 #include <uapi/snvme.h>  // the driver's ABI (libnvm's include directories reach driver/snvme/include)
 
-#include "mounts.hpp"          // mounted_at: the one mountinfo parser
+#include "mounts.hpp"          // mount_table: the one mountinfo parser; ImageLock
 #include "snvme_argument.hpp"  // libnvm/snvme: the ioctl header filled in one place
 
 namespace tutti::daemon {
@@ -36,14 +35,9 @@ void sleep_ns(std::uint64_t ns) {
   ::nanosleep(&t, nullptr);
 }
 
-/// A mount point as the kernel lists it: symbolic links resolved, no "." or "..", no trailing slash.
-std::string kernel_path(const std::string& p) {
-  std::error_code ec;
-  std::string s = std::filesystem::weakly_canonical(p, ec).string();
-  if (ec) s = std::filesystem::path(p).lexically_normal().string();
-  while (s.size() > 1 && s.back() == '/') s.pop_back();
-  return s;
-}
+/// The snvme driver's namespaces per controller (uapi SNVME_MAX_NAMESPACES): the block devices checked for
+/// mounts at stop.
+constexpr std::uint32_t kMaxNamespaces = SNVME_MAX_NAMESPACES;
 
 }  // namespace
 
@@ -118,23 +112,12 @@ Status PciController::bind() {
   if (instance_ < 0)
     return error(StatusCode::DEVICE_ERROR, "controller {}: BIND of PCI {} returned no instance", config_.name, address);
   char_device_ = fmt::format("/dev/snvme{}", instance_);
-  bound_ = true;
+  bound_ = !adopted_;  // adopted: unbound at stop only once locked (another tuttid may serve it)
   return Status::success();
 }
 
 std::string PciController::block_device(std::uint32_t nsid) const {
   return fmt::format("/dev/snvme{}n{}", instance_, nsid);
-}
-
-nlohmann::json PciController::namespace_json(const NamespaceConfig& n) const {
-  nlohmann::json j{{"nsid", n.nsid}, {"mount", n.mount}, {"filesystem", n.filesystem}};
-  for (const auto& [nsid, state] : mount_states_)
-    if (nsid == n.nsid) {
-      j["mount"] = kernel_path(n.mount);
-      j["block_device"] = block_device(n.nsid);
-      j["mount_state"] = state;
-    }
-  return j;
 }
 
 Status PciController::wait_for_nodes() {
@@ -153,58 +136,23 @@ Status PciController::wait_for_nodes() {
   return Status::success();
 }
 
-Status PciController::mount_namespaces() {
-  for (std::size_t j = 0; j < config_.namespaces.size(); ++j) {
-    const NamespaceConfig& n = config_.namespaces[j];
-    if (n.mount.empty()) continue;
-    const std::string point = kernel_path(n.mount);
-    const std::string device = block_device(n.nsid);
-    struct stat st {};
-    if (::stat(device.c_str(), &st) != 0 || !S_ISBLK(st.st_mode))
-      return error(StatusCode::DEVICE_ERROR, "controller {}: {} is not a block device", config_.name, device);
-    if (auto there = mounted_at(point)) {
-      // Mounted already (a previous tuttid): adopted only when it is this namespace with this file system.
-      if (there->device != st.st_rdev || there->filesystem != n.filesystem)
-        return error(StatusCode::INVALID_ARGUMENT,
-                     "controller {}: namespaces[{}].mount {} holds device {}:{} ({}); expected {} ({}:{}, {})",
-                     config_.name, j, point, major(there->device), minor(there->device), there->filesystem, device,
-                     major(st.st_rdev), minor(st.st_rdev), n.filesystem);
-      steps_.push_back(fmt::format("verified the mount of {} on {} ({})", device, point, n.filesystem));
-      mount_states_.emplace_back(n.nsid, "verified");
-    } else {
-      std::error_code ec;
-      std::filesystem::create_directories(point, ec);
-      if (ec) return error(StatusCode::DEVICE_ERROR, "controller {}: mkdir {}: {}", config_.name, point, ec.message());
-      if (::mount(device.c_str(), point.c_str(), n.filesystem.c_str(), MS_NOATIME, nullptr) != 0)
-        return errno_error(
-            StatusCode::DEVICE_ERROR,
-            fmt::format("controller {}: mount {} on {} as {}", config_.name, device, point, n.filesystem), errno);
-      steps_.push_back(fmt::format("mounted {} on {} ({})", device, point, n.filesystem));
-      mount_states_.emplace_back(n.nsid, "mounted");
-    }
-    mounted_.push_back(point);
-    // Per-accelerator directories: <mount>/accelerator<N> for each configured accelerator ordinal.
-    for (std::uint32_t a : config_.accelerators) {
-      const std::string dir = fmt::format("{}/accelerator{}", point, a);
-      if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-        return errno_error(StatusCode::DEVICE_ERROR, fmt::format("controller {}: mkdir {}", config_.name, dir), errno);
-    }
-  }
-  return Status::success();
-}
-
-Status PciController::bring_up() {
-  TUTTI_RETURN_IF_ERROR(bind());
-  TUTTI_RETURN_IF_ERROR(wait_for_nodes());
-  // The driver must seal files (a lease's file must not grow past it) and have the queues to lease. The file
-  // stays open: tuttid polls it for the driver's reset and failure events.
-  TUTTI_RETURN_IF_ERROR(reopen_watch());
+Status PciController::check_driver_and_revoke_others() {
+  // The lock's file of /dev/snvme<C> asks the driver (it holds no queue): GET_INFO's checks, then the
+  // revocation of every other open file.
+  const int fd = lock_.fd();
   auto info = libnvm::snvme_argument<snvme_info>();
-  if (::ioctl(watch_fd_, SNVME_IOC_GET_INFO, &info) != 0)
+  if (::ioctl(fd, SNVME_IOC_GET_INFO, &info) != 0)
     return errno_error(StatusCode::DEVICE_ERROR, fmt::format("{}: GET_INFO", char_device_), errno);
+  // The driver must seal files (a lease's file must not grow past it), revoke them (a lease must end even
+  // while its holder runs) and have the queues to lease.
   if ((info.caps & SNVME_CAP_SEAL) == 0)
     return error(StatusCode::UNSUPPORTED, "controller {}: {} lacks SNVME_CAP_SEAL: a lease's file could not be sealed",
                  config_.name, char_device_);
+  if ((info.caps & SNVME_CAP_REVOKE) == 0)
+    return error(StatusCode::UNSUPPORTED,
+                 "controller {}: {} lacks SNVME_CAP_REVOKE (caps {:#x}): a lease could not be ended while its holder "
+                 "runs; load the snvme module of this tree",
+                 config_.name, char_device_, info.caps);
   if (info.user_queues < config_.leasable_queues())
     return error(StatusCode::UNSUPPORTED,
                  "controller {}: io_queue_pairs - kernel_queues = {} leasable queues, but {} reserves {} for userspace "
@@ -213,44 +161,81 @@ Status PciController::bring_up() {
   page_size_ = info.page_size;
   kernel_qids_.clear();
   for (std::uint16_t q = 1; q <= info.kernel_queues; ++q) kernel_qids_.push_back(q);
-  return mount_namespaces();
+  // Restart policy "revoke all": the files of a previous tuttid's leases whose holders still run hold queue
+  // groups that no tuttid can reach any more. They end here, before this tuttid counts its free queues.
+  auto revoke = libnvm::snvme_argument<snvme_revoke>();
+  revoke.scope = SNVME_REVOKE_OTHERS;
+  if (::ioctl(fd, SNVME_IOC_REVOKE, &revoke) != 0)
+    return errno_error(StatusCode::DEVICE_ERROR,
+                       fmt::format("controller {}: REVOKE of the other open files of {}", config_.name, char_device_),
+                       errno);
+  if (revoke.files != 0 || adopted_)
+    steps_.push_back(fmt::format(
+        "revoked {} open file(s) of {} that this tuttid does not hold, with {} queue group(s) of {} queue pair(s) "
+        "(leases of a previous tuttid whose holders still run)",
+        revoke.files, char_device_, revoke.queue_groups, revoke.queues));
+  return Status::success();
 }
 
-Status PciController::shut_down() {
+Status PciController::bring_up() {
+  TUTTI_RETURN_IF_ERROR(bind());
+  TUTTI_RETURN_IF_ERROR(wait_for_nodes());
+  // One tuttid per controller: a second one (another configuration, another socket) stops here, before it
+  // revokes the first one's leases or unbinds the controller under it at its stop.
+  auto lock = ImageLock::acquire(
+      char_device_, fmt::format("controller {}: {} (PCI {})", config_.name, char_device_, *config_.pci_address));
+  if (!lock) return lock.status();
+  lock_ = std::move(lock.value());
+  bound_ = true;
+  TUTTI_RETURN_IF_ERROR(check_driver_and_revoke_others());
+  // The file stays open: tuttid polls it for the driver's reset and failure events.
+  return reopen_watch();
+}
+
+Status PciController::shut_down(bool file_systems_released) {
   if (watch_fd_ >= 0) ::close(watch_fd_);
   watch_fd_ = -1;
-  Status first;
-  bool all_unmounted = true;
-  for (const auto& point : mounted_) {
-    int tries = 0;
-    while (::umount2(point.c_str(), 0) != 0) {
-      if (errno == EINVAL) break;  // not mounted (any more)
-      if (errno != EBUSY || ++tries >= kUnmountTries) {
-        if (first.is_ok())
-          first =
-              errno_error(StatusCode::BUSY,
-                          fmt::format("controller {}: umount {} ({} tries)", config_.name, point, tries + 1), errno);
-        all_unmounted = false;
-        break;
+  stop_note_.clear();
+  Status result;
+  if (bound_) {
+    // A file system of the controller still mounted needs its block device: the controller stays bound.
+    std::string mounted;
+    for (std::uint32_t nsid = 1; nsid <= kMaxNamespaces && mounted.empty(); ++nsid) {
+      struct stat st {};
+      if (::stat(block_device(nsid).c_str(), &st) != 0 || !S_ISBLK(st.st_mode)) continue;
+      for (const auto& entry : mount_table())
+        if (entry.device == st.st_rdev) {
+          mounted = fmt::format("{} is mounted at {} (a mount this tuttid found there and verified, or not its own)",
+                                block_device(nsid), entry.point);
+          break;
+        }
+    }
+    if (!file_systems_released)
+      stop_note_ = fmt::format(
+          "left {} bound: a file system tuttid mounted was still busy and is only detached "
+          "lazily",
+          *config_.pci_address);
+    else if (!mounted.empty())
+      stop_note_ = fmt::format("left {} bound: {}", *config_.pci_address, mounted);
+    else {
+      const int control = ::open(kControlDevice, O_RDWR | O_CLOEXEC);
+      if (control < 0) {
+        result = errno_error(StatusCode::DEVICE_ERROR, fmt::format("open {}", kControlDevice), errno);
+      } else {
+        auto b = libnvm::snvme_argument<snvme_bind>();
+        std::snprintf(b.pci_addr, sizeof b.pci_addr, "%s", config_.pci_address->c_str());
+        const int unbound = ::ioctl(control, SNVME_IOC_UNBIND, &b);
+        const int err = errno;
+        ::close(control);
+        if (unbound != 0)
+          result = errno_error(StatusCode::DEVICE_ERROR,
+                               fmt::format("controller {}: UNBIND of PCI {}", config_.name, *config_.pci_address), err);
       }
-      sleep_ns(kUnmountRetryNs);
     }
   }
-  mounted_.clear();
-  mount_states_.clear();
-  if (!all_unmounted) return first.with_context("the controller stays bound");
-  if (!bound_) return first;  // BIND failed: nothing to unbind
-  const int control = ::open(kControlDevice, O_RDWR | O_CLOEXEC);
-  if (control < 0) return errno_error(StatusCode::DEVICE_ERROR, fmt::format("open {}", kControlDevice), errno);
-  auto b = libnvm::snvme_argument<snvme_bind>();
-  std::snprintf(b.pci_addr, sizeof b.pci_addr, "%s", config_.pci_address->c_str());
-  const int unbound = ::ioctl(control, SNVME_IOC_UNBIND, &b);
-  const int err = errno;
-  ::close(control);
-  if (unbound != 0 && first.is_ok())
-    first = errno_error(StatusCode::DEVICE_ERROR,
-                        fmt::format("controller {}: UNBIND of PCI {}", config_.name, *config_.pci_address), err);
-  return first;
+  bound_ = false;
+  lock_ = ImageLock();  // last: no other tuttid takes the controller while this one still unbinds it
+  return result;
 }
 
 Result<PciLease> PciController::open_lease(std::uint32_t queues, std::uint32_t depth, std::uint64_t pinned_bytes) {
@@ -265,11 +250,25 @@ Result<PciLease> PciController::open_lease(std::uint32_t queues, std::uint32_t d
     auto g = libnvm::snvme_argument<snvme_queue_group>();
     g.nr_queues = 1;
     g.entries = depth;
-    if (::ioctl(lease.fd, SNVME_IOC_CREATE_QUEUE_GROUP, &g) != 0)
-      return fail(errno_error(errno == ENOSPC ? StatusCode::RESOURCE_EXHAUSTED : StatusCode::DEVICE_ERROR,
+    if (::ioctl(lease.fd, SNVME_IOC_CREATE_QUEUE_GROUP, &g) != 0) {
+      const int err = errno;
+      if (err == ENOSPC) {
+        // The driver has fewer free user queues than tuttid counts: another process holds queue groups of
+        // this controller (it opened /dev/snvme<C> itself). The queues of this lease made so far count as free.
+        auto info = libnvm::snvme_argument<snvme_info>();
+        const bool known = ::ioctl(lease.fd, SNVME_IOC_GET_INFO, &info) == 0;
+        return fail(error(StatusCode::RESOURCE_EXHAUSTED,
+                          "{} queues asked, but {} has {} of its {} user queues free (queue groups of files "
+                          "tuttid does not hold: a process that opened {} itself)",
+                          queues, char_device_,
+                          known ? fmt::format("{}", info.user_queues_free + i) : std::string("an unknown number"),
+                          known ? fmt::format("{}", info.user_queues) : std::string("?"), char_device_));
+      }
+      return fail(errno_error(StatusCode::DEVICE_ERROR,
                               fmt::format("{}: CREATE_QUEUE_GROUP of 1 pair x {} entries (queue {} of {})",
                                           char_device_, depth, i + 1, queues),
-                              errno));
+                              err));
+    }
     const snvme_queue_desc& d = g.queues[0];
     lease.queues.push_back(
         {g.group_id, d.qid, d.entries, d.sq_doorbell, d.cq_doorbell, d.sq_offset, d.cq_offset, d.sq_bytes, d.cq_bytes});
@@ -284,20 +283,22 @@ Result<PciLease> PciController::open_lease(std::uint32_t queues, std::uint32_t d
 }
 
 Status PciController::end_lease(PciLease& lease) {
-  Status first;
-  for (const auto& q : lease.queues) {
-    auto arg = libnvm::snvme_argument<snvme_group_id>();
-    arg.group_id = q.group_id;
-    // ENOENT: the holder destroyed it; ESTALE, ENODEV: a reset, failure or removal deleted it already.
-    if (lease.fd >= 0 && ::ioctl(lease.fd, SNVME_IOC_DESTROY_QUEUE_GROUP, &arg) != 0 && errno != ENOENT &&
-        errno != ESTALE && errno != ENODEV && first.is_ok())
-      first = errno_error(StatusCode::DEVICE_ERROR,
-                          fmt::format("{}: DESTROY_QUEUE_GROUP of queue {}", char_device_, q.qid), errno);
+  Status result;
+  if (lease.fd >= 0) {
+    // The whole file, whatever the holder still does with it: its groups deleted (a reset's revocation
+    // deleted them on the controller already; this frees their QIDs), stand-ins under its mappings.
+    auto revoke = libnvm::snvme_argument<snvme_revoke>();
+    revoke.scope = SNVME_REVOKE_FILE;
+    // ENODEV: the controller failed or is gone; its queues are gone with it.
+    if (::ioctl(lease.fd, SNVME_IOC_REVOKE, &revoke) != 0 && errno != ENODEV)
+      result = errno_error(
+          StatusCode::DEVICE_ERROR,
+          fmt::format("{}: REVOKE of the lease's file (queues {})", char_device_, fmt::join(lease.qids(), ",")), errno);
+    ::close(lease.fd);
   }
   lease.queues.clear();
-  if (lease.fd >= 0) ::close(lease.fd);
   lease.fd = -1;
-  return first;
+  return result;
 }
 
 }  // namespace tutti::daemon

@@ -255,8 +255,8 @@ Status Server::start() {
     const std::uint64_t t0 = monotonic_ns();
     Status s = controllers_.back()->bring_up();
     for (const auto& step : controllers_.back()->bring_up_steps()) say("controller {}: {}", c.name, step);
-    // Soft controllers' namespaces are mounted here (mounts.hpp); a PCI controller's bring-up mounted its own.
-    if (s.is_ok() && !controllers_.back()->is_pci()) s = controllers_.back()->mount_namespaces(controllers_.size() - 1);
+    // The namespaces' file systems, mounted or verified (mounts.hpp), the same for every kind of controller.
+    if (s.is_ok()) s = controllers_.back()->mount_namespaces(controllers_.size() - 1);
     if (s.is_ok()) {
       say("controller {} up in {} ms ({} leasable queue pairs of depth {}, kernel queues {})", c.name,
           (monotonic_ns() - t0) / 1'000'000, c.leasable_queues(), c.queue_depth, c.kernel_queues);
@@ -436,7 +436,10 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
   }
   if (!qids) {
     ::close(pidfd);
-    return refuse(errors::kInternal, qids.status().to_string());
+    // Fewer free queues in the driver than tuttid counts (queue groups of files tuttid does not hold): a
+    // resource refusal whose message names the controller, the queues asked and the queues free.
+    return refuse(qids.status() == StatusCode::RESOURCE_EXHAUSTED ? errors::kExhausted : errors::kInternal,
+                  qids.status().to_string());
   }
   Lease lease;
   lease.id = next_lease_++;
@@ -906,7 +909,8 @@ Status Server::loop() {
     Status released = slot->release_mounts();
     if (!released.is_ok()) say("controller {}: {}", slot->config().name, released.to_string());
     Status stopped = slot->shut_down();
-    say("controller {} {}", slot->config().name, stopped.is_ok() ? "stopped" : stopped.to_string());
+    say("controller {} {}{}", slot->config().name, stopped.is_ok() ? "stopped" : stopped.to_string(),
+        slot->stop_note().empty() ? "" : "; " + slot->stop_note());
   }
   Status persisted = write_state();
   say("stopped");

@@ -9,8 +9,10 @@
  * disabled first (which deletes every queue) and only then is memory freed.
  *
  * Revocation: a reset, a failure or the removal of the controller revokes
- * every open file (snvme_chr_revoke): its status page and poll() say so,
- * its ioctls and mmaps fail, and what it holds is released at close.
+ * every open file (snvme_chr_revoke), and SNVME_IOC_REVOKE the files a
+ * lease broker names: its status page and poll() say so, its ioctls and
+ * mmaps fail, and what it holds is released at close (REVOKE and removal
+ * release its queues at once and put stand-ins under its mappings).
  */
 #include <linux/fs.h>
 #include <linux/highmem.h>
@@ -77,39 +79,35 @@ static void snvme_zap(struct snvme_file *f, u64 off, u64 len)
 }
 
 /*
- * Removal frees the rings and unmaps the doorbells while processes may still
- * poll them. So that they get an error rather than SIGBUS, the pages of
+ * REVOKE and removal free the rings while processes may still poll them and
+ * write SQEs. So that they get an error rather than SIGBUS, the pages of
  * [off, off + bytes) fault in stand-ins afterwards (snvme_vm_fault): a copy
- * of the ring as the controller left it (src; its queue was deleted first,
- * so no completion is lost or invented) or, for the doorbells (src NULL),
- * one scratch page that swallows writes. A poller then sees no new
- * completion, reads csts = all ones in its status page and stops. Call
- * before the zap; a page that cannot be allocated faults with SIGBUS.
+ * of the ring as the controller left it (its queue was deleted first, so no
+ * completion is lost or invented). A poller then sees no new completion,
+ * reads csts = all ones in its status page and stops. Call before the zap;
+ * a page that cannot be allocated faults with SIGBUS.
  */
 static void snvme_freeze(struct snvme_file *f, u64 off, const void *src, u64 bytes)
 {
 	unsigned long i;
 	struct page *p;
+	void *old;
 
-	if (!src && !f->sink_page) {
-		f->sink_page = alloc_page(GFP_KERNEL | __GFP_ZERO);
-		if (!f->sink_page)
-			return;
-	}
+	down_write(&f->map_sem);
 	for (i = 0; i < bytes >> PAGE_SHIFT; i++) {
-		p = f->sink_page;
-		if (src) {
-			p = alloc_page(GFP_KERNEL);
-			if (!p)
-				return;
-			memcpy(page_address(p), src + i * PAGE_SIZE, PAGE_SIZE);
+		p = alloc_page(GFP_KERNEL);
+		if (!p)
+			break;
+		memcpy(page_address(p), src + i * PAGE_SIZE, PAGE_SIZE);
+		old = xa_store(&f->frozen, (off >> PAGE_SHIFT) + i, p, GFP_KERNEL);
+		if (xa_is_err(old)) {
+			__free_page(p);
+			break;
 		}
-		if (xa_is_err(xa_store(&f->frozen, (off >> PAGE_SHIFT) + i, p, GFP_KERNEL))) {
-			if (src)
-				__free_page(p);
-			return;
-		}
+		if (old)
+			__free_page(old);
 	}
+	up_write(&f->map_sem);
 }
 
 static void snvme_free_frozen(struct snvme_file *f)
@@ -118,11 +116,24 @@ static void snvme_free_frozen(struct snvme_file *f)
 	struct page *p;
 
 	xa_for_each(&f->frozen, index, p)
-		if (p != f->sink_page)
-			__free_page(p);
+		__free_page(p);
 	xa_destroy(&f->frozen);
-	if (f->sink_page)
-		__free_page(f->sink_page);
+	__free_page(f->sink_page);
+}
+
+/*
+ * From now on the file's doorbell window faults in its sink page, and the
+ * rings of the groups it destroys their copies (snvme_freeze). Then the
+ * window is zapped: in every file, since all share the device's mapping;
+ * the others fault their live doorbells back in (snvme_vm_fault).
+ */
+static void snvme_stand_ins(struct snvme_file *f)
+{
+	down_write(&f->map_sem);
+	f->stand_ins = true;
+	up_write(&f->map_sem);
+	if (f->ctrl->db_bytes)
+		snvme_zap(f, SNVME_MMAP_DOORBELLS, f->ctrl->db_bytes);
 }
 
 static void snvme_release_qid(struct snvme_ctrl *ctrl, u16 qid)
@@ -172,7 +183,7 @@ static void snvme_group_destroy(struct snvme_file *f, struct snvme_qgroup *g)
 	for (i = 0; i < g->nr; i++) {
 		struct snvme_uq *uq = &g->q[i];
 
-		if (f->revoked == SNVME_REVOKED_REMOVED) {
+		if (f->stand_ins) {
 			if (uq->sq)
 				snvme_freeze(f, snvme_sq_offset(uq->qid), uq->sq, uq->sq_bytes);
 			if (uq->cq)
@@ -574,23 +585,39 @@ static int snvme_ioc_abort(struct snvme_file *f, struct snvme_abort *a)
 
 /* ---- file operations --------------------------------------------------- */
 
-/* Everything a file holds, in the safe order: queues first, then pins. */
+/*
+ * Everything a file holds, in the safe order: queues first, then pins. On
+ * removal its mappings get stand-ins first (at close it has none left).
+ */
 static void snvme_file_teardown(struct snvme_file *f)
 {
 	struct snvme_qgroup *g;
 	struct snvme_dmamap *m;
 	int id;
 
+	if (f->revoked == SNVME_REVOKED_REMOVED && !f->stand_ins)
+		snvme_stand_ins(f);
 	idr_for_each_entry(&f->groups, g, id)
 		snvme_group_destroy(f, g);
 	idr_for_each_entry(&f->maps, m, id)
 		snvme_dmamap_free(f, m);
-	if (f->ctrl->db_bytes) {
-		if (f->revoked == SNVME_REVOKED_REMOVED)
-			snvme_freeze(f, SNVME_MMAP_DOORBELLS, NULL, f->ctrl->db_bytes);
-		snvme_zap(f, SNVME_MMAP_DOORBELLS, f->ctrl->db_bytes);
-	}
 	f->torn_down = true;
+}
+
+/* How grave a revocation is: RESET < LEASE < FAILED < REMOVED (uapi). */
+static int snvme_revoke_rank(u32 why)
+{
+	switch (why) {
+	case SNVME_REVOKED_RESET:
+		return 1;
+	case SNVME_REVOKED_LEASE:
+		return 2;
+	case SNVME_REVOKED_FAILED:
+		return 3;
+	case SNVME_REVOKED_REMOVED:
+		return 4;
+	}
+	return 0;
 }
 
 /* Publishes a revocation in the status page: revoked first, then CSTS all ones. */
@@ -608,7 +635,7 @@ static void snvme_status_revoke(struct snvme_file *f, u32 why)
 /*
  * Revokes every open file of the controller: a reset deleted its queues, a
  * failure disabled the controller, or it is being removed. A later, graver
- * reason replaces an earlier one (RESET < FAILED < REMOVED). Takes no
+ * reason replaces an earlier one (snvme_revoke_rank). Takes no
  * sleeping lock, so fail_work may call it while ioctls and release hold
  * theirs; a reset calls it with files_lock held, so no teardown runs then.
  */
@@ -621,7 +648,7 @@ void snvme_chr_revoke(struct snvme_ctrl *ctrl, u32 why)
 	list_for_each_entry(f, &ctrl->files, node) {
 		if (why == SNVME_REVOKED_RESET)
 			f->queues_gone = true;
-		if (f->revoked >= why)
+		if (snvme_revoke_rank(f->revoked) >= snvme_revoke_rank(why))
 			continue;
 		snvme_status_revoke(f, why);
 		n++;
@@ -632,6 +659,72 @@ void snvme_chr_revoke(struct snvme_ctrl *ctrl, u32 why)
 			 ctrl->instance, why == SNVME_REVOKED_RESET ? "reset" :
 			 why == SNVME_REVOKED_FAILED ? "controller failed" : "removed");
 	wake_up_all(&ctrl->revoke_wait);
+}
+
+/*
+ * SNVME_IOC_REVOKE of one file, with f->lock held: its status page first
+ * (pollers stop), then stand-ins under its doorbells (no write reaches a
+ * queue from here on), then its groups deleted on the controller, their
+ * rings copied for the stand-ins and their QIDs freed. Adds what it revoked
+ * to a's counters.
+ */
+static void snvme_file_revoke(struct snvme_file *f, struct snvme_revoke *a)
+{
+	struct snvme_ctrl *ctrl = f->ctrl;
+	struct snvme_qgroup *g;
+	int id;
+
+	if (!f->stand_ins)
+		a->files++;
+	spin_lock(&ctrl->files_spin);
+	if (snvme_revoke_rank(f->revoked) < snvme_revoke_rank(SNVME_REVOKED_LEASE))
+		snvme_status_revoke(f, SNVME_REVOKED_LEASE);
+	spin_unlock(&ctrl->files_spin);
+	wake_up_all(&ctrl->revoke_wait);
+	if (!f->stand_ins)
+		snvme_stand_ins(f);
+	idr_for_each_entry(&f->groups, g, id) {
+		a->queue_groups++;
+		a->queues += g->nr;
+		snvme_group_destroy(f, g);
+	}
+}
+
+/*
+ * SNVME_REVOKE_OTHERS: every open file of the controller but self, under
+ * files_lock (no open or close meanwhile), each under its own lock.
+ */
+static int snvme_ioc_revoke_others(struct snvme_file *self, struct snvme_revoke *a)
+{
+	struct snvme_ctrl *ctrl = self->ctrl;
+	struct snvme_file *f;
+	bool sealed;
+
+	if (!capable(CAP_SYS_ADMIN)) {
+		dev_err_ratelimited(ctrl->dev, "REVOKE of the other files: needs CAP_SYS_ADMIN\n");
+		return -EPERM;
+	}
+	mutex_lock(&self->lock);
+	sealed = self->sealed;
+	mutex_unlock(&self->lock);
+	if (sealed) {
+		dev_err_ratelimited(ctrl->dev, "REVOKE of the other files: refused on a sealed file\n");
+		return -EPERM;
+	}
+	mutex_lock(&ctrl->files_lock);
+	list_for_each_entry(f, &ctrl->files, node) {
+		if (f == self)
+			continue;
+		mutex_lock(&f->lock);
+		if (!f->torn_down)
+			snvme_file_revoke(f, a);
+		mutex_unlock(&f->lock);
+	}
+	mutex_unlock(&ctrl->files_lock);
+	if (a->files)
+		dev_info(ctrl->dev, "REVOKE: %u other open file(s) of /dev/snvme%d revoked, %u queue group(s) of %u queue pair(s) deleted\n",
+			 a->files, ctrl->instance, a->queue_groups, a->queues);
+	return 0;
 }
 
 static int snvme_open(struct inode *inode, struct file *filp)
@@ -645,10 +738,18 @@ static int snvme_open(struct inode *inode, struct file *filp)
 	if (!f)
 		return -ENOMEM;
 	f->status_page = alloc_page(GFP_KERNEL | __GFP_ZERO);
-	if (!f->status_page) {
+	f->sink_page = alloc_page(GFP_KERNEL);
+	if (!f->status_page || !f->sink_page) {
+		if (f->status_page)
+			__free_page(f->status_page);
+		if (f->sink_page)
+			__free_page(f->sink_page);
 		kfree(f);
 		return -ENOMEM;
 	}
+	/* What a controller that is gone reads: all ones. */
+	memset(page_address(f->sink_page), 0xff, PAGE_SIZE);
+	init_rwsem(&f->map_sem);
 	st = page_address(f->status_page);
 	st->csts = NVME_CSTS_RDY;
 	down_read(&ctrl->lifecycle);
@@ -676,6 +777,7 @@ out:
 	up_read(&ctrl->lifecycle);
 	if (ret) {
 		__free_page(f->status_page);
+		__free_page(f->sink_page);
 		kfree(f);
 	}
 	return ret;
@@ -713,7 +815,7 @@ static void snvme_fill_info(struct snvme_ctrl *ctrl, struct snvme_info *in)
 	in->hdr.abi_version = SNVME_ABI_VERSION;
 	in->hdr.argsz = sizeof(*in);
 	in->caps = SNVME_CAP_QUEUE_GROUPS | SNVME_CAP_DMA_HOST | SNVME_CAP_IDENTIFY |
-		   SNVME_CAP_ABORT | SNVME_CAP_STATUS | SNVME_CAP_SEAL;
+		   SNVME_CAP_ABORT | SNVME_CAP_STATUS | SNVME_CAP_SEAL | SNVME_CAP_REVOKE;
 	if (IS_ENABLED(SNVME_HAVE_NV_P2P))
 		in->caps |= SNVME_CAP_DMA_GPU;
 	if (device_iommu_mapped(ctrl->dev))
@@ -770,6 +872,7 @@ union snvme_ioc_arg {
 	struct snvme_identify identify;
 	struct snvme_abort abort;
 	struct snvme_seal seal;
+	struct snvme_revoke revoke;
 };
 
 /*
@@ -804,6 +907,7 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	case SNVME_IOC_IDENTIFY:
 	case SNVME_IOC_ABORT:
 	case SNVME_IOC_SEAL:
+	case SNVME_IOC_REVOKE:
 		break;
 	default:
 		/* Also a known command with the wrong size (another ABI). */
@@ -828,10 +932,30 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		ret = -EINVAL;
 		goto free;
 	}
+	if (cmd == SNVME_IOC_REVOKE) {
+		struct snvme_revoke *r = &a->revoke;
+
+		if (r->scope > SNVME_REVOKE_OTHERS || r->flags || r->pad0) {
+			dev_err_ratelimited(ctrl->dev, "REVOKE: scope %u (must be %u or %u), flags 0x%x and pad0 0x%x (both must be 0)\n",
+					    r->scope, SNVME_REVOKE_FILE, SNVME_REVOKE_OTHERS, r->flags, r->pad0);
+			ret = -EINVAL;
+			goto free;
+		}
+		r->files = r->queue_groups = r->queues = 0;
+	}
 	down_read(&ctrl->lifecycle);
 	ret = snvme_file_usable(f);
+	/* A file a reset revoked may be revoked for good: that frees its QIDs. */
+	if (ret == -ESTALE && cmd == SNVME_IOC_REVOKE)
+		ret = 0;
 	if (ret)
 		goto unlock;
+	if (cmd == SNVME_IOC_REVOKE && a->revoke.scope == SNVME_REVOKE_OTHERS) {
+		ret = snvme_ioc_revoke_others(f, &a->revoke);
+		if (!ret && copy_to_user(uarg, a, size))
+			ret = -EFAULT;
+		goto unlock;
+	}
 	mutex_lock(&f->lock);
 	switch (cmd) {
 	case SNVME_IOC_GET_INFO:
@@ -869,6 +993,10 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	case SNVME_IOC_SEAL:
 		ret = snvme_ioc_seal(f, &a->seal);
 		break;
+	case SNVME_IOC_REVOKE:
+		snvme_file_revoke(f, &a->revoke);
+		ret = 0;
+		break;
 	}
 	if (!ret && (_IOC_DIR(cmd) & _IOC_READ) && copy_to_user(uarg, a, size)) {
 		/* The caller cannot learn the handle: undo what was created. */
@@ -894,20 +1022,38 @@ free:
 }
 
 /*
- * A zapped mapping: SIGBUS after DESTROY_QUEUE_GROUP (the process asked for
- * it), a stand-in page after removal (snvme_freeze).
+ * The doorbell window is mapped on demand, as vfio-pci maps BARs: the real
+ * doorbells while the file is live, its sink page once it has stand-ins or
+ * the controller is gone. A zapped ring faults in its stand-in (REVOKE,
+ * removal: snvme_freeze), or SIGBUS after DESTROY_QUEUE_GROUP (the process
+ * asked for it).
  */
 static vm_fault_t snvme_vm_fault(struct vm_fault *vmf)
 {
-	struct snvme_file *f = vmf->vma->vm_file->private_data;
-	struct page *p = xa_load(&f->frozen, vmf->pgoff);
+	struct vm_area_struct *vma = vmf->vma;
+	struct snvme_file *f = vma->vm_file->private_data;
+	struct snvme_ctrl *ctrl = f->ctrl;
+	vm_fault_t ret = VM_FAULT_SIGBUS;
+	struct page *p;
 
-	if (!p)
-		return VM_FAULT_SIGBUS;
+	down_read(&f->map_sem);
+	p = xa_load(&f->frozen, vmf->pgoff);
+	if (!p && vma->vm_pgoff == 0 && vmf->pgoff < (ctrl->db_bytes >> PAGE_SHIFT)) {
+		if (f->stand_ins || READ_ONCE(ctrl->dead)) {
+			p = f->sink_page;
+		} else {
+			phys_addr_t db = pci_resource_start(ctrl->pdev, 0) + SNVME_DB_OFFSET;
+
+			ret = vmf_insert_pfn(vma, vmf->address, (db >> PAGE_SHIFT) + vmf->pgoff);
+		}
+	}
 	/* Rings mapped by dma_mmap_coherent() are VM_MIXEDMAP or VM_PFNMAP. */
-	if (vmf->vma->vm_flags & VM_MIXEDMAP)
-		return vmf_insert_mixed(vmf->vma, vmf->address, page_to_pfn_t(p));
-	return vmf_insert_pfn(vmf->vma, vmf->address, page_to_pfn(p));
+	if (p && (vma->vm_flags & VM_MIXEDMAP))
+		ret = vmf_insert_mixed(vma, vmf->address, page_to_pfn_t(p));
+	else if (p)
+		ret = vmf_insert_pfn(vma, vmf->address, page_to_pfn(p));
+	up_read(&f->map_sem);
+	return ret;
 }
 
 static const struct vm_operations_struct snvme_vm_ops = {
@@ -946,17 +1092,15 @@ static int snvme_mmap(struct file *filp, struct vm_area_struct *vma)
 		goto out;
 	}
 	if (off == SNVME_MMAP_DOORBELLS) {
-		phys_addr_t db = pci_resource_start(ctrl->pdev, 0) + SNVME_DB_OFFSET;
-
 		if (!ctrl->db_bytes || len != ctrl->db_bytes) {
 			dev_err_ratelimited(ctrl->dev, "mmap: doorbell window is %u bytes, asked %lu\n",
 					    ctrl->db_bytes, len);
 			goto out;
 		}
+		/* Faulted in page by page (snvme_vm_fault), uncached. */
 		vm_flags_set(vma, VM_IO | VM_PFNMAP);
 		vma->vm_page_prot = pgprot_noncached(vma->vm_page_prot);
-		ret = io_remap_pfn_range(vma, vma->vm_start, db >> PAGE_SHIFT, len,
-					 vma->vm_page_prot);
+		ret = 0;
 		goto out;
 	}
 	mutex_lock(&f->lock);
@@ -1006,7 +1150,7 @@ static __poll_t snvme_poll(struct file *filp, poll_table *wait)
 	why = READ_ONCE(f->revoked);
 	if (why)
 		mask |= EPOLLPRI | EPOLLERR;
-	if (why && why != SNVME_REVOKED_RESET)
+	if (why == SNVME_REVOKED_FAILED || why == SNVME_REVOKED_REMOVED)
 		mask |= EPOLLHUP;
 	return mask;
 }

@@ -203,8 +203,18 @@ struct snvme_file {
 	u64 max_dma_bytes;		/* the seal's cap on dma_bytes */
 	u64 dma_bytes;			/* bytes of the maps in maps */
 	struct page *status_page;	/* struct snvme_status, mapped read-only */
-	struct xarray frozen;		/* mmap pgoff -> stand-in page after removal */
-	struct page *sink_page;		/* the doorbells' stand-in */
+	/*
+	 * Stand-ins (REVOKE, removal): once stand_ins is set, the doorbell
+	 * window faults in sink_page and each ring of a group destroyed from
+	 * then on a copy of it (frozen). map_sem orders the decision against
+	 * faults: held for reading by snvme_vm_fault, for writing while
+	 * stand_ins is set or a copy stored, so that the zap that follows
+	 * removes every mapping of the real pages.
+	 */
+	struct rw_semaphore map_sem;
+	bool stand_ins;
+	struct xarray frozen;		/* mmap pgoff -> a ring's stand-in page */
+	struct page *sink_page;		/* the doorbells' stand-in, all ones */
 };
 
 /* core.c */

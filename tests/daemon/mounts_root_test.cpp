@@ -8,6 +8,7 @@
 #include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -145,6 +146,101 @@ TEST_CASE("the loop device tuttid attached clears itself at unmount after tuttid
   REQUIRE(Scratch::mounted(s.mnt.string()));
   REQUIRE(::umount2(s.mnt.c_str(), 0) == 0);  // the admin
   CHECK(s.loops_gone());                      // LO_FLAGS_AUTOCLEAR
+}
+
+/// A block device standing for a PCI controller's namespace (/dev/snvmeXnY, which the snvme driver serves):
+/// `image` attached to a loop device by the test itself, as the driver's disk exists before tuttid; detached
+/// when it goes.
+struct BlockDevice {
+  std::string node;
+  explicit BlockDevice(const fs::path& image) {
+    if (FILE* p = ::popen(fmt::format("losetup -f --show '{}'", image.string()).c_str(), "r")) {
+      char line[256] = {};
+      if (std::fgets(line, sizeof line, p)) node = line;
+      ::pclose(p);
+    }
+    while (!node.empty() && (node.back() == '\n' || node.back() == ' ')) node.pop_back();
+    REQUIRE_MESSAGE(node.starts_with("/dev/loop"), (std::string("losetup -f --show: ") + node));
+  }
+  ~BlockDevice() { Scratch::run("losetup -d " + node); }
+  /// The request of a PCI namespace: this device as the source.
+  MountRequest request(const Scratch& s) const {
+    MountRequest r = s.request();
+    r.source = node;
+    r.source_key = "controllers[0].pci_address 0000:00:04.0 namespace 1";
+    return r;
+  }
+};
+
+TEST_CASE(
+    "a namespace's block device (a PCI controller's): mounted as it is, rechecked, released; one mounted before "
+    "tuttid is verified and left") {
+  Scratch s;
+  const BlockDevice dev(s.image);
+  SUBCASE("nothing there: mounted (noatime, nosuid, nodev), rechecked, unmounted at release; the device stays") {
+    auto m = NamespaceMount::mount_or_verify(dev.request(s));
+    REQUIRE_MESSAGE(m.is_ok(), m.status().to_string());
+    CHECK(m->state() == "mounted");
+    CHECK(m->block_device() == dev.node);
+    struct stat st {};
+    REQUIRE(::stat(dev.node.c_str(), &st) == 0);
+    CHECK(m->device() == st.st_rdev);
+    struct statvfs flags {};
+    REQUIRE(::statvfs(s.mnt.c_str(), &flags) == 0);
+    CHECK((flags.f_flag & ST_NOATIME) != 0);
+    CHECK((flags.f_flag & ST_NOSUID) != 0);
+    CHECK((flags.f_flag & ST_NODEV) != 0);
+    CHECK(m->recheck().is_ok());
+    const tutti::Status released = m->release();
+    CHECK_MESSAGE(released.is_ok(), released.to_string());
+    CHECK_FALSE(Scratch::mounted(s.mnt.string()));
+    CHECK(s.loops().find(dev.node + ":") != std::string::npos);  // not tuttid's to detach
+  }
+  SUBCASE("mounted before tuttid: verified, rechecked, left mounted at release") {
+    fs::create_directories(s.mnt);
+    REQUIRE(Scratch::run(fmt::format("mount -t ext4 {} '{}'", dev.node, s.mnt.string())));
+    {
+      auto m = NamespaceMount::mount_or_verify(dev.request(s));
+      REQUIRE_MESSAGE(m.is_ok(), m.status().to_string());
+      CHECK(m->state() == "verified");
+      CHECK(m->block_device() == dev.node);
+      CHECK(m->recheck().is_ok());
+      CHECK(m->release().is_ok());
+    }  // and destroyed
+    CHECK(Scratch::mounted(s.mnt.string()));
+    CHECK(::umount2(s.mnt.c_str(), 0) == 0);
+  }
+  SUBCASE("another device's file system there: refused, naming both devices and the key paths") {
+    Scratch other;
+    const BlockDevice elsewhere(other.image);
+    fs::create_directories(s.mnt);
+    REQUIRE(Scratch::run(fmt::format("mount -t ext4 {} '{}'", elsewhere.node, s.mnt.string())));
+    const std::string text = Scratch::refusal(dev.request(s));
+    INFO(text);
+    CHECK(text.find("controllers[0].namespaces[0].mount: '" + s.mnt.string() + "' is mounted from " + elsewhere.node) !=
+          std::string::npos);
+    CHECK(text.find("not from controllers[0].pci_address 0000:00:04.0 namespace 1 '" + dev.node + "'") !=
+          std::string::npos);
+    CHECK(::umount2(s.mnt.c_str(), 0) == 0);
+  }
+  SUBCASE("swapped after bring-up: the recheck fails, naming what is there now") {
+    Scratch other;
+    const BlockDevice elsewhere(other.image);
+    auto m = NamespaceMount::mount_or_verify(dev.request(s));
+    REQUIRE_MESSAGE(m.is_ok(), m.status().to_string());
+    REQUIRE(::umount2(s.mnt.c_str(), 0) == 0);  // the admin
+    REQUIRE(Scratch::run(fmt::format("mount -t ext4 {} '{}'", elsewhere.node, s.mnt.string())));
+    const tutti::Status changed = m->recheck();
+    INFO(changed.to_string());
+    CHECK(changed.code() == StatusCode::INVALID_ARGUMENT);
+    CHECK(changed.message().find("is now mounted from " + elsewhere.node) != std::string::npos);
+    CHECK(changed.message().find("not from " + dev.node) != std::string::npos);
+    const tutti::Status released = m->release();  // the admin's mount is not tuttid's: left, and said so
+    CHECK(released.code() == StatusCode::DEVICE_ERROR);
+    CHECK(released.message().find("not the mount tuttid made") != std::string::npos);
+    CHECK(Scratch::mounted(s.mnt.string()));
+    CHECK(::umount2(s.mnt.c_str(), 0) == 0);
+  }
 }
 
 TEST_CASE("a mount swapped after bring-up fails the recheck, naming what is there now") {

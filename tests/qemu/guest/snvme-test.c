@@ -1663,6 +1663,227 @@ static int cmd_seal(void)
 	return failures ? 1 : 0;
 }
 
+/* ---- REVOKE ------------------------------------------------------------ */
+
+static sigjmp_buf revoke_jmp;
+
+static void revoke_sigbus(int sig)
+{
+	(void)sig;
+	siglongjmp(revoke_jmp, 1);
+}
+
+/* SNVME_IOC_REVOKE of scope on fd; 0 or the errno. */
+static int revoke_call(int fd, uint32_t scope, struct snvme_revoke *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->hdr.abi_version = SNVME_ABI_VERSION;
+	r->hdr.argsz = sizeof(*r);
+	r->scope = scope;
+	return ioctl(fd, SNVME_IOC_REVOKE, r) ? errno : 0;
+}
+
+/* A revoked file's buffer: its map cannot be undone before close (ESTALE), only the memory goes. */
+static void drop_buf(struct uq_buf *b)
+{
+	b->map_id = 0;
+	uq_buf_free(NULL, b);
+}
+
+/* A 4 KiB READ of LBA 0 through q into b matches want. */
+static bool reads_lba0(struct uq_queue *q, struct uq_buf *b, struct uq_buf *list, const uint8_t *want)
+{
+	memset(b->va, 0, 4096);
+	return uq_rw_sync(q, UQ_OPC_READ, 0, 4096 / q->c->lba_size, b, 0, list, false) == 0 &&
+	       !memcmp(b->va, want, 4096);
+}
+
+/*
+ * SNVME_IOC_REVOKE, as tuttid ends a lease whose holder still runs (scope
+ * FILE) and revokes a dead tuttid's leases when it starts again (scope
+ * OTHERS): the status page, poll() and ESTALE say so, the QIDs are free at
+ * once, and the holder's rings and doorbells stay valid memory that reaches
+ * nothing (no SIGBUS); the other files' doorbells, zapped with the revoked
+ * file's (one mapping of the device), and a close, leave them working.
+ */
+static int cmd_revoke(void)
+{
+	volatile struct snvme_status *sa, *sb, *sr;
+	struct snvme_seal seal = { .hdr = { SNVME_ABI_VERSION, sizeof(seal) } };
+	struct snvme_queue_group ga, gb, gc, gd, gr;
+	struct uq_queue qa[1], qb[1], qc[2], qd[1], qr[1];
+	struct uq_buf bufa, lista, bufb, listb, bufd, listd;
+	struct uq_ctrl a, b, c, d, e, rr, n;
+	struct uq_sqe sqe = { .opc = UQ_OPC_READ, .nsid = 1 };
+	struct snvme_revoke r;
+	struct snvme_info in;
+	struct uq_cqe cqe, last;
+	volatile bool sigbus = false;
+	uint32_t budget, before;
+	int fd, ret, status;
+	uint8_t *want;
+	pid_t pid;
+	void *p;
+
+	must_open(&a);
+	must_open(&b);
+	check(a.info.caps & SNVME_CAP_REVOKE, "GET_INFO announces SNVME_CAP_REVOKE (caps 0x%llx)",
+	      (unsigned long long)a.info.caps);
+	budget = a.info.user_queues;
+	if (uq_group_create(&a, 1, 8, &ga, qa) || uq_buf_alloc(&a, &bufa, 4096) ||
+	    uq_buf_alloc(&a, &lista, 4096) || uq_group_create(&b, 1, 8, &gb, qb) ||
+	    uq_buf_alloc(&b, &bufb, 4096) || uq_buf_alloc(&b, &listb, 4096))
+		die("setup: %s", strerror(errno));
+	sa = map_status(a.fd);
+	sb = map_status(b.fd);
+	want = aligned_alloc(4096, 4096);
+	fd = open(BDEV_PATH, O_RDONLY | O_DIRECT);
+	if (fd < 0 || pread(fd, want, 4096, 0) != 4096)
+		die("pread %s: %s", BDEV_PATH, strerror(errno));
+	close(fd);
+	check(reads_lba0(&qa[0], &bufa, &lista, want) && reads_lba0(&qb[0], &bufb, &listb, want),
+	      "reads through files A and B match O_DIRECT");
+	before = *(volatile uint32_t *)a.doorbells;
+	check(before != 0xffffffffu, "A's doorbell window is the controller's: SQ0TDBL reads 0x%x", before);
+
+	/* Refused arguments revoke nothing. */
+	memset(&r, 0, sizeof(r));
+	r.hdr.abi_version = SNVME_ABI_VERSION;
+	r.hdr.argsz = sizeof(r);
+	r.scope = 2;
+	EXPECT(ioctl(a.fd, SNVME_IOC_REVOKE, &r), EINVAL, "REVOKE with scope 2");
+	r.scope = SNVME_REVOKE_FILE;
+	r.flags = 1;
+	EXPECT(ioctl(a.fd, SNVME_IOC_REVOKE, &r), EINVAL, "REVOKE with flags 1");
+	r.flags = 0;
+	r.pad0 = 1;
+	EXPECT(ioctl(a.fd, SNVME_IOC_REVOKE, &r), EINVAL, "REVOKE with pad0 1");
+	check(sa->csts == 1 && sa->revoked == 0, "A is live after the refusals");
+
+	ret = revoke_call(a.fd, SNVME_REVOKE_FILE, &r);
+	check(ret == 0 && r.files == 1 && r.queue_groups == 1 && r.queues == 1,
+	      "REVOKE of file A: %s, %u file, %u group, %u queue", ret ? strerror(ret) : "done",
+	      r.files, r.queue_groups, r.queues);
+	check(sa->csts == 0xffffffffu && sa->revoked == SNVME_REVOKED_LEASE,
+	      "A's status page: csts 0x%x, revoked %u (LEASE)", sa->csts, sa->revoked);
+	check(poll_revents(a.fd) == (POLLPRI | POLLERR), "poll() of A reports POLLPRI | POLLERR, no POLLHUP (0x%x)",
+	      poll_revents(a.fd));
+	check(sb->csts == 1 && sb->revoked == 0 && poll_revents(b.fd) == 0, "B is untouched");
+	ret = uq_get_info(a.fd, &in);
+	check(ret == -ESTALE, "GET_INFO on A: %s", strerror(-ret));
+	p = mmap(NULL, qa[0].d.sq_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, qa[0].d.sq_offset);
+	check(p == MAP_FAILED && errno == ESTALE, "mmap of A's ring is ESTALE");
+	ret = uq_get_info(b.fd, &in);
+	check(ret == 0 && in.user_queues_free == budget - 1 && in.queue_groups == 1,
+	      "A's QID is free at once, A still open: %u of %u user queues free, %u group(s) live",
+	      in.user_queues_free, budget, in.queue_groups);
+
+	/* A's holder goes on as if nothing happened: no SIGBUS, no completion, no DMA, no queue reached. */
+	signal(SIGBUS, revoke_sigbus);
+	if (sigsetjmp(revoke_jmp, 1)) {
+		sigbus = true;
+	} else {
+		memcpy(&last, (void *)&qa[0].cq[(qa[0].head + qa[0].d.entries - 1) % qa[0].d.entries],
+		       sizeof(last));
+		memset(bufa.va, 0x5a, 4096);
+		uq_set_dptr(&sqe, &bufa, 0, 4096, &lista, false);
+		sqe.cdw12 = 4096 / a.lba_size - 1;
+		uq_push(&qa[0], &sqe);
+		uq_ring(&qa[0]);
+		ret = uq_reap(&qa[0], &cqe, 300);
+		check(ret == -ETIMEDOUT && bufa.va[0] == 0x5a && bufa.va[4095] == 0x5a,
+		      "an SQE written and rung on A's revoked queue: no completion, no DMA");
+		check(!memcmp(&last, (void *)&qa[0].cq[(qa[0].head + qa[0].d.entries - 1) % qa[0].d.entries],
+			      sizeof(last)), "A's CQ still holds its last completion (a copy of the ring)");
+		check(*(volatile uint32_t *)a.doorbells == 0xffffffffu,
+		      "A's doorbell window reads all ones: its stand-in, not the controller's");
+	}
+	signal(SIGBUS, SIG_DFL);
+	check(!sigbus, "A's rings and doorbells touched after REVOKE without SIGBUS");
+
+	/* B's doorbells, zapped with A's (one mapping of the device), fault back in. */
+	check(reads_lba0(&qb[0], &bufb, &listb, want), "a read through B after A's REVOKE matches O_DIRECT");
+	ret = revoke_call(a.fd, SNVME_REVOKE_FILE, &r);
+	check(ret == 0 && r.files == 0 && r.queue_groups == 0, "REVOKE of A again: %s, nothing left (%u, %u)",
+	      ret ? strerror(ret) : "done", r.files, r.queue_groups);
+	uq_group_unmap(qa, 1);
+	drop_buf(&bufa);
+	drop_buf(&lista);
+	munmap((void *)sa, SNVME_STATUS_BYTES);
+	uq_close(&a);
+	check(reads_lba0(&qb[0], &bufb, &listb, want), "a read through B after A's close matches O_DIRECT");
+
+	/* REVOKE_OTHERS from a new file D: B, a new C with a group of 2, a sealed E. */
+	must_open(&c);
+	must_open(&d);
+	must_open(&e);
+	if (uq_group_create(&c, 2, 8, &gc, qc))
+		die("setup of C: %s", strerror(errno));
+	seal.max_dma_bytes = 0;
+	EXPECT(ioctl(e.fd, SNVME_IOC_SEAL, &seal), 0, "SEAL of E");
+	EXPECT(revoke_call(e.fd, SNVME_REVOKE_OTHERS, &r), EPERM, "REVOKE of the other files from the sealed E");
+	pid = fork();
+	if (pid == 0)
+		_exit(drop_cap(CAP_SYS_ADMIN) == 0 && revoke_call(d.fd, SNVME_REVOKE_OTHERS, &r) == EPERM ? 0 : 1);
+	check(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "REVOKE of the other files without CAP_SYS_ADMIN is EPERM");
+	check(sb->revoked == 0, "B is live after the refusals");
+	ret = revoke_call(d.fd, SNVME_REVOKE_OTHERS, &r);
+	check(ret == 0 && r.files == 3 && r.queue_groups == 2 && r.queues == 3,
+	      "REVOKE of the other files from D: %s, %u files (B, C, E), %u groups, %u queues",
+	      ret ? strerror(ret) : "done", r.files, r.queue_groups, r.queues);
+	check(sb->csts == 0xffffffffu && sb->revoked == SNVME_REVOKED_LEASE && poll_revents(b.fd) == (POLLPRI | POLLERR),
+	      "B's status page reads LEASE, poll() POLLPRI | POLLERR");
+	ret = uq_get_info(d.fd, &in);
+	check(ret == 0 && in.user_queues_free == budget && in.queue_groups == 0,
+	      "every user queue is free while B and C are open: %u of %u, %u group(s)", in.user_queues_free, budget,
+	      in.queue_groups);
+	if (uq_group_create(&d, 1, 8, &gd, qd) || uq_buf_alloc(&d, &bufd, 4096) || uq_buf_alloc(&d, &listd, 4096))
+		die("setup of D: %s", strerror(errno));
+	check(reads_lba0(&qd[0], &bufd, &listd, want), "D, the caller, is live: a read through a new group on it matches");
+
+	/* A file a reset revoked keeps its QIDs until it is closed, or until REVOKE frees them. */
+	must_open(&rr);
+	if (uq_group_create(&rr, 1, 8, &gr, qr))
+		die("setup of R: %s", strerror(errno));
+	sr = map_status(rr.fd);
+	ret = write_file(DEBUGFS_CTRL "reset", "1\n");
+	check(ret == 0 && sr->revoked == SNVME_REVOKED_RESET, "reset through debugfs: %s, R revoked %u (RESET)",
+	      ret ? strerror(-ret) : "done", sr->revoked);
+	must_open(&n);
+	check(n.info.user_queues_free == budget - 2, "after the reset %u of %u user queues are free (R's and D's held)",
+	      n.info.user_queues_free, budget);
+	ret = revoke_call(rr.fd, SNVME_REVOKE_FILE, &r);
+	check(ret == 0 && r.files == 1 && r.queues == 1 && sr->revoked == SNVME_REVOKED_LEASE,
+	      "REVOKE of the reset-revoked R: %s, %u queue, revoked %u (LEASE)", ret ? strerror(ret) : "done", r.queues,
+	      sr->revoked);
+	ret = revoke_call(d.fd, SNVME_REVOKE_FILE, &r);
+	uq_get_info(n.fd, &in);
+	check(ret == 0 && in.user_queues_free == budget, "REVOKE of D too: %u of %u user queues free",
+	      in.user_queues_free, budget);
+
+	uq_group_unmap(qb, 1);
+	drop_buf(&bufb);
+	drop_buf(&listb);
+	munmap((void *)sb, SNVME_STATUS_BYTES);
+	uq_close(&b);
+	uq_group_unmap(qc, 2);
+	uq_close(&c);
+	uq_group_unmap(qd, 1);
+	drop_buf(&bufd);
+	drop_buf(&listd);
+	uq_close(&d);
+	uq_close(&e);
+	uq_group_unmap(qr, 1);
+	munmap((void *)sr, SNVME_STATUS_BYTES);
+	uq_close(&rr);
+	uq_close(&n);
+	free(want);
+	check(read_stat("pinned_pages") == 0 && read_stat("dma_maps") == 0 && read_stat("queue_groups") == 0,
+	      "after the closes: debugfs module totals zero");
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1706,10 +1927,12 @@ int main(int argc, char **argv)
 		return cmd_bad_dma();
 	if (argc >= 2 && !strcmp(argv[1], "seal"))
 		return cmd_seal();
+	if (argc >= 2 && !strcmp(argv[1], "revoke"))
+		return cmd_revoke();
 	fprintf(stderr, "usage: %s bind ADDR | info LBA SERIAL | perms ADDR | fiemap-read FILE... |\n"
 		"  fiemap-write FILE | wrap | hold-io [READY] | leaks | close-live | bad-ioctl |\n"
 		"  rebind ADDR N | fail ADDR | timeout-poll FILE DIR | timeout-abort-reset FILE DIR |\n"
 		"  timeout-fail FILE DIR | reset-revoke | removal-holder [READY] |\n"
-		"  io-until-error PATH [READY] | bad-dma | seal\n", argv[0]);
+		"  io-until-error PATH [READY] | bad-dma | seal | revoke\n", argv[0]);
 	return 2;
 }

@@ -113,6 +113,7 @@ t queue-flush-fua queue_flags
 t info $T info "$LBA" deadbeef
 t bad-ioctl $T bad-ioctl
 t seal $T seal
+t revoke $T revoke
 
 load_ext4() {
 	# crc32c-intel needs SSE4.2, which the emulated CPU may lack: optional.
@@ -181,8 +182,9 @@ t leaks-final $T leaks
 # tuttid on this PCI controller (docs/daemon.md, "PCI controllers"): a real tuttid binds the controller
 # through /dev/snvme-control, mounts the ext4 of mkfs-mount-write, leases sealed queue groups to client
 # processes (tuttid-snvme-test: the local_nvme DataPath over LeasedController; the KV example with --backend nvme),
-# reclaims the queues of a client killed mid-I/O, adopts the bound controller and the mount after a crash, and on
-# SIGTERM unmounts and unbinds.
+# reclaims the queues of a client killed mid-I/O, adopts the bound controller and the mount after a crash and
+# revokes the leases of holders still alive, revokes leases whose holders go on submitting, leaves a mount it
+# only verified (and the controller bound) at stop, and on SIGTERM unmounts what it mounted and unbinds.
 TD=/tmp/tuttid
 TSOCK=$TD/tuttid.sock
 TC=/bin/tuttid-snvme-test
@@ -210,6 +212,7 @@ EOF
 	tuttid_start || return 1	# the mount point is written unnormalised: /mnt/tuttid in the kernel's table
 	grep -q "bound PCI $ADDR to snvme" $TD/log || return 1
 	grep -q "^/dev/snvme0n1 /mnt/tuttid ext4" /proc/mounts || { echo "/mnt/tuttid is not mounted"; return 1; }
+	grep -q "nvme0 namespace 1: /dev/snvme0n1 on /mnt/tuttid (ext4, mounted)" $TD/log || return 1
 	[ -d /mnt/tuttid/accelerator0 ] && [ -d /mnt/tuttid/accelerator1 ] || { echo "no accelerator directories"; return 1; }
 	cmp /mnt/tuttid/small /mnt/tuttid/dir/copy
 }
@@ -287,15 +290,61 @@ tuttid_reset() {
 }
 t tuttid-reset tuttid_reset
 tuttid_restart_adopt() {
+	# A holder alive across a SIGKILL of tuttid and its restart (restart policy: revoke all): the new tuttid
+	# revokes the holder's file at bring-up, the holder's next READ gets no completion (and no SIGBUS), and
+	# every leasable queue is granted while the holder still has its revoked file open.
+	rm -f /tmp/td-leased /tmp/td-revoked /tmp/td-done
+	$TC across $TSOCK nvme0 "$LBA" $TSCRATCH /tmp/td-leased /tmp/td-revoked /tmp/td-done &
+	holder=$!
+	wait_for 30 [ -e /tmp/td-leased ] || { kill -9 $holder; echo "no lease"; return 1; }
 	kill -9 $TPID
 	wait $TPID
 	: >$TD/log
-	tuttid_start || return 1
-	grep -q "adopted PCI $ADDR" $TD/log || return 1
-	grep -q "verified the mount of /dev/snvme0n1 on /mnt/tuttid" $TD/log || return 1
-	$TC seal $TSOCK nvme0
+	tuttid_start || { kill -9 $holder; return 1; }
+	ok=0
+	grep -q "adopted PCI $ADDR" $TD/log || { echo "not adopted"; ok=1; }
+	grep -q "nvme0 namespace 1: /dev/snvme0n1 on /mnt/tuttid (ext4, verified)" $TD/log || { echo "mount not verified"; ok=1; }
+	grep -q "revoked [0-9]* open file(s) of /dev/snvme0 that this tuttid does not hold, with 2 queue group(s) of 2 queue pair(s)" $TD/log ||
+		{ echo "the holder's 2 queue groups were not revoked at bring-up"; ok=1; }
+	wait_for 30 [ -e /tmp/td-revoked ] || { echo "the holder saw no revocation within 30 s"; ok=1; }
+	$TC full $TSOCK nvme0 4 || ok=1
+	touch /tmp/td-done
+	wait $holder || { echo "the holder across the restart failed"; ok=1; }
+	$TC seal $TSOCK nvme0 || ok=1
+	return $ok
 }
 t tuttid-restart-adopt tuttid_restart_adopt
+tuttid_submit_after_revoke() {
+	# A holder that keeps submitting, never reading CSTS first, on a LeasedController's DataPath and on a
+	# queue it drives by hand, while tuttictl drain revokes its leases: it must report the errors and exit 0.
+	rm -f /tmp/td-submitting
+	$TC submit $TSOCK nvme0 "$LBA" $TSCRATCH /tmp/td-submitting &
+	holder=$!
+	wait_for 60 [ -e /tmp/td-submitting ] || { kill -9 $holder; echo "the holder never moved data"; return 1; }
+	/bin/tuttictl --socket $TSOCK drain --deadline-ms 200 || { kill -9 $holder; return 1; }
+	wait $holder || { echo "the holder did not exit cleanly"; return 1; }
+	grep -q "revoked: pid $holder on nvme0" $TD/log || { echo "the holder's leases were not revoked"; return 1; }
+}
+t tuttid-submit-after-revoke tuttid_submit_after_revoke
+tuttid_verified_stop() {
+	# The mount this tuttid found at its restart (verified, not its own): SIGTERM leaves it mounted and the
+	# controller bound, and says why; once the admin unmounted it, a new tuttid adopts and mounts it itself.
+	kill -TERM $TPID
+	wait_for 30 tuttid_gone || { echo "tuttid still runs 30 s after SIGTERM"; return 1; }
+	wait $TPID
+	rc=$?
+	tail -n 3 $TD/log
+	[ $rc = 0 ] || { echo "tuttid exited $rc"; return 1; }
+	grep -q "^/dev/snvme0n1 /mnt/tuttid ext4" /proc/mounts || { echo "the verified /mnt/tuttid was unmounted"; return 1; }
+	[ -e /dev/snvme0 ] || { echo "$ADDR was unbound under a mounted file system"; return 1; }
+	grep -q "left $ADDR bound: /dev/snvme0n1 is mounted at /mnt/tuttid" $TD/log || { echo "the log does not say why"; return 1; }
+	umount /mnt/tuttid || return 1
+	: >$TD/log
+	tuttid_start || return 1
+	grep -q "adopted PCI $ADDR" $TD/log || return 1
+	grep -q "nvme0 namespace 1: /dev/snvme0n1 on /mnt/tuttid (ext4, mounted)" $TD/log
+}
+t tuttid-verified-stop tuttid_verified_stop
 tuttid_sigterm() {
 	# A holder with the DataPath on its queues: revoked at the 2 s deadline, it sees its queues' CSTS read all
 	# ones and tears down cleanly (no SIGBUS on the rings the driver revoked).

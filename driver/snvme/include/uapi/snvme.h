@@ -24,12 +24,15 @@
  *
  * Revocation: a controller reset, a controller failure or the removal of
  * the controller revokes every file open at that moment (docs/driver.md,
- * "What a reset does to userspace"). Its queue groups no longer exist on
- * the controller; its later ioctls and mmaps fail with ESTALE (reset) or
+ * "What a reset does to userspace"), and SNVME_IOC_REVOKE revokes the
+ * files a lease broker names. Its queue groups no longer exist on the
+ * controller; its later ioctls and mmaps fail with ESTALE (reset, REVOKE) or
  * ENODEV (failure, removal); its status page reads csts = all ones; poll()
  * reports EPOLLPRI | EPOLLERR, plus EPOLLHUP once the controller is failed
- * or gone. Its DMA maps stay pinned, and its QIDs reserved, until the file
- * is closed. A new open() after a reset gets a working file.
+ * or gone. Its DMA maps stay pinned until the file is closed; its QIDs stay
+ * reserved until then after a reset or failure, and are freed at once by
+ * REVOKE and removal, whose revoked mappings fault in stand-ins instead of
+ * SIGBUS. A new open() after a reset or REVOKE gets a working file.
  */
 #ifndef _UAPI_LINUX_SNVME_H
 #define _UAPI_LINUX_SNVME_H
@@ -50,6 +53,7 @@
 #define SNVME_CAP_ABORT (1ull << 7)	   /* SNVME_IOC_ABORT */
 #define SNVME_CAP_STATUS (1ull << 8)	   /* status page, poll() and ESTALE on revocation */
 #define SNVME_CAP_SEAL (1ull << 9)	   /* SNVME_IOC_SEAL */
+#define SNVME_CAP_REVOKE (1ull << 10)	   /* SNVME_IOC_REVOKE, stand-ins on revoked mappings */
 
 /* Header of every ioctl argument. */
 struct snvme_hdr {
@@ -226,6 +230,42 @@ struct snvme_seal {
 };
 
 /*
+ * SNVME_IOC_REVOKE (SNVME_CAP_REVOKE): revokes open files for good, as a
+ * lease broker (tuttid, docs/daemon.md) ends a lease while its holder may
+ * still use it. scope SNVME_REVOKE_FILE revokes this open file (every
+ * descriptor of it, in every process); scope SNVME_REVOKE_OTHERS revokes
+ * every other open file of the controller (CAP_SYS_ADMIN and an unsealed
+ * file, else EPERM): a broker that starts again ends the leases its
+ * predecessor granted. A revoked file:
+ *  - status page: revoked = SNVME_REVOKED_LEASE, then csts = all ones;
+ *    poll() reports EPOLLPRI | EPOLLERR;
+ *  - its queue groups are deleted on the controller (Delete I/O SQ, then
+ *    CQ) and their QIDs freed at once;
+ *  - its mappings of the doorbells and rings stay valid memory: from then
+ *    on the doorbell window is one page of all ones per file that takes
+ *    the writes, and each ring a copy of it as the controller left it
+ *    (no completion lost or invented), so a holder that still writes SQEs
+ *    and rings doorbells gets no SIGBUS, reaches no queue (its QIDs may
+ *    belong to another file by then), and reads csts all ones;
+ *  - its later ioctls and mmaps fail with ESTALE, except REVOKE itself;
+ *    its DMA maps stay pinned until it is closed (no queue reaches them).
+ * A file revoked by a reset may be revoked this way too: its QIDs are then
+ * freed. files, queue_groups and queues count what this call revoked.
+ */
+#define SNVME_REVOKE_FILE 0u
+#define SNVME_REVOKE_OTHERS 1u
+
+struct snvme_revoke {
+	struct snvme_hdr hdr;
+	__u32 scope;		/* in: SNVME_REVOKE_FILE or SNVME_REVOKE_OTHERS */
+	__u32 flags;		/* in: must be 0 */
+	__u32 files;		/* out: files revoked by this call */
+	__u32 queue_groups;	/* out: their queue groups deleted */
+	__u32 queues;		/* out: their queue pairs deleted, QIDs freed */
+	__u32 pad0;		/* in: must be 0 */
+};
+
+/*
  * /dev/snvme-control: CAP_SYS_ADMIN only. pci_addr is "DDDD:BB:DD.F",
  * NUL terminated. BIND detaches whatever driver holds the device, sets
  * driver_override to "snvme" and probes; UNBIND releases it (files that
@@ -248,6 +288,7 @@ struct snvme_bind {
 #define SNVME_IOC_IDENTIFY _IOW(SNVME_IOC_MAGIC, 0x05, struct snvme_identify)
 #define SNVME_IOC_ABORT _IOWR(SNVME_IOC_MAGIC, 0x06, struct snvme_abort)
 #define SNVME_IOC_SEAL _IOW(SNVME_IOC_MAGIC, 0x07, struct snvme_seal)
+#define SNVME_IOC_REVOKE _IOWR(SNVME_IOC_MAGIC, 0x08, struct snvme_revoke)
 #define SNVME_IOC_BIND _IOWR(SNVME_IOC_MAGIC, 0x10, struct snvme_bind)
 #define SNVME_IOC_UNBIND _IOW(SNVME_IOC_MAGIC, 0x11, struct snvme_bind)
 
@@ -267,6 +308,7 @@ struct snvme_bind {
 #define SNVME_REVOKED_RESET 1u	 /* the controller was reset: queues deleted, it works again */
 #define SNVME_REVOKED_FAILED 2u	 /* the controller failed and is disabled */
 #define SNVME_REVOKED_REMOVED 3u /* the controller was unbound or removed */
+#define SNVME_REVOKED_LEASE 4u	 /* SNVME_IOC_REVOKE: the broker ended the lease */
 
 struct snvme_status {
 	/*
@@ -275,7 +317,11 @@ struct snvme_status {
 	 * gone reads (NVMe Base Spec 2.0, 3.1.3.6).
 	 */
 	__u32 csts;
-	__u32 revoked;	/* 0, or SNVME_REVOKED_* */
+	/*
+	 * 0, or SNVME_REVOKED_*: the gravest reason so far, in the order
+	 * RESET < LEASE < FAILED < REMOVED.
+	 */
+	__u32 revoked;
 	__u32 pad0[2];
 };
 
@@ -297,6 +343,7 @@ SNVME_STATIC_ASSERT(sizeof(struct snvme_dma_unmap) == 16, "snvme_dma_unmap");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_identify) == 24, "snvme_identify");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_abort) == 16, "snvme_abort");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_seal) == 24, "snvme_seal");
+SNVME_STATIC_ASSERT(sizeof(struct snvme_revoke) == 32, "snvme_revoke");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_bind) == 48, "snvme_bind");
 SNVME_STATIC_ASSERT(sizeof(struct snvme_status) == 16, "snvme_status");
 #undef SNVME_STATIC_ASSERT
