@@ -31,7 +31,7 @@
 //   [--submitters T] [--queues Q] [--depth D] [--iops-batch B] [--gbps-batch B] [--cap-gbps G]
 //   [--latency-row-us L] [--latency-batches N] [--queue-state device|mapped-host] [--warps-per-queue W]
 //   [--submit-poll-us U] [--poll-kernel-us P] [--poll-stream-per-batch 0|1] [--persistent-poller-warps W]
-//   [--persistent-poller-idle-us I] [--submit-graph 0|1]
+//   [--persistent-poller-idle-us I]
 //   [--striped [--stripe-controllers 1,2,3,4]
 //   [--striped-in-flight F]]
 //   [--raw-json FILE] [--json FILE]
@@ -95,7 +95,6 @@ struct Options {
   std::int64_t poll_kernel_us = -1;             ///< local_nvme::Options::poll_kernel_budget_ns, us (-1: its default)
   std::uint32_t persistent_poller_warps = 0;    ///< local_nvme::Options::persistent_poller_warps (0: none)
   std::uint64_t persistent_poller_idle_us = 0;  ///< local_nvme::Options::persistent_poller_idle_ns, us (0: default)
-  bool submit_graph = false;                    ///< local_nvme::Options::submit_graph
   std::string queue_state = "device";           ///< local_nvme::Options::device_queue_state: device | mapped-host
   std::uint32_t warps_per_queue = 0;            ///< the drive service's warps per queue (0: DriveService's default)
   bool striped = false;                         ///< --striped: the striped rows only
@@ -180,7 +179,6 @@ local_nvme::Options path_options(const Options& o, cudaStream_t stream) {
   options.poll_stream_per_batch = o.poll_stream_per_batch;
   options.persistent_poller_warps = o.persistent_poller_warps;
   if (o.persistent_poller_idle_us != 0) options.persistent_poller_idle_ns = o.persistent_poller_idle_us * 1000;
-  options.submit_graph = o.submit_graph;
   options.stream = accel::StreamRef::from_native_handle(stream);
   return options;
 }
@@ -500,8 +498,7 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
       serviced.push_back(controllers[d].get());
     }
     local_nvme::Options options = path_options(o, stream);
-    options.persistent_poller_warps = 0;  // local_nvme only (striped_nvme refuses both)
-    options.submit_graph = false;
+    options.persistent_poller_warps = 0;  // local_nvme only (striped_nvme refuses it)
     options.max_batches_in_flight = std::max<std::uint32_t>(4, in_flight);
     options.prepared_batches =
         options.max_batches_in_flight;  // every slot made now, before the service's persistent kernel starts
@@ -785,7 +782,6 @@ bool run_striped(const Options& o, std::uint64_t cap) {
     j["poll_stream_per_batch"] = o.poll_stream_per_batch;
     j["persistent_poller_warps"] = o.persistent_poller_warps;
     j["persistent_poller_idle_us"] = o.persistent_poller_idle_us;
-    j["submit_graph"] = o.submit_graph;
     j["stripe_unit_bytes"] = kStripeUnit;
     j["striped_in_flight"] = o.striped_in_flight;
     j["rows"] = out;
@@ -836,9 +832,6 @@ int main(int argc, char** argv) {
                  "how long the persistent poller stays without a batch before it ends, us (local_nvme::Options::"
                  "persistent_poller_idle_ns; 0: its default, 1 ms)")
       ->check(CLI::Range(0, 100000));
-  app.add_option("--submit-graph", o.submit_graph,
-                 "1: submit's copy, AdmitKernel launch and copy back as one CUDA graph launch (local_nvme::Options::"
-                 "submit_graph); 0: three calls, the default");
   app.add_option("--submit-poll-us", o.submit_poll_us,
                  "how long the submit kernel polls the batch it admitted, us (local_nvme::Options::"
                  "submit_poll_budget_ns; 0: it does not, the default)")
@@ -873,7 +866,6 @@ int main(int argc, char** argv) {
   std::printf("poll kernels on %s\n", o.poll_stream_per_batch ? "a stream per batch" : "the DataPath's stream");
   std::printf("poll kernel budget: %lld us%s\n", static_cast<long long>(o.poll_kernel_us),
               o.poll_kernel_us < 0 ? " (the default)" : "");
-  std::printf("submit as one CUDA graph: %s\n", o.submit_graph ? "yes" : "no");
   std::printf("persistent poller: %u warps%s\n", o.persistent_poller_warps,
               o.persistent_poller_warps == 0 ? " (none)" : "");
   std::printf("drive service: %u warps per queue\n",
@@ -959,7 +951,6 @@ int main(int argc, char** argv) {
     j["poll_stream_per_batch"] = o.poll_stream_per_batch;
     j["persistent_poller_warps"] = o.persistent_poller_warps;
     j["persistent_poller_idle_us"] = o.persistent_poller_idle_us;
-    j["submit_graph"] = o.submit_graph;
     j["pinned_copy_gbps"] = copy_gbps;
     j["raw_queue_commands_per_second"] = raw;
     j["rows"] = nlohmann::json::array();

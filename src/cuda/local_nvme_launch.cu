@@ -7,7 +7,6 @@
 #include <mutex>
 #include <set>
 
-#include <tutti/accel/async_copy.hpp>
 #include <tutti/accel/primitives.hpp>
 #include <tutti/accel/warp.hpp>
 #include <tutti/path/local_nvme/kernels.hpp>
@@ -26,62 +25,6 @@ Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel
 
 Status launch_kernel(const accel::LaunchConfig& config, const PersistentPollKernel& kernel) {
   return accel::launch(config, kernel);
-}
-
-namespace {
-
-void destroy_graph_exec(void* exec) noexcept { (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec)); }
-
-Status cuda_status(cudaError_t result, const char* what) {
-  return result == cudaSuccess
-             ? Status::success()
-             : error(StatusCode::DEVICE_ERROR, "local_nvme: submit graph: {}: {}", what, cudaGetErrorString(result));
-}
-
-/// Captures `s` on a private stream and instantiates it. Nothing runs.
-Result<cudaGraphExec_t> instantiate(const SubmitSequence& s) {
-  cudaStream_t capture = nullptr;
-  TUTTI_RETURN_IF_ERROR(
-      cuda_status(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"));
-  Status status = cuda_status(cudaStreamBeginCapture(capture, cudaStreamCaptureModeThreadLocal), "begin capture");
-  if (status.is_ok()) {
-    // The same calls as the submit without a graph, recorded instead of run.
-    status = accel::copy_to_device_async(s.device_requests, s.staged, s.request_bytes, capture);
-    if (status.is_ok() && s.stop_word != nullptr)
-      status = accel::copy_to_device_async(s.stop_word, s.zero_word, sizeof(std::uint64_t), capture);
-    if (status.is_ok()) status = accel::launch(accel::LaunchConfig{s.blocks, s.threads_per_block, capture}, s.kernel);
-    if (status.is_ok())
-      status = accel::copy_from_device_async(s.host_reports, s.device_reports, s.report_bytes, capture);
-    cudaGraph_t graph = nullptr;
-    const cudaError_t ended = cudaStreamEndCapture(capture, &graph);  // always, so the stream leaves capture mode
-    if (status.is_ok()) status = cuda_status(ended, "end capture");
-    cudaGraphExec_t exec = nullptr;
-    if (status.is_ok()) status = cuda_status(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-    if (graph != nullptr) (void)cudaGraphDestroy(graph);
-    (void)cudaStreamDestroy(capture);
-    if (status.is_ok()) return exec;
-    (void)cudaGetLastError();
-    return status;
-  }
-  (void)cudaStreamDestroy(capture);
-  return status;
-}
-
-}  // namespace
-
-Status launch_submit_graph(SubmitGraph& graph, const SubmitSequence& sequence, void* stream) {
-  if (graph.exec == nullptr || !(graph.sequence == sequence)) {
-    graph.reset();
-    auto exec = instantiate(sequence);
-    if (!exec) return exec.status();
-    graph.exec = exec.value();
-    graph.destroy = destroy_graph_exec;
-    graph.sequence = sequence;
-  }
-  const Status launched = cuda_status(
-      cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph.exec), static_cast<cudaStream_t>(stream)), "cudaGraphLaunch");
-  if (!launched.is_ok()) graph.reset();
-  return launched;
 }
 
 Status preload_kernels(std::uint64_t timeout_ns) {

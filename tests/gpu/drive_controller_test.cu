@@ -63,7 +63,7 @@ std::uint8_t pattern(std::uint64_t seed, std::uint64_t at) {
 /// DEVICE memory registered, one target over the whole namespace.
 struct Drive {
   Drive(DriveSettings settings, std::uint64_t seed, std::uint32_t queue_pairs, std::uint64_t command_timeout_ns,
-        void* stream, std::uint32_t persistent_poller_warps = 0, bool submit_graph = false)
+        void* stream, std::uint32_t persistent_poller_warps = 0)
       : controller(std::make_unique<DriveNvmeController>(settings)), seed(seed) {
     REQUIRE(controller->bring_up({}).is_ok());
     std::vector<std::uint8_t> bytes(settings.namespace_bytes);
@@ -81,7 +81,6 @@ struct Drive {
     options.prepared_batches = 4;
     options.prepared_batch_requests = 64;
     options.persistent_poller_warps = persistent_poller_warps;
-    options.submit_graph = submit_graph;
     auto path = local_nvme::LocalNvmeDataPath::create(*controller, options);
     REQUIRE_MESSAGE(path.is_ok(), path.status().to_string());
     runtime = std::make_unique<DriveRuntime>(DriveBackend{DriveNamespaceResolver{}, std::move(path.value())});
@@ -432,40 +431,6 @@ TEST_CASE("the persistent poller: three batches in flight land byte for byte wit
     CHECK(path.persistent_poller_launches() == static_cast<std::uint64_t>(round + 1));
   }
   CHECK(service.stop() == 0);
-}
-
-TEST_CASE("submits as one CUDA graph per slot (Options::submit_graph): batches of three sizes land byte for byte") {
-  // Sizes 8, 40, 8, 40, 17: each slot captures again when its batch size changes and replays otherwise;
-  // with the persistent poller too, which takes every batch the graph submitted.
-  if (!have_gpu()) return;
-  for (const std::uint32_t warps : {0u, 4u}) {
-    CAPTURE(warps);
-    Stream stream;
-    DriveSettings settings;
-    settings.namespace_bytes = kNamespaceBytes;
-    settings.latency_ns = 20'000;
-    Drive drive(settings, 51 + warps, 2, 5 * kSecond, stream.stream, warps, true);
-    DriveService service;
-    REQUIRE(service.start({drive.controller.get()}, 0, 20 * kSecond).is_ok());
-    std::uint64_t round = 0;
-    for (const std::uint64_t size : {8u, 40u, 8u, 40u, 17u}) {
-      std::vector<IoRequest> requests;
-      for (std::uint64_t i = 0; i < size; ++i)
-        requests.push_back(drive.read(i * 65536, ((i * 53 + round * 19) % 400) * 65536, 4096 * (1 + (i + round) % 16)));
-      auto outcome = drive.runtime->submit(requests);
-      for (const Status& s : outcome.initial_states) REQUIRE_MESSAGE(s.is_ok(), s.to_string());
-      auto result = drive.runtime->wait(outcome.io, 10 * kSecond);
-      REQUIRE_MESSAGE(result.is_ok(), result.status().to_string());
-      CHECK_MESSAGE(result->status.is_ok(), result->status.to_string());
-      (void)drive.runtime->release(outcome.io);
-      for (std::uint64_t i = 0; i < size; ++i)
-        CHECK(drive.memory_bytes_at(i * 65536, 4096 * (1 + (i + round) % 16)) ==
-              drive.expected(((i * 53 + round * 19) % 400) * 65536, 4096 * (1 + (i + round) % 16)));
-      ++round;
-    }
-    CHECK(drive.runtime->datapath().batches_posted_to_poller() == (warps == 0 ? 0u : 5u));
-    CHECK(service.stop() == 0);
-  }
 }
 
 TEST_CASE("the persistent poller under load: 800 batches, four in flight, chunks of one bitmap word on two warps") {

@@ -113,7 +113,6 @@ TEST_CASE("option defaults are pinned") {
   CHECK(o.submit_poll_budget_ns == 0u);    // the submit kernel does not poll unless asked
   CHECK(o.poll_stream_per_batch);          // CUDA profile: poll kernels on each batch's own stream
   CHECK(o.persistent_poller_warps == 0u);  // no persistent poller unless asked (CUDA profile only)
-  CHECK(!o.submit_graph);                  // three calls per submit unless asked (CUDA profile only)
   CHECK(o.persistent_poller_lifetime_ns == 100'000'000u);
   CHECK(o.persistent_poller_idle_ns == 1'000'000u);
   CHECK(Path::capabilities.offset_alignment == 4096);

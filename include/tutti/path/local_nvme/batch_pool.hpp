@@ -35,7 +35,6 @@
 #include <tutti/core/status.hpp>
 #include <tutti/path/local_nvme/kernel_array.hpp>
 #include <tutti/path/local_nvme/kernels.hpp>
-#include <tutti/path/local_nvme/launch.hpp>
 #include <tutti/path/local_nvme/registration.hpp>
 #include <tutti/path/local_nvme/target_cache.hpp>
 #include <tutti/path/local_nvme/targets.hpp>
@@ -90,8 +89,6 @@ struct BatchSlot {
   accel::DeviceBuffer poller_chunk_bits;
   std::uint64_t poller_sequence = 0;
   std::uint64_t poller_generation = 0;
-  /// Options::submit_graph: this slot's graph of its last submit sequence.
-  SubmitGraph submit_graph;
   /// Whether the persistent poller still owns the batch (posted and not handed back). Reads one
   /// word the kernel writes (acquire: the reports it wrote before are visible after).
   bool poller_owns() const noexcept {

@@ -271,39 +271,21 @@ class LocalNvmeDataPath {
     // word zeroed first), and counts as a polling kernel in every wait bound meanwhile.
     const std::uint64_t poll_budget = e.options.submit_poll_budget_ns;
     auto* stop_word = static_cast<std::uint64_t*>(slot.device_poll_stop.data());
-    const AdmitKernel kernel{device_requests, e.device_queues(), n, device_reports, stop_word, poll_budget};
-    Status launched;
-    bool copy_enqueued = false;  // waited for below, whatever fails after it
-    if (use_submit_graph()) {
-      // The same sequence as ONE graph launch (Options::submit_graph): all of it or nothing is enqueued.
-      const std::uint32_t tpb = e.options.threads_per_block;
-      SubmitSequence sequence;
-      sequence.device_requests = device_requests;
-      sequence.staged = slot.staged.data();
-      sequence.request_bytes = n * sizeof(RequestState);
-      sequence.stop_word = poll_budget != 0 ? stop_word : nullptr;
-      sequence.zero_word = poll_budget != 0 ? e.zero_word.data() : nullptr;
-      sequence.kernel = kernel;
-      sequence.blocks = static_cast<std::uint32_t>((n + tpb - 1) / tpb);
-      sequence.threads_per_block = tpb;
-      sequence.host_reports = slot.reports.data();
-      sequence.device_reports = device_reports;
-      sequence.report_bytes = n * sizeof(RequestReport);
-      launched = enqueue_submit_graph(slot.submit_graph, sequence, stream);
-      copy_enqueued = launched.is_ok();
-    } else {
-      launched = accel::copy_to_device_async(device_requests, slot.staged.data(), n * sizeof(RequestState), stream);
-      copy_enqueued = launched.is_ok();
-      if (launched.is_ok() && poll_budget != 0)
-        detail::assign(launched,
-                       accel::copy_to_device_async(stop_word, e.zero_word.data(), sizeof(std::uint64_t), stream));
-      if (launched.is_ok()) detail::assign(launched, launch_over(e.options, stream, n, kernel));
-    }
+    Status launched =
+        accel::copy_to_device_async(device_requests, slot.staged.data(), n * sizeof(RequestState), stream);
+    const bool copy_enqueued = launched.is_ok();  // waited for below, whatever fails after it
+    if (launched.is_ok() && poll_budget != 0)
+      detail::assign(launched,
+                     accel::copy_to_device_async(stop_word, e.zero_word.data(), sizeof(std::uint64_t), stream));
+    if (launched.is_ok())
+      detail::assign(launched, launch_over(e.options, stream, n,
+                                           AdmitKernel{device_requests, e.device_queues(), n, device_reports, stop_word,
+                                                       poll_budget}));
     const bool kernel_enqueued = launched.is_ok();
     const std::uint64_t polling_ahead = poll_budget != 0 && kernel_enqueued ? e.poll_launches_in_flight.fetch_add(1) + 1
                                                                             : e.poll_launches_in_flight.load();
     const PollLaunchCount counted{e.poll_launches_in_flight, poll_budget != 0 && kernel_enqueued};
-    if (launched.is_ok() && !use_submit_graph())
+    if (launched.is_ok())
       detail::assign(launched, accel::copy_from_device_async(slot.reports.data(), device_reports,
                                                              n * sizeof(RequestReport), stream));
     if (copy_enqueued || cache_copied) {
@@ -455,11 +437,6 @@ class LocalNvmeDataPath {
 
  private:
   explicit LocalNvmeDataPath(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
-
-  /// Whether submit enqueues its sequence as one graph (Options::submit_graph; CUDA profile only).
-  bool use_submit_graph() const noexcept {
-    return accel::kProfile == accel::Profile::cuda && engine_->options.submit_graph;
-  }
 
   /// Whether a request of the batch needs the host (its Abort) according to the last reports.
   static bool needs_host(const BatchSlot& slot) noexcept {

@@ -668,7 +668,6 @@ struct AdmitKernel {
   std::uint64_t* stop_word =
       nullptr;                       ///< with poll_budget_ns: as PollKernel's (device memory, zeroed before the launch)
   std::uint64_t poll_budget_ns = 0;  ///< how long the warps poll after admission, ns (0: they do not)
-  friend bool operator==(const AdmitKernel&, const AdmitKernel&) = default;  ///< the submit graph's key
   TUTTI_HOST_DEVICE void operator()(accel::ThreadIndex t) const noexcept {
     const std::uint64_t i = t.global();
     RequestState* r = i < count ? &requests[i] : nullptr;

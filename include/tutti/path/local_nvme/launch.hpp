@@ -19,7 +19,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <utility>
 
 #include <tutti/accel/config.hpp>
 #include <tutti/accel/primitives.hpp>
@@ -39,59 +38,6 @@ Status launch_kernel(const accel::LaunchConfig& config, const AdmitKernel& kerne
 Status launch_kernel(const accel::LaunchConfig& config, const PollKernel& kernel);
 /// cuda profile: the persistent poller's launch (persistent_poller.hpp), asynchronous, on config.stream.
 Status launch_kernel(const accel::LaunchConfig& config, const PersistentPollKernel& kernel);
-
-/// A submit's copy-launch-copy sequence (Options::submit_graph): ONE copy of the staged requests to
-/// the device, with a polling submit ONE copy zeroing its stop word, ONE AdmitKernel launch over
-/// `blocks` x `threads_per_block`, ONE copy of the reports back. Every address is a batch slot's, so a
-/// slot replays the same sequence while its arrays and its batch size stay the same. Units: bytes.
-struct SubmitSequence {
-  void* device_requests = nullptr;
-  const void* staged = nullptr;
-  std::uint64_t request_bytes = 0;
-  void* stop_word = nullptr;  ///< zeroed from zero_word first when not null (a polling submit)
-  const void* zero_word = nullptr;
-  AdmitKernel kernel{};
-  std::uint32_t blocks = 0, threads_per_block = 0;
-  void* host_reports = nullptr;
-  const void* device_reports = nullptr;
-  std::uint64_t report_bytes = 0;
-  friend bool operator==(const SubmitSequence&, const SubmitSequence&) = default;
-};
-
-/// A batch slot's instantiated CUDA graph of its last SubmitSequence (cudaGraphExec_t, made and
-/// destroyed by libtutti_cuda through `destroy`). Movable, not copyable; thread-safety: one slot, one
-/// thread at a time.
-struct SubmitGraph {
-  void* exec = nullptr;
-  void (*destroy)(void*) noexcept = nullptr;
-  SubmitSequence sequence{};
-  SubmitGraph() = default;
-  SubmitGraph(const SubmitGraph&) = delete;
-  SubmitGraph& operator=(const SubmitGraph&) = delete;
-  SubmitGraph(SubmitGraph&& other) noexcept
-      : exec(std::exchange(other.exec, nullptr)), destroy(other.destroy), sequence(other.sequence) {}
-  SubmitGraph& operator=(SubmitGraph&& other) noexcept {
-    if (this != &other) {
-      reset();
-      exec = std::exchange(other.exec, nullptr);
-      destroy = other.destroy;
-      sequence = other.sequence;
-    }
-    return *this;
-  }
-  ~SubmitGraph() { reset(); }
-  void reset() noexcept {
-    if (exec != nullptr && destroy != nullptr) destroy(exec);
-    exec = nullptr;
-  }
-};
-
-/// cuda profile: enqueues `sequence` on `stream` as ONE graph launch (cudaGraphLaunch), replaying
-/// `graph` when it was made for the same sequence, else capturing the sequence once on a private
-/// stream (thread-local capture mode, so no other thread's work is captured) and instantiating it
-/// into `graph` first. Errors: DEVICE_ERROR with CUDA's text (capture, instantiation or launch; the
-/// graph is then empty and nothing was enqueued). Defined in libtutti_cuda only.
-Status launch_submit_graph(SubmitGraph& graph, const SubmitSequence& sequence, void* stream);
 
 /// cuda profile: makes the DataPath's first launches run beside kernels already running on the
 /// device (a persistent GPU-resident controller, or a serving engine's persistent kernel, would
@@ -128,17 +74,6 @@ inline std::uint64_t kernel_wait_bound_ns(const Options& options, std::uint64_t 
   const std::uint64_t timeout =
       options.command_timeout_ns + (options.persistent_poller_warps != 0 ? options.persistent_poller_lifetime_ns : 0);
   return extra > limit - timeout ? limit : timeout + extra;
-}
-
-/// launch_submit_graph in the cuda profile; the host profile has no graphs (INTERNAL: submit never
-/// asks there, Options::submit_graph is ignored in that profile).
-inline Status enqueue_submit_graph(SubmitGraph& graph, const SubmitSequence& sequence, void* stream) {
-  if constexpr (accel::kProfile == accel::Profile::cuda) {
-    return launch_submit_graph(graph, sequence, stream);  // libtutti_cuda
-  } else {
-    (void)graph, (void)sequence, (void)stream;
-    return error(StatusCode::INTERNAL, "local_nvme: submit graphs exist in the cuda profile only");
-  }
 }
 
 /// One launch of `kernel` over `config` (a template, so the host profile never names launch_kernel).

@@ -148,11 +148,6 @@ struct Options {
   /// for the device (cudaFree, cudaMalloc, cudaHostAlloc in any thread of the process) wait for it
   /// to end: persistent_poller_idle_ns after the last batch, at most persistent_poller_lifetime_ns.
   std::uint32_t persistent_poller_warps = 0;
-  /// CUDA profile: submit enqueues its copy of the staged requests, the AdmitKernel launch and the copy
-  /// of the reports back as ONE CUDA graph launch (launch.hpp, SubmitSequence), which each batch slot
-  /// captures once and replays while its arrays and its batch size stay the same (a new size captures
-  /// again). false (default): three calls. Host profile: ignored. striped_nvme refuses it.
-  bool submit_graph = false;
   /// The persistent poller's kernel ends by itself this long after its launch, ns (1..
   /// kMaxPollKernelBudgetNs and at most command_timeout_ns / 2); the next submit launches it again.
   std::uint64_t persistent_poller_lifetime_ns = kDefaultPersistentPollerLifetimeNs;

@@ -160,8 +160,6 @@ class StripedNvmeDataPath {
         return error(StatusCode::INVALID_ARGUMENT, "striped_nvme: controllers[{}] is null", d);
     if (auto checked = local_nvme::validate_options(options, controllers[0]->identity()); !checked)
       return checked.status().with_context("striped_nvme");
-    if (options.submit_graph)
-      return error(StatusCode::INVALID_ARGUMENT, "striped_nvme: submit_graph serves local_nvme only (false here)");
     if (options.persistent_poller_warps != 0)
       return error(StatusCode::INVALID_ARGUMENT,
                    "striped_nvme: persistent_poller_warps = {}: the persistent poller serves local_nvme only (0 here)",
