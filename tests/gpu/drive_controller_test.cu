@@ -388,13 +388,13 @@ TEST_CASE("injected faults: an error status becomes DEVICE_ERROR, a lost complet
   CHECK(q->bytes_moved == 6 * 4096);
 }
 
-TEST_CASE("the persistent poller: three batches in flight land byte for byte with no poll kernel; idle, it ends") {
+TEST_CASE("the persistent poller: three batches in flight over 12 warps land byte for byte with no poll kernel; idle, it ends") {
   if (!have_gpu()) return;
   Stream stream;
   DriveSettings settings;
   settings.namespace_bytes = kNamespaceBytes;
   settings.latency_ns = 50'000;  // every batch is still in flight when its submit returns: posted
-  Drive drive(settings, 31, 2, 5 * kSecond, stream.stream, 4);
+  Drive drive(settings, 31, 2, 5 * kSecond, stream.stream, 12);  // 12 warps: not a multiple of a block
   auto& path = drive.runtime->datapath();
   DriveService service;
   REQUIRE(service.start({drive.controller.get()}, 0, 20 * kSecond).is_ok());

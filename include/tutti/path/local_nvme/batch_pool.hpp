@@ -249,7 +249,7 @@ struct SlotReturn {
   }
   void operator()(BatchSlot* slot) const noexcept {
     if (slot == nullptr) return;
-    if (slot->poller_sequence != 0 && !poller_handed_back(*slot)) {
+    if (slot->kernel_may_run || (slot->poller_sequence != 0 && !poller_handed_back(*slot))) {
       leak_on_purpose(slot);  // the persistent poller may still write its reports and bitmap
       return;
     }

@@ -312,11 +312,7 @@ class LocalNvmeDataPath {
       b.slot.reset();
       return b;
     }
-    gate.unlock();
     const std::uint64_t reported = accel::timer_ns();
-    e.timed_submits.fetch_add(1, std::memory_order_relaxed);
-    e.submit_staging_ns.fetch_add(staged - entered, std::memory_order_relaxed);
-    e.submit_device_ns.fetch_add(reported - staged, std::memory_order_relaxed);
     bool any_accepted = false;
     for (std::size_t i = 0; i < n; ++i) {
       const RequestReport& report = slot.reports[i];
@@ -325,15 +321,20 @@ class LocalNvmeDataPath {
       if (!report.accepted) slot.reported[i] = 1;
       any_accepted = any_accepted || report.accepted;
     }
-    if (!any_accepted) {
-      b.slot.reset();  // nothing in flight: the slot goes back at once
-    } else if (e.poller && !slot.reports_settled() && !needs_host(slot) &&
-               e.poller->post(slot) == PostOutcome::unknown) {
+    // After the reports are read (the poller rewrites them), and still under the gate: the poller's
+    // launch (in post) must not overlap a zombie reaping (reap_zombies).
+    if (e.poller && any_accepted && !settled_at_submit(slot) && !needs_host(slot) &&
+        e.poller->post(slot) == PostOutcome::unknown) {
       // The poller was closing and did not leave in time: it may own the batch, so the slot is
       // abandoned to it (progress returns DEVICE_ERROR; never reused or freed).
       slot.kernel_may_run = true;
       e.kernel_abandoned.store(true);
     }
+    gate.unlock();
+    e.timed_submits.fetch_add(1, std::memory_order_relaxed);
+    e.submit_staging_ns.fetch_add(staged - entered, std::memory_order_relaxed);
+    e.submit_device_ns.fetch_add(reported - staged, std::memory_order_relaxed);
+    if (!any_accepted) b.slot.reset();  // nothing in flight (nothing was posted either): back at once
     return b;
   }
 
@@ -372,8 +373,9 @@ class LocalNvmeDataPath {
     }
     const bool some = until == ProgressUntil::SOME;
     bool report_waiting = some && slot.has_unreported_done();
-    // A batch its submit kernel polled to the end needs no launch: its reports are final.
-    bool launch = !slot.reports_settled();
+    // A batch its submit kernel polled to the end needs no launch: its reports are final. A request
+    // needing the host (its Abort, a zombie to take over) is handled before any kernel runs again.
+    bool launch = !slot.reports_settled() && !needs_host(slot);
     for (;;) {
       // ONE launch (polling on the accelerator for up to its budget) and ONE copy of the reports
       // back per step, then ONE bounded wait (poll_step).
@@ -437,6 +439,13 @@ class LocalNvmeDataPath {
 
  private:
   explicit LocalNvmeDataPath(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+
+  /// Whether the submit kernel's reports leave nothing in flight: every request rejected or done.
+  static bool settled_at_submit(const BatchSlot& slot) noexcept {
+    for (std::size_t i = 0; i < slot.size; ++i)
+      if (slot.reports[i].accepted && !slot.reports[i].done) return false;
+    return true;
+  }
 
   /// Whether a request of the batch needs the host (its Abort) according to the last reports.
   static bool needs_host(const BatchSlot& slot) noexcept {

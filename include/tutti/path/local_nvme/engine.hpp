@@ -155,9 +155,10 @@ struct Engine {
   /// abandoned; the next progress, zombie_commands or unregister_memory retries.
   void reap_zombies() {
     if (kernel_abandoned.load()) return;
-    if (poller && poller->may_run()) return;  // its warps own the queue words while it runs
     std::unique_lock gate(kernel_gate, std::try_to_lock);
     if (!gate.owns_lock()) return;  // a kernel's threads own the queue words now
+    // Checked under the gate: the poller is launched only by a submit holding the gate shared.
+    if (poller && poller->may_run()) return;  // its warps own the queue words while it runs
     zombies.reap(queues);
   }
 
@@ -183,8 +184,13 @@ struct Engine {
     bool all_deleted = true;
     for (auto& q : queues)
       if (q && !controller->delete_io_queue_pair(q->info.qid).is_ok()) all_deleted = false;  // ends its commands
-    if (!poller_stopped)
+    if (!poller_stopped) {
+      // Everything the kernel may still read or write: the queues, their table, the credits and the zero word.
       for (auto& q : queues) leak_on_purpose(q.release());
+      leak_on_purpose(new accel::DeviceBuffer(std::move(queue_table)));
+      leak_on_purpose(new KernelArray<Credits>(std::move(credits)));
+      leak_on_purpose(new KernelArray<std::uint64_t>(std::move(zero_word)));
+    }
     zombies.release(all_deleted);
   }
 };

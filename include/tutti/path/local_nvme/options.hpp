@@ -146,9 +146,10 @@ struct Options {
   /// poller. ProgressUntil::SOME therefore waits for the whole batch. While the kernel runs the host
   /// reaps no zombie commands (zombie_commands counts them until it ends), and CUDA calls that wait
   /// for the device (cudaFree, cudaMalloc, cudaHostAlloc in any thread of the process) wait for it
-  /// to end: persistent_poller_idle_ns after the last batch, at most persistent_poller_lifetime_ns.
+  /// to end: persistent_poller_idle_ns after the last batch (under a steady flow of submits it is
+  /// launched again at once, so they wait for such a gap).
   std::uint32_t persistent_poller_warps = 0;
-  /// The persistent poller's kernel ends by itself this long after its launch, ns (1..
+  /// The persistent poller's kernel ends by itself this long after it starts running, ns (1..
   /// kMaxPollKernelBudgetNs and at most command_timeout_ns / 2); the next submit launches it again.
   std::uint64_t persistent_poller_lifetime_ns = kDefaultPersistentPollerLifetimeNs;
   /// ... or once it had no batch for this long, ns (1..persistent_poller_lifetime_ns).

@@ -107,6 +107,7 @@ struct PersistentPollKernel {
   TUTTI_HOST_DEVICE void operator()(accel::ThreadIndex t) const noexcept {
     if (host == nullptr || warps == 0) return;  // preload_kernels' empty launch
     const std::uint64_t warp = t.global() / accel::kDeviceWarpSize;
+    if (warp >= warps) return;  // never a second owner of a chunk (the host launches exactly `warps` warps)
     const std::uint64_t started = accel::timer_ns();
     const std::uint64_t end = started + lifetime_ns;
     std::uint64_t last_busy = started;
@@ -123,8 +124,10 @@ struct PersistentPollKernel {
         if (accel::lane_id() == 0)
           seen = accel::DeviceAtomicRef<std::uint64_t>(device_words->stop_generation).load(accel::MemoryOrder::acquire);
         seen = accel::warp_broadcast(seen, 0);
-        // A lost dispatcher cannot keep the others alive past the lifetime.
-        stopping = seen == generation || accel::timer_ns() >= end + idle_ns;
+        // Only the dispatcher's relay ends a worker: a post it takes later may have chunks that only this
+        // warp owns. A lost dispatcher cannot keep the others alive past twice the lifetime (the host
+        // then gives the launch up: PersistentPoller::launch_ended).
+        stopping = seen == generation || accel::timer_ns() >= end + lifetime_ns;
       }
       bool active = false;
       const bool progressed = scan(warp, stopping, (passes++ & 63) == 0 || backoff.sleeping(), active);
@@ -162,7 +165,8 @@ struct PersistentPollKernel {
     for (std::uint64_t k = taken; k < upto; ++k) take(posts[k % ring_size]);
     if (accel::lane_id() == 0 && upto != taken) {
       device_words->taken = upto;
-      accel::SystemAtomicRef<std::uint64_t>(host->taken).store(upto, accel::MemoryOrder::relaxed);
+      // Release: the host reuses ring entries up to here once it reads it.
+      accel::SystemAtomicRef<std::uint64_t>(host->taken).store(upto, accel::MemoryOrder::release);
     }
     if (accel::lane_id() == 0) {
       if (stopping)
@@ -175,7 +179,7 @@ struct PersistentPollKernel {
 
   /// Copies one post into its table entry, clears its chunk bits and publishes it. Collective.
   TUTTI_HOST_DEVICE void take(const PollerPost& post_in_host) const noexcept {
-    const PollerPost post = post_in_host;  // one read over PCIe per lane, then registers
+    const PollerPost post = read_post(post_in_host);  // lane 0 reads it (after its acquire of tail), all get it
     if (post.table_index >= table_capacity || post.count == 0 || post.sequence == 0) return;  // the host checks too
     const std::uint64_t chunks = (post.count + accel::kDeviceWarpSize - 1) / accel::kDeviceWarpSize;
     for (std::uint64_t w = accel::lane_id(); w < (chunks + 63) / 64; w += accel::kDeviceWarpSize)
@@ -225,17 +229,32 @@ struct PersistentPollKernel {
   /// One pass over the chunks of entry `e` this warp owns. Collective.
   TUTTI_HOST_DEVICE bool poll_entry(std::uint64_t warp, std::uint64_t e, std::uint64_t sequence, bool stopping,
                                     bool check_controller) const noexcept {
-    const PollerPost post = entries[e].post;
+    // Lane 0 acquires the state again and reads the post, so every lane decides on the same values.
+    std::uint64_t seen = 0;
+    if (accel::lane_id() == 0)
+      seen = accel::DeviceAtomicRef<std::uint64_t>(entry_state[e]).load(accel::MemoryOrder::acquire);
+    if (accel::warp_broadcast(seen, 0) != sequence) return false;
+    const PollerPost post = read_post(entries[e].post);
     if (post.sequence != sequence) return false;  // published after this warp read the state: next pass
     const std::uint64_t chunks = (post.count + accel::kDeviceWarpSize - 1) / accel::kDeviceWarpSize;
     bool progressed = false;
     for (std::uint64_t c = (warp + warps - e % warps) % warps; c < chunks; c += warps) {
-      if (detail::chunk_released(post.chunk_bits, c)) continue;
-      // The bit read above may be a later post's (the entry released, the slot posted again and its
-      // bits cleared meanwhile): the state, read after it, then is no longer this post's sequence.
-      accel::fence(accel::ThreadScope::device, accel::MemoryOrder::acquire);
-      if (accel::DeviceAtomicRef<std::uint64_t>(entry_state[e]).load(accel::MemoryOrder::acquire) != sequence)
-        return progressed;
+      // Lane 0 reads the chunk's bit, then the state again: a bit read from a later post (the entry
+      // released, the slot posted again and its bits cleared meanwhile) comes with a state that is no
+      // longer this post's sequence (the clears precede the new state's release store).
+      std::uint32_t verdict = 0;  // 0: poll it, 1: released already, 2: the entry moved on
+      if (accel::lane_id() == 0) {
+        if (detail::chunk_released(post.chunk_bits, c)) {
+          verdict = 1;
+        } else {
+          accel::fence(accel::ThreadScope::device, accel::MemoryOrder::acquire);
+          if (accel::DeviceAtomicRef<std::uint64_t>(entry_state[e]).load(accel::MemoryOrder::acquire) != sequence)
+            verdict = 2;
+        }
+      }
+      verdict = accel::warp_broadcast(verdict, 0);
+      if (verdict == 1) continue;
+      if (verdict == 2) return progressed;
       const std::uint64_t i = c * accel::kDeviceWarpSize + accel::lane_id();
       RequestState* r = i < post.count ? &post.requests[i] : nullptr;
       const bool waiting_before = r != nullptr && r->accepted && !r->done;
@@ -271,6 +290,25 @@ struct PersistentPollKernel {
       }
     }
     accel::warp_sync();
+  }
+
+  /// `source` as lane 0 reads it, in every lane (seven broadcasts). Collective.
+  TUTTI_HOST_DEVICE static PollerPost read_post(const PollerPost& source) noexcept {
+    PollerPost p{};
+    if (accel::lane_id() == 0) p = source;
+    PollerPost out;
+    out.requests =
+        reinterpret_cast<RequestState*>(accel::warp_broadcast(reinterpret_cast<std::uintptr_t>(p.requests), 0));
+    out.reports =
+        reinterpret_cast<RequestReport*>(accel::warp_broadcast(reinterpret_cast<std::uintptr_t>(p.reports), 0));
+    out.released =
+        reinterpret_cast<std::uint64_t*>(accel::warp_broadcast(reinterpret_cast<std::uintptr_t>(p.released), 0));
+    out.chunk_bits =
+        reinterpret_cast<std::uint64_t*>(accel::warp_broadcast(reinterpret_cast<std::uintptr_t>(p.chunk_bits), 0));
+    out.count = accel::warp_broadcast(p.count, 0);
+    out.sequence = accel::warp_broadcast(p.sequence, 0);
+    out.table_index = accel::warp_broadcast(p.table_index, 0);
+    return out;
   }
 
   /// The warp's last step: the last warp out resets the count and tells the host.

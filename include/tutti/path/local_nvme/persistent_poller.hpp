@@ -124,9 +124,12 @@ class PersistentPoller {
 
   /// Whether the launch that took a post of generation `generation` has ended (so a batch it did
   /// not release never will be). Reads one word; thread-safe.
+  /// Also true once the launch is past the latest time it can run (launch_deadline_): a kernel that
+  /// faulted, or never became resident, is given up rather than waited for forever.
   bool launch_ended(std::uint64_t generation) const noexcept {
     if (generation != generation_seen_.load()) return true;
-    return std::atomic_ref<std::uint64_t>(words()->exited).load(std::memory_order_acquire) != 0;
+    return std::atomic_ref<std::uint64_t>(words()->exited).load(std::memory_order_acquire) != 0 ||
+           accel::timer_ns() >= launch_deadline_.load();
   }
 
   /// Whether the kernel may be running (launched and not seen leaving): the host must not touch the
@@ -144,6 +147,8 @@ class PersistentPoller {
   /// caller must keep the queues and this poller's memory alive).
   Status stop() {
     std::scoped_lock lock(mutex_);
+    if (broken_ && running_.load())
+      return error(StatusCode::DEVICE_ERROR, "local_nvme: the persistent poller's kernel was given up earlier");
     if (!running_.load()) return Status::success();
     std::atomic_ref<std::uint64_t>(words()->stop).store(1, std::memory_order_seq_cst);
     if (wait_exited() == 0) {
@@ -170,10 +175,10 @@ class PersistentPoller {
   PollerHostWords* words() const noexcept { return static_cast<PollerHostWords*>(storage_->host_memory.data()); }
   PollerPost* posts() const noexcept { return reinterpret_cast<PollerPost*>(words() + 1); }
 
-  /// The kernel's exited word once it is non-zero, waited for at most command_timeout_ns; 0 when it
-  /// stayed zero (the kernel did not leave in time). Caller holds mutex_.
+  /// The kernel's exited word once it is non-zero, waited for at most until the launch's latest end
+  /// (launch_deadline_); 0 when it stayed zero (the kernel did not leave in time). Caller holds mutex_.
   std::uint64_t wait_exited() {
-    const std::uint64_t deadline = accel::deadline_after(options_.command_timeout_ns);
+    const std::uint64_t deadline = launch_deadline_.load();
     accel::Backoff backoff(
         accel::Backoff::Settings{.spin_steps = 64, .yield_steps = 64, .first_sleep_ns = 1000, .max_sleep_ns = 100000});
     for (;;) {
@@ -190,7 +195,11 @@ class PersistentPoller {
   bool ensure_running() {
     PollerHostWords& w = *words();
     if (running_.load()) {
-      if (std::atomic_ref<std::uint64_t>(w.exited).load(std::memory_order_acquire) == 0) return true;
+      if (std::atomic_ref<std::uint64_t>(w.exited).load(std::memory_order_acquire) == 0) {
+        if (accel::timer_ns() < launch_deadline_.load()) return true;
+        broken_ = true;  // past its latest end without leaving: faulted or never resident (it may still run)
+        return false;
+      }
       running_.store(false);  // it ended by itself (idle or lifetime)
     }
     Storage& s = *storage_;
@@ -200,13 +209,14 @@ class PersistentPoller {
       broken_ = true;
       return false;
     }
-    w = PollerHostWords{};
+    // No kernel reads the words now (the last one stored exited, its last act); atomic stores all the
+    // same, as may_run and launch_ended read them from other threads.
+    for (std::uint64_t* word : {&w.tail, &w.taken, &w.closing, &w.exited, &w.stop})
+      std::atomic_ref<std::uint64_t>(*word).store(0, std::memory_order_relaxed);
     tail_ = 0;
     ++generation_;
     auto* device = static_cast<std::uint8_t*>(s.device_memory.data());
     const std::uint64_t warps = options_.persistent_poller_warps;
-    const std::uint32_t per_block =
-        static_cast<std::uint32_t>(std::min<std::uint64_t>(warps, 8)) * accel::kDeviceWarpSize;
     const PersistentPollKernel kernel{
         .host = &w,
         .posts = posts(),
@@ -220,11 +230,15 @@ class PersistentPoller {
         .generation = generation_,
         .lifetime_ns = options_.persistent_poller_lifetime_ns,
         .idle_ns = options_.persistent_poller_idle_ns};
-    const std::uint32_t blocks =
-        static_cast<std::uint32_t>((warps * accel::kDeviceWarpSize + per_block - 1) / per_block);
+    // Exactly `warps` warps, one per block (a chunk has one owner: warp index mod warps). Its latest end:
+    // the lifetime from when it starts (it may queue first: one command timeout of slack), and as long
+    // again for a worker whose dispatcher was lost.
+    const accel::LaunchConfig config{static_cast<std::uint32_t>(warps), accel::kDeviceWarpSize, stream};
+    launch_deadline_.store(
+        accel::deadline_after(2 * options_.persistent_poller_lifetime_ns + options_.command_timeout_ns));
     running_.store(true);  // before the launch: may_run keeps the host off the queue words from now on
     generation_seen_.store(generation_);
-    if (!launch_grid(accel::LaunchConfig{blocks, per_block, stream}, kernel).is_ok()) {
+    if (!launch_grid(config, kernel).is_ok()) {
       broken_ = true;
       running_.store(false);
       return false;
@@ -241,6 +255,7 @@ class PersistentPoller {
   std::uint64_t next_sequence_ = 1;  ///< unique over the poller's life
   std::uint64_t generation_ = 0;     ///< launches made (the running one's generation)
   std::atomic<std::uint64_t> generation_seen_{0};
+  std::atomic<std::uint64_t> launch_deadline_{0};  ///< accel::timer_ns() past which the running launch is given up
   std::atomic<bool> running_{false};
   bool broken_ = false;  ///< a wait or launch failed: no more posts
   std::atomic<std::uint64_t> launches_{0}, posted_{0};
