@@ -60,7 +60,11 @@ int main(int argc, char** argv) {
   drain->add_option("--deadline-ms", deadline_ms, "how long holders get (default: shutdown_grace_ms)")
       ->check(CLI::Range(0, 3'600'000))
       ->each([&deadline_given](const std::string&) { deadline_given = true; });
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad flag or value: 2, as a bad configuration
+  }
 
   tutti::daemon::Request request;
   if (status->parsed()) request.op = tutti::daemon::Op::status;

@@ -14,7 +14,11 @@ int main(int argc, char** argv) {
   bool check = false;
   app.add_option("--config", config_path, "configuration file (JSON with comments)")->capture_default_str();
   app.add_flag("--check", check, "validate the configuration and exit (0: valid)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad flag or value: 2, as a bad configuration
+  }
   auto config = tutti::daemon::load_config(config_path);
   if (!config) {
     std::fprintf(stderr, "tuttid: %s\n", config.status().to_string().c_str());
