@@ -28,7 +28,7 @@ Status ControllerSlot::failed(Status status) {
   driver_.reset();
   device_.reset();
   image_lock_ = ImageLock();
-  return status;  // pci_ stays: shut_down unmounts and unbinds what the bring-up did
+  return status;  // pci_ stays: shut_down unmounts, and unbinds if the bring-up got the flock (never without it)
 }
 
 Status ControllerSlot::bring_up() {
