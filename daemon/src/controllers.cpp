@@ -28,7 +28,7 @@ Status ControllerSlot::failed(Status status) {
   driver_.reset();
   device_.reset();
   image_lock_ = ImageLock();
-  return status;  // pci_ stays: shut_down unmounts and unbinds what the bring-up did
+  return status;  // pci_ stays: shut_down unmounts, and unbinds if the bring-up got the flock (never without it)
 }
 
 Status ControllerSlot::bring_up() {
@@ -111,13 +111,18 @@ Result<PciLease> ControllerSlot::open_pci_lease(std::uint32_t count, std::uint64
                  config_.name, queues_free(), config_.leasable_queues(), count);
   auto lease = pci_->open_lease(count, config_.queue_depth, pinned_bytes);
   if (!lease) return lease.status().with_context(fmt::format("controller {}: lease", config_.name));
-  for (auto qid : lease->qids()) leased_.insert(qid);
+  // Counted per lease: a holder may have destroyed its own groups (DESTROY_QUEUE_GROUP on its sealed file), so
+  // the driver may hand out a QID another live lease still lists.
+  leased_.add(lease->qids());
   return lease;
 }
 
 Status ControllerSlot::end_pci_lease(PciLease& lease) {
-  for (auto qid : lease.qids()) leased_.erase(qid);
-  if (!pci_) return Status::success();
+  (void)leased_.remove(lease.qids());  // this lease's entries only; lease.queues is cleared below
+  if (!pci_) {
+    lease.queues.clear();
+    return Status::success();
+  }
   return pci_->end_lease(lease);
 }
 
@@ -135,7 +140,7 @@ Result<std::vector<std::uint16_t>> ControllerSlot::create_queues(std::uint32_t c
       return pair.status().with_context(fmt::format("controller {}: create I/O queue pair", config_.name));
     }
     qids.push_back(pair->qid);
-    leased_.insert(pair->qid);
+    leased_.add({pair->qid});
     infos_[pair->qid] = *pair;
   }
   return qids;
@@ -144,7 +149,7 @@ Result<std::vector<std::uint16_t>> ControllerSlot::create_queues(std::uint32_t c
 Status ControllerSlot::delete_queues(const std::vector<std::uint16_t>& qids) {
   Status first;
   for (auto qid : qids) {
-    if (leased_.erase(qid) == 0) continue;
+    if (!leased_.remove_one(qid)) continue;  // soft: tuttid's own driver gives out and deletes every QID
     infos_.erase(qid);
     Status s = driver_ ? driver_->delete_io_queue_pair(qid) : Status::success();
     if (!s.is_ok() && first.is_ok())
@@ -159,7 +164,7 @@ Status ControllerSlot::shut_down() {
   stop_note_.clear();
   if (!driver_ && !pci_) return Status::success();
   infos_.clear();
-  if (!pci_) (void)delete_queues(std::vector<std::uint16_t>(leased_.begin(), leased_.end()));
+  if (!pci_) (void)delete_queues(leased_.distinct());
   if (driver_) (void)driver_->shutdown(2'000'000'000);
   driver_.reset();
   device_.reset();

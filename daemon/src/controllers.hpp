@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <memory>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include <tutti/libnvm/soft_controller.hpp>
 
 #include "config.hpp"
+#include "leased_queues.hpp"
 #include "mounts.hpp"
 #include "pci_controller.hpp"
 
@@ -64,7 +64,9 @@ class ControllerSlot {
   /// the driver's.
   bool is_pci() const noexcept { return pci_ != nullptr; }
   Result<PciLease> open_pci_lease(std::uint32_t count, std::uint64_t pinned_bytes);
-  /// Destroys the lease's queue groups and closes tuttid's copy of its file; its queues are free again.
+  /// Destroys the lease's queue groups and closes tuttid's copy of its file; its queues are free again. Counts
+  /// the lease's own QIDs out (one entry each), even those its holder destroyed and the driver gave to a
+  /// later lease meanwhile; a second call counts nothing out.
   Status end_pci_lease(PciLease& lease);
   /// PCI: the file to poll for POLLPRI (see PciController::watch_fd) while up; -1 otherwise.
   int event_fd() const noexcept { return pci_ && state_ == BringUpState::up ? pci_->watch_fd() : -1; }
@@ -77,8 +79,11 @@ class ControllerSlot {
   const ControllerConfig& config() const noexcept { return config_; }
   BringUpState state() const noexcept { return state_; }
   const std::string& last_error() const noexcept { return error_; }
-  std::uint32_t queues_in_use() const noexcept { return static_cast<std::uint32_t>(leased_.size()); }
-  std::uint32_t queues_free() const noexcept { return config_.leasable_queues() - queues_in_use(); }
+  /// The queues the live leases were granted, counted per lease (LeasedQueues).
+  std::uint32_t queues_in_use() const noexcept { return leased_.size(); }
+  std::uint32_t queues_free() const noexcept {
+    return queues_in_use() >= config_.leasable_queues() ? 0 : config_.leasable_queues() - queues_in_use();
+  }
   std::uint64_t bring_up_errors() const noexcept { return bring_up_errors_; }
   std::uint64_t namespace_size_lbas() const noexcept;
   std::uint32_t lba_size() const noexcept;
@@ -109,7 +114,7 @@ class ControllerSlot {
   std::shared_ptr<libnvm::SoftController> device_;
   std::unique_ptr<nvme::Controller> driver_;
   std::vector<std::uint16_t> kernel_qids_;
-  std::set<std::uint16_t> leased_;
+  LeasedQueues leased_;  ///< per lease: a QID two leases list counts twice (PCI: see leased_queues.hpp)
   std::map<std::uint16_t, nvme::QueuePairInfo> infos_;
   ImageLock image_lock_;                ///< a soft controller's image, locked while it is up
   std::vector<NamespaceMount> mounts_;  ///< of the namespaces with a mount point, in the configuration's order

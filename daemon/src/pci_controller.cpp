@@ -112,7 +112,7 @@ Status PciController::bind() {
   if (instance_ < 0)
     return error(StatusCode::DEVICE_ERROR, "controller {}: BIND of PCI {} returned no instance", config_.name, address);
   char_device_ = fmt::format("/dev/snvme{}", instance_);
-  bound_ = !adopted_;  // adopted: unbound at stop only once locked (another tuttid may serve it)
+  // Not bound_ yet, even after a BIND of this tuttid's own: only the holder of the flock unbinds (bring_up).
   return Status::success();
 }
 
@@ -181,12 +181,15 @@ Status PciController::bring_up() {
   TUTTI_RETURN_IF_ERROR(bind());
   TUTTI_RETURN_IF_ERROR(wait_for_nodes());
   // One tuttid per controller: a second one (another configuration, another socket) stops here, before it
-  // revokes the first one's leases or unbinds the controller under it at its stop.
+  // revokes the first one's leases or unbinds the controller under it at its stop. That holds whether the
+  // second one adopted the controller or bound it itself (two tuttids starting at once: its BIND came first,
+  // the other one adopted and locked first): bound_ is set only below, once the flock is held, so a tuttid
+  // that lost it never UNBINDs.
   auto lock = ImageLock::acquire(
       char_device_, fmt::format("controller {}: {} (PCI {})", config_.name, char_device_, *config_.pci_address));
   if (!lock) return lock.status();
   lock_ = std::move(lock.value());
-  bound_ = true;
+  bound_ = true;  // locked: this tuttid serves the controller and UNBINDs it at its stop
   TUTTI_RETURN_IF_ERROR(check_driver_and_revoke_others());
   // The file stays open: tuttid polls it for the driver's reset and failure events.
   return reopen_watch();
@@ -197,7 +200,12 @@ Status PciController::shut_down(bool file_systems_released) {
   watch_fd_ = -1;
   stop_note_.clear();
   Status result;
-  if (bound_) {
+  if (!bound_ && !char_device_.empty())
+    stop_note_ = fmt::format(
+        "left {} bound: this tuttid never held the flock of {} (another tuttid serves it, or "
+        "the bring-up stopped before the lock)",
+        *config_.pci_address, char_device_);
+  if (bound_ && lock_.fd() >= 0) {  // only the holder of the flock unbinds: never under another tuttid's leases
     // A file system of the controller still mounted needs its block device: the controller stays bound.
     std::string mounted;
     for (std::uint32_t nsid = 1; nsid <= kMaxNamespaces && mounted.empty(); ++nsid) {

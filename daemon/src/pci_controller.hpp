@@ -7,7 +7,9 @@
 // tuttid, and is adopted), wait for /dev/snvme<C> and /dev/snvme<C>n<nsid> of every configured namespace, an
 // flock on /dev/snvme<C> (one tuttid per controller), GET_INFO's checks, then SNVME_IOC_REVOKE of every other
 // open file of the controller: the leases of a previous tuttid whose holders still run end here (restart
-// policy "revoke all"). Stop: UNBIND, unless a file system of the controller is still mounted.
+// policy "revoke all"). Stop: UNBIND, unless a file system of the controller is still mounted, and only while
+// this tuttid holds the flock: a tuttid that never got it (another one serves the controller) leaves it bound,
+// whether it adopted the controller or bound it itself.
 // A lease is an open file of /dev/snvme<C> of its own: CREATE_QUEUE_GROUP (one group of one pair per
 // leased queue), then SNVME_IOC_SEAL with the lease's pinned bytes, so the copy the client receives can
 // neither create queues nor map more. tuttid keeps its own copy of the file to end the lease: SNVME_IOC_REVOKE
@@ -68,7 +70,8 @@ class PciController {
   /// fewer user queues than leasable), DEVICE_ERROR (BIND, GET_INFO or REVOKE failed).
   Status bring_up();
   /// UNBINDs, unless `file_systems_released` is false (a mount tuttid made could only be detached lazily) or a
-  /// namespace of the controller is still mounted (a mount tuttid verified and left): then the controller
+  /// namespace of the controller is still mounted (a mount tuttid verified and left), or bring_up never got
+  /// the flock (another tuttid serves the controller: it is never unbound under it): then the controller
   /// stays bound, and stop_note() says why. Releases the flock last.
   Status shut_down(bool file_systems_released);
   /// What shut_down left and why ("left bound: ..."), empty when it unbound or had nothing to do.
@@ -110,7 +113,7 @@ class PciController {
   int instance_ = -1;
   int watch_fd_ = -1;
   bool adopted_ = false;
-  bool bound_ = false;  ///< bound by bring_up, or adopted and locked: UNBIND at stop
+  bool bound_ = false;  ///< bound or adopted, and locked (set only once lock_ is held): UNBIND at stop
   ImageLock lock_;      ///< flock on /dev/snvme<C> while this tuttid serves the controller
   std::uint32_t page_size_ = 4096;
   std::vector<std::string> steps_;

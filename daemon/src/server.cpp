@@ -16,11 +16,14 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,7 +43,48 @@ constexpr std::size_t kMaxConnections = 1024;
 /// Queue pairs of one lease: their SQ and CQ memfds travel in one message (kMaxFds).
 constexpr std::uint32_t kMaxQueuesPerLease = (kMaxFds - 1) / 2;
 
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77  // Linux 6.5 (asm-generic/socket.h); older headers lack it
+#endif
+
 int pidfd_open(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+/// The start time of process `pid` (field 22 of /proc/<pid>/stat, clock ticks since boot); 0 when unknown.
+std::uint64_t start_time(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto name_end = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (name_end == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(name_end + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i)  // fields 3 (state) .. 22 (starttime)
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  return 0;
+}
+
+/// A pidfd of the process at the other end of accepted socket `fd` (`pid`: its SO_PEERCRED pid), or -1.
+/// SO_PEERPIDFD (Linux 6.5) names the process that connected, whatever became of its pid since. Before 6.5
+/// (ENOPROTOOPT) pidfd_open(pid) names the process that has the pid now: it is taken only when that process's
+/// start time read before and after it is the same and it has not exited meanwhile, which shows it is the
+/// one that had the pid right after the accept. A peer that exited before the accept and whose pid was reused
+/// by then is taken for the new process (docs/daemon.md, "Protocol"). EINVAL or ESRCH from SO_PEERPIDFD:
+/// the peer has exited and been reaped, so pidfd_open could only find a later process: none.
+int peer_pidfd(int fd, pid_t pid) {
+  int pidfd = -1;
+  socklen_t length = sizeof pidfd;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &length) == 0) return pidfd;
+  if (errno != ENOPROTOOPT) return -1;
+  const std::uint64_t before = start_time(pid);
+  if (before == 0) return -1;
+  pidfd = pidfd_open(pid);
+  if (pidfd < 0) return -1;
+  pollfd exited{pidfd, POLLIN, 0};
+  if (start_time(pid) != before || ::poll(&exited, 1, 0) != 0) {
+    ::close(pidfd);
+    return -1;
+  }
+  return pidfd;
+}
 
 struct Peer {
   pid_t pid = 0;
@@ -339,9 +383,9 @@ void Server::accept_client() {
       groups.resize(groups_length / sizeof(gid_t));
       client.peer.groups = groups;
     }
-    // The pidfd is taken now, while the peer is connected: it names that process, never a later one that
-    // reuses its pid.
-    client.pidfd = pidfd_open(credentials.pid);
+    // The pidfd of the process that connected (peer_pidfd: exact with SO_PEERPIDFD; before Linux 6.5 that of
+    // the process with its pid now, rechecked); -1 when there is none, and acquire is refused.
+    client.pidfd = peer_pidfd(fd, credentials.pid);
     clients_[fd] = client;
   }
 }
@@ -388,7 +432,8 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
                               "(allow.users, allow.groups in the tuttid configuration)",
                               c.name, client.peer.uid, client.peer.gid, client.peer.pid, c.name));
   if (client.pidfd < 0)
-    return refuse(errors::kInternal, fmt::format("acquire {}: pidfd_open of pid {} failed: the lease could not be "
+    return refuse(errors::kInternal, fmt::format("acquire {}: no pidfd of pid {} (it exited before tuttid accepted "
+                                                 "its connection, or pidfd_open failed): the lease could not be "
                                                  "reclaimed when the client dies",
                                                  c.name, client.peer.pid));
   const std::uint32_t queues = request.queues.value_or(c.client.default_queues);
