@@ -323,7 +323,7 @@ class LocalNvmeDataPath {
     }
     // After the reports are read (the poller rewrites them), and still under the gate: the poller's
     // launch (in post) must not overlap a zombie reaping (reap_zombies).
-    if (e.poller && any_accepted && !settled_at_submit(slot) && !needs_host(slot) &&
+    if (e.poller && any_accepted && !slot.reports_settled() && !needs_host(slot) &&
         e.poller->post(slot) == PostOutcome::unknown) {
       // The poller was closing and did not leave in time: it may own the batch, so the slot is
       // abandoned to it (progress returns DEVICE_ERROR; never reused or freed).
@@ -439,13 +439,6 @@ class LocalNvmeDataPath {
 
  private:
   explicit LocalNvmeDataPath(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
-
-  /// Whether the submit kernel's reports leave nothing in flight: every request rejected or done.
-  static bool settled_at_submit(const BatchSlot& slot) noexcept {
-    for (std::size_t i = 0; i < slot.size; ++i)
-      if (slot.reports[i].accepted && !slot.reports[i].done) return false;
-    return true;
-  }
 
   /// Whether a request of the batch needs the host (its Abort) according to the last reports.
   static bool needs_host(const BatchSlot& slot) noexcept {
