@@ -323,23 +323,18 @@ void print_report(const Options& o, const std::vector<Report>& runs, const Bound
     fmt::print("  verify         : off (--no-verify)\n");
 }
 
-/// The summary's last line, one sentence: the restore against each pread baseline (median ratio of
-/// tutti's GB/s to the baseline's: "beat" from 1.05x, "slower than" up to 0.95x, "matched" between),
-/// what bounded the pipeline, and whether every tensor was verified.
+/// The summary's last line, one sentence: the restore against each pread baseline (the spread of the ratio
+/// of tutti's GB/s to the baseline's: "beat", "slower than", "matched", or "inconclusive" when the runs'
+/// range crosses 1x: compare_ratio), what bounded the pipeline, and whether every tensor was verified.
 std::string verdict_sentence(const Options& o, const std::vector<Report>& runs, const BoundFigures& bound) {
   const Report& r = runs[median_run(runs)];
   const Report checks = all_checks(runs);
-  auto compare = [](double ratio, const std::string& baseline) {
-    if (ratio >= 1.05) return fmt::format("restore beat {} by {:.2f}x", baseline, ratio);
-    if (ratio <= 0.95) return fmt::format("restore was slower than {} ({:.2f}x)", baseline, ratio);
-    return fmt::format("restore matched {} ({:.2f}x)", baseline, ratio);
-  };
   std::vector<std::string> parts;
   if (r.pread_baseline.ns && r.restore_only.ns)
-    parts.push_back(compare(ratio_over(runs, &Report::pread_baseline).median, o.pread_label));
+    parts.push_back(comparison_words(ratio_over(runs, &Report::pread_baseline), o.pread_label));
   if (r.pread_parallel.ns && r.restore_only.ns)
-    parts.push_back(compare(ratio_over(runs, &Report::pread_parallel).median,
-                            fmt::format("pread from {} threads", r.pread_parallel_threads)));
+    parts.push_back(comparison_words(ratio_over(runs, &Report::pread_parallel),
+                                     fmt::format("pread from {} threads", r.pread_parallel_threads)));
   parts.push_back(fmt::format("the pipeline was {}-bound", bound_name(pipeline_bound(bound))));
   if (!o.settings.verify)
     parts.push_back("tensors NOT verified (--no-verify)");
@@ -362,6 +357,14 @@ nlohmann::json phase_json(const PhaseStats& p) {
 
 nlohmann::json spread_json(const Spread& s) {
   return {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"runs", s.runs}};
+}
+
+/// A ratio's spread with the verdict drawn from it (compare_ratio): "beat", "slower", "matched",
+/// "inconclusive", or null when the baseline was not measured.
+nlohmann::json ratio_json(const Spread& s) {
+  nlohmann::json j = spread_json(s);
+  j["verdict"] = s.runs ? nlohmann::json(comparison_name(compare_ratio(s))) : nlohmann::json(nullptr);
+  return j;
 }
 
 /// One run's figures as JSON.
@@ -419,10 +422,10 @@ void write_json(const Options& o, const std::vector<Report>& runs, const std::ve
        spread_json(spread_over(runs, [](const Report& x) { return x.restore_only.gigabytes_per_second(); }))},
       {"pread_gb_per_s",
        spread_json(spread_over(runs, [](const Report& x) { return x.pread_baseline.gigabytes_per_second(); }))},
-      {"tutti_over_pread", spread_json(ratio_over(runs, &Report::pread_baseline))},
+      {"tutti_over_pread", ratio_json(ratio_over(runs, &Report::pread_baseline))},
       {"pread_parallel_gb_per_s",
        spread_json(spread_over(runs, [](const Report& x) { return x.pread_parallel.gigabytes_per_second(); }))},
-      {"tutti_over_pread_parallel", spread_json(ratio_over(runs, &Report::pread_parallel))},
+      {"tutti_over_pread_parallel", ratio_json(ratio_over(runs, &Report::pread_parallel))},
       {"pipeline_ms", spread_json(spread_over(runs, [](const Report& x) { return ms(x.pipeline_ns); }))}};
   j["runs"] = nlohmann::json::array();
   for (std::size_t i = 0; i < runs.size(); ++i) j["runs"].push_back(run_json(runs[i], bounds[i]));

@@ -1,7 +1,7 @@
 // The layer-wise example's summary logic, shared by the host and CUDA builds: the verdict of what bounded
-// the pipeline (pipeline.hpp), the per-source tensor counts, the spread over repeated runs (spread.hpp),
-// progress in logs (progress.hpp), the built-in model shapes (model_shapes.hpp) and what the data
-// folder's file system is (data_files.hpp).
+// the pipeline (pipeline.hpp), the per-source tensor counts, the spread over repeated runs and the verdict
+// drawn from a ratio's spread (spread.hpp), progress in logs (progress.hpp), the built-in model shapes
+// (model_shapes.hpp) and what the data folder's file system is (data_files.hpp).
 #include <sys/statfs.h>
 #include <linux/magic.h>
 
@@ -157,6 +157,30 @@ TEST_CASE("a spread is the median with the smallest and largest value, printed m
   CHECK(spread_of({}).runs == 0);
   CHECK(median_index({30.0, 10.0, 20.0}) == 2);    // the run whose value is the median
   CHECK(median_index({4.0, 1.0, 3.0, 2.0}) == 3);  // an even count: the lower middle (2.0)
+}
+
+TEST_CASE("a ratio whose runs' range crosses 1x is inconclusive, not beat or slower, and the range is shown") {
+  // Three runs of a trial: tutti/pread 1.30x, 0.90x, 1.50x. The median says "beat"; one run was slower.
+  const Spread crossing = spread_of({1.30, 0.90, 1.50});
+  CHECK(compare_ratio(crossing) == Comparison::INCONCLUSIVE);
+  CHECK(std::string(comparison_name(compare_ratio(crossing))) == "inconclusive");
+  CHECK(comparison_words(crossing, "pread 1 thread") ==
+        "restore against pread 1 thread inconclusive: 1.30x [0.90x-1.50x] over 3 runs, faster in some, slower in "
+        "others");
+  CHECK(compare_ratio(spread_of({0.70, 1.10, 0.80})) == Comparison::INCONCLUSIVE);  // a "slower" median, one run faster
+  // Every run on one side of 1x: the median decides, and the range is printed with it.
+  CHECK(comparison_words(spread_of({1.31, 1.20, 1.40}), "pread 1 thread") ==
+        "restore beat pread 1 thread by 1.31x [1.20x-1.40x]");
+  CHECK(comparison_words(spread_of({0.80, 0.70, 0.90}), "pread from 6 threads") ==
+        "restore was slower than pread from 6 threads (0.80x [0.70x-0.90x])");
+  CHECK(compare_ratio(spread_of({1.00, 1.02, 1.08})) == Comparison::MATCHED);  // median 1.02, never slower
+  // A range across 1x but within 5% either side is a match, not a doubt.
+  CHECK(comparison_words(spread_of({1.01, 0.98, 1.03}), "pread 1 thread") ==
+        "restore matched pread 1 thread (1.01x [0.98x-1.03x])");
+  // One run has no range: its ratio decides, printed alone.
+  CHECK(comparison_words(spread_of({1.31}), "pread 1 thread") == "restore beat pread 1 thread by 1.31x");
+  CHECK(compare_ratio(spread_of({0.95})) == Comparison::SLOWER);
+  CHECK(compare_ratio(spread_of({1.05})) == Comparison::BEAT);
 }
 
 TEST_CASE("progress in a log is a line every few seconds and one at the end, never a carriage return") {
