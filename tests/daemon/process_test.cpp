@@ -515,6 +515,14 @@ TEST_CASE("a client over its maximum queues or pinned bytes is refused with a me
   CHECK(exhausted["error"]["message"].get<std::string>().find("1 of 8 leasable queues free") != std::string::npos);
   const std::string metrics = d.call({{"tutti", 1}, {"op", "metrics"}})["text"];
   CHECK(metrics.find("tuttid_lease_refusals_total{code=\"over_limit\"} 3") != std::string::npos);
+  // A count of one reads "1 queue", in both refusals: this process holds 4 once it takes the last free queue.
+  REQUIRE((*c.call(acquire_request(1), kCallTimeoutNs))["ok"] == true);
+  const std::string one_over = (*c.call(acquire_request(1), kCallTimeoutNs))["error"]["message"];
+  CHECK_MESSAGE(one_over.find("acquire soft0: 1 queue for pid ") != std::string::npos, one_over);
+  ClientProcess fourth(d.socket_path(), [](Connection& o) { return *o.call(acquire_request(1), kCallTimeoutNs); });
+  const std::string one_asked = fourth.result()["error"]["message"];
+  CHECK_MESSAGE(one_asked.find("acquire soft0: 1 queue asked, 0 of 8 leasable queues free") != std::string::npos,
+                one_asked);
 }
 
 TEST_CASE("release returns the queues; a lease of another process cannot be released") {

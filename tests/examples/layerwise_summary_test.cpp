@@ -227,10 +227,23 @@ TEST_CASE("progress on a terminal is one bar redrawn in place at most ten times 
 
 TEST_CASE("byte counts print in binary units") {
   CHECK(format_bytes(512) == "512 bytes");
+  CHECK(format_bytes(1) == "1 byte");
   CHECK(format_bytes(512 * 1024) == "512 KiB");
   CHECK(format_bytes(std::uint64_t{1280} << 20) == "1.25 GiB");
   CHECK(format_bytes(std::uint64_t{960} << 20) == "960 MiB");
   CHECK(format_bytes(std::uint64_t{1536} << 10) == "1.50 MiB");
+}
+
+TEST_CASE("a count of one takes the singular: 1 tensor, 0 tensors, 2 launches") {
+  CHECK(counted(1, "tensor") == "1 tensor");
+  CHECK(counted(0, "tensor") == "0 tensors");
+  CHECK(counted(24, "request") == "24 requests");
+  CHECK(counted(1, "launch", "launches") == "1 launch");
+  CHECK(counted(3, "launch", "launches") == "3 launches");
+  ModelShape one_head{"custom", 1, 1, 128, "bf16", 2};
+  CHECK(one_head.describe() == "1 layer, 1 KV head x head dim 128, bf16");
+  ModelShape many{"custom", 80, 8, 128, "bf16", 2};
+  CHECK(many.describe() == "80 layers, 8 KV heads x head dim 128, bf16");
 }
 
 TEST_CASE("the built-in model shapes hold the documented presets with their public shapes") {

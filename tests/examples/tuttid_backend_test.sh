@@ -147,6 +147,7 @@ wait "$holder" 2>/dev/null || true
 refused "above client.max_pinned_bytes 65536 of controller tight" --backend nvme --controller tight \
   --tuttid-socket "$sock" --data-dir "$data" "${small[@]}"
 grep -qF "this shape needs a lease of" "$dir/refused.txt" || { cat "$dir/refused.txt"; fail "no budget hint"; }
+grep -qF "acquire tight (1 queue, " "$dir/refused.txt" || { cat "$dir/refused.txt"; fail "one queue not counted as 1 queue"; }
 refused "controller bare lists no namespace 1 in tuttid's configuration" --backend nvme --controller bare \
   --tuttid-socket "$sock" "${small[@]}"
 refused "--backend nvme needs --controller NAME" --backend nvme --tuttid-socket "$sock" "${small[@]}"
