@@ -1031,9 +1031,11 @@ int run_nvme_leased(const Options& o, const DataPlace& place, tutti::daemon::Lea
     rc = run<tutti::LocalNvmeRuntime>(*runtime, o, place, {dir}, uris, true, {}, &memory);
     print_local_nvme_counters(runtime->datapath());
   }
-  fmt::print("  lease          : lease {} of tuttid on controller {}: queues {} of depth {}, namespace {} ({} on {})\n",
-             leased.lease_id(), place.controller, fmt::join(leased.queue_ids(), ","), leased.queue_depth(), place.nsid,
-             ns->block_device, ns->mount);
+  // "2 queues (IDs 3,4) of depth 64": how many, then which (the QIDs tuttid's log and `tuttictl leases` name).
+  const auto& ids = leased.queue_ids();
+  fmt::print("  lease          : lease {} of tuttid on controller {}: {} ({} {}) of depth {}, namespace {} ({} on {})\n",
+             leased.lease_id(), place.controller, counted(ids.size(), "queue"), ids.size() == 1 ? "ID" : "IDs",
+             fmt::join(ids, ","), leased.queue_depth(), place.nsid, ns->block_device, ns->mount);
   if (auto s = drop_file_pages(shape, dir); !s.is_ok() && rc == kExitVerified)
     return fail_with(s, kExitFailed, "the layer files' pages after the run");
   return rc;

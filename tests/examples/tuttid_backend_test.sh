@@ -81,7 +81,7 @@ LAYERWISE_EXAMPLE_ARGS="--controller soft0 --tuttid-socket $sock" LAYERWISE_DATA
 grep -q "lease 1 granted" "$dir/tuttid.log" || fail "no lease was granted"
 
 data2=$dir/mnt/kv2
-args=(--backend nvme --controller soft0 --tuttid-socket "$sock" --layers 6 --context-tokens 1024
+args=(--backend nvme --controller soft0 --tuttid-socket "$sock" --lease-queues 2 --layers 6 --context-tokens 1024
       --tokens-per-block 256 --tensor-bytes 65536 --data-dir "$data2" --no-drop-caches --repeat 2 --compute-ms 0.5)
 # Page cache: the files' pages cached before a run would hide what the controller writes from a later buffered
 # read. Cache them, run (rewriting the missed chunks through the leased queues, twice), then compare every
@@ -93,8 +93,8 @@ for pass in prepare check; do  # a fresh data folder (example_test.sh left a cor
   [ "$pass" = check ] || cat "$data2"/layer-*.kv >/dev/null
 done
 grep -q "0 mismatched -> VERIFIED" "$dir/out.txt" || { cat "$dir/out.txt"; fail "no VERIFIED line"; }
-grep -qE "^  lease          : lease [0-9]+ of tuttid on controller soft0: queues [0-9,]+ of depth 64, namespace 1 \(/dev/loop[0-9]+ on $dir/mnt\)$" \
-  "$dir/out.txt" || { cat "$dir/out.txt"; fail "no lease line"; }
+grep -qE "^  lease          : lease [0-9]+ of tuttid on controller soft0: 2 queues \(IDs [0-9]+,[0-9]+\) of depth 64, namespace 1 \(/dev/loop[0-9]+ on $dir/mnt\)$" \
+  "$dir/out.txt" || { cat "$dir/out.txt"; fail "no lease line of 2 queues"; }
 for f in "$data2"/layer-*.kv; do
   cmp <(cat "$f") <(dd if="$f" iflag=direct bs=65536 status=none) >/dev/null ||
     fail "$f read through the page cache differs from its bytes on the device after the run"
@@ -171,6 +171,8 @@ rc=0
   --no-pread-baseline >"$dir/out.txt" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { cat "$dir/out.txt"; fail "the run on the verified mount exited $rc"; }
 grep -q "0 mismatched -> VERIFIED" "$dir/out.txt" || { cat "$dir/out.txt"; fail "no VERIFIED line"; }
+grep -qE "^  lease          : lease [0-9]+ of tuttid on controller soft0: 1 queue \(ID [0-9]+\) of depth 64, namespace 1 \(/dev/loop[0-9]+ on $dir/mnt\)$" \
+  "$dir/out.txt" || { cat "$dir/out.txt"; fail "no lease line of 1 queue"; }
 stop_tuttid
 mountpoint -q "$dir/mnt" || fail "tuttid unmounted a mount it did not make"
 echo "a mount made beforehand: verified, used, and left mounted"
