@@ -908,16 +908,27 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
 }
 
 #if defined(LAYERWISE_TUTTID)
+/// A refusal of --backend nvme on stderr, naming the controller and the socket: "error: CODE: --backend nvme
+/// (--controller C, --tuttid-socket S): what: hint". Returns kExitRefused.
+int refuse_nvme(const Options& o, const tutti::Status& s, const std::string& hint = {}) {
+  fmt::print(stderr, "error: {}: --backend nvme (--controller {}, --tuttid-socket {}): {}{}\n",
+             tutti::to_string(s.code()), o.lease.controller, o.lease.socket, s.message(),
+             hint.empty() ? "" : ": " + hint);
+  return kExitRefused;
+}
+
 /// --backend nvme, before the lease: the namespace of --controller as tuttid's `devices` lists it (no queue
 /// taken), and the data folder (default <mount point>/tutti-layerwise-kv) resolved and checked to lie on its
 /// file system, so that the folder's lock is taken before queues are leased (a run refused for the lock then
-/// holds no queue another run needs). Whether it could: when tuttid, the controller or the folder does not
-/// fit, lease_for_run refuses with the reason.
-bool place_before_lease(const Options& o, DataPlace& place) {
+/// holds no queue another run needs). `placed`: whether it could. A --data-dir off the namespace is refused
+/// here, before any queue is leased (the exit code, after printing why); when tuttid, the controller or its
+/// namespace does not fit, `placed` is false and lease_for_run refuses with the reason.
+std::optional<int> place_before_lease(const Options& o, DataPlace& place, bool& placed) {
+  placed = false;
   auto connection = tutti::daemon::Connection::connect(o.lease.socket);
-  if (!connection) return false;
+  if (!connection) return std::nullopt;
   auto devices = connection->call({{"tutti", 1}, {"op", "devices"}}, 10'000'000'000ull);
-  if (!devices || !(*devices)["devices"].is_array()) return false;
+  if (!devices || !(*devices)["devices"].is_array()) return std::nullopt;
   for (const auto& d : (*devices)["devices"]) {
     if (d.value("name", "") != o.lease.controller || !d["namespaces"].is_array()) continue;
     for (const auto& n : d["namespaces"]) {
@@ -930,10 +941,13 @@ bool place_before_lease(const Options& o, DataPlace& place) {
       if (o.data_dir.empty()) place.dir = fs::path(ns.mount) / "tutti-layerwise-kv";
       std::error_code ec;
       if (fs::path resolved = fs::weakly_canonical(fs::absolute(place.dir, ec), ec); !ec) place.dir = resolved;
-      return check_on_namespace(place.dir, ns, o.lease.controller).is_ok();  // lease_for_run checks again
+      const tutti::Status on = check_on_namespace(place.dir, ns, o.lease.controller);   // lease_for_run checks again
+      if (on.code() == tutti::StatusCode::INVALID_ARGUMENT) return refuse_nvme(o, on);  // --data-dir off the namespace
+      placed = on.is_ok();
+      return std::nullopt;
     }
   }
-  return false;
+  return std::nullopt;
 }
 
 /// --backend nvme, before the data folder is checked: a lease from tuttid (`leased`; pinned bytes sized for the
@@ -943,12 +957,7 @@ std::optional<int> lease_for_run(const Options& o, DataPlace& place,
                                  std::unique_ptr<tutti::daemon::LeasedController>& leased) {
   const Shape& shape = o.settings.shape;
   const std::uint64_t pinned = lease_pinned_bytes(shape);
-  auto refuse = [&o](const tutti::Status& s, const std::string& hint) {
-    fmt::print(stderr, "error: {}: --backend nvme (--controller {}, --tuttid-socket {}): {}{}\n",
-               tutti::to_string(s.code()), o.lease.controller, o.lease.socket, s.message(),
-               hint.empty() ? "" : ": " + hint);
-    return kExitRefused;
-  };
+  auto refuse = [&o](const tutti::Status& s, const std::string& hint) { return refuse_nvme(o, s, hint); };
   // A path that is there but no socket (a regular file, a folder) says so, not "connection refused".
   if (struct stat st{}; ::stat(o.lease.socket.c_str(), &st) == 0 && !S_ISSOCK(st.st_mode))
     return refuse(
@@ -1033,9 +1042,10 @@ int run_nvme_leased(const Options& o, const DataPlace& place, tutti::daemon::Lea
   }
   // "2 queues (IDs 3,4) of depth 64": how many, then which (the QIDs tuttid's log and `tuttictl leases` name).
   const auto& ids = leased.queue_ids();
-  fmt::print("  lease          : lease {} of tuttid on controller {}: {} ({} {}) of depth {}, namespace {} ({} on {})\n",
-             leased.lease_id(), place.controller, counted(ids.size(), "queue"), ids.size() == 1 ? "ID" : "IDs",
-             fmt::join(ids, ","), leased.queue_depth(), place.nsid, ns->block_device, ns->mount);
+  fmt::print(
+      "  lease          : lease {} of tuttid on controller {}: {} ({} {}) of depth {}, namespace {} ({} on {})\n",
+      leased.lease_id(), place.controller, counted(ids.size(), "queue"), ids.size() == 1 ? "ID" : "IDs",
+      fmt::join(ids, ","), leased.queue_depth(), place.nsid, ns->block_device, ns->mount);
   if (auto s = drop_file_pages(shape, dir); !s.is_ok() && rc == kExitVerified)
     return fail_with(s, kExitFailed, "the layer files' pages after the run");
   return rc;
@@ -1448,7 +1458,8 @@ int main(int argc, char** argv) {
       o.data_dir.empty() ? fs::path(tmp && *tmp ? tmp : "/var/tmp") / "tutti-layerwise-kv" : fs::path(o.data_dir);
   bool placed = false;  // nvme: the data folder known (and on the namespace) before the lease
 #if defined(LAYERWISE_TUTTID)
-  if (o.backend == "nvme") placed = place_before_lease(o, place);
+  if (o.backend == "nvme")
+    if (auto refused = place_before_lease(o, place, placed)) return *refused;  // --data-dir off the namespace
 #endif
   DataDirLock lock;  // held until main returns: every phase below reads or writes the folder's files
   if (o.backend != "nvme" || placed)

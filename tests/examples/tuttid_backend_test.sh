@@ -114,15 +114,21 @@ refused() {
 small=(--layers 6 --context-tokens 1024 --tokens-per-block 256 --tensor-bytes 65536 --no-drop-caches --repeat 1)
 refused 'tuttid answered not_found: acquire: no controller named "nope": --controller must name a controller' \
   --backend nvme --controller nope --tuttid-socket "$sock" --data-dir "$data" "${small[@]}"
+# A data folder off the namespace: refused before any queue is leased (tuttid grants none), naming --data-dir, its
+# value and the mount point it must be under.
+granted() { "$tuttictl" --socket "$sock" metrics | sed -n 's/^tuttid_leases_total{event="granted"} //p'; }
+granted_before=$(granted)
 mkdir -p "$dir/off"
-refused "--data-dir '$dir/off' is on device" --backend nvme --controller soft0 --tuttid-socket "$sock" \
-  --data-dir "$dir/off" "${small[@]}"
-grep -qF "not on namespace 1 of controller soft0, whose ext4 file system tuttid mounted at '$dir/mnt'" \
-  "$dir/refused.txt" || { cat "$dir/refused.txt"; fail "the data-dir refusal does not name the namespace"; }
+refused "--data-dir '$dir/off' is not on namespace 1 of controller soft0: give a folder under '$dir/mnt', where tuttid" \
+  --backend nvme --controller soft0 --tuttid-socket "$sock" --data-dir "$dir/off" "${small[@]}"
+grep -qE "has its ext4 file system mounted from /dev/loop[0-9]+ \([0-9]+:[0-9]+\); '$dir/off' is on device [0-9]+:[0-9]+ " \
+  "$dir/refused.txt" || { cat "$dir/refused.txt"; fail "the data-dir refusal does not name the devices"; }
 # A path through the mount point that leaves it again: refused, and nothing created on the way.
-refused "--data-dir '$dir/elsewhere' is on device" --backend nvme --controller soft0 --tuttid-socket "$sock" \
-  --data-dir "$dir/mnt/missing/../../elsewhere" "${small[@]}"
+refused "--data-dir '$dir/elsewhere' is not on namespace 1 of controller soft0: give a folder under '$dir/mnt'" \
+  --backend nvme --controller soft0 --tuttid-socket "$sock" --data-dir "$dir/mnt/missing/../../elsewhere" "${small[@]}"
 [ ! -e "$dir/elsewhere" ] && [ ! -e "$dir/mnt/missing" ] || fail "a refused --data-dir with .. created folders"
+[ "$(granted)" = "$granted_before" ] ||
+  fail "a --data-dir off the namespace was refused only after a lease: $granted_before, then $(granted) leases granted"
 refused "--lease-queues = 99999999999 is out of range: expected 1 to 64" --backend nvme --controller soft0 \
   --tuttid-socket "$sock" --lease-queues 99999999999 "${small[@]}"
 refused "--tuttid-socket is empty" --backend nvme --controller soft0 --tuttid-socket "" "${small[@]}"
