@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "counted.hpp"
 #include "protocol.hpp"
 #include "snvme_controller.hpp"  // libnvm's controller over /dev/snvme<C> (PCI leases)
 
@@ -85,7 +86,7 @@ Result<std::unique_ptr<LeasedController>> LeasedController::acquire(const LeaseO
   }
   if (answer->value("ok", false) != true) {
     for (int fd : fds) ::close(fd);
-    return refused(fmt::format("acquire {} ({} queues, {} pinned bytes)", options.controller, options.queues,
+    return refused(fmt::format("acquire {} ({}, {} pinned bytes)", options.controller, counted(options.queues, "queue"),
                                options.pinned_bytes),
                    *answer);
   }

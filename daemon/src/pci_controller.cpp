@@ -18,6 +18,7 @@
 #include <tutti/core/clock.hpp>
 #include <uapi/snvme.h>  // the driver's ABI (libnvm's include directories reach driver/snvme/include)
 
+#include "counted.hpp"
 #include "mounts.hpp"          // mount_table: the one mountinfo parser; ImageLock
 #include "snvme_argument.hpp"  // libnvm/snvme: the ioctl header filled in one place
 
@@ -266,9 +267,9 @@ Result<PciLease> PciController::open_lease(std::uint32_t queues, std::uint32_t d
         auto info = libnvm::snvme_argument<snvme_info>();
         const bool known = ::ioctl(lease.fd, SNVME_IOC_GET_INFO, &info) == 0;
         return fail(error(StatusCode::RESOURCE_EXHAUSTED,
-                          "{} queues asked, but {} has {} of its {} user queues free (queue groups of files "
+                          "{} asked, but {} has {} of its {} user queues free (queue groups of files "
                           "tuttid does not hold: a process that opened {} itself)",
-                          queues, char_device_,
+                          counted(queues, "queue"), char_device_,
                           known ? fmt::format("{}", info.user_queues_free + i) : std::string("an unknown number"),
                           known ? fmt::format("{}", info.user_queues) : std::string("?"), char_device_));
       }

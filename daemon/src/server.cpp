@@ -31,6 +31,7 @@
 #include <tutti/core/clock.hpp>
 
 #include "controllers.hpp"
+#include "counted.hpp"
 #include "protocol.hpp"
 
 namespace tutti::daemon {
@@ -446,10 +447,11 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
     if (lease.peer.pid == client.peer.pid && lease.controller == index)
       held_queues += lease.qids.size(), held_pinned += lease.pinned_bytes;
   if (held_queues + queues > c.client.max_queues)
-    return refuse(errors::kOverLimit,
-                  fmt::format("acquire {}: {} queues for pid {} (which holds {}) is above client.max_queues {} of "
-                              "controller {}",
-                              c.name, queues, client.peer.pid, held_queues, c.client.max_queues, c.name));
+    return refuse(
+        errors::kOverLimit,
+        fmt::format("acquire {}: {} for pid {} (which holds {}) is above client.max_queues {} of "
+                    "controller {}",
+                    c.name, counted(queues, "queue"), client.peer.pid, held_queues, c.client.max_queues, c.name));
   if (held_pinned + pinned > c.client.max_pinned_bytes)
     return refuse(errors::kOverLimit,
                   fmt::format("acquire {}: pinned_bytes {} for pid {} (which holds {}) is above "
@@ -460,8 +462,8 @@ json Server::acquire(const Request& request, Client& client, std::vector<int>& o
     return refuse(errors::kUnavailable,
                   fmt::format("acquire {}: controller is {}: {}", c.name, to_string(slot.state()), slot.last_error()));
   if (queues > slot.queues_free())
-    return refuse(errors::kExhausted, fmt::format("acquire {}: {} queues asked, {} of {} leasable queues free", c.name,
-                                                  queues, slot.queues_free(), c.leasable_queues()));
+    return refuse(errors::kExhausted, fmt::format("acquire {}: {} asked, {} of {} leasable queues free", c.name,
+                                                  counted(queues, "queue"), slot.queues_free(), c.leasable_queues()));
   // The lease's own pidfd: without one the client's death would go unnoticed and its queues never return.
   const int pidfd = ::fcntl(client.pidfd, F_DUPFD_CLOEXEC, 0);
   if (pidfd < 0)
@@ -786,7 +788,9 @@ void Server::start_drain(std::uint64_t deadline_ms, std::string_view why) {
   } else {
     drain_deadline_ns_ = std::min(drain_deadline_ns_, deadline_after_ns(deadline_ms * 1'000'000));
   }
-  say("draining ({}): {} leases get {} ms to be released, then are revoked", why, leases_.size(), deadline_ms);
+  say("draining ({}): {} {} ms to be released, then {} revoked", why,
+      leases_.size() == 1 ? std::string("1 lease gets") : fmt::format("{} leases get", leases_.size()), deadline_ms,
+      leases_.size() == 1 ? "is" : "are");
   for (const auto& [id, lease] : leases_) {
     json event = event_message("revoking");
     event["lease"] = id;

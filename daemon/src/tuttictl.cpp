@@ -1,6 +1,10 @@
 // tuttictl: inspects and drains tuttid (docs/daemon.md).
 //   tuttictl [--socket PATH] [--json] status|devices|leases|metrics|drain [--deadline-ms N]
+// Exit status: 0 done; 1 tuttid refused or failed the request, or the connection broke; 2 a bad command line (an
+// unknown subcommand, a bad flag or value); 3 tuttid could not be reached at the socket (not running, a wrong
+// --socket, no permission on it).
 #include <CLI/CLI.hpp>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <string>
@@ -16,6 +20,31 @@
 namespace {
 
 using json = nlohmann::json;
+
+constexpr int kExitRefused = 1;      ///< tuttid answered with an error, or the connection broke
+constexpr int kExitUsage = 2;        ///< a bad command line
+constexpr int kExitUnreachable = 3;  ///< no tuttid at the socket
+constexpr const char* kSubcommands = "status, devices, leases, metrics, drain";
+
+/// Why connect() to `socket_path` failed, for a person: what is there, what it means, what to do.
+std::string unreachable_hint(const std::string& socket_path, const tutti::Status& failure) {
+  const std::string where = fmt::format(
+      "point tuttictl at tuttid's socket with --socket PATH (socket.path of its configuration; the default is {})",
+      tutti::daemon::kDefaultSocketPath);
+  struct stat st {};
+  if (::stat(socket_path.c_str(), &st) != 0)
+    return fmt::format(
+        "no socket at {}: tuttid is not running, or the path is wrong; start tuttid (docs/daemon.md) or {}",
+        socket_path, where);
+  if (!S_ISSOCK(st.st_mode)) return fmt::format("{} is not a socket: the path is wrong; {}", socket_path, where);
+  if (failure.code() == tutti::StatusCode::UNSUPPORTED)
+    return fmt::format("{}: add the user to the socket's group (socket.group of tuttid's configuration), or {}",
+                       failure.message(), where);
+  return fmt::format(
+      "nothing listens on {} ({}): tuttid is not running (a socket left by one that stopped), or the path is wrong; "
+      "start tuttid (docs/daemon.md) or {}",
+      socket_path, failure.message(), where);
+}
 
 // A table with a header row, columns padded to their widest cell.
 void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows) {
@@ -45,6 +74,10 @@ std::string joined(const json& array) {
 
 int main(int argc, char** argv) {
   CLI::App app{"tuttictl: inspect and drain tuttid (docs/daemon.md)"};
+  app.footer(
+      "Exit status: 0 done; 1 tuttid refused or failed the request (its error printed), or the connection broke; 2 a "
+      "bad command line (an unknown subcommand, a bad flag or value); 3 tuttid could not be reached at the socket "
+      "(not running, a wrong --socket, no permission on it).");
   std::string socket_path{tutti::daemon::kDefaultSocketPath};
   bool as_json = false;
   std::uint64_t deadline_ms = 0;
@@ -63,7 +96,22 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad flag or value: 2, as a bad configuration
+    // No subcommand recognised (CLI11 says "A subcommand is required" or names the extra words): say which are.
+    const bool no_subcommand =
+        dynamic_cast<const CLI::RequiredError*>(&e) != nullptr || dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr;
+    if (no_subcommand && app.get_subcommands().empty()) {
+      for (const std::string& word : app.remaining())
+        if (!word.empty() && word[0] != '-') {
+          std::fprintf(stderr, "tuttictl: unknown subcommand '%s': expected one of %s (tuttictl --help)\n",
+                       word.c_str(), kSubcommands);
+          return kExitUsage;
+        }
+      if (app.remaining().empty()) {
+        std::fprintf(stderr, "tuttictl: no subcommand: give one of %s (tuttictl --help)\n", kSubcommands);
+        return kExitUsage;
+      }
+    }
+    return app.exit(e) == 0 ? 0 : kExitUsage;  // --help: 0; a bad flag or value: 2, as a bad configuration
   }
 
   tutti::daemon::Request request;
@@ -77,19 +125,23 @@ int main(int argc, char** argv) {
   }
   auto connection = tutti::daemon::Connection::connect(socket_path);
   if (!connection) {
+    if (connection.code() == tutti::StatusCode::NOT_FOUND || connection.code() == tutti::StatusCode::UNSUPPORTED) {
+      std::fprintf(stderr, "tuttictl: %s\n", unreachable_hint(socket_path, connection.status()).c_str());
+      return kExitUnreachable;
+    }
     std::fprintf(stderr, "tuttictl: %s\n", connection.status().to_string().c_str());
-    return 1;
+    return connection.code() == tutti::StatusCode::INVALID_ARGUMENT ? kExitUsage : kExitUnreachable;
   }
   auto response = connection->call(json::parse(tutti::daemon::to_message(request)), 10'000'000'000ull);
   if (!response) {
     std::fprintf(stderr, "tuttictl: %s\n", response.status().to_string().c_str());
-    return 1;
+    return kExitRefused;
   }
   const json& r = *response;
   if (!r.value("ok", false)) {
     std::fprintf(stderr, "tuttictl: %s: %s\n", r["error"].value("code", "?").c_str(),
                  r["error"].value("message", "?").c_str());
-    return 1;
+    return kExitRefused;
   }
   if (as_json) {
     std::puts(r.dump(2).c_str());

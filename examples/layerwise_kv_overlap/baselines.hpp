@@ -48,8 +48,8 @@ inline tutti::Result<std::vector<LayerFiles>> open_layer_files(const Shape& shap
                                                                const std::vector<std::filesystem::path>& dirs) {
   const std::uint32_t devices = std::max(1u, shape.stripe_devices);
   if (dirs.size() != devices)
-    return tutti::error(tutti::StatusCode::INVALID_ARGUMENT, "pread baseline: {} folders for {} shard files per layer",
-                        dirs.size(), devices);
+    return tutti::error(tutti::StatusCode::INVALID_ARGUMENT, "pread baseline: {} for {} per layer",
+                        counted(dirs.size(), "folder"), counted(devices, "shard file"));
   std::vector<LayerFiles> files(shape.layers);
   for (std::uint32_t l = 0; l < shape.layers; ++l)
     for (const auto& dir : dirs) {

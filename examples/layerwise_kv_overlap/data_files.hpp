@@ -125,8 +125,8 @@ inline tutti::Status prepare_files(const Shape& shape, const fs::path& dir, std:
   const std::uint64_t total = all > UINT64_MAX ? UINT64_MAX : static_cast<std::uint64_t>(all);
   const std::string label =
       devices == 1 ? std::string("the data set") : fmt::format("shard {} of {} of the data set", shard, devices);
-  fmt::print(stderr, "writing {}: {} layer files of {} ({}) in '{}'\n", label, shape.layers, format_bytes(file_bytes),
-             format_bytes(total), dir.string());
+  fmt::print(stderr, "writing {}: {} of {} ({}) in '{}'\n", label, counted(shape.layers, "layer file"),
+             format_bytes(file_bytes), format_bytes(total), dir.string());
   Progress progress("writing " + label, total, Progress::Unit::bytes);
   std::vector<std::byte> tensor(shape.tensor_bytes);
   std::uint64_t written = 0;

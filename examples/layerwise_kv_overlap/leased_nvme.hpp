@@ -106,8 +106,8 @@ inline tutti::Result<tutti::daemon::LeasedNamespace> lease_namespace(const tutti
 }
 
 /// OK when `dir` (or, when it does not exist yet, its nearest existing parent) lies on the file system of
-/// namespace `ns`: its st_dev is the namespace's block device. INVALID_ARGUMENT naming --data-dir, its
-/// device, the namespace's mount point and device otherwise.
+/// namespace `ns`: its st_dev is the namespace's block device. INVALID_ARGUMENT naming --data-dir and its value,
+/// the mount point it must be under, the namespace's device and the one `dir` is on otherwise.
 inline tutti::Status check_on_namespace(const std::filesystem::path& dir, const tutti::daemon::LeasedNamespace& ns,
                                         const std::string& controller) {
   struct stat device {};
@@ -124,11 +124,12 @@ inline tutti::Status check_on_namespace(const std::filesystem::path& dir, const 
     return tutti::status_from_errno(errno, fmt::format("--data-dir '{}': stat '{}'", dir.string(), existing.string()));
   if (st.st_dev == device.st_rdev) return tutti::Status::success();
   return tutti::error(tutti::StatusCode::INVALID_ARGUMENT,
-                      "--data-dir '{}' is on device {}:{}, not on namespace {} of controller {}, whose {} file system "
-                      "tuttid mounted at '{}' from {} ({}:{}): pick a folder under '{}' (the default is '{}')",
-                      dir.string(), major(st.st_dev), minor(st.st_dev), ns.nsid, controller, ns.filesystem, ns.mount,
-                      ns.block_device, major(device.st_rdev), minor(device.st_rdev), ns.mount,
-                      (std::filesystem::path(ns.mount) / "tutti-layerwise-kv").string());
+                      "--data-dir '{}' is not on namespace {} of controller {}: give a folder under '{}', where tuttid "
+                      "has its {} file system mounted from {} ({}:{}); '{}'{} is on device {}:{} (the default is '{}')",
+                      dir.string(), ns.nsid, controller, ns.mount, ns.filesystem, ns.block_device,
+                      major(device.st_rdev), minor(device.st_rdev), existing.string(),
+                      existing == dir ? "" : ", the nearest folder of it that exists,", major(st.st_dev),
+                      minor(st.st_dev), (std::filesystem::path(ns.mount) / "tutti-layerwise-kv").string());
 }
 
 /// The layer files' pages dropped from the file system's page cache (after writing dirty ones back): the

@@ -163,9 +163,9 @@ void print_header(const Options& o, const DataPlace& place) {
         "figures measure the emulation, not an NVMe drive\n");
   if (o.backend == "nvme-soft-striped")
     fmt::print(
-        "  note           : nvme-soft-striped is {} software NVMe controllers (pread/pwrite on an image file each): "
+        "  note           : nvme-soft-striped is {} (pread/pwrite on an image file each): "
         "its figures measure the emulation, not NVMe drives\n",
-        s.stripe_devices);
+        counted(s.stripe_devices, "software NVMe controller"));
   if (o.backend == "nvme")
     fmt::print(
         "  note           : nvme moves the KV through NVMe queues leased from tuttid on its controller {}; on a soft "
@@ -174,16 +174,17 @@ void print_header(const Options& o, const DataPlace& place) {
   if (o.model.kv_heads)
     fmt::print("  model          : {}: {}\n", o.model.name, o.model.describe());
   else
-    fmt::print("  model          : {} layers; tensor size given directly (--tensor-bytes)\n", s.layers);
-  auto chunks = [](std::uint32_t n) { return fmt::format("{} chunk{}", n, n == 1 ? "" : "s"); };
+    fmt::print("  model          : {}; tensor size given directly (--tensor-bytes)\n", counted(s.layers, "layer"));
+  auto chunks = [](std::uint32_t n) { return counted(n, "chunk"); };
   fmt::print(
       "  shape          : {}-token prefix in {} of {} tokens, {}% cached ({}); one K or V tensor of one chunk "
       "and layer: {}{}\n",
       s.context_tokens, chunks(s.chunks()), s.chunk_tokens, s.hit_percent, chunks(s.hit_chunks()),
       format_bytes(s.tensor_bytes),
-      o.model.kv_heads ? fmt::format(" ({} tokens x {} KV heads x {} x {} bytes)", s.chunk_tokens, o.model.kv_heads,
-                                     o.model.head_dim, o.model.dtype_bytes)
-                       : std::string());
+      o.model.kv_heads
+          ? fmt::format(" ({} x {} x {} x {})", counted(s.chunk_tokens, "token"), counted(o.model.kv_heads, "KV head"),
+                        o.model.head_dim, counted(o.model.dtype_bytes, "byte"))
+          : std::string());
   if (o.backend == "memfs") {
     fmt::print("  data           : {} in host memory (memfs), {} per layer\n", format_bytes(data_set_bytes(s)),
                format_bytes(s.layer_file_bytes()));
@@ -195,12 +196,13 @@ void print_header(const Options& o, const DataPlace& place) {
   if (o.backend == "nvme") inside = fmt::format(", on namespace {} of controller {}", place.nsid, place.controller);
   if (o.backend == "nvme-soft-striped")
     inside = fmt::format(
-        ", each striped over {} ext4 images under nvme-soft-striped/ in units of one K or V tensor ({}): "
-        "{} shard files of {}",
-        s.stripe_devices, format_bytes(s.tensor_bytes), std::uint64_t{s.layers} * s.stripe_devices,
-        format_bytes(s.shard_file_bytes()));
-  fmt::print("  data           : {} in {} layer files of {} in '{}' ({}){}\n", format_bytes(data_set_bytes(s)),
-             s.layers, format_bytes(s.layer_file_bytes()), place.dir.string(), place.filesystem.describe(), inside);
+        ", each striped over {} under nvme-soft-striped/ in units of one K or V tensor ({}): "
+        "{} of {}",
+        counted(s.stripe_devices, "ext4 image"), format_bytes(s.tensor_bytes),
+        counted(std::uint64_t{s.layers} * s.stripe_devices, "shard file"), format_bytes(s.shard_file_bytes()));
+  fmt::print("  data           : {} in {} of {} in '{}' ({}){}\n", format_bytes(data_set_bytes(s)),
+             counted(s.layers, "layer file"), format_bytes(s.layer_file_bytes()), place.dir.string(),
+             place.filesystem.describe(), inside);
   if (!place.filesystem.ram_backed.empty())
     fmt::print(
         "  warning        : '{}' is on {}: {}, so the figures below measure memory, not a disk; pick a folder "
@@ -265,12 +267,13 @@ void print_report(const Options& o, const std::vector<Report>& runs, const Bound
         "  (GB/s, ms and ratios: median [min-max] over {} runs; time split, overlap and per layer: the run with "
         "the median pipeline time)\n",
         runs.size());
-  fmt::print("  restore only   : {} GB/s, {:.1f} MiB in {} ms  ({} requests, {} device commands{})\n",
-             format_spread(spread_over(runs, [](const Report& x) { return x.restore_only.gigabytes_per_second(); }), 2),
-             mib(r.restore_only.bytes),
-             format_spread(spread_over(runs, [](const Report& x) { return ms(x.restore_only.ns); }), 2),
-             r.restore_only.requests, r.restore_only.commands,
-             r.restore_max_in_flight ? fmt::format("; up to {} requests in flight", r.restore_max_in_flight) : "");
+  fmt::print(
+      "  restore only   : {} GB/s, {:.1f} MiB in {} ms  ({}, {}{})\n",
+      format_spread(spread_over(runs, [](const Report& x) { return x.restore_only.gigabytes_per_second(); }), 2),
+      mib(r.restore_only.bytes),
+      format_spread(spread_over(runs, [](const Report& x) { return ms(x.restore_only.ns); }), 2),
+      counted(r.restore_only.requests, "request"), counted(r.restore_only.commands, "device command"),
+      r.restore_max_in_flight ? fmt::format("; up to {} in flight", counted(r.restore_max_in_flight, "request")) : "");
   if (r.pread_baseline.ns && r.restore_only.ns)
     fmt::print(
         "  {:<15}: {} GB/s  ({})  -> tutti/pread = {}\n", o.pread_label,
@@ -278,14 +281,15 @@ void print_report(const Options& o, const std::vector<Report>& runs, const Bound
         o.pread_note, format_spread(ratio_over(runs, &Report::pread_baseline), 2, "x"));
   if (r.pread_parallel.ns && r.restore_only.ns)
     fmt::print(
-        "  {:<15}: {} GB/s  (O_DIRECT, {} threads: the requests Tutti kept in flight)  -> tutti/pread = {}\n",
+        "  {:<15}: {} GB/s  (O_DIRECT, {}: the requests Tutti kept in flight)  -> tutti/pread = {}\n",
         fmt::format("pread {} thr", r.pread_parallel_threads),
         format_spread(spread_over(runs, [](const Report& x) { return x.pread_parallel.gigabytes_per_second(); }), 2),
-        r.pread_parallel_threads, format_spread(ratio_over(runs, &Report::pread_parallel), 2, "x"));
+        counted(r.pread_parallel_threads, "thread"), format_spread(ratio_over(runs, &Report::pread_parallel), 2, "x"));
   fmt::print(
-      "  pipeline       : {} ms for {} layers: read {:.2f} GB/s, write {:.2f} GB/s ({} + {} requests, {} + {} "
+      "  pipeline       : {} ms for {}: read {:.2f} GB/s, write {:.2f} GB/s ({} + {} requests, {} + {} "
       "commands)\n",
-      format_spread(spread_over(runs, [](const Report& x) { return ms(x.pipeline_ns); }), 2), s.layers,
+      format_spread(spread_over(runs, [](const Report& x) { return ms(x.pipeline_ns); }), 2),
+      counted(s.layers, "layer"),
       static_cast<double>(r.pipeline_reads.bytes) / static_cast<double>(std::max<std::uint64_t>(1, r.pipeline_ns)),
       static_cast<double>(r.pipeline_writes.bytes) / static_cast<double>(std::max<std::uint64_t>(1, r.pipeline_ns)),
       r.pipeline_reads.requests, r.pipeline_writes.requests, r.pipeline_reads.commands, r.pipeline_writes.commands);
@@ -315,31 +319,27 @@ void print_report(const Options& o, const std::vector<Report>& runs, const Bound
   fmt::print("  per layer      : {}\n", layer_bound_line(bound));
   if (o.settings.verify)
     fmt::print(
-        "  verify         : {} tensors checked{} ({}; XXH3 per tensor read, byte compare per tensor written), {} "
+        "  verify         : {} checked{} ({}; XXH3 per tensor read, byte compare per tensor written), {} "
         "mismatched -> {}\n",
-        checks.verified_tensors, runs.size() > 1 ? fmt::format(" over {} runs", runs.size()) : std::string(),
-        checks.checks_by_source(), checks.mismatched_tensors, checks.mismatched_tensors == 0 ? "VERIFIED" : "FAILED");
+        counted(checks.verified_tensors, "tensor"),
+        runs.size() > 1 ? fmt::format(" over {} runs", runs.size()) : std::string(), checks.checks_by_source(),
+        checks.mismatched_tensors, checks.mismatched_tensors == 0 ? "VERIFIED" : "FAILED");
   else
     fmt::print("  verify         : off (--no-verify)\n");
 }
 
-/// The summary's last line, one sentence: the restore against each pread baseline (median ratio of
-/// tutti's GB/s to the baseline's: "beat" from 1.05x, "slower than" up to 0.95x, "matched" between),
-/// what bounded the pipeline, and whether every tensor was verified.
+/// The summary's last line, one sentence: the restore against each pread baseline (the spread of the ratio
+/// of tutti's GB/s to the baseline's: "beat", "slower than", "matched", or "inconclusive" when the runs'
+/// range crosses 1x: compare_ratio), what bounded the pipeline, and whether every tensor was verified.
 std::string verdict_sentence(const Options& o, const std::vector<Report>& runs, const BoundFigures& bound) {
   const Report& r = runs[median_run(runs)];
   const Report checks = all_checks(runs);
-  auto compare = [](double ratio, const std::string& baseline) {
-    if (ratio >= 1.05) return fmt::format("restore beat {} by {:.2f}x", baseline, ratio);
-    if (ratio <= 0.95) return fmt::format("restore was slower than {} ({:.2f}x)", baseline, ratio);
-    return fmt::format("restore matched {} ({:.2f}x)", baseline, ratio);
-  };
   std::vector<std::string> parts;
   if (r.pread_baseline.ns && r.restore_only.ns)
-    parts.push_back(compare(ratio_over(runs, &Report::pread_baseline).median, o.pread_label));
+    parts.push_back(comparison_words(ratio_over(runs, &Report::pread_baseline), o.pread_label));
   if (r.pread_parallel.ns && r.restore_only.ns)
-    parts.push_back(compare(ratio_over(runs, &Report::pread_parallel).median,
-                            fmt::format("pread from {} threads", r.pread_parallel_threads)));
+    parts.push_back(comparison_words(ratio_over(runs, &Report::pread_parallel),
+                                     fmt::format("pread from {}", counted(r.pread_parallel_threads, "thread"))));
   parts.push_back(fmt::format("the pipeline was {}-bound", bound_name(pipeline_bound(bound))));
   if (!o.settings.verify)
     parts.push_back("tensors NOT verified (--no-verify)");
@@ -362,6 +362,14 @@ nlohmann::json phase_json(const PhaseStats& p) {
 
 nlohmann::json spread_json(const Spread& s) {
   return {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"runs", s.runs}};
+}
+
+/// A ratio's spread with the verdict drawn from it (compare_ratio): "beat", "slower", "matched",
+/// "inconclusive", or null when the baseline was not measured.
+nlohmann::json ratio_json(const Spread& s) {
+  nlohmann::json j = spread_json(s);
+  j["verdict"] = s.runs ? nlohmann::json(comparison_name(compare_ratio(s))) : nlohmann::json(nullptr);
+  return j;
 }
 
 /// One run's figures as JSON.
@@ -419,10 +427,10 @@ void write_json(const Options& o, const std::vector<Report>& runs, const std::ve
        spread_json(spread_over(runs, [](const Report& x) { return x.restore_only.gigabytes_per_second(); }))},
       {"pread_gb_per_s",
        spread_json(spread_over(runs, [](const Report& x) { return x.pread_baseline.gigabytes_per_second(); }))},
-      {"tutti_over_pread", spread_json(ratio_over(runs, &Report::pread_baseline))},
+      {"tutti_over_pread", ratio_json(ratio_over(runs, &Report::pread_baseline))},
       {"pread_parallel_gb_per_s",
        spread_json(spread_over(runs, [](const Report& x) { return x.pread_parallel.gigabytes_per_second(); }))},
-      {"tutti_over_pread_parallel", spread_json(ratio_over(runs, &Report::pread_parallel))},
+      {"tutti_over_pread_parallel", ratio_json(ratio_over(runs, &Report::pread_parallel))},
       {"pipeline_ms", spread_json(spread_over(runs, [](const Report& x) { return ms(x.pipeline_ns); }))}};
   j["runs"] = nlohmann::json::array();
   for (std::size_t i = 0; i < runs.size(); ++i) j["runs"].push_back(run_json(runs[i], bounds[i]));
@@ -452,8 +460,11 @@ int finish(const Options& o, const std::vector<Report>& runs, const std::vector<
   write_json(o, runs, bounds, place, extra);
   const Report checks = all_checks(runs);
   if (checks.mismatched_tensors != 0) {
-    fmt::print(stderr, "error: {} tensors did not match their checksums, first: {}\n", checks.mismatched_tensors,
-               checks.mismatches.empty() ? "" : checks.mismatches.front());
+    fmt::print(
+        stderr, "error: {} not match {}, first: {}\n",
+        checks.mismatched_tensors == 1 ? "1 tensor did" : fmt::format("{} tensors did", checks.mismatched_tensors),
+        checks.mismatched_tensors == 1 ? "its checksum" : "their checksums",
+        checks.mismatches.empty() ? "" : checks.mismatches.front());
     return kExitMismatch;
   }
   return kExitVerified;
@@ -751,12 +762,19 @@ std::unique_ptr<LoopMount> mount_image(const fs::path& image, const fs::path& mo
   return mounted;
 }
 
+/// local_nvme's retry counters as one summary line.
+template <class DataPath>
+void print_local_nvme_counters(const DataPath& datapath) {
+  fmt::print("  local_nvme     : {} sent again after a retryable status, {} sent\n",
+             counted(datapath.commands_retried(), "NVMe command"), counted(datapath.aborts_sent(), "Abort"));
+}
+
 /// The soft controller's counters as one summary line, labelled `label`.
 void print_soft_counters(const std::string& label, const tutti::libnvm::SoftController& device) {
   const auto counters = device.counters();
-  fmt::print("  {:<15}: {} NVMe I/O commands, {} MiB read, {} MiB written, {} errors, {} DMA faults\n", label,
-             counters.io_commands, counters.bytes_read >> 20, counters.bytes_written >> 20, counters.errors,
-             counters.dma_faults);
+  fmt::print("  {:<15}: {}, {} MiB read, {} MiB written, {}, {}\n", label,
+             counted(counters.io_commands, "NVMe I/O command"), counters.bytes_read >> 20, counters.bytes_written >> 20,
+             counted(counters.errors, "error"), counted(counters.dma_faults, "DMA fault"));
 }
 
 /// nvme-soft-striped on its stack: one striped:// target per layer over the shard files in `dirs`
@@ -807,8 +825,9 @@ int run_striped_stack(const Options& o, const DataPlace& place, const std::vecto
   } else
 #endif
     rc = run<tutti::StripedMixedRuntime>(runtime, o, place, dirs, uris, true, {});
-  fmt::print("  striped_nvme   : {} controllers, unit {}, {} launches, {} Aborts sent\n", datapath.controller_count(),
-             format_bytes(shape.tensor_bytes), datapath.launches(), datapath.aborts_sent());
+  fmt::print("  striped_nvme   : {}, unit {}, {}, {} sent\n", counted(datapath.controller_count(), "controller"),
+             format_bytes(shape.tensor_bytes), counted(datapath.launches(), "launch", "launches"),
+             counted(datapath.aborts_sent(), "Abort"));
   for (std::size_t d = 0; d < stack.value()->devices.size(); ++d)
     print_soft_counters(fmt::format("soft device {}", d), *stack.value()->devices[d]);
   return rc;
@@ -883,23 +902,33 @@ int run_nvme_soft(const Options& o, const DataPlace& place) {
   } else
 #endif
     rc = run<tutti::LocalNvmeRuntime>(*stack.value()->runtime, o, place, dirs, uris, true, {});
-  fmt::print("  local_nvme     : {} NVMe commands sent again after a retryable status, {} Aborts sent\n",
-             stack.value()->runtime->datapath().commands_retried(), stack.value()->runtime->datapath().aborts_sent());
+  print_local_nvme_counters(stack.value()->runtime->datapath());
   print_soft_counters("soft controller", *stack.value()->device);
   return rc;
 }
 
 #if defined(LAYERWISE_TUTTID)
+/// A refusal of --backend nvme on stderr, naming the controller and the socket: "error: CODE: --backend nvme
+/// (--controller C, --tuttid-socket S): what: hint". Returns kExitRefused.
+int refuse_nvme(const Options& o, const tutti::Status& s, const std::string& hint = {}) {
+  fmt::print(stderr, "error: {}: --backend nvme (--controller {}, --tuttid-socket {}): {}{}\n",
+             tutti::to_string(s.code()), o.lease.controller, o.lease.socket, s.message(),
+             hint.empty() ? "" : ": " + hint);
+  return kExitRefused;
+}
+
 /// --backend nvme, before the lease: the namespace of --controller as tuttid's `devices` lists it (no queue
 /// taken), and the data folder (default <mount point>/tutti-layerwise-kv) resolved and checked to lie on its
 /// file system, so that the folder's lock is taken before queues are leased (a run refused for the lock then
-/// holds no queue another run needs). Whether it could: when tuttid, the controller or the folder does not
-/// fit, lease_for_run refuses with the reason.
-bool place_before_lease(const Options& o, DataPlace& place) {
+/// holds no queue another run needs). `placed`: whether it could. A --data-dir off the namespace is refused
+/// here, before any queue is leased (the exit code, after printing why); when tuttid, the controller or its
+/// namespace does not fit, `placed` is false and lease_for_run refuses with the reason.
+std::optional<int> place_before_lease(const Options& o, DataPlace& place, bool& placed) {
+  placed = false;
   auto connection = tutti::daemon::Connection::connect(o.lease.socket);
-  if (!connection) return false;
+  if (!connection) return std::nullopt;
   auto devices = connection->call({{"tutti", 1}, {"op", "devices"}}, 10'000'000'000ull);
-  if (!devices || !(*devices)["devices"].is_array()) return false;
+  if (!devices || !(*devices)["devices"].is_array()) return std::nullopt;
   for (const auto& d : (*devices)["devices"]) {
     if (d.value("name", "") != o.lease.controller || !d["namespaces"].is_array()) continue;
     for (const auto& n : d["namespaces"]) {
@@ -912,10 +941,13 @@ bool place_before_lease(const Options& o, DataPlace& place) {
       if (o.data_dir.empty()) place.dir = fs::path(ns.mount) / "tutti-layerwise-kv";
       std::error_code ec;
       if (fs::path resolved = fs::weakly_canonical(fs::absolute(place.dir, ec), ec); !ec) place.dir = resolved;
-      return check_on_namespace(place.dir, ns, o.lease.controller).is_ok();  // lease_for_run checks again
+      const tutti::Status on = check_on_namespace(place.dir, ns, o.lease.controller);   // lease_for_run checks again
+      if (on.code() == tutti::StatusCode::INVALID_ARGUMENT) return refuse_nvme(o, on);  // --data-dir off the namespace
+      placed = on.is_ok();
+      return std::nullopt;
     }
   }
-  return false;
+  return std::nullopt;
 }
 
 /// --backend nvme, before the data folder is checked: a lease from tuttid (`leased`; pinned bytes sized for the
@@ -925,12 +957,7 @@ std::optional<int> lease_for_run(const Options& o, DataPlace& place,
                                  std::unique_ptr<tutti::daemon::LeasedController>& leased) {
   const Shape& shape = o.settings.shape;
   const std::uint64_t pinned = lease_pinned_bytes(shape);
-  auto refuse = [&o](const tutti::Status& s, const std::string& hint) {
-    fmt::print(stderr, "error: {}: --backend nvme (--controller {}, --tuttid-socket {}): {}{}\n",
-               tutti::to_string(s.code()), o.lease.controller, o.lease.socket, s.message(),
-               hint.empty() ? "" : ": " + hint);
-    return kExitRefused;
-  };
+  auto refuse = [&o](const tutti::Status& s, const std::string& hint) { return refuse_nvme(o, s, hint); };
   // A path that is there but no socket (a regular file, a folder) says so, not "connection refused".
   if (struct stat st{}; ::stat(o.lease.socket.c_str(), &st) == 0 && !S_ISSOCK(st.st_mode))
     return refuse(
@@ -1011,12 +1038,14 @@ int run_nvme_leased(const Options& o, const DataPlace& place, tutti::daemon::Lea
     if (!runtime) return fail_with(runtime.status(), kExitFailed, "local_nvme runtime over the leased queues");
     LeasedMemory memory(leased);  // the KV slots; registered on the lease until it ends
     rc = run<tutti::LocalNvmeRuntime>(*runtime, o, place, {dir}, uris, true, {}, &memory);
-    fmt::print("  local_nvme     : {} NVMe commands sent again after a retryable status, {} Aborts sent\n",
-               runtime->datapath().commands_retried(), runtime->datapath().aborts_sent());
+    print_local_nvme_counters(runtime->datapath());
   }
-  fmt::print("  lease          : lease {} of tuttid on controller {}: queues {} of depth {}, namespace {} ({} on {})\n",
-             leased.lease_id(), place.controller, fmt::join(leased.queue_ids(), ","), leased.queue_depth(), place.nsid,
-             ns->block_device, ns->mount);
+  // "2 queues (IDs 3,4) of depth 64": how many, then which (the QIDs tuttid's log and `tuttictl leases` name).
+  const auto& ids = leased.queue_ids();
+  fmt::print(
+      "  lease          : lease {} of tuttid on controller {}: {} ({} {}) of depth {}, namespace {} ({} on {})\n",
+      leased.lease_id(), place.controller, counted(ids.size(), "queue"), ids.size() == 1 ? "ID" : "IDs",
+      fmt::join(ids, ","), leased.queue_depth(), place.nsid, ns->block_device, ns->mount);
   if (auto s = drop_file_pages(shape, dir); !s.is_ok() && rc == kExitVerified)
     return fail_with(s, kExitFailed, "the layer files' pages after the run");
   return rc;
@@ -1346,15 +1375,15 @@ int main(int argc, char** argv) {
     const std::uint64_t bytes = o.model.tensor_bytes(shape.chunk_tokens);
     if (bytes % 4096 != 0)
       return refuse(fmt::format(
-          "one K or V tensor of --tokens-per-block {} x {} KV heads x head dim {} x {} bytes ({}) is {} bytes, not a "
+          "one K or V tensor of --tokens-per-block {} x {} x head dim {} x {} ({}) is {} bytes, not a "
           "multiple of 4096 (the O_DIRECT alignment): make --tokens-per-block a multiple of {}",
-          shape.chunk_tokens, o.model.kv_heads, o.model.head_dim, o.model.dtype_bytes, o.model.dtype, bytes,
-          4096 / std::gcd(per_token, std::uint64_t{4096})));
+          shape.chunk_tokens, counted(o.model.kv_heads, "KV head"), o.model.head_dim,
+          counted(o.model.dtype_bytes, "byte"), o.model.dtype, bytes, 4096 / std::gcd(per_token, std::uint64_t{4096})));
     if (bytes > (std::uint64_t{1} << 30))
       return refuse(
-          fmt::format("one K or V tensor of --tokens-per-block {} tokens is {} bytes, above the 1 GiB limit of "
+          fmt::format("one K or V tensor of --tokens-per-block {} is {} bytes, above the 1 GiB limit of "
                       "one request: lower --tokens-per-block",
-                      shape.chunk_tokens, bytes));
+                      counted(shape.chunk_tokens, "token"), bytes));
     shape.tensor_bytes = bytes;
   }
   if (std::isnan(o.compute_ms))  // CLI::Range lets NaN through (every comparison with it is false)
@@ -1373,15 +1402,15 @@ int main(int argc, char** argv) {
   if (shape.stripe_devices > 1 && shape.layer_file_bytes() != std::uint64_t{2} * shape.chunks() * shape.tensor_bytes)
     return refuse(fmt::format(
         "--backend nvme-soft-striped stripes in units of one K or V tensor ({} bytes), but a layer file of this "
-        "shape is {} bytes, not {} chunks x 2 tensors: pick a tensor size that is a multiple of 4096",
-        shape.tensor_bytes, shape.layer_file_bytes(), shape.chunks()));
+        "shape is {} bytes, not {} x 2 tensors: pick a tensor size that is a multiple of 4096",
+        shape.tensor_bytes, shape.layer_file_bytes(), counted(shape.chunks(), "chunk")));
   const std::uint64_t data_bytes = data_set_bytes(shape);
   if (o.backend == "memfs" && (shape.layer_file_bytes() > tutti::memfs::Store::Options::kDefaultMaxFileBytes ||
                                data_bytes > tutti::memfs::Store::Options::kDefaultMaxTotalBytes))
-    return refuse(
-        fmt::format("the data set ({} layers x {} bytes) exceeds memfs's limits ({} bytes per file, {} in all)",
-                    shape.layers, shape.layer_file_bytes(), tutti::memfs::Store::Options::kDefaultMaxFileBytes,
-                    tutti::memfs::Store::Options::kDefaultMaxTotalBytes));
+    return refuse(fmt::format("the data set ({} x {} bytes) exceeds memfs's limits ({} bytes per file, {} in all)",
+                              counted(shape.layers, "layer"), shape.layer_file_bytes(),
+                              tutti::memfs::Store::Options::kDefaultMaxFileBytes,
+                              tutti::memfs::Store::Options::kDefaultMaxTotalBytes));
   if (o.prepare_only && o.backend != "uring")
     return refuse(fmt::format("--prepare-only writes the layer files of the uring backend; --backend {} {}", o.backend,
                               o.backend == "memfs"       ? "keeps its data in host memory"
@@ -1429,7 +1458,8 @@ int main(int argc, char** argv) {
       o.data_dir.empty() ? fs::path(tmp && *tmp ? tmp : "/var/tmp") / "tutti-layerwise-kv" : fs::path(o.data_dir);
   bool placed = false;  // nvme: the data folder known (and on the namespace) before the lease
 #if defined(LAYERWISE_TUTTID)
-  if (o.backend == "nvme") placed = place_before_lease(o, place);
+  if (o.backend == "nvme")
+    if (auto refused = place_before_lease(o, place, placed)) return *refused;  // --data-dir off the namespace
 #endif
   DataDirLock lock;  // held until main returns: every phase below reads or writes the folder's files
   if (o.backend != "nvme" || placed)

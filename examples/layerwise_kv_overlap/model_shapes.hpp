@@ -17,6 +17,7 @@
 #include <tutti/core/status.hpp>
 
 #include "model_shapes_json.hpp"
+#include "progress.hpp"
 
 namespace layerwise {
 
@@ -36,7 +37,8 @@ struct ModelShape {
   }
   /// "80 layers, 8 KV heads x head dim 128, bf16".
   std::string describe() const {
-    return fmt::format("{} layers, {} KV heads x head dim {}, {}", layers, kv_heads, head_dim, dtype);
+    return fmt::format("{}, {} x head dim {}, {}", counted(layers, "layer"), counted(kv_heads, "KV head"), head_dim,
+                       dtype);
   }
 };
 

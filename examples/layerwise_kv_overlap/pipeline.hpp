@@ -29,6 +29,7 @@
 #include <tutti/tutti.hpp>
 
 #include "dataset.hpp"
+#include "progress.hpp"
 
 namespace layerwise {
 
@@ -307,8 +308,8 @@ class Window {
       if (!rejected.empty()) {
         ++resubmissions_;
         if (elapsed_ns(start) > timeout_ns_)
-          return tutti::error(tutti::StatusCode::TIMEOUT, "{} requests still rejected after {} ns", rejected.size(),
-                              timeout_ns_);
+          return tutti::error(tutti::StatusCode::TIMEOUT, "{} still rejected after {} ns",
+                              counted(rejected.size(), "request"), timeout_ns_);
         if (in_flight_.empty())
           std::this_thread::sleep_for(std::chrono::microseconds(50));  // pushed back by other users
         else

@@ -1,7 +1,7 @@
-// What the example says while it works, on stderr: the progress of a long step and byte counts in
-// binary units. On a terminal a bar is redrawn in place ("\r"), at most ten times a second; anywhere
-// else (a log, a pipe, CI) one line every few seconds and one when the step ends, so a log never gets a
-// line of carriage returns.
+// What the example says while it works, on stderr: the progress of a long step, byte counts in
+// binary units, and counts with their noun ("1 tensor", "2 tensors"). On a terminal a bar is redrawn in place ("\r"),
+// at most ten times a second; anywhere else (a log, a pipe, CI) one line every few seconds and one when the step ends,
+// so a log never gets a line of carriage returns.
 #pragma once
 
 #include <unistd.h>
@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
@@ -19,11 +20,19 @@
 
 namespace layerwise {
 
+/// "1 tensor", "0 tensors", "2 queues": `n` and its noun, singular for exactly one. `plural` is
+/// `singular` + "s" unless given.
+inline std::string counted(std::uint64_t n, std::string_view singular, std::string_view plural = {}) {
+  if (n == 1) return fmt::format("1 {}", singular);
+  if (plural.empty()) return fmt::format("{} {}s", n, singular);
+  return fmt::format("{} {}", n, plural);
+}
+
 /// "512 KiB", "1.25 GiB", "960.0 MiB": bytes in binary units (KiB = 1024 bytes), three significant
-/// digits above KiB; whole bytes below 1 KiB.
+/// digits above KiB; whole bytes below 1 KiB ("1 byte", "512 bytes").
 inline std::string format_bytes(std::uint64_t bytes) {
   constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  if (bytes < 1024) return fmt::format("{} bytes", bytes);
+  if (bytes < 1024) return counted(bytes, "byte");
   double value = static_cast<double>(bytes) / 1024;
   int unit = 0;
   while (value >= 1024 && unit < 5) {

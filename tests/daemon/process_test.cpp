@@ -51,6 +51,19 @@ std::string run(const std::string& command) {
   return out;
 }
 
+/// Runs `command` with its stderr joined to its stdout; returns what it printed, its exit status in `exit_status`.
+std::string run_with_status(const std::string& command, int& exit_status) {
+  std::string out;
+  std::FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buffer[4096];
+  std::size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, p)) > 0) out.append(buffer, n);
+  const int status = ::pclose(p);
+  exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
 json leases_now(const TestDaemon& d) { return d.call({{"tutti", 1}, {"op", "leases"}})["leases"]; }
 
 std::uint8_t pattern(std::uint8_t seed, std::size_t i) {
@@ -515,6 +528,14 @@ TEST_CASE("a client over its maximum queues or pinned bytes is refused with a me
   CHECK(exhausted["error"]["message"].get<std::string>().find("1 of 8 leasable queues free") != std::string::npos);
   const std::string metrics = d.call({{"tutti", 1}, {"op", "metrics"}})["text"];
   CHECK(metrics.find("tuttid_lease_refusals_total{code=\"over_limit\"} 3") != std::string::npos);
+  // A count of one reads "1 queue", in both refusals: this process holds 4 once it takes the last free queue.
+  REQUIRE((*c.call(acquire_request(1), kCallTimeoutNs))["ok"] == true);
+  const std::string one_over = (*c.call(acquire_request(1), kCallTimeoutNs))["error"]["message"];
+  CHECK_MESSAGE(one_over.find("acquire soft0: 1 queue for pid ") != std::string::npos, one_over);
+  ClientProcess fourth(d.socket_path(), [](Connection& o) { return *o.call(acquire_request(1), kCallTimeoutNs); });
+  const std::string one_asked = fourth.result()["error"]["message"];
+  CHECK_MESSAGE(one_asked.find("acquire soft0: 1 queue asked, 0 of 8 leasable queues free") != std::string::npos,
+                one_asked);
 }
 
 TEST_CASE("release returns the queues; a lease of another process cannot be released") {
@@ -792,6 +813,69 @@ TEST_CASE("tuttictl prints tables, --json and Prometheus metrics, and drain refu
   CHECK((*revoked)["event"] == "revoked");
   CHECK(leases_now(d).empty());  // the daemon keeps running after a drain
   CHECK(d.call({{"tutti", 1}, {"op", "status"}})["draining"] == true);
+}
+
+TEST_CASE("tuttictl names an unknown subcommand and the valid ones, and exits 2") {
+  const std::string ctl = env_or_fail("TUTTICTL");
+  int rc = 0;
+  for (const std::string& args :
+       {std::string("statsu"), std::string("--socket /nonexistent/tuttid.sock statsu"), std::string("--json statsu")}) {
+    const std::string out = run_with_status(ctl + " " + args, rc);
+    CHECK_MESSAGE(rc == 2, args << ": " << out);
+    CHECK_MESSAGE(out ==
+                      "tuttictl: unknown subcommand 'statsu': expected one of status, devices, leases, metrics, "
+                      "drain (tuttictl --help)\n",
+                  args << ": " << out);
+  }
+  const std::string none = run_with_status(ctl + " --json", rc);
+  CHECK_MESSAGE(rc == 2, none);
+  CHECK(none == "tuttictl: no subcommand: give one of status, devices, leases, metrics, drain (tuttictl --help)\n");
+  const std::string bad_flag = run_with_status(ctl + " status --bogus", rc);  // CLI11's message, exit 2
+  CHECK_MESSAGE(rc == 2, bad_flag);
+  CHECK(bad_flag.find("--bogus") != std::string::npos);
+  const std::string help = run_with_status(ctl + " --help", rc);
+  CHECK(rc == 0);
+  CHECK(help.find("Exit status: 0 done; 1 tuttid refused") != std::string::npos);
+}
+
+TEST_CASE("tuttictl without a tuttid names the socket, says tuttid is not running or the path is wrong, exits 3") {
+  const std::string ctl = env_or_fail("TUTTICTL");
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("tuttictl-test-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  int rc = 0;
+  // No file there: tuttid not started, or another socket.path.
+  const std::string missing = (dir / "tuttid.sock").string();
+  std::string out = run_with_status(ctl + " --socket " + missing + " status", rc);
+  CHECK_MESSAGE(rc == 3, out);
+  CHECK_MESSAGE(out.find("tuttictl: no socket at " + missing + ": tuttid is not running, or the path is wrong") == 0,
+                out);
+  CHECK_MESSAGE(out.find("with --socket PATH") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("the default is /run/tutti/tuttid.sock") != std::string::npos, out);
+  // A socket file nobody listens on (left by a tuttid that was killed).
+  const std::string stale = (dir / "stale.sock").string();
+  {
+    const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::strncpy(address.sun_path, stale.c_str(), sizeof address.sun_path - 1);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+    ::close(fd);
+  }
+  out = run_with_status(ctl + " --socket " + stale + " devices", rc);
+  CHECK_MESSAGE(rc == 3, out);
+  CHECK_MESSAGE(out.find("tuttictl: nothing listens on " + stale) == 0, out);
+  CHECK_MESSAGE(
+      out.find("tuttid is not running (a socket left by one that stopped), or the path is wrong") != std::string::npos,
+      out);
+  // A path that is no socket: the configuration file given by mistake.
+  const std::string file = (dir / "tuttid.json").string();
+  { std::ofstream(file) << "{}"; }
+  out = run_with_status(ctl + " --socket " + file + " leases", rc);
+  CHECK_MESSAGE(rc == 3, out);
+  CHECK_MESSAGE(out.find("tuttictl: " + file + " is not a socket: the path is wrong") == 0, out);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("lease latency: acquire and release round trips through the socket (figure, not asserted)") {

@@ -106,6 +106,29 @@ if backend == "nvme":  # the lease's controller and namespace (tuttid_backend_te
 else:
     assert "tuttid" not in r, r["tuttid"]
 PY
+# The restore against each pread baseline: the JSON's verdict beside the ratio's spread, the same as the
+# verdict line's words (null and no words for a baseline that was not measured).
+python3 - "$dir/report.json" "$dir/out.txt" <<'PY' || { cat "$dir/out.txt"; echo "FAIL: the comparisons differ"; exit 1; }
+import json, sys
+r = json.load(open(sys.argv[1]))
+line = [l.rstrip("\n") for l in open(sys.argv[2]) if l.startswith("  verdict        : ")][0]
+parts = line.split(" : ", 1)[1].split("; ")
+words = {"beat": "restore beat ", "slower": "restore was slower than ", "matched": "restore matched ",
+         "inconclusive": "restore against "}
+measured = []
+for key in ("tutti_over_pread", "tutti_over_pread_parallel"):
+    s = r["spread"][key]
+    assert set(s) == {"median", "min", "max", "runs", "verdict"}, (key, s)
+    if s["runs"] == 0:
+        assert s["verdict"] is None, (key, s)
+    else:
+        measured.append(s["verdict"])
+comparisons = [p for p in parts if p.startswith("restore ")]
+assert len(comparisons) == len(measured), (comparisons, measured)
+for verdict, words_printed in zip(measured, comparisons):
+    assert words_printed.startswith(words[verdict]), (verdict, words_printed)
+    assert (verdict == "inconclusive") == (" inconclusive: " in words_printed), (verdict, words_printed)
+PY
 if [ "$gpu" = gpu ]; then
   python3 - "$dir/report.json" <<'PY' || { cat "$dir/out.txt"; echo "FAIL: the KV slots were not in GPU memory"; exit 1; }
 import json, sys

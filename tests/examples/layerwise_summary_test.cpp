@@ -1,7 +1,7 @@
 // The layer-wise example's summary logic, shared by the host and CUDA builds: the verdict of what bounded
-// the pipeline (pipeline.hpp), the per-source tensor counts, the spread over repeated runs (spread.hpp),
-// progress in logs (progress.hpp), the built-in model shapes (model_shapes.hpp) and what the data
-// folder's file system is (data_files.hpp).
+// the pipeline (pipeline.hpp), the per-source tensor counts, the spread over repeated runs and the verdict
+// drawn from a ratio's spread (spread.hpp), progress in logs (progress.hpp), the built-in model shapes
+// (model_shapes.hpp) and what the data folder's file system is (data_files.hpp).
 #include <sys/statfs.h>
 #include <linux/magic.h>
 
@@ -159,6 +159,30 @@ TEST_CASE("a spread is the median with the smallest and largest value, printed m
   CHECK(median_index({4.0, 1.0, 3.0, 2.0}) == 3);  // an even count: the lower middle (2.0)
 }
 
+TEST_CASE("a ratio whose runs' range crosses 1x is inconclusive, not beat or slower, and the range is shown") {
+  // Three runs of a trial: tutti/pread 1.30x, 0.90x, 1.50x. The median says "beat"; one run was slower.
+  const Spread crossing = spread_of({1.30, 0.90, 1.50});
+  CHECK(compare_ratio(crossing) == Comparison::INCONCLUSIVE);
+  CHECK(std::string(comparison_name(compare_ratio(crossing))) == "inconclusive");
+  CHECK(comparison_words(crossing, "pread 1 thread") ==
+        "restore against pread 1 thread inconclusive: 1.30x [0.90x-1.50x] over 3 runs, faster in some, slower in "
+        "others");
+  CHECK(compare_ratio(spread_of({0.70, 1.10, 0.80})) == Comparison::INCONCLUSIVE);  // a "slower" median, one run faster
+  // Every run on one side of 1x: the median decides, and the range is printed with it.
+  CHECK(comparison_words(spread_of({1.31, 1.20, 1.40}), "pread 1 thread") ==
+        "restore beat pread 1 thread by 1.31x [1.20x-1.40x]");
+  CHECK(comparison_words(spread_of({0.80, 0.70, 0.90}), "pread from 6 threads") ==
+        "restore was slower than pread from 6 threads (0.80x [0.70x-0.90x])");
+  CHECK(compare_ratio(spread_of({1.00, 1.02, 1.08})) == Comparison::MATCHED);  // median 1.02, never slower
+  // A range across 1x but within 5% either side is a match, not a doubt.
+  CHECK(comparison_words(spread_of({1.01, 0.98, 1.03}), "pread 1 thread") ==
+        "restore matched pread 1 thread (1.01x [0.98x-1.03x])");
+  // One run has no range: its ratio decides, printed alone.
+  CHECK(comparison_words(spread_of({1.31}), "pread 1 thread") == "restore beat pread 1 thread by 1.31x");
+  CHECK(compare_ratio(spread_of({0.95})) == Comparison::SLOWER);
+  CHECK(compare_ratio(spread_of({1.05})) == Comparison::BEAT);
+}
+
 TEST_CASE("progress in a log is a line every few seconds and one at the end, never a carriage return") {
   std::FILE* out = std::tmpfile();
   REQUIRE(out != nullptr);
@@ -203,10 +227,23 @@ TEST_CASE("progress on a terminal is one bar redrawn in place at most ten times 
 
 TEST_CASE("byte counts print in binary units") {
   CHECK(format_bytes(512) == "512 bytes");
+  CHECK(format_bytes(1) == "1 byte");
   CHECK(format_bytes(512 * 1024) == "512 KiB");
   CHECK(format_bytes(std::uint64_t{1280} << 20) == "1.25 GiB");
   CHECK(format_bytes(std::uint64_t{960} << 20) == "960 MiB");
   CHECK(format_bytes(std::uint64_t{1536} << 10) == "1.50 MiB");
+}
+
+TEST_CASE("a count of one takes the singular: 1 tensor, 0 tensors, 2 launches") {
+  CHECK(counted(1, "tensor") == "1 tensor");
+  CHECK(counted(0, "tensor") == "0 tensors");
+  CHECK(counted(24, "request") == "24 requests");
+  CHECK(counted(1, "launch", "launches") == "1 launch");
+  CHECK(counted(3, "launch", "launches") == "3 launches");
+  ModelShape one_head{"custom", 1, 1, 128, "bf16", 2};
+  CHECK(one_head.describe() == "1 layer, 1 KV head x head dim 128, bf16");
+  ModelShape many{"custom", 80, 8, 128, "bf16", 2};
+  CHECK(many.describe() == "80 layers, 8 KV heads x head dim 128, bf16");
 }
 
 TEST_CASE("the built-in model shapes hold the documented presets with their public shapes") {

@@ -81,7 +81,7 @@ LAYERWISE_EXAMPLE_ARGS="--controller soft0 --tuttid-socket $sock" LAYERWISE_DATA
 grep -q "lease 1 granted" "$dir/tuttid.log" || fail "no lease was granted"
 
 data2=$dir/mnt/kv2
-args=(--backend nvme --controller soft0 --tuttid-socket "$sock" --layers 6 --context-tokens 1024
+args=(--backend nvme --controller soft0 --tuttid-socket "$sock" --lease-queues 2 --layers 6 --context-tokens 1024
       --tokens-per-block 256 --tensor-bytes 65536 --data-dir "$data2" --no-drop-caches --repeat 2 --compute-ms 0.5)
 # Page cache: the files' pages cached before a run would hide what the controller writes from a later buffered
 # read. Cache them, run (rewriting the missed chunks through the leased queues, twice), then compare every
@@ -93,8 +93,8 @@ for pass in prepare check; do  # a fresh data folder (example_test.sh left a cor
   [ "$pass" = check ] || cat "$data2"/layer-*.kv >/dev/null
 done
 grep -q "0 mismatched -> VERIFIED" "$dir/out.txt" || { cat "$dir/out.txt"; fail "no VERIFIED line"; }
-grep -qE "^  lease          : lease [0-9]+ of tuttid on controller soft0: queues [0-9,]+ of depth 64, namespace 1 \(/dev/loop[0-9]+ on $dir/mnt\)$" \
-  "$dir/out.txt" || { cat "$dir/out.txt"; fail "no lease line"; }
+grep -qE "^  lease          : lease [0-9]+ of tuttid on controller soft0: 2 queues \(IDs [0-9]+,[0-9]+\) of depth 64, namespace 1 \(/dev/loop[0-9]+ on $dir/mnt\)$" \
+  "$dir/out.txt" || { cat "$dir/out.txt"; fail "no lease line of 2 queues"; }
 for f in "$data2"/layer-*.kv; do
   cmp <(cat "$f") <(dd if="$f" iflag=direct bs=65536 status=none) >/dev/null ||
     fail "$f read through the page cache differs from its bytes on the device after the run"
@@ -114,15 +114,21 @@ refused() {
 small=(--layers 6 --context-tokens 1024 --tokens-per-block 256 --tensor-bytes 65536 --no-drop-caches --repeat 1)
 refused 'tuttid answered not_found: acquire: no controller named "nope": --controller must name a controller' \
   --backend nvme --controller nope --tuttid-socket "$sock" --data-dir "$data" "${small[@]}"
+# A data folder off the namespace: refused before any queue is leased (tuttid grants none), naming --data-dir, its
+# value and the mount point it must be under.
+granted() { "$tuttictl" --socket "$sock" metrics | sed -n 's/^tuttid_leases_total{event="granted"} //p'; }
+granted_before=$(granted)
 mkdir -p "$dir/off"
-refused "--data-dir '$dir/off' is on device" --backend nvme --controller soft0 --tuttid-socket "$sock" \
-  --data-dir "$dir/off" "${small[@]}"
-grep -qF "not on namespace 1 of controller soft0, whose ext4 file system tuttid mounted at '$dir/mnt'" \
-  "$dir/refused.txt" || { cat "$dir/refused.txt"; fail "the data-dir refusal does not name the namespace"; }
+refused "--data-dir '$dir/off' is not on namespace 1 of controller soft0: give a folder under '$dir/mnt', where tuttid" \
+  --backend nvme --controller soft0 --tuttid-socket "$sock" --data-dir "$dir/off" "${small[@]}"
+grep -qE "has its ext4 file system mounted from /dev/loop[0-9]+ \([0-9]+:[0-9]+\); '$dir/off' is on device [0-9]+:[0-9]+ " \
+  "$dir/refused.txt" || { cat "$dir/refused.txt"; fail "the data-dir refusal does not name the devices"; }
 # A path through the mount point that leaves it again: refused, and nothing created on the way.
-refused "--data-dir '$dir/elsewhere' is on device" --backend nvme --controller soft0 --tuttid-socket "$sock" \
-  --data-dir "$dir/mnt/missing/../../elsewhere" "${small[@]}"
+refused "--data-dir '$dir/elsewhere' is not on namespace 1 of controller soft0: give a folder under '$dir/mnt'" \
+  --backend nvme --controller soft0 --tuttid-socket "$sock" --data-dir "$dir/mnt/missing/../../elsewhere" "${small[@]}"
 [ ! -e "$dir/elsewhere" ] && [ ! -e "$dir/mnt/missing" ] || fail "a refused --data-dir with .. created folders"
+[ "$(granted)" = "$granted_before" ] ||
+  fail "a --data-dir off the namespace was refused only after a lease: $granted_before, then $(granted) leases granted"
 refused "--lease-queues = 99999999999 is out of range: expected 1 to 64" --backend nvme --controller soft0 \
   --tuttid-socket "$sock" --lease-queues 99999999999 "${small[@]}"
 refused "--tuttid-socket is empty" --backend nvme --controller soft0 --tuttid-socket "" "${small[@]}"
@@ -147,6 +153,7 @@ wait "$holder" 2>/dev/null || true
 refused "above client.max_pinned_bytes 65536 of controller tight" --backend nvme --controller tight \
   --tuttid-socket "$sock" --data-dir "$data" "${small[@]}"
 grep -qF "this shape needs a lease of" "$dir/refused.txt" || { cat "$dir/refused.txt"; fail "no budget hint"; }
+grep -qF "acquire tight (1 queue, " "$dir/refused.txt" || { cat "$dir/refused.txt"; fail "one queue not counted as 1 queue"; }
 refused "controller bare lists no namespace 1 in tuttid's configuration" --backend nvme --controller bare \
   --tuttid-socket "$sock" "${small[@]}"
 refused "--backend nvme needs --controller NAME" --backend nvme --tuttid-socket "$sock" "${small[@]}"
@@ -170,6 +177,8 @@ rc=0
   --no-pread-baseline >"$dir/out.txt" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { cat "$dir/out.txt"; fail "the run on the verified mount exited $rc"; }
 grep -q "0 mismatched -> VERIFIED" "$dir/out.txt" || { cat "$dir/out.txt"; fail "no VERIFIED line"; }
+grep -qE "^  lease          : lease [0-9]+ of tuttid on controller soft0: 1 queue \(ID [0-9]+\) of depth 64, namespace 1 \(/dev/loop[0-9]+ on $dir/mnt\)$" \
+  "$dir/out.txt" || { cat "$dir/out.txt"; fail "no lease line of 1 queue"; }
 stop_tuttid
 mountpoint -q "$dir/mnt" || fail "tuttid unmounted a mount it did not make"
 echo "a mount made beforehand: verified, used, and left mounted"

@@ -240,7 +240,7 @@ tuttid_kv_example() {
 	grep -q "^  restore only  *: .* (36 requests, 36 device commands; " /tmp/kv.out || { echo "no restore line"; return 1; }
 	grep -q "^  local_nvme  *: 0 NVMe commands sent again after a retryable status, 0 Aborts sent$" /tmp/kv.out ||
 		{ echo "no local_nvme line"; return 1; }
-	lease=$(sed -n 's|^  lease  *: lease \([0-9]*\) of tuttid on controller nvme0: queues \([0-9]*,[0-9]*\) of depth 64, namespace 1 (/dev/snvme0n1 on /mnt/tuttid)$|\1 \2|p' /tmp/kv.out)
+	lease=$(sed -n 's|^  lease  *: lease \([0-9]*\) of tuttid on controller nvme0: 2 queues (IDs \([0-9]*,[0-9]*\)) of depth 64, namespace 1 (/dev/snvme0n1 on /mnt/tuttid)$|\1 \2|p' /tmp/kv.out)
 	[ -n "$lease" ] || { echo "no lease line of 2 queues on /dev/snvme0n1"; return 1; }
 	set -- $lease
 	grep "lease $1 granted: pid [0-9]* uid 0 on nvme0, queues $2, " $TD/log || { echo "tuttid logged no lease $1 of queues $2"; return 1; }
