@@ -236,7 +236,10 @@ struct snvme_seal {
  * descriptor of it, in every process); scope SNVME_REVOKE_OTHERS revokes
  * every other open file of the controller (CAP_SYS_ADMIN and an unsealed
  * file, else EPERM): a broker that starts again ends the leases its
- * predecessor granted. A revoked file:
+ * predecessor granted. It waits for no lease holder: no ioctl holds a
+ * file's lock while it touches user memory (a DMA_MAP whose pages are
+ * still coming finds its file revoked afterwards and fails with ESTALE).
+ * A revoked file:
  *  - status page: revoked = SNVME_REVOKED_LEASE, then csts = all ones;
  *    poll() reports EPOLLPRI | EPOLLERR;
  *  - its queue groups are deleted on the controller (Delete I/O SQ, then
