@@ -881,8 +881,15 @@ static int snvme_ioc_revoke_others(struct snvme_file *self, struct snvme_revoke 
 	struct snvme_file *f;
 	bool sealed;
 
-	if (!capable(CAP_SYS_ADMIN)) {
-		dev_err_ratelimited(ctrl->dev, "REVOKE of the other files: needs CAP_SYS_ADMIN\n");
+	/*
+	 * The controller is the host's, so the initial user namespace's
+	 * CAP_SYS_ADMIN, both at open (file_ns_capable: the opener's
+	 * credentials) and now (a descriptor passed to a process without it,
+	 * as a lease is, or kept after dropping it, does not carry it).
+	 */
+	if (!file_ns_capable(self->filp, &init_user_ns, CAP_SYS_ADMIN) ||
+	    !capable(CAP_SYS_ADMIN)) {
+		dev_err_ratelimited(ctrl->dev, "REVOKE of the other files: needs CAP_SYS_ADMIN, at open and now\n");
 		return -EPERM;
 	}
 	mutex_lock(&self->lock);
@@ -1058,6 +1065,18 @@ union snvme_ioc_arg {
 	struct snvme_revoke revoke;
 };
 
+/*
+ * The ioctls that make or give back what the controller or the file holds
+ * need a file opened for writing. GET_INFO and IDENTIFY only read. REVOKE
+ * only ends things: of this file, or (CAP_SYS_ADMIN at open and now) of the
+ * others, which tuttid does through the file it holds its flock on, opened
+ * read-only.
+ */
+static bool snvme_ioc_needs_write(unsigned int cmd)
+{
+	return cmd != SNVME_IOC_GET_INFO && cmd != SNVME_IOC_IDENTIFY && cmd != SNVME_IOC_REVOKE;
+}
+
 /* Undoes a queue group or DMA map whose handle could not be copied out. */
 static void snvme_undo(struct snvme_file *f, unsigned int cmd, const struct snvme_made *made)
 {
@@ -1151,6 +1170,11 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		dev_err_ratelimited(ctrl->dev, "ioctl 0x%x: argsz %u, expected %u\n",
 				    cmd, a->hdr.argsz, size);
 		ret = -EINVAL;
+		goto free;
+	}
+	if (snvme_ioc_needs_write(cmd) && !(filp->f_mode & FMODE_WRITE)) {
+		dev_err_ratelimited(ctrl->dev, "ioctl 0x%x: needs the file open for writing\n", cmd);
+		ret = -EBADF;
 		goto free;
 	}
 	if (cmd == SNVME_IOC_REVOKE) {

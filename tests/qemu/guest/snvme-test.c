@@ -37,6 +37,8 @@
 
 static int failures;
 
+static int revoke_call(int fd, uint32_t scope, struct snvme_revoke *r);
+
 static void check(bool ok, const char *fmt, ...)
 {
 	va_list ap;
@@ -811,6 +813,53 @@ static int cmd_bad_ioctl(void)
 	ret = control(SNVME_IOC_BIND, "0000:00:00.0", 0, NULL);
 	check(ret == -EPROTO, "BIND with stale abi_version -> %s", strerror(-ret));
 	uq_close(&c);
+
+	/* A file open read-only reads, and changes nothing. */
+	{
+		struct snvme_identify id = { .hdr = { SNVME_ABI_VERSION, sizeof(id) },
+					     .cns = SNVME_IDENTIFY_CNS_CTRL };
+		struct snvme_seal seal = { .hdr = { SNVME_ABI_VERSION, sizeof(seal) } };
+		struct snvme_abort ab = { .hdr = { SNVME_ABI_VERSION, sizeof(ab) } };
+		struct snvme_revoke rv;
+		int fd = open(CTRL_PATH, O_RDONLY | O_CLOEXEC);
+
+		mem = aligned_alloc(4096, 4096);
+		id.data = (uintptr_t)mem;
+		memset(&in, 0, sizeof(in));
+		in.hdr.abi_version = SNVME_ABI_VERSION;
+		in.hdr.argsz = sizeof(in);
+		EXPECT(ioctl(fd, SNVME_IOC_GET_INFO, &in), 0, "GET_INFO on a file open read-only");
+		EXPECT(ioctl(fd, SNVME_IOC_IDENTIFY, &id), 0, "IDENTIFY on a file open read-only");
+		memset(&g, 0, sizeof(g));
+		g.hdr.abi_version = SNVME_ABI_VERSION;
+		g.hdr.argsz = sizeof(g);
+		g.nr_queues = 1;
+		g.entries = 8;
+		EXPECT(ioctl(fd, SNVME_IOC_CREATE_QUEUE_GROUP, &g), EBADF, "CREATE_QUEUE_GROUP on a file open read-only");
+		EXPECT(ioctl(fd, SNVME_IOC_DESTROY_QUEUE_GROUP, &gi), EBADF, "DESTROY_QUEUE_GROUP on a file open read-only");
+		memset(&m, 0, sizeof(m));
+		m.hdr.abi_version = SNVME_ABI_VERSION;
+		m.hdr.argsz = sizeof(m);
+		m.kind = SNVME_DMA_HOST;
+		m.vaddr = (uintptr_t)mem;
+		m.length = 4096;
+		m.bus_addrs = (uintptr_t)addrs;
+		m.max_addrs = 1;
+		EXPECT(ioctl(fd, SNVME_IOC_DMA_MAP, &m), EBADF, "DMA_MAP on a file open read-only");
+		EXPECT(ioctl(fd, SNVME_IOC_DMA_UNMAP, &u), EBADF, "DMA_UNMAP on a file open read-only");
+		EXPECT(ioctl(fd, SNVME_IOC_ABORT, &ab), EBADF, "ABORT on a file open read-only");
+		seal.max_dma_bytes = 4096;
+		EXPECT(ioctl(fd, SNVME_IOC_SEAL, &seal), EBADF, "SEAL on a file open read-only");
+		p = mmap(NULL, c.info.doorbell_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, SNVME_MMAP_DOORBELLS);
+		check(p == MAP_FAILED && errno == EACCES, "a writable mapping of the doorbells of a file open read-only -> %s",
+		      p == MAP_FAILED ? strerror(errno) : "mapped");
+		/* REVOKE only ends things: tuttid revokes through its read-only flock file. */
+		ret = revoke_call(fd, SNVME_REVOKE_FILE, &rv);
+		check(ret == 0 && rv.files == 1, "REVOKE of itself on a file open read-only -> %s, %u file(s)",
+		      ret ? strerror(ret) : "success", rv.files);
+		close(fd);
+		free(mem);
+	}
 	return failures ? 1 : 0;
 }
 

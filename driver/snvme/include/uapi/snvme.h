@@ -12,6 +12,10 @@
  *     foreign abi_version with EPROTO and a wrong argsz with EINVAL.
  *  3. All structures have the same layout on LP64 and ILP32 (explicit padding,
  *     __u64 for pointers); sizes are asserted at the bottom of this file.
+ *  4. CREATE/DESTROY_QUEUE_GROUP, DMA_MAP/UNMAP, ABORT and SEAL need the
+ *     file open for writing (O_RDWR): EBADF otherwise. GET_INFO and
+ *     IDENTIFY only read; REVOKE only ends leases (SNVME_REVOKE_OTHERS
+ *     needs CAP_SYS_ADMIN), and works on a file open read-only.
  *
  * Memory map of /dev/snvme<C> (mmap offsets in bytes):
  *  SNVME_MMAP_DOORBELLS        the controller's doorbell registers only
@@ -234,8 +238,9 @@ struct snvme_seal {
  * lease broker (tuttid, docs/daemon.md) ends a lease while its holder may
  * still use it. scope SNVME_REVOKE_FILE revokes this open file (every
  * descriptor of it, in every process); scope SNVME_REVOKE_OTHERS revokes
- * every other open file of the controller (CAP_SYS_ADMIN and an unsealed
- * file, else EPERM): a broker that starts again ends the leases its
+ * every other open file of the controller (an unsealed file opened with
+ * CAP_SYS_ADMIN by a caller that still has it, both in the initial user
+ * namespace, else EPERM): a broker that starts again ends the leases its
  * predecessor granted. It waits for no lease holder: no ioctl holds a
  * file's lock while it touches user memory (a DMA_MAP whose pages are
  * still coming finds its file revoked afterwards and fails with ESTALE).
