@@ -1274,13 +1274,16 @@ static vm_fault_t snvme_vm_fault(struct vm_fault *vmf)
 
 	down_read(&f->map_sem);
 	p = xa_load(&f->frozen, vmf->pgoff);
-	if (!p && vma->vm_pgoff == 0 && vmf->pgoff < (ctrl->db_bytes >> PAGE_SHIFT)) {
+	/* snvme_mmap maps the doorbell window only whole, at its offset. */
+	if (!p && vma->vm_pgoff == SNVME_MMAP_DOORBELLS >> PAGE_SHIFT &&
+	    vmf->pgoff - vma->vm_pgoff < (ctrl->db_bytes >> PAGE_SHIFT)) {
 		if (f->stand_ins || READ_ONCE(ctrl->dead)) {
 			p = f->sink_page;
 		} else {
 			phys_addr_t db = pci_resource_start(ctrl->pdev, 0) + SNVME_DB_OFFSET;
 
-			ret = vmf_insert_pfn(vma, vmf->address, (db >> PAGE_SHIFT) + vmf->pgoff);
+			ret = vmf_insert_pfn(vma, vmf->address,
+					     (db >> PAGE_SHIFT) + vmf->pgoff - vma->vm_pgoff);
 		}
 	}
 	/* Rings mapped by dma_mmap_coherent() are VM_MIXEDMAP or VM_PFNMAP. */

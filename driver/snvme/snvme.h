@@ -218,7 +218,7 @@ struct snvme_file {
 	struct rw_semaphore map_sem;
 	bool stand_ins;
 	struct xarray frozen;		/* mmap pgoff -> a ring's stand-in page */
-	struct page *sink_page;		/* the doorbells' stand-in, all ones */
+	struct page *sink_page;		/* the doorbells' stand-in: all ones until written */
 };
 
 /* core.c */

@@ -222,9 +222,11 @@ struct snvme_abort {
  * SCM_RIGHTS. From then on
  * CREATE_QUEUE_GROUP fails with EPERM and DMA_MAP fails with EDQUOT when the
  * bytes this file has mapped would exceed max_dma_bytes; a second SEAL fails
- * with EPERM. DESTROY_QUEUE_GROUP, DMA_UNMAP, ABORT and I/O still work. The
- * seal belongs to the open file, so every descriptor of it (dup, fork,
- * SCM_RIGHTS) is sealed.
+ * with EPERM. DESTROY_QUEUE_GROUP, DMA_UNMAP, ABORT and I/O still work:
+ * the seal bounds what the file holds from above, and giving back queues
+ * or pins only lowers it (destroyed queues go back to the controller's
+ * pool, and the holder cannot create them again). The seal belongs to the
+ * open file, so every descriptor of it (dup, fork, SCM_RIGHTS) is sealed.
  */
 struct snvme_seal {
 	struct snvme_hdr hdr;
@@ -250,8 +252,9 @@ struct snvme_seal {
  *  - its queue groups are deleted on the controller (Delete I/O SQ, then
  *    CQ) and their QIDs freed at once;
  *  - its mappings of the doorbells and rings stay valid memory: from then
- *    on the doorbell window is one page of all ones per file that takes
- *    the writes, and each ring a copy of it as the controller left it
+ *    on the doorbell window is one page per file that reads all ones until
+ *    the holder writes it and keeps what is written (a doorbell rung reads
+ *    back its own value), and each ring a copy of it as the controller left it
  *    (no completion lost or invented), so a holder that still writes SQEs
  *    and rings doorbells gets no SIGBUS, reaches no queue (its QIDs may
  *    belong to another file by then), and reads csts all ones;
@@ -300,7 +303,11 @@ struct snvme_bind {
 #define SNVME_IOC_BIND _IOWR(SNVME_IOC_MAGIC, 0x10, struct snvme_bind)
 #define SNVME_IOC_UNBIND _IOW(SNVME_IOC_MAGIC, 0x11, struct snvme_bind)
 
-/* mmap offset of the doorbell window; queue rings sit above it. */
+/*
+ * mmap offset of the doorbell window, mapped whole (info.doorbell_bytes) or
+ * not at all; queue rings sit above it. The driver tells the window's
+ * mappings by this offset, never by a literal 0.
+ */
 #define SNVME_MMAP_DOORBELLS 0ull
 
 /*
