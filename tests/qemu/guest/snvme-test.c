@@ -2165,6 +2165,7 @@ static void uffd_case(void)
 	struct uffd_map u = { 0 };
 	pthread_t t;
 	struct uq_ctrl c;
+	bool returned;
 	uint64_t ms;
 	int uffd, ex;
 
@@ -2186,9 +2187,10 @@ static void uffd_case(void)
 	pfd.fd = uffd;
 	if (poll(&pfd, 1, 3000) != 1 || read(uffd, &msg, sizeof(msg)) != sizeof(msg) ||
 	    msg.event != UFFD_EVENT_PAGEFAULT) {
-		check(wait_until(&u.done, 5000) && u.err == EFAULT,
+		returned = wait_until(&u.done, 5000);
+		check(returned && u.err == EFAULT,
 		      "a DMA_MAP of userfaultfd memory no one supplies: the pin does not wait on this kernel, EFAULT (got %s)",
-		      u.done ? strerror(u.err) : "no return within 5 s");
+		      returned ? strerror(u.err) : "no return within 5 s");
 		pthread_join(t, NULL);
 		goto out;
 	}
@@ -2202,10 +2204,11 @@ static void uffd_case(void)
 	zp.range.len = u.len;
 	if (ioctl(uffd, UFFDIO_ZEROPAGE, &zp))
 		die("UFFDIO_ZEROPAGE: %s", strerror(errno));
-	check(wait_until(&u.done, 5000) && u.err == ESTALE,
+	returned = wait_until(&u.done, 5000);
+	check(returned && u.err == ESTALE,
 	      "once its pages come, the DMA_MAP finds its file revoked: %s (want %s)",
-	      u.done ? strerror(u.err) : "no return within 5 s", strerror(ESTALE));
-	if (!u.done)
+	      returned ? strerror(u.err) : "no return within 5 s", strerror(ESTALE));
+	if (!returned)
 		die("the DMA_MAP thread is stuck: not joining it");
 	pthread_join(t, NULL);
 out:
