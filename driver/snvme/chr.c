@@ -13,6 +13,31 @@
  * lease broker names: its status page and poll() say so, its ioctls and
  * mmaps fail, and what it holds is released at close (REVOKE and removal
  * release its queues at once and put stand-ins under its mappings).
+ *
+ * Lock order, outer first:
+ *
+ *   ctrl->lifecycle  >  ctrl->files_lock  >  f->lock  >  f->map_sem
+ *   a process's mmap lock  >  f->map_sem
+ *
+ * with ctrl->admin_lock, files_spin and uq_lock innermost. lifecycle is
+ * read by opens and ioctls and written by remove() and the reset (core.c);
+ * files_lock serialises teardown and REVOKE of other files; f->lock guards
+ * what one file holds; map_sem orders the fault handler's choices against
+ * revocation. The kernel holds the mmap lock around ->mmap and ->fault,
+ * which therefore take map_sem only (snvme_mmap argues why that is enough).
+ *
+ * Nothing touches user memory while holding lifecycle, files_lock, f->lock
+ * or map_sem: no copy_{from,to}_user, no pin or unpin of user pages, no
+ * account_locked_vm. Each of them may take the mmap lock, which would
+ * invert the order above (DMA_MAP pinning under f->lock against an mmap
+ * that took f->lock under the mmap lock was an ABBA deadlock), and may
+ * wait as long as the memory's owner likes (userfaultfd, FUSE, a page
+ * locked for IO), and whoever waits for the lock held would wait as long:
+ * REVOKE of the other files takes every f->lock, the reset takes lifecycle
+ * for writing and stops new readers behind it. So DMA_MAP pins before it
+ * takes its locks and checks the file again after (snvme_ioc_dma_map), maps
+ * are unpinned after the locks are dropped (snvme_dmamap_put), and ioctls
+ * copy their results out last (snvme_copy_out).
  */
 #include <linux/fs.h>
 #include <linux/highmem.h>
@@ -48,7 +73,22 @@ struct snvme_uq {
 struct snvme_qgroup {
 	u32 id;
 	u32 nr;
+	u64 serial;			/* snvme_file.serial when published */
 	struct snvme_uq q[SNVME_MAX_GROUP_QUEUES];
+};
+
+/*
+ * What an ioctl made under the locks and hands to userspace only once it
+ * has dropped them (the lock order at the top): the bus addresses of a
+ * DMA_MAP, an Identify data structure; and the handle of a queue group or
+ * DMA map to undo if that copy fails. The serial tells the handle apart
+ * from a later one that reuses its number.
+ */
+struct snvme_made {
+	u32 id;			/* group or map handle, 0 = none */
+	u64 serial;
+	dma_addr_t *addrs;	/* DMA_MAP: map.nr_pages bus addresses, kvfree'd */
+	void *identify;		/* IDENTIFY: SNVME_IDENTIFY_BYTES, kfree'd */
 };
 
 static u64 snvme_sq_offset(u16 qid)
@@ -69,6 +109,22 @@ static void snvme_count(struct snvme_ctrl *ctrl, long pages, int maps, int group
 	atomic_add(maps, &snvme_totals.dma_maps);
 	atomic_add(groups, &ctrl->cnt.queue_groups);
 	atomic_add(groups, &snvme_totals.queue_groups);
+}
+
+/*
+ * ENODEV once the controller is unbound or failed, ESTALE once the file is
+ * revoked (a reset or REVOKE: its queue groups are gone; a new open gets a
+ * working file), else 0. With lifecycle held the answer holds until it is
+ * dropped; snvme_mmap, which may not take lifecycle, argues why a stale
+ * answer does no harm there.
+ */
+static int snvme_file_usable(struct snvme_file *f)
+{
+	if (READ_ONCE(f->ctrl->dead) || READ_ONCE(f->ctrl->failed))
+		return -ENODEV;
+	if (READ_ONCE(f->revoked))
+		return -ESTALE;
+	return 0;
 }
 
 /* ---- queue groups ----------------------------------------------------- */
@@ -180,6 +236,13 @@ static void snvme_group_destroy(struct snvme_file *f, struct snvme_qgroup *g)
 	if (READ_ONCE(ctrl->failed))
 		flush_work(&ctrl->fail_work);	/* controller disabled: no DMA */
 
+	/* From here on snvme_mmap cannot find the rings it frees. */
+	if (g->id) {
+		down_write(&f->map_sem);
+		idr_remove(&f->groups, g->id);
+		up_write(&f->map_sem);
+		snvme_count(ctrl, 0, 0, -1);
+	}
 	for (i = 0; i < g->nr; i++) {
 		struct snvme_uq *uq = &g->q[i];
 
@@ -197,10 +260,6 @@ static void snvme_group_destroy(struct snvme_file *f, struct snvme_qgroup *g)
 			dma_free_coherent(ctrl->dev, uq->cq_bytes, uq->cq, uq->cq_dma);
 		snvme_release_qid(ctrl, uq->qid);
 	}
-	if (g->id) {
-		idr_remove(&f->groups, g->id);
-		snvme_count(ctrl, 0, 0, -1);
-	}
 	kfree(g);
 }
 
@@ -214,7 +273,8 @@ static u16 snvme_user_queues_free(struct snvme_ctrl *ctrl)
 	return ctrl->user_queues - used;
 }
 
-static int snvme_ioc_create_group(struct snvme_file *f, struct snvme_queue_group *a)
+static int snvme_ioc_create_group(struct snvme_file *f, struct snvme_queue_group *a,
+				   struct snvme_made *made)
 {
 	struct snvme_ctrl *ctrl = f->ctrl;
 	u32 mqes = NVME_CAP_MQES(ctrl->cap) + 1;
@@ -293,13 +353,19 @@ static int snvme_ioc_create_group(struct snvme_file *f, struct snvme_queue_group
 		}
 		uq->sq_created = true;
 	}
+	g->serial = ++f->serial;
+	down_write(&f->map_sem);
 	id = idr_alloc(&f->groups, g, 1, 0, GFP_KERNEL);
+	if (id >= 0)
+		g->id = id;
+	up_write(&f->map_sem);
 	if (id < 0) {
 		ret = id;
 		goto destroy;
 	}
-	g->id = id;
 	snvme_count(ctrl, 0, 0, 1);
+	made->id = id;
+	made->serial = g->serial;
 
 	a->group_id = id;
 	memset(a->queues, 0, sizeof(a->queues));
@@ -325,7 +391,15 @@ destroy:
 
 /* ---- DMA maps ---------------------------------------------------------- */
 
-static void snvme_dmamap_free(struct snvme_file *f, struct snvme_dmamap *m)
+/*
+ * A host map is taken down in two halves. Under f->lock the device loses
+ * it: DMA unmapped, the handle and its bytes gone from the file. Then, with
+ * no lock held, its pages are unpinned (dirtying takes page locks, which IO
+ * may hold for long) and uncharged (account_locked_vm takes the mmap lock):
+ * snvme_dmamap_put. Callers that hold f->lock collect the maps on a list
+ * for after (snvme_dmamap_put_list).
+ */
+static void snvme_dmamap_unmap(struct snvme_file *f, struct snvme_dmamap *m)
 {
 	struct snvme_ctrl *ctrl = f->ctrl;
 
@@ -334,37 +408,67 @@ static void snvme_dmamap_free(struct snvme_file *f, struct snvme_dmamap *m)
 	} else {
 		if (m->sgt_mapped)
 			dma_unmap_sgtable(ctrl->dev, &m->sgt, DMA_BIDIRECTIONAL, 0);
+		m->sgt_mapped = false;
 		if (m->sgt.sgl)
 			sg_free_table(&m->sgt);
-		if (m->pages && m->nr_pages) {
+		m->sgt.sgl = NULL;
+	}
+	if (m->id) {
+		idr_remove(&f->maps, m->id);
+		f->dma_bytes -= m->length;
+		snvme_count(ctrl, 0, -1, 0);
+		m->id = 0;
+	}
+}
+
+/* The second half, with no lock held: the pins and the RLIMIT_MEMLOCK charge. */
+static void snvme_dmamap_put(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
+{
+	if (m->kind == SNVME_DMA_HOST) {
+		if (m->pages && m->nr_pinned) {
 			/* The device may have written any page. */
-			unpin_user_pages_dirty_lock(m->pages, m->nr_pages, true);
-			snvme_count(ctrl, -(long)m->nr_pages, 0, 0);
+			unpin_user_pages_dirty_lock(m->pages, m->nr_pinned, true);
+			snvme_count(ctrl, -(long)m->nr_pinned, 0, 0);
 		}
 		kvfree(m->pages);
 		if (m->mm) {
 			/* An exiting mm (process death) has nothing to uncharge. */
-			if (mmget_not_zero(m->mm)) {
+			if (m->locked && mmget_not_zero(m->mm)) {
 				account_locked_vm(m->mm, m->locked, false);
 				mmput(m->mm);
 			}
 			mmdrop(m->mm);
 		}
 	}
-	if (m->id) {
-		idr_remove(&f->maps, m->id);
-		f->dma_bytes -= m->length;
-		snvme_count(ctrl, 0, -1, 0);
-	}
 	kvfree(m->addrs);
 	kfree(m);
 }
 
-static int snvme_map_host(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
+static void snvme_dmamap_release(struct snvme_file *f, struct snvme_dmamap *m,
+				 struct list_head *later)
 {
-	unsigned long pinned = 0;
-	struct sg_dma_page_iter it;
-	unsigned long i = 0;
+	snvme_dmamap_unmap(f, m);
+	list_add_tail(&m->later, later);
+}
+
+static void snvme_dmamap_put_list(struct snvme_ctrl *ctrl, struct list_head *later)
+{
+	struct snvme_dmamap *m, *next;
+
+	list_for_each_entry_safe(m, next, later, later) {
+		list_del(&m->later);
+		snvme_dmamap_put(ctrl, m);
+	}
+}
+
+/*
+ * Charges and pins the pages of a host map, with no lock of ours held (the
+ * lock order at the top): the pin may fault pages in and so take the mmap
+ * lock, and may wait as long as the memory's owner wants (userfaultfd,
+ * FUSE). What it did is undone by snvme_dmamap_put.
+ */
+static int snvme_pin_host(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
+{
 	int ret;
 
 	m->pages = kvmalloc_array(m->nr_pages, sizeof(*m->pages), GFP_KERNEL);
@@ -375,27 +479,33 @@ static int snvme_map_host(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
 	if (ret) {
 		dev_err_ratelimited(ctrl->dev, "DMA_MAP: %lu pages exceed RLIMIT_MEMLOCK\n",
 				    m->nr_pages);
-		m->nr_pages = 0;
 		return ret;
 	}
 	m->mm = current->mm;
 	mmgrab(m->mm);
 	m->locked = m->nr_pages;
-	while (pinned < m->nr_pages) {
-		ret = pin_user_pages_fast(m->vaddr + pinned * PAGE_SIZE,
-					  min_t(unsigned long, m->nr_pages - pinned, INT_MAX),
-					  FOLL_WRITE | FOLL_LONGTERM, m->pages + pinned);
+	while (m->nr_pinned < m->nr_pages) {
+		ret = pin_user_pages_fast(m->vaddr + m->nr_pinned * PAGE_SIZE,
+					  min_t(unsigned long, m->nr_pages - m->nr_pinned, INT_MAX),
+					  FOLL_WRITE | FOLL_LONGTERM, m->pages + m->nr_pinned);
 		if (ret <= 0) {
 			dev_err_ratelimited(ctrl->dev, "DMA_MAP: cannot pin vaddr 0x%llx + %lu pages: %d\n",
-					    m->vaddr, pinned, ret);
-			if (pinned)
-				unpin_user_pages(m->pages, pinned);
-			m->nr_pages = 0;	/* nothing left pinned */
+					    m->vaddr, m->nr_pinned, ret);
 			return ret ? ret : -EFAULT;
 		}
-		pinned += ret;
+		m->nr_pinned += ret;
+		snvme_count(ctrl, ret, 0, 0);
 	}
-	snvme_count(ctrl, m->nr_pages, 0, 0);
+	return 0;
+}
+
+/* Maps the pinned pages for the device, under f->lock, and fills m->addrs. */
+static int snvme_map_host(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
+{
+	struct sg_dma_page_iter it;
+	unsigned long i = 0;
+	int ret;
+
 	ret = sg_alloc_table_from_pages(&m->sgt, m->pages, m->nr_pages, 0,
 					m->length, GFP_KERNEL);
 	if (ret)
@@ -412,12 +522,18 @@ static int snvme_map_host(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
 	return i == m->nr_pages ? 0 : -EIO;
 }
 
-static int snvme_ioc_dma_map(struct snvme_file *f, struct snvme_dma_map *a)
+/* Whether a map of length bytes fits under the file's seal; f->lock held. */
+static bool snvme_seal_fits(struct snvme_file *f, u64 length)
+{
+	return !f->sealed || (length <= f->max_dma_bytes &&
+			      f->dma_bytes <= f->max_dma_bytes - length);
+}
+
+/* DMA_MAP's checks of its argument and of the seal, under f->lock. */
+static int snvme_dma_map_check(struct snvme_file *f, const struct snvme_dma_map *a)
 {
 	struct snvme_ctrl *ctrl = f->ctrl;
 	u64 limit = (u64)snvme_max_dma_map_mib << 20;
-	struct snvme_dmamap *m;
-	int ret, id;
 
 	if (a->flags) {
 		dev_err_ratelimited(ctrl->dev, "DMA_MAP: flags 0x%x, must be 0\n", a->flags);
@@ -441,8 +557,7 @@ static int snvme_ioc_dma_map(struct snvme_file *f, struct snvme_dma_map *a)
 		dev_err_ratelimited(ctrl->dev, "DMA_MAP: vaddr + length overflows the address space\n");
 		return -EINVAL;
 	}
-	if (f->sealed && (a->length > f->max_dma_bytes ||
-			  f->dma_bytes > f->max_dma_bytes - a->length)) {
+	if (!snvme_seal_fits(f, a->length)) {
 		dev_err_ratelimited(ctrl->dev, "DMA_MAP: %llu bytes on top of %llu mapped exceed the seal's %llu\n",
 				    a->length, f->dma_bytes, f->max_dma_bytes);
 		return -EDQUOT;
@@ -452,6 +567,40 @@ static int snvme_ioc_dma_map(struct snvme_file *f, struct snvme_dma_map *a)
 				    a->max_addrs, a->length / PAGE_SIZE);
 		return -EINVAL;
 	}
+	return 0;
+}
+
+/*
+ * SNVME_IOC_DMA_MAP, in three steps so that no lock of ours is held while
+ * user memory is touched (the lock order at the top):
+ *  1. under lifecycle and f->lock: the file is usable, the argument valid,
+ *     the seal has room (the errors a caller got before, in that order);
+ *  2. no lock: charge RLIMIT_MEMLOCK and pin the pages (snvme_pin_host);
+ *  3. under lifecycle and f->lock again: the file may have been revoked,
+ *     torn down or filled up to its seal meanwhile, so check again and
+ *     give back the pins if so (the same ESTALE, ENODEV or EDQUOT); else
+ *     map for the device and publish the handle.
+ * The caller copies the bus addresses out afterwards, with no lock held,
+ * and undoes the map if that fails (snvme_undo). GPU memory (nv-p2p) is not the process's:
+ * it is mapped in step 3.
+ */
+static int snvme_ioc_dma_map(struct snvme_file *f, struct snvme_dma_map *a,
+			     struct snvme_made *made)
+{
+	struct snvme_ctrl *ctrl = f->ctrl;
+	struct snvme_dmamap *m;
+	int ret, id;
+
+	down_read(&ctrl->lifecycle);
+	mutex_lock(&f->lock);
+	ret = snvme_file_usable(f);
+	if (!ret)
+		ret = snvme_dma_map_check(f, a);
+	mutex_unlock(&f->lock);
+	up_read(&ctrl->lifecycle);
+	if (ret)
+		return ret;
+
 	m = kzalloc(sizeof(*m), GFP_KERNEL);
 	if (!m)
 		return -ENOMEM;
@@ -464,30 +613,54 @@ static int snvme_ioc_dma_map(struct snvme_file *f, struct snvme_dma_map *a)
 		kfree(m);
 		return -ENOMEM;
 	}
-	if (a->kind == SNVME_DMA_GPU)
-		ret = snvme_gpu_map(ctrl, m, a->vaddr, a->length);
-	else
-		ret = snvme_map_host(ctrl, m);
-	if (ret)
-		goto free;
-	if (copy_to_user(u64_to_user_ptr(a->bus_addrs), m->addrs,
-			 m->nr_pages * sizeof(u64))) {
-		ret = -EFAULT;
-		goto free;
+	if (a->kind == SNVME_DMA_HOST) {
+		ret = snvme_pin_host(ctrl, m);
+		if (ret)
+			goto put;
 	}
-	id = idr_alloc(&f->maps, m, 1, SNVME_MAX_MAPS_PER_FILE + 1, GFP_KERNEL);
-	if (id < 0) {
-		ret = id == -ENOSPC ? -EMFILE : id;
-		goto free;
+
+	down_read(&ctrl->lifecycle);
+	mutex_lock(&f->lock);
+	ret = snvme_file_usable(f);
+	if (!ret && f->torn_down)
+		ret = -ENODEV;
+	if (!ret && !snvme_seal_fits(f, a->length)) {
+		dev_err_ratelimited(ctrl->dev, "DMA_MAP: %llu bytes on top of %llu mapped exceed the seal's %llu\n",
+				    a->length, f->dma_bytes, f->max_dma_bytes);
+		ret = -EDQUOT;
 	}
-	m->id = id;
-	f->dma_bytes += m->length;
-	snvme_count(ctrl, 0, 1, 0);
-	a->map_id = id;
-	a->nr_pages = m->nr_pages;
-	return 0;
-free:
-	snvme_dmamap_free(f, m);
+	if (!ret)
+		ret = a->kind == SNVME_DMA_GPU ? snvme_gpu_map(ctrl, m, a->vaddr, a->length)
+					       : snvme_map_host(ctrl, m);
+	if (!ret) {
+		id = idr_alloc(&f->maps, m, 1, SNVME_MAX_MAPS_PER_FILE + 1, GFP_KERNEL);
+		ret = id == -ENOSPC ? -EMFILE : min(id, 0);
+	}
+	if (!ret) {
+		m->id = id;
+		m->serial = ++f->serial;
+		f->dma_bytes += m->length;
+		snvme_count(ctrl, 0, 1, 0);
+		a->map_id = id;
+		a->nr_pages = m->nr_pages;
+		/*
+		 * Published: another thread may DMA_UNMAP it from now on, so
+		 * the addresses to copy out leave the map with the caller.
+		 */
+		made->id = id;
+		made->serial = m->serial;
+		made->addrs = m->addrs;
+		m->addrs = NULL;
+		m = NULL;
+	} else {
+		snvme_dmamap_unmap(f, m);
+	}
+	mutex_unlock(&f->lock);
+	up_read(&ctrl->lifecycle);
+	if (!m)
+		return 0;
+put:
+	snvme_dmamap_put(ctrl, m);
 	return ret;
 }
 
@@ -516,7 +689,9 @@ static int snvme_ioc_seal(struct snvme_file *f, struct snvme_seal *a)
 
 /* ---- identify, abort ---------------------------------------------------- */
 
-static int snvme_ioc_identify(struct snvme_file *f, struct snvme_identify *a)
+/* IDENTIFY into a kernel copy, made->identify, which the caller copies out. */
+static int snvme_ioc_identify(struct snvme_file *f, struct snvme_identify *a,
+			      struct snvme_made *made)
 {
 	struct snvme_ctrl *ctrl = f->ctrl;
 	struct nvme_command c = { };
@@ -543,8 +718,11 @@ static int snvme_ioc_identify(struct snvme_file *f, struct snvme_identify *a)
 				    a->cns, a->nsid, ret);
 		ret = -EIO;
 	}
-	if (!ret && copy_to_user(u64_to_user_ptr(a->data), buf, SNVME_IDENTIFY_BYTES))
-		ret = -EFAULT;
+	if (!ret) {
+		made->identify = kmemdup(buf, SNVME_IDENTIFY_BYTES, GFP_KERNEL);
+		if (!made->identify)
+			ret = -ENOMEM;
+	}
 	dma_free_coherent(ctrl->dev, SNVME_IDENTIFY_BYTES, buf, dma);
 	return ret;
 }
@@ -586,10 +764,11 @@ static int snvme_ioc_abort(struct snvme_file *f, struct snvme_abort *a)
 /* ---- file operations --------------------------------------------------- */
 
 /*
- * Everything a file holds, in the safe order: queues first, then pins. On
- * removal its mappings get stand-ins first (at close it has none left).
+ * Everything a file holds, in the safe order: queues first, then DMA maps
+ * (their pins go on later, to unpin once f->lock is dropped). On removal
+ * its mappings get stand-ins first (at close it has none left).
  */
-static void snvme_file_teardown(struct snvme_file *f)
+static void snvme_file_teardown(struct snvme_file *f, struct list_head *later)
 {
 	struct snvme_qgroup *g;
 	struct snvme_dmamap *m;
@@ -600,7 +779,7 @@ static void snvme_file_teardown(struct snvme_file *f)
 	idr_for_each_entry(&f->groups, g, id)
 		snvme_group_destroy(f, g);
 	idr_for_each_entry(&f->maps, m, id)
-		snvme_dmamap_free(f, m);
+		snvme_dmamap_release(f, m, later);
 	f->torn_down = true;
 }
 
@@ -692,7 +871,9 @@ static void snvme_file_revoke(struct snvme_file *f, struct snvme_revoke *a)
 
 /*
  * SNVME_REVOKE_OTHERS: every open file of the controller but self, under
- * files_lock (no open or close meanwhile), each under its own lock.
+ * files_lock (no open or close meanwhile), each under its own lock. No one
+ * holds an f->lock while touching user memory (the lock order at the top),
+ * so each wait here is bounded by admin commands' deadlines.
  */
 static int snvme_ioc_revoke_others(struct snvme_file *self, struct snvme_revoke *a)
 {
@@ -700,8 +881,15 @@ static int snvme_ioc_revoke_others(struct snvme_file *self, struct snvme_revoke 
 	struct snvme_file *f;
 	bool sealed;
 
-	if (!capable(CAP_SYS_ADMIN)) {
-		dev_err_ratelimited(ctrl->dev, "REVOKE of the other files: needs CAP_SYS_ADMIN\n");
+	/*
+	 * The controller is the host's, so the initial user namespace's
+	 * CAP_SYS_ADMIN, both at open (file_ns_capable: the opener's
+	 * credentials) and now (a descriptor passed to a process without it,
+	 * as a lease is, or kept after dropping it, does not carry it).
+	 */
+	if (!file_ns_capable(self->filp, &init_user_ns, CAP_SYS_ADMIN) ||
+	    !capable(CAP_SYS_ADMIN)) {
+		dev_err_ratelimited(ctrl->dev, "REVOKE of the other files: needs CAP_SYS_ADMIN, at open and now\n");
 		return -EPERM;
 	}
 	mutex_lock(&self->lock);
@@ -787,6 +975,7 @@ static int snvme_release(struct inode *inode, struct file *filp)
 {
 	struct snvme_file *f = filp->private_data;
 	struct snvme_ctrl *ctrl = f->ctrl;
+	LIST_HEAD(later);
 
 	mutex_lock(&ctrl->files_lock);
 	spin_lock(&ctrl->files_spin);
@@ -794,9 +983,10 @@ static int snvme_release(struct inode *inode, struct file *filp)
 	spin_unlock(&ctrl->files_spin);
 	mutex_lock(&f->lock);
 	if (!f->torn_down)
-		snvme_file_teardown(f);
+		snvme_file_teardown(f, &later);
 	mutex_unlock(&f->lock);
 	mutex_unlock(&ctrl->files_lock);
+	snvme_dmamap_put_list(ctrl, &later);
 	idr_destroy(&f->groups);
 	idr_destroy(&f->maps);
 	/* Its mappings are gone: release runs after the last munmap. */
@@ -876,17 +1066,65 @@ union snvme_ioc_arg {
 };
 
 /*
- * With lifecycle held: ENODEV once the controller is unbound or failed,
- * ESTALE once a reset revoked the file (its queue groups are gone; a new
- * open gets a working file), else 0.
+ * The ioctls that make or give back what the controller or the file holds
+ * need a file opened for writing. GET_INFO and IDENTIFY only read. REVOKE
+ * only ends things: of this file, or (CAP_SYS_ADMIN at open and now) of the
+ * others, which tuttid does through the file it holds its flock on, opened
+ * read-only.
  */
-static int snvme_file_usable(struct snvme_file *f)
+static bool snvme_ioc_needs_write(unsigned int cmd)
 {
-	if (f->ctrl->dead || READ_ONCE(f->ctrl->failed))
-		return -ENODEV;
-	if (READ_ONCE(f->revoked))
-		return -ESTALE;
+	return cmd != SNVME_IOC_GET_INFO && cmd != SNVME_IOC_IDENTIFY && cmd != SNVME_IOC_REVOKE;
+}
+
+/* Undoes a queue group or DMA map whose handle could not be copied out. */
+static void snvme_undo(struct snvme_file *f, unsigned int cmd, const struct snvme_made *made)
+{
+	struct snvme_ctrl *ctrl = f->ctrl;
+	struct snvme_qgroup *g;
+	struct snvme_dmamap *m;
+	LIST_HEAD(later);
+
+	down_read(&ctrl->lifecycle);
+	mutex_lock(&f->lock);
+	if (f->torn_down) {
+		/* remove() released it already. */
+	} else if (cmd == SNVME_IOC_CREATE_QUEUE_GROUP) {
+		g = idr_find(&f->groups, made->id);
+		if (g && g->serial == made->serial)
+			snvme_group_destroy(f, g);
+	} else {
+		m = idr_find(&f->maps, made->id);
+		if (m && m->serial == made->serial)
+			snvme_dmamap_release(f, m, &later);
+	}
+	mutex_unlock(&f->lock);
+	up_read(&ctrl->lifecycle);
+	snvme_dmamap_put_list(ctrl, &later);
+}
+
+/*
+ * Copies an ioctl's results to userspace, with no lock held (the lock
+ * order at the top). A handle the caller cannot learn is undone.
+ */
+static int snvme_copy_out(struct snvme_file *f, unsigned int cmd, void __user *uarg,
+			  const union snvme_ioc_arg *a, unsigned int size,
+			  const struct snvme_made *made)
+{
+	if (made->identify &&
+	    copy_to_user(u64_to_user_ptr(a->identify.data), made->identify, SNVME_IDENTIFY_BYTES))
+		return -EFAULT;
+	if (made->addrs &&
+	    copy_to_user(u64_to_user_ptr(a->map.bus_addrs), made->addrs,
+			 (u64)a->map.nr_pages * sizeof(u64)))
+		goto undo;
+	if ((_IOC_DIR(cmd) & _IOC_READ) && copy_to_user(uarg, a, size))
+		goto undo;
 	return 0;
+undo:
+	if (made->id)
+		snvme_undo(f, cmd, made);
+	return -EFAULT;
 }
 
 static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
@@ -895,7 +1133,9 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	struct snvme_ctrl *ctrl = f->ctrl;
 	void __user *uarg = (void __user *)arg;
 	unsigned int size = _IOC_SIZE(cmd);
+	struct snvme_made made = { };
 	union snvme_ioc_arg *a;
+	LIST_HEAD(later);
 	long ret;
 
 	switch (cmd) {
@@ -932,6 +1172,11 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		ret = -EINVAL;
 		goto free;
 	}
+	if (snvme_ioc_needs_write(cmd) && !(filp->f_mode & FMODE_WRITE)) {
+		dev_err_ratelimited(ctrl->dev, "ioctl 0x%x: needs the file open for writing\n", cmd);
+		ret = -EBADF;
+		goto free;
+	}
 	if (cmd == SNVME_IOC_REVOKE) {
 		struct snvme_revoke *r = &a->revoke;
 
@@ -943,6 +1188,11 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		}
 		r->files = r->queue_groups = r->queues = 0;
 	}
+	if (cmd == SNVME_IOC_DMA_MAP) {
+		/* Pins user memory: takes its locks itself, around the pin. */
+		ret = snvme_ioc_dma_map(f, &a->map, &made);
+		goto out;
+	}
 	down_read(&ctrl->lifecycle);
 	ret = snvme_file_usable(f);
 	/* A file a reset revoked may be revoked for good: that frees its QIDs. */
@@ -952,8 +1202,6 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		goto unlock;
 	if (cmd == SNVME_IOC_REVOKE && a->revoke.scope == SNVME_REVOKE_OTHERS) {
 		ret = snvme_ioc_revoke_others(f, &a->revoke);
-		if (!ret && copy_to_user(uarg, a, size))
-			ret = -EFAULT;
 		goto unlock;
 	}
 	mutex_lock(&f->lock);
@@ -963,7 +1211,7 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		ret = 0;
 		break;
 	case SNVME_IOC_CREATE_QUEUE_GROUP:
-		ret = snvme_ioc_create_group(f, &a->group);
+		ret = snvme_ioc_create_group(f, &a->group, &made);
 		break;
 	case SNVME_IOC_DESTROY_QUEUE_GROUP: {
 		struct snvme_qgroup *g = idr_find(&f->groups, a->gid.group_id);
@@ -973,19 +1221,16 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 			snvme_group_destroy(f, g);
 		break;
 	}
-	case SNVME_IOC_DMA_MAP:
-		ret = snvme_ioc_dma_map(f, &a->map);
-		break;
 	case SNVME_IOC_DMA_UNMAP: {
 		struct snvme_dmamap *m = idr_find(&f->maps, a->unmap.map_id);
 
 		ret = m ? 0 : -ENOENT;
 		if (m)
-			snvme_dmamap_free(f, m);
+			snvme_dmamap_release(f, m, &later);
 		break;
 	}
 	case SNVME_IOC_IDENTIFY:
-		ret = snvme_ioc_identify(f, &a->identify);
+		ret = snvme_ioc_identify(f, &a->identify, &made);
 		break;
 	case SNVME_IOC_ABORT:
 		ret = snvme_ioc_abort(f, &a->abort);
@@ -998,24 +1243,15 @@ static long snvme_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		ret = 0;
 		break;
 	}
-	if (!ret && (_IOC_DIR(cmd) & _IOC_READ) && copy_to_user(uarg, a, size)) {
-		/* The caller cannot learn the handle: undo what was created. */
-		if (cmd == SNVME_IOC_CREATE_QUEUE_GROUP) {
-			struct snvme_qgroup *g = idr_find(&f->groups, a->group.group_id);
-
-			if (g)
-				snvme_group_destroy(f, g);
-		} else if (cmd == SNVME_IOC_DMA_MAP) {
-			struct snvme_dmamap *m = idr_find(&f->maps, a->map.map_id);
-
-			if (m)
-				snvme_dmamap_free(f, m);
-		}
-		ret = -EFAULT;
-	}
 	mutex_unlock(&f->lock);
 unlock:
 	up_read(&ctrl->lifecycle);
+out:
+	snvme_dmamap_put_list(ctrl, &later);
+	if (!ret)
+		ret = snvme_copy_out(f, cmd, uarg, a, size, &made);
+	kvfree(made.addrs);
+	kfree(made.identify);
 free:
 	kfree(a);
 	return ret;
@@ -1038,13 +1274,16 @@ static vm_fault_t snvme_vm_fault(struct vm_fault *vmf)
 
 	down_read(&f->map_sem);
 	p = xa_load(&f->frozen, vmf->pgoff);
-	if (!p && vma->vm_pgoff == 0 && vmf->pgoff < (ctrl->db_bytes >> PAGE_SHIFT)) {
+	/* snvme_mmap maps the doorbell window only whole, at its offset. */
+	if (!p && vma->vm_pgoff == SNVME_MMAP_DOORBELLS >> PAGE_SHIFT &&
+	    vmf->pgoff - vma->vm_pgoff < (ctrl->db_bytes >> PAGE_SHIFT)) {
 		if (f->stand_ins || READ_ONCE(ctrl->dead)) {
 			p = f->sink_page;
 		} else {
 			phys_addr_t db = pci_resource_start(ctrl->pdev, 0) + SNVME_DB_OFFSET;
 
-			ret = vmf_insert_pfn(vma, vmf->address, (db >> PAGE_SHIFT) + vmf->pgoff);
+			ret = vmf_insert_pfn(vma, vmf->address,
+					     (db >> PAGE_SHIFT) + vmf->pgoff - vma->vm_pgoff);
 		}
 	}
 	/* Rings mapped by dma_mmap_coherent() are VM_MIXEDMAP or VM_PFNMAP. */
@@ -1060,6 +1299,25 @@ static const struct vm_operations_struct snvme_vm_ops = {
 	.fault = snvme_vm_fault,
 };
 
+/*
+ * The kernel calls ->mmap with the caller's mmap lock held for writing, so
+ * it takes neither lifecycle nor f->lock (the lock order at the top), only
+ * map_sem for reading, as the fault handler does under the mmap lock too.
+ * Whether the file is usable is read without lifecycle, after map_sem is
+ * taken; a revocation that comes after the check does no more harm here
+ * than to the mappings the file already has:
+ *  - the status page is the file's for its whole life;
+ *  - the doorbell window maps nothing here: its faults choose between the
+ *    doorbells and the sink page under map_sem, and REVOKE and removal set
+ *    stand_ins with map_sem held for writing (after publishing revoked, so
+ *    a check after that reads it);
+ *  - a ring is found in f->groups under map_sem, which a group enters and
+ *    leaves with map_sem held for writing, before its rings are freed
+ *    (snvme_group_destroy): what this maps stays allocated until then;
+ *    a reset keeps the rings of a file it revoked mapped anyway.
+ * Every refusal is what it was with lifecycle held: ENODEV once the
+ * controller is gone or failed, ESTALE once the file is revoked.
+ */
 static int snvme_mmap(struct file *filp, struct vm_area_struct *vma)
 {
 	struct snvme_file *f = filp->private_data;
@@ -1073,7 +1331,7 @@ static int snvme_mmap(struct file *filp, struct vm_area_struct *vma)
 		dev_err_ratelimited(ctrl->dev, "mmap: MAP_SHARED required\n");
 		return -EINVAL;
 	}
-	down_read(&ctrl->lifecycle);
+	down_read(&f->map_sem);
 	ret = snvme_file_usable(f);
 	if (ret)
 		goto out;
@@ -1103,7 +1361,6 @@ static int snvme_mmap(struct file *filp, struct vm_area_struct *vma)
 		ret = 0;
 		goto out;
 	}
-	mutex_lock(&f->lock);
 	idr_for_each_entry(&f->groups, g, id) {
 		for (i = 0; i < g->nr; i++) {
 			struct snvme_uq *uq = &g->q[i];
@@ -1117,21 +1374,19 @@ static int snvme_mmap(struct file *filp, struct vm_area_struct *vma)
 			if (len != bytes) {
 				dev_err_ratelimited(ctrl->dev, "mmap: ring at 0x%llx is %u bytes, asked %lu\n",
 						    off, bytes, len);
-				goto unlock;
+				goto out;
 			}
 			/* dma_mmap_coherent reads vm_pgoff as an offset into the buffer. */
 			vma->vm_pgoff = 0;
 			ret = dma_mmap_coherent(ctrl->dev, vma, is_sq ? uq->sq : uq->cq,
 						is_sq ? uq->sq_dma : uq->cq_dma, bytes);
 			vma->vm_pgoff = pgoff;
-			goto unlock;
+			goto out;
 		}
 	}
 	dev_err_ratelimited(ctrl->dev, "mmap: no ring of this file at offset 0x%llx\n", off);
-unlock:
-	mutex_unlock(&f->lock);
 out:
-	up_read(&ctrl->lifecycle);
+	up_read(&f->map_sem);
 	return ret;
 }
 
@@ -1205,9 +1460,10 @@ int snvme_chr_add(struct snvme_ctrl *ctrl)
 void snvme_chr_remove(struct snvme_ctrl *ctrl)
 {
 	struct snvme_file *f;
+	LIST_HEAD(later);
 
 	down_write(&ctrl->lifecycle);
-	ctrl->dead = true;
+	WRITE_ONCE(ctrl->dead, true);
 	up_write(&ctrl->lifecycle);
 	if (!ctrl->cdev_added)
 		return;
@@ -1217,10 +1473,11 @@ void snvme_chr_remove(struct snvme_ctrl *ctrl)
 	list_for_each_entry(f, &ctrl->files, node) {
 		mutex_lock(&f->lock);
 		if (!f->torn_down)
-			snvme_file_teardown(f);
+			snvme_file_teardown(f, &later);
 		mutex_unlock(&f->lock);
 	}
 	mutex_unlock(&ctrl->files_lock);
+	snvme_dmamap_put_list(ctrl, &later);
 	ctrl->cdev_added = false;
 	put_device(&ctrl->cdev_dev);
 }

@@ -193,9 +193,10 @@ struct snvme_file {
 	struct snvme_ctrl *ctrl;
 	struct file *filp;
 	struct list_head node;		/* ctrl->files */
-	struct mutex lock;		/* groups, maps */
-	struct idr groups;
+	struct mutex lock;		/* groups, maps, seal, serial */
+	struct idr groups;		/* changed under lock and map_sem (snvme_mmap) */
 	struct idr maps;
+	u64 serial;			/* counts the groups and maps made, under lock */
 	bool torn_down;			/* remove() has released everything */
 	u32 revoked;			/* 0 or SNVME_REVOKED_*, the gravest so far */
 	bool queues_gone;		/* a reset deleted its queues on the controller */
@@ -209,12 +210,15 @@ struct snvme_file {
 	 * then on a copy of it (frozen). map_sem orders the decision against
 	 * faults: held for reading by snvme_vm_fault, for writing while
 	 * stand_ins is set or a copy stored, so that the zap that follows
-	 * removes every mapping of the real pages.
+	 * removes every mapping of the real pages. snvme_mmap holds it for
+	 * reading too, instead of lock (chr.c, the lock order): a group
+	 * enters and leaves groups with map_sem held for writing, so the
+	 * rings it finds there stay allocated while it maps them.
 	 */
 	struct rw_semaphore map_sem;
 	bool stand_ins;
 	struct xarray frozen;		/* mmap pgoff -> a ring's stand-in page */
-	struct page *sink_page;		/* the doorbells' stand-in, all ones */
+	struct page *sink_page;		/* the doorbells' stand-in: all ones until written */
 };
 
 /* core.c */
@@ -261,10 +265,13 @@ struct snvme_dmamap {
 	u32 kind;			/* SNVME_DMA_HOST or SNVME_DMA_GPU */
 	u64 vaddr, length;
 	unsigned long nr_pages;		/* 4 KiB pages */
-	dma_addr_t *addrs;		/* [nr_pages] */
+	dma_addr_t *addrs;		/* [nr_pages], until DMA_MAP copies them out */
+	u64 serial;			/* snvme_file.serial when published */
+	struct list_head later;		/* to unpin once f->lock is dropped */
 	/* host */
 	struct mm_struct *mm;		/* charged for RLIMIT_MEMLOCK, mmgrab'ed */
 	unsigned long locked;		/* pages charged to mm->locked_vm */
+	unsigned long nr_pinned;	/* pages[0..nr_pinned) are pinned */
 	struct page **pages;
 	struct sg_table sgt;
 	bool sgt_mapped;

@@ -9,6 +9,8 @@
 #include <fcntl.h>
 #include <linux/fiemap.h>
 #include <linux/fs.h>
+#include <linux/userfaultfd.h>
+#include <pthread.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -34,6 +36,8 @@
 #define SNVME_MAX_USER_QUEUES_GUESS 128
 
 static int failures;
+
+static int revoke_call(int fd, uint32_t scope, struct snvme_revoke *r);
 
 static void check(bool ok, const char *fmt, ...)
 {
@@ -809,6 +813,53 @@ static int cmd_bad_ioctl(void)
 	ret = control(SNVME_IOC_BIND, "0000:00:00.0", 0, NULL);
 	check(ret == -EPROTO, "BIND with stale abi_version -> %s", strerror(-ret));
 	uq_close(&c);
+
+	/* A file open read-only reads, and changes nothing. */
+	{
+		struct snvme_identify id = { .hdr = { SNVME_ABI_VERSION, sizeof(id) },
+					     .cns = SNVME_IDENTIFY_CNS_CTRL };
+		struct snvme_seal seal = { .hdr = { SNVME_ABI_VERSION, sizeof(seal) } };
+		struct snvme_abort ab = { .hdr = { SNVME_ABI_VERSION, sizeof(ab) } };
+		struct snvme_revoke rv;
+		int fd = open(CTRL_PATH, O_RDONLY | O_CLOEXEC);
+
+		mem = aligned_alloc(4096, 4096);
+		id.data = (uintptr_t)mem;
+		memset(&in, 0, sizeof(in));
+		in.hdr.abi_version = SNVME_ABI_VERSION;
+		in.hdr.argsz = sizeof(in);
+		EXPECT(ioctl(fd, SNVME_IOC_GET_INFO, &in), 0, "GET_INFO on a file open read-only");
+		EXPECT(ioctl(fd, SNVME_IOC_IDENTIFY, &id), 0, "IDENTIFY on a file open read-only");
+		memset(&g, 0, sizeof(g));
+		g.hdr.abi_version = SNVME_ABI_VERSION;
+		g.hdr.argsz = sizeof(g);
+		g.nr_queues = 1;
+		g.entries = 8;
+		EXPECT(ioctl(fd, SNVME_IOC_CREATE_QUEUE_GROUP, &g), EBADF, "CREATE_QUEUE_GROUP on a file open read-only");
+		EXPECT(ioctl(fd, SNVME_IOC_DESTROY_QUEUE_GROUP, &gi), EBADF, "DESTROY_QUEUE_GROUP on a file open read-only");
+		memset(&m, 0, sizeof(m));
+		m.hdr.abi_version = SNVME_ABI_VERSION;
+		m.hdr.argsz = sizeof(m);
+		m.kind = SNVME_DMA_HOST;
+		m.vaddr = (uintptr_t)mem;
+		m.length = 4096;
+		m.bus_addrs = (uintptr_t)addrs;
+		m.max_addrs = 1;
+		EXPECT(ioctl(fd, SNVME_IOC_DMA_MAP, &m), EBADF, "DMA_MAP on a file open read-only");
+		EXPECT(ioctl(fd, SNVME_IOC_DMA_UNMAP, &u), EBADF, "DMA_UNMAP on a file open read-only");
+		EXPECT(ioctl(fd, SNVME_IOC_ABORT, &ab), EBADF, "ABORT on a file open read-only");
+		seal.max_dma_bytes = 4096;
+		EXPECT(ioctl(fd, SNVME_IOC_SEAL, &seal), EBADF, "SEAL on a file open read-only");
+		p = mmap(NULL, c.info.doorbell_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, SNVME_MMAP_DOORBELLS);
+		check(p == MAP_FAILED && errno == EACCES, "a writable mapping of the doorbells of a file open read-only -> %s",
+		      p == MAP_FAILED ? strerror(errno) : "mapped");
+		/* REVOKE only ends things: tuttid revokes through its read-only flock file. */
+		ret = revoke_call(fd, SNVME_REVOKE_FILE, &rv);
+		check(ret == 0 && rv.files == 1, "REVOKE of itself on a file open read-only -> %s, %u file(s)",
+		      ret ? strerror(ret) : "success", rv.files);
+		close(fd);
+		free(mem);
+	}
 	return failures ? 1 : 0;
 }
 
@@ -1884,6 +1935,302 @@ static int cmd_revoke(void)
 	return failures ? 1 : 0;
 }
 
+/* ---- DMA_MAP and mmap while another process revokes (lock order) ------- */
+
+/*
+ * DMA_MAP once pinned pages and charged them to RLIMIT_MEMLOCK with the
+ * file's lock held, which takes the process's mmap lock, while mmap of a
+ * ring took the file's lock with the mmap lock held (the kernel holds it
+ * around ->mmap): two threads of one process could deadlock each other,
+ * and REVOKE of the other files, which takes every file's lock, waited
+ * behind them. The guest kernels have no lockdep, so these tests run the
+ * orders against each other and bound every wait.
+ */
+struct race {
+	struct uq_ctrl *c;
+	struct snvme_queue_desc d;	/* a ring of c to map */
+	volatile bool stop;
+	volatile bool saw_estale;
+	volatile long ops;		/* calls that returned */
+	volatile int bad_errno;		/* a refusal other than ESTALE */
+	volatile bool done;
+};
+
+/* One refusal: ESTALE once the file is revoked, nothing else. */
+static void race_refused(struct race *r, int err)
+{
+	if (err == ESTALE)
+		r->saw_estale = true;
+	else if (!r->bad_errno)
+		r->bad_errno = err;
+}
+
+/* DMA_MAP of memory not yet faulted in (the pin takes the mmap lock), then DMA_UNMAP. */
+static void *race_dma_map(void *arg)
+{
+	struct race *r = arg;
+	size_t len = 64 * 4096;
+	uint64_t bus[64];
+
+	while (!r->stop) {
+		struct snvme_dma_map m = { .hdr = { SNVME_ABI_VERSION, sizeof(m) } };
+		struct snvme_dma_unmap u = { .hdr = { SNVME_ABI_VERSION, sizeof(u) } };
+		void *va = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+		if (va == MAP_FAILED) {
+			race_refused(r, errno);
+			break;
+		}
+		m.kind = SNVME_DMA_HOST;
+		m.vaddr = (uintptr_t)va;
+		m.length = len;
+		m.bus_addrs = (uintptr_t)bus;
+		m.max_addrs = 64;
+		if (ioctl(r->c->fd, SNVME_IOC_DMA_MAP, &m)) {
+			race_refused(r, errno);
+		} else {
+			u.map_id = m.map_id;
+			/* Revoked in between: the pins stay until close. */
+			if (ioctl(r->c->fd, SNVME_IOC_DMA_UNMAP, &u))
+				race_refused(r, errno);
+		}
+		munmap(va, len);
+		r->ops++;
+	}
+	r->done = true;
+	return NULL;
+}
+
+/* mmap and munmap of the status page, the doorbell window and a ring, in turn. */
+static void *race_mmap(void *arg)
+{
+	struct race *r = arg;
+
+	while (!r->stop) {
+		const struct { uint64_t off; size_t len; int prot; } w[] = {
+			{ SNVME_MMAP_STATUS, SNVME_STATUS_BYTES, PROT_READ },
+			{ SNVME_MMAP_DOORBELLS, r->c->info.doorbell_bytes, PROT_READ | PROT_WRITE },
+			{ r->d.sq_offset, r->d.sq_bytes, PROT_READ | PROT_WRITE },
+			{ r->d.cq_offset, r->d.cq_bytes, PROT_READ | PROT_WRITE },
+		};
+		size_t i;
+
+		for (i = 0; i < sizeof(w) / sizeof(w[0]); i++) {
+			void *p = mmap(NULL, w[i].len, w[i].prot, MAP_SHARED, r->c->fd, w[i].off);
+
+			if (p == MAP_FAILED)
+				race_refused(r, errno);
+			else
+				munmap(p, w[i].len);
+		}
+		r->ops++;
+	}
+	r->done = true;
+	return NULL;
+}
+
+/* In a child with a file of its own: REVOKE of the other files; exits 0 if it revoked at least one. */
+static pid_t revoke_others_child(void)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		struct snvme_revoke rv;
+		struct uq_ctrl o;
+
+		if (uq_open(&o, CTRL_PATH))
+			_exit(2);
+		_exit(revoke_call(o.fd, SNVME_REVOKE_OTHERS, &rv) == 0 && rv.files >= 1 ? 0 : 1);
+	}
+	return pid;
+}
+
+/* waitpid with a deadline: the child's exit status, or -1 if it has not exited in time (then it is killed). */
+static int wait_child(pid_t pid, int timeout_ms, uint64_t *ms)
+{
+	uint64_t t0 = uq_now_ns();
+	int status;
+
+	for (;;) {
+		pid_t w = waitpid(pid, &status, WNOHANG);
+
+		*ms = (uq_now_ns() - t0) / 1000000;
+		if (w == pid)
+			return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+		if (w < 0 || *ms > (uint64_t)timeout_ms) {
+			kill(pid, SIGKILL);
+			return -1;
+		}
+		usleep(1000);
+	}
+}
+
+/* Polls cond every ms up to timeout_ms. */
+static bool wait_until(volatile bool *cond, int timeout_ms)
+{
+	uint64_t t0 = uq_now_ns();
+
+	while (!*cond) {
+		if ((uq_now_ns() - t0) / 1000000 > (uint64_t)timeout_ms)
+			return false;
+		usleep(1000);
+	}
+	return true;
+}
+
+/*
+ * Round after round: a fresh file with a queue group, one thread in a
+ * DMA_MAP/DMA_UNMAP loop and one in an mmap/munmap loop of all of the
+ * file's windows, then another process REVOKEs the other files. Every
+ * call returns (bounded), refusals are ESTALE and nothing else, both
+ * threads see ESTALE after the REVOKE, and nothing is left pinned.
+ */
+static bool race_round(int round)
+{
+	struct race rm = { 0 }, rd = { 0 };
+	struct snvme_queue_group g;
+	struct uq_queue q[1];
+	pthread_t tm, td;
+	struct uq_ctrl c;
+	uint64_t ms;
+	int ex, before = failures;
+	bool ok;
+
+	must_open(&c);
+	if (uq_group_create(&c, 1, 8, &g, q))
+		die("setup: CREATE_QUEUE_GROUP: %s", strerror(errno));
+	uq_group_unmap(q, 1);
+	rm.c = rd.c = &c;
+	rm.d = rd.d = g.queues[0];
+	if (pthread_create(&tm, NULL, race_mmap, &rm) || pthread_create(&td, NULL, race_dma_map, &rd))
+		die("pthread_create");
+	usleep(200000);	/* both loops under way: hundreds of mmaps, tens of DMA_MAPs */
+	ex = wait_child(revoke_others_child(), 10000, &ms);
+	check(ex == 0, "round %d: REVOKE of the other files from another process returns (exit %d) in %llu ms, bounded by 10 s",
+	      round, ex, (unsigned long long)ms);
+	ok = wait_until(&rm.saw_estale, 10000) & wait_until(&rd.saw_estale, 10000);
+	rm.stop = rd.stop = true;
+	ok &= wait_until(&rm.done, 10000) & wait_until(&rd.done, 10000);
+	check(ok, "round %d: the mmap thread (%ld rounds) and the DMA_MAP thread (%ld rounds) both got ESTALE and stopped within 10 s",
+	      round, rm.ops, rd.ops);
+	if (!ok)
+		die("a thread is stuck in the driver: not joining it");
+	pthread_join(tm, NULL);
+	pthread_join(td, NULL);
+	check(!rm.bad_errno && !rd.bad_errno, "round %d: no refusal but ESTALE (mmap: %s, DMA_MAP: %s)", round,
+	      rm.bad_errno ? strerror(rm.bad_errno) : "none", rd.bad_errno ? strerror(rd.bad_errno) : "none");
+	uq_close(&c);
+	return failures == before;
+}
+
+struct uffd_map {
+	struct uq_ctrl *c;
+	void *va;
+	size_t len;
+	volatile int err;		/* DMA_MAP's errno, 0 on success */
+	volatile bool done;
+};
+
+static void *uffd_dma_map(void *arg)
+{
+	struct uffd_map *u = arg;
+	struct snvme_dma_map m = { .hdr = { SNVME_ABI_VERSION, sizeof(m) } };
+	uint64_t bus[16];
+
+	m.kind = SNVME_DMA_HOST;
+	m.vaddr = (uintptr_t)u->va;
+	m.length = u->len;
+	m.bus_addrs = (uintptr_t)bus;
+	m.max_addrs = 16;
+	u->err = ioctl(u->c->fd, SNVME_IOC_DMA_MAP, &m) ? errno : 0;
+	u->done = true;
+	return NULL;
+}
+
+/*
+ * A pin that waits as long as the memory's owner wants (userfaultfd, a page
+ * nobody supplies) holds no lock of the driver: REVOKE of the other files
+ * returns while it waits, and the DMA_MAP, once its pages come, finds its
+ * file revoked and gives them back (ESTALE). On a kernel whose long-term
+ * pin does not wait for userfaultfd (6.1: EFAULT at once) there is nothing
+ * to hold up, and the test says so.
+ */
+static void uffd_case(void)
+{
+	struct uffdio_api api = { .api = UFFD_API };
+	struct uffdio_register reg = { .mode = UFFDIO_REGISTER_MODE_MISSING };
+	struct uffdio_zeropage zp = { .mode = 0 };
+	struct pollfd pfd = { .events = POLLIN };
+	struct uffd_msg msg;
+	struct uffd_map u = { 0 };
+	pthread_t t;
+	struct uq_ctrl c;
+	bool returned;
+	uint64_t ms;
+	int uffd, ex;
+
+	uffd = syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	if (uffd < 0 || ioctl(uffd, UFFDIO_API, &api)) {
+		printf("skip: userfaultfd: %s\n", strerror(errno));
+		return;
+	}
+	must_open(&c);
+	u.c = &c;
+	u.len = 16 * 4096;
+	u.va = mmap(NULL, u.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	reg.range.start = (uintptr_t)u.va;
+	reg.range.len = u.len;
+	if (u.va == MAP_FAILED || ioctl(uffd, UFFDIO_REGISTER, &reg))
+		die("userfaultfd register: %s", strerror(errno));
+	if (pthread_create(&t, NULL, uffd_dma_map, &u))
+		die("pthread_create");
+	pfd.fd = uffd;
+	if (poll(&pfd, 1, 3000) != 1 || read(uffd, &msg, sizeof(msg)) != sizeof(msg) ||
+	    msg.event != UFFD_EVENT_PAGEFAULT) {
+		returned = wait_until(&u.done, 5000);
+		check(returned && u.err == EFAULT,
+		      "a DMA_MAP of userfaultfd memory no one supplies: the pin does not wait on this kernel, EFAULT (got %s)",
+		      returned ? strerror(u.err) : "no return within 5 s");
+		pthread_join(t, NULL);
+		goto out;
+	}
+	printf("the DMA_MAP waits in its pin (userfaultfd fault at 0x%llx)\n",
+	       (unsigned long long)msg.arg.pagefault.address);
+	ex = wait_child(revoke_others_child(), 5000, &ms);
+	check(ex == 0 && !u.done,
+	      "REVOKE of the other files returns (exit %d) in %llu ms while that DMA_MAP still waits in its pin",
+	      ex, (unsigned long long)ms);
+	zp.range.start = (uintptr_t)u.va;
+	zp.range.len = u.len;
+	if (ioctl(uffd, UFFDIO_ZEROPAGE, &zp))
+		die("UFFDIO_ZEROPAGE: %s", strerror(errno));
+	returned = wait_until(&u.done, 5000);
+	check(returned && u.err == ESTALE,
+	      "once its pages come, the DMA_MAP finds its file revoked: %s (want %s)",
+	      returned ? strerror(u.err) : "no return within 5 s", strerror(ESTALE));
+	if (!returned)
+		die("the DMA_MAP thread is stuck: not joining it");
+	pthread_join(t, NULL);
+out:
+	uq_close(&c);
+	munmap(u.va, u.len);
+	close(uffd);
+}
+
+static int cmd_dma_map_mmap_revoke(void)
+{
+	int round;
+
+	for (round = 0; round < 20; round++)
+		if (!race_round(round))
+			break;
+	uffd_case();
+	check(read_stat("pinned_pages") == 0 && read_stat("dma_maps") == 0 && read_stat("queue_groups") == 0,
+	      "after the closes: debugfs module totals zero (pinned_pages %d, dma_maps %d, queue_groups %d)",
+	      read_stat("pinned_pages"), read_stat("dma_maps"), read_stat("queue_groups"));
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1929,10 +2276,12 @@ int main(int argc, char **argv)
 		return cmd_seal();
 	if (argc >= 2 && !strcmp(argv[1], "revoke"))
 		return cmd_revoke();
+	if (argc >= 2 && !strcmp(argv[1], "dma-map-mmap-revoke"))
+		return cmd_dma_map_mmap_revoke();
 	fprintf(stderr, "usage: %s bind ADDR | info LBA SERIAL | perms ADDR | fiemap-read FILE... |\n"
 		"  fiemap-write FILE | wrap | hold-io [READY] | leaks | close-live | bad-ioctl |\n"
 		"  rebind ADDR N | fail ADDR | timeout-poll FILE DIR | timeout-abort-reset FILE DIR |\n"
 		"  timeout-fail FILE DIR | reset-revoke | removal-holder [READY] |\n"
-		"  io-until-error PATH [READY] | bad-dma | seal | revoke\n", argv[0]);
+		"  io-until-error PATH [READY] | bad-dma | seal | revoke | dma-map-mmap-revoke\n", argv[0]);
 	return 2;
 }

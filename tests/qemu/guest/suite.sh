@@ -114,6 +114,7 @@ t info $T info "$LBA" deadbeef
 t bad-ioctl $T bad-ioctl
 t seal $T seal
 t revoke $T revoke
+t dma-map-mmap-revoke $T dma-map-mmap-revoke
 
 load_ext4() {
 	# crc32c-intel needs SSE4.2, which the emulated CPU may lack: optional.

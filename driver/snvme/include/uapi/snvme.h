@@ -12,6 +12,10 @@
  *     foreign abi_version with EPROTO and a wrong argsz with EINVAL.
  *  3. All structures have the same layout on LP64 and ILP32 (explicit padding,
  *     __u64 for pointers); sizes are asserted at the bottom of this file.
+ *  4. CREATE/DESTROY_QUEUE_GROUP, DMA_MAP/UNMAP, ABORT and SEAL need the
+ *     file open for writing (O_RDWR): EBADF otherwise. GET_INFO and
+ *     IDENTIFY only read; REVOKE only ends leases (SNVME_REVOKE_OTHERS
+ *     needs CAP_SYS_ADMIN), and works on a file open read-only.
  *
  * Memory map of /dev/snvme<C> (mmap offsets in bytes):
  *  SNVME_MMAP_DOORBELLS        the controller's doorbell registers only
@@ -218,9 +222,11 @@ struct snvme_abort {
  * SCM_RIGHTS. From then on
  * CREATE_QUEUE_GROUP fails with EPERM and DMA_MAP fails with EDQUOT when the
  * bytes this file has mapped would exceed max_dma_bytes; a second SEAL fails
- * with EPERM. DESTROY_QUEUE_GROUP, DMA_UNMAP, ABORT and I/O still work. The
- * seal belongs to the open file, so every descriptor of it (dup, fork,
- * SCM_RIGHTS) is sealed.
+ * with EPERM. DESTROY_QUEUE_GROUP, DMA_UNMAP, ABORT and I/O still work:
+ * the seal bounds what the file holds from above, and giving back queues
+ * or pins only lowers it (destroyed queues go back to the controller's
+ * pool, and the holder cannot create them again). The seal belongs to the
+ * open file, so every descriptor of it (dup, fork, SCM_RIGHTS) is sealed.
  */
 struct snvme_seal {
 	struct snvme_hdr hdr;
@@ -234,16 +240,21 @@ struct snvme_seal {
  * lease broker (tuttid, docs/daemon.md) ends a lease while its holder may
  * still use it. scope SNVME_REVOKE_FILE revokes this open file (every
  * descriptor of it, in every process); scope SNVME_REVOKE_OTHERS revokes
- * every other open file of the controller (CAP_SYS_ADMIN and an unsealed
- * file, else EPERM): a broker that starts again ends the leases its
- * predecessor granted. A revoked file:
+ * every other open file of the controller (an unsealed file opened with
+ * CAP_SYS_ADMIN by a caller that still has it, both in the initial user
+ * namespace, else EPERM): a broker that starts again ends the leases its
+ * predecessor granted. It waits for no lease holder: no ioctl holds a
+ * file's lock while it touches user memory (a DMA_MAP whose pages are
+ * still coming finds its file revoked afterwards and fails with ESTALE).
+ * A revoked file:
  *  - status page: revoked = SNVME_REVOKED_LEASE, then csts = all ones;
  *    poll() reports EPOLLPRI | EPOLLERR;
  *  - its queue groups are deleted on the controller (Delete I/O SQ, then
  *    CQ) and their QIDs freed at once;
  *  - its mappings of the doorbells and rings stay valid memory: from then
- *    on the doorbell window is one page of all ones per file that takes
- *    the writes, and each ring a copy of it as the controller left it
+ *    on the doorbell window is one page per file that reads all ones until
+ *    the holder writes it and keeps what is written (a doorbell rung reads
+ *    back its own value), and each ring a copy of it as the controller left it
  *    (no completion lost or invented), so a holder that still writes SQEs
  *    and rings doorbells gets no SIGBUS, reaches no queue (its QIDs may
  *    belong to another file by then), and reads csts all ones;
@@ -292,7 +303,11 @@ struct snvme_bind {
 #define SNVME_IOC_BIND _IOWR(SNVME_IOC_MAGIC, 0x10, struct snvme_bind)
 #define SNVME_IOC_UNBIND _IOW(SNVME_IOC_MAGIC, 0x11, struct snvme_bind)
 
-/* mmap offset of the doorbell window; queue rings sit above it. */
+/*
+ * mmap offset of the doorbell window, mapped whole (info.doorbell_bytes) or
+ * not at all; queue rings sit above it. The driver tells the window's
+ * mappings by this offset, never by a literal 0.
+ */
 #define SNVME_MMAP_DOORBELLS 0ull
 
 /*
