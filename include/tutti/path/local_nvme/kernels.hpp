@@ -15,7 +15,9 @@
 //    queue, one CAS per queue pair and warp (backpressure: RESOURCE_EXHAUSTED when other requests
 //    hold them), and admit_request records the outcome; then warp_issue_commands issues the warp's
 //    first commands through nvme::warp_submit (one SQ reservation and one doorbell write per queue
-//    pair and warp);
+//    pair and warp). It reads no mapped host memory: whether the file changed is the host's
+//    verdict at staging (RequestState::target_changed_seen), which the kernel would otherwise
+//    re-read over PCIe;
 //  - PollKernel (the progress kernel): warp_reap (nvme::warp_reap) reaps the warp's CQs by Phase
 //    Tag; poll_request takes the request's completions, sends a command whose status is retryable
 //    (nvme::classify, DNR clear) again while it has attempts and time left (may_retry), fails the
@@ -128,6 +130,11 @@ struct RequestState {
   std::uint64_t abort_timeout_ns = 0;  ///< after an Abort, how long the command may still complete
   std::uint32_t max_window = 1;        ///< 1..kMaxWindow
   CommandRecord* records = nullptr;    ///< max_window records
+  /// The host found the target's change signal raised when it staged the request
+  /// (ChangeSignal::raise_if_changed): the submit kernel refuses the request
+  /// (rejected_target_changed) from this flag instead of reading DeviceTarget::changed, a word of
+  /// mapped host memory whose read is a PCIe round trip on a GPU.
+  bool target_changed_seen = false;
   // --- progress (kernels)
   std::uint64_t transfer_length = 0;  ///< length rounded up to the LBA size at the tail
   std::uint64_t issued_bytes = 0;
@@ -282,8 +289,11 @@ TUTTI_HOST_DEVICE inline bool build_sqe(RequestState& r, std::uint64_t offset, s
 /// prp_error: the commands planned before it are still returned) or when its target changed
 /// (target_changed: nothing is planned), and the fields of free records (their phase stays free
 /// until commit_commands). Nothing to issue for a request that is done, not accepted or failed.
+/// `admitting`: the submit kernel's first plan, right after admission, whose change check was the
+/// host's at staging (RequestState::target_changed_seen), so DeviceTarget::changed is not read.
 TUTTI_HOST_DEVICE inline std::uint32_t plan_commands(RequestState& r, nvme::SubmissionQueueEntry* sqes,
-                                                     std::uint32_t* record_of, std::uint64_t& planned_bytes) noexcept {
+                                                     std::uint32_t* record_of, std::uint64_t& planned_bytes,
+                                                     bool admitting = false) noexcept {
   planned_bytes = r.issued_bytes;
   if (r.done || !r.accepted || r.outcome != RequestOutcome::ok) return 0;
   std::uint32_t n = 0;
@@ -302,8 +312,9 @@ TUTTI_HOST_DEVICE inline std::uint32_t plan_commands(RequestState& r, nvme::Subm
   for (std::uint32_t k = 0; k < r.window && n < kMaxWindow; ++k) {
     if (r.records[k].phase != CommandPhase::free) continue;
     if (is_flush ? r.flush_issued || n > 0 : planned >= r.transfer_length) break;
-    // Read only when there is a command to plan (a mapped host word: a PCIe read on a GPU).
-    if (n == 0 && target_changed(r.target)) {
+    // Read only when there is a command to plan (a mapped host word: a PCIe read on a GPU, about
+    // 13 us of a warp's 75 us in a 1024-request submit kernel on the H200: docs/benchmarks.md).
+    if (n == 0 && !admitting && target_changed(r.target)) {
       r.outcome = RequestOutcome::target_changed;  // what is in flight drains; finish_if_idle ends the request
       return 0;
     }
@@ -371,11 +382,13 @@ struct QueueOfDeviceQueues {
 /// When the SQ lacks room for the run (credits make this rare: they bound the commands of every
 /// request on a queue pair by depth - 1), the lanes issue nothing now and the next poll plans
 /// again. Host profile: a warp is one lane, so this is reserve, write, ring for one request.
-TUTTI_HOST_DEVICE inline void warp_issue_commands(RequestState* r, const DeviceQueue* queues) noexcept {
+/// `admitting`: as plan_commands' (the submit kernel's first issue step).
+TUTTI_HOST_DEVICE inline void warp_issue_commands(RequestState* r, const DeviceQueue* queues,
+                                                  bool admitting = false) noexcept {
   nvme::SubmissionQueueEntry sqes[kMaxWindow];
   std::uint32_t record_of[kMaxWindow];
   std::uint64_t planned_bytes = 0;
-  const std::uint32_t n = r != nullptr ? plan_commands(*r, sqes, record_of, planned_bytes) : 0;
+  const std::uint32_t n = r != nullptr ? plan_commands(*r, sqes, record_of, planned_bytes, admitting) : 0;
   const std::uint32_t queue_index = r != nullptr ? r->queue_index : 0;
   nvme::warp_submit(QueueOfDeviceQueues{queues}, queue_index, n, [&](std::uint64_t first_ticket) {
     commit_commands(*r, queues[queue_index], sqes, record_of, n, first_ticket, planned_bytes);
@@ -403,7 +416,8 @@ TUTTI_HOST_DEVICE inline void finish_if_idle(RequestState& r, const DeviceQueue&
 
 }  // namespace detail
 
-/// The submit kernel's per-request checks (thread = request): the file did not change, the
+/// The submit kernel's per-request checks (thread = request): the file did not change (as the
+/// host saw it at staging: RequestState::target_changed_seen; no read of mapped host memory), the
 /// range is LBA aligned and fits its memory. Returns the command credits the request needs (its
 /// window: the commands it needs, counted up to max_window), or 0 when it is refused (an outcome
 /// rejected_* set, done). admit_request then records what warp_take_credits granted.
@@ -415,7 +429,7 @@ TUTTI_HOST_DEVICE inline std::uint32_t admission_need(RequestState& r) noexcept 
     r.done = true;
     return 0u;
   };
-  if (detail::target_changed(r.target)) return refuse(RequestOutcome::rejected_target_changed);
+  if (r.target_changed_seen) return refuse(RequestOutcome::rejected_target_changed);
   const std::uint64_t lba = r.target.lba_size;
   if (r.opcode != nvme::NvmOpcode::flush) {
     const bool tail = r.target_offset + r.length == r.target.file_size;
@@ -674,7 +688,7 @@ struct AdmitKernel {
     const std::uint32_t needed = r != nullptr ? admission_need(*r) : 0;
     const bool granted = detail::warp_take_credits(queues, r != nullptr ? r->queue_index : 0, needed);
     if (needed != 0) admit_request(*r, needed, granted);
-    detail::warp_issue_commands(r, queues);
+    detail::warp_issue_commands(r, queues, /*admitting=*/true);
     if (r != nullptr) detail::finish_if_idle(*r, queues[r->queue_index]);
     if (poll_budget_ns != 0) detail::warp_poll_requests(r, queues, stop_word, poll_budget_ns, false);
     if (r != nullptr) write_report(*r, reports[i]);
