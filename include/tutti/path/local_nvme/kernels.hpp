@@ -15,9 +15,9 @@
 //    queue, one CAS per queue pair and warp (backpressure: RESOURCE_EXHAUSTED when other requests
 //    hold them), and admit_request records the outcome; then warp_issue_commands issues the warp's
 //    first commands through nvme::warp_submit (one SQ reservation and one doorbell write per queue
-//    pair and warp). It reads no mapped host memory: whether the file changed is the host's
-//    verdict at staging (RequestState::target_changed_seen), which the kernel would otherwise
-//    re-read over PCIe;
+//    pair and warp). Whether the file changed is the host's verdict at staging
+//    (RequestState::target_changed_seen): the kernel does not read the change word, a PCIe read
+//    of mapped host memory on a GPU;
 //  - PollKernel (the progress kernel): warp_reap (nvme::warp_reap) reaps the warp's CQs by Phase
 //    Tag; poll_request takes the request's completions, sends a command whose status is retryable
 //    (nvme::classify, DNR clear) again while it has attempts and time left (may_retry), fails the
