@@ -1420,3 +1420,38 @@ TEST_CASE("a batch larger than a shallow queue's credits completes when its reje
     CHECK(rig.path->unregister_memory(m).is_ok());
   }
 }
+
+TEST_CASE(
+    "the submit kernel reads a target's change word at admission, not again in its first plan; later plans read it") {
+  std::uint32_t changed = 1;
+  local_nvme::CommandRecord records[1];
+  const auto flush_of = [&] {
+    local_nvme::RequestState r;
+    r.opcode = nvme::NvmOpcode::flush;  // no extents or memory to plan
+    r.target.changed = &changed;
+    r.max_window = 1;
+    r.records = records;
+    return r;
+  };
+  // Changed before admission: refused, no credit asked.
+  local_nvme::RequestState refused = flush_of();
+  CHECK(local_nvme::admission_need(refused) == 0);
+  CHECK(refused.outcome == local_nvme::RequestOutcome::rejected_target_changed);
+  CHECK(refused.done);
+  // Unchanged at admission, changed right after: the first plan (admitting) issues, which is what
+  // the word's read in admission decided; any later plan (a poll kernel's) sees the change.
+  changed = 0;
+  local_nvme::RequestState admitted = flush_of();
+  const std::uint32_t needed = local_nvme::admission_need(admitted);
+  REQUIRE(needed == 1);
+  local_nvme::admit_request(admitted, needed, true);
+  changed = 1;
+  local_nvme::RequestState polled = admitted;
+  nvme::SubmissionQueueEntry sqes[local_nvme::kMaxWindow];
+  std::uint32_t record_of[local_nvme::kMaxWindow];
+  std::uint64_t planned = 0;
+  CHECK(local_nvme::detail::plan_commands(admitted, sqes, record_of, planned, /*admitting=*/true) == 1);
+  CHECK(admitted.outcome == local_nvme::RequestOutcome::ok);
+  CHECK(local_nvme::detail::plan_commands(polled, sqes, record_of, planned) == 0);
+  CHECK(polled.outcome == local_nvme::RequestOutcome::target_changed);
+}

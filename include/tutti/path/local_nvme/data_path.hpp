@@ -235,7 +235,7 @@ class LocalNvmeDataPath {
       return batch{};
     }
     batch b = std::move(acquired.value());
-    local_file::poll_changes();  // a target whose file changed is refused below (target_changed_seen)
+    local_file::poll_changes();  // a target whose file changed is refused below, by its kernel thread
     BatchSlot& slot = *b.slot;
     if (Status prepared =
             slot.prepare(n, window, e.pin_capacity(n), e.options.poll_stream_per_batch, e.poller != nullptr);
@@ -262,7 +262,7 @@ class LocalNvmeDataPath {
       stage_request(slot.staged[i], p, e, static_cast<std::uint32_t>((base + i / lanes) % e.queues.size()), target,
                     device_records + i * window, slot.mappings[i]);
       slot.signals[i] = p.target->signal.get();
-      slot.staged[i].target_changed_seen = slot.signals[i]->raise_if_changed();
+      (void)slot.signals[i]->raise_if_changed();
     }
     const std::uint64_t staged = accel::timer_ns();
     std::shared_lock gate(e.kernel_gate);  // no zombie reaping while this batch's kernel may run

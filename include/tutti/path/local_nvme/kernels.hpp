@@ -15,9 +15,9 @@
 //    queue, one CAS per queue pair and warp (backpressure: RESOURCE_EXHAUSTED when other requests
 //    hold them), and admit_request records the outcome; then warp_issue_commands issues the warp's
 //    first commands through nvme::warp_submit (one SQ reservation and one doorbell write per queue
-//    pair and warp). Whether the file changed is the host's verdict at staging
-//    (RequestState::target_changed_seen): the kernel does not read the change word, a PCIe read
-//    of mapped host memory on a GPU;
+//    pair and warp). The target's change word (mapped host memory: a PCIe read on a GPU) is read
+//    once, at admission; the first plan, microseconds later in the same thread, does not read it
+//    again;
 //  - PollKernel (the progress kernel): warp_reap (nvme::warp_reap) reaps the warp's CQs by Phase
 //    Tag; poll_request takes the request's completions, sends a command whose status is retryable
 //    (nvme::classify, DNR clear) again while it has attempts and time left (may_retry), fails the
@@ -130,11 +130,6 @@ struct RequestState {
   std::uint64_t abort_timeout_ns = 0;  ///< after an Abort, how long the command may still complete
   std::uint32_t max_window = 1;        ///< 1..kMaxWindow
   CommandRecord* records = nullptr;    ///< max_window records
-  /// The host found the target's change signal raised when it staged the request
-  /// (ChangeSignal::raise_if_changed): the submit kernel refuses the request
-  /// (rejected_target_changed) from this flag instead of reading DeviceTarget::changed, a word of
-  /// mapped host memory whose read is a PCIe round trip on a GPU.
-  bool target_changed_seen = false;
   // --- progress (kernels)
   std::uint64_t transfer_length = 0;  ///< length rounded up to the LBA size at the tail
   std::uint64_t issued_bytes = 0;
@@ -289,8 +284,8 @@ TUTTI_HOST_DEVICE inline bool build_sqe(RequestState& r, std::uint64_t offset, s
 /// prp_error: the commands planned before it are still returned) or when its target changed
 /// (target_changed: nothing is planned), and the fields of free records (their phase stays free
 /// until commit_commands). Nothing to issue for a request that is done, not accepted or failed.
-/// `admitting`: the submit kernel's first plan, right after admission, whose change check was the
-/// host's at staging (RequestState::target_changed_seen), so DeviceTarget::changed is not read.
+/// `admitting`: the submit kernel's first plan, microseconds after admission_need read
+/// DeviceTarget::changed in the same thread, so the word is not read again.
 TUTTI_HOST_DEVICE inline std::uint32_t plan_commands(RequestState& r, nvme::SubmissionQueueEntry* sqes,
                                                      std::uint32_t* record_of, std::uint64_t& planned_bytes,
                                                      bool admitting = false) noexcept {
@@ -312,8 +307,9 @@ TUTTI_HOST_DEVICE inline std::uint32_t plan_commands(RequestState& r, nvme::Subm
   for (std::uint32_t k = 0; k < r.window && n < kMaxWindow; ++k) {
     if (r.records[k].phase != CommandPhase::free) continue;
     if (is_flush ? r.flush_issued || n > 0 : planned >= r.transfer_length) break;
-    // Read only when there is a command to plan (a mapped host word: a PCIe read on a GPU, about
-    // 13 us of a warp's 75 us in a 1024-request submit kernel on the H200: docs/benchmarks.md).
+    // Read only when there is a command to plan (a mapped host word: a PCIe read on a GPU; leaving
+    // it out of the submit kernel's first plan took a 1024-request kernel from 98-105 to 68 us on
+    // the H200: docs/benchmarks.md, "Where submit's time goes").
     if (n == 0 && !admitting && target_changed(r.target)) {
       r.outcome = RequestOutcome::target_changed;  // what is in flight drains; finish_if_idle ends the request
       return 0;
@@ -416,8 +412,7 @@ TUTTI_HOST_DEVICE inline void finish_if_idle(RequestState& r, const DeviceQueue&
 
 }  // namespace detail
 
-/// The submit kernel's per-request checks (thread = request): the file did not change (as the
-/// host saw it at staging: RequestState::target_changed_seen; no read of mapped host memory), the
+/// The submit kernel's per-request checks (thread = request): the file did not change, the
 /// range is LBA aligned and fits its memory. Returns the command credits the request needs (its
 /// window: the commands it needs, counted up to max_window), or 0 when it is refused (an outcome
 /// rejected_* set, done). admit_request then records what warp_take_credits granted.
@@ -429,7 +424,7 @@ TUTTI_HOST_DEVICE inline std::uint32_t admission_need(RequestState& r) noexcept 
     r.done = true;
     return 0u;
   };
-  if (r.target_changed_seen) return refuse(RequestOutcome::rejected_target_changed);
+  if (detail::target_changed(r.target)) return refuse(RequestOutcome::rejected_target_changed);
   const std::uint64_t lba = r.target.lba_size;
   if (r.opcode != nvme::NvmOpcode::flush) {
     const bool tail = r.target_offset + r.length == r.target.file_size;

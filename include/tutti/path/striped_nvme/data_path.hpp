@@ -471,7 +471,7 @@ class StripedNvmeDataPath {
                                 device_records + j * s.window, slot.mappings[j]);
       slot.staged[j].max_window = s.window;
       slot.signals[j] = shard.signal.get();
-      slot.staged[j].target_changed_seen = slot.signals[j]->raise_if_changed();
+      (void)slot.signals[j]->raise_if_changed();
     }
     for (std::size_t i = 0; i < n; ++i) f.remaining[i] = f.first_piece[i + 1] - f.first_piece[i];
     void* stream = s.options.stream.native_handle();
@@ -737,9 +737,6 @@ class StripedNvmeDataPath {
       }
       std::size_t end = j + 1;
       while (end < slot.size && f.deferred[end] != 0 && !slot.reported[end]) ++end;
-      // The submit kernel takes the host's word on a changed file: refresh it, time has passed.
-      for (std::size_t k = j; k < end; ++k)
-        slot.staged[k].target_changed_seen = slot.signals[k] != nullptr && slot.signals[k]->raise_if_changed();
       TUTTI_RETURN_IF_ERROR(accel::copy_to_device_async(device_requests + j, slot.staged.data() + j,
                                                         (end - j) * sizeof(local_nvme::RequestState), stream)
                                 .with_context("striped_nvme: deferred pieces"));
