@@ -43,12 +43,12 @@
 #include <linux/highmem.h>
 #include <linux/mm.h>
 #include <linux/module.h>
-#include <linux/pfn_t.h>
 #include <linux/poll.h>
 #include <linux/sched/mm.h>
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
+#include <linux/vmalloc.h>
 
 #include "compat.h"
 #include "snvme.h"
@@ -140,8 +140,10 @@ static void snvme_zap(struct snvme_file *f, u64 off, u64 len)
  * [off, off + bytes) fault in stand-ins afterwards (snvme_vm_fault): a copy
  * of the ring as the controller left it (its queue was deleted first, so no
  * completion is lost or invented). A poller then sees no new completion,
- * reads csts = all ones in its status page and stops. Call before the zap;
- * a page that cannot be allocated faults with SIGBUS.
+ * reads csts = all ones in its status page and stops. Called with map_sem
+ * held for writing, in the same hold that takes the ring's group out of
+ * f->groups, so that no fault finds neither; a page that cannot be
+ * allocated faults with SIGBUS.
  */
 static void snvme_freeze(struct snvme_file *f, u64 off, const void *src, u64 bytes)
 {
@@ -149,7 +151,7 @@ static void snvme_freeze(struct snvme_file *f, u64 off, const void *src, u64 byt
 	struct page *p;
 	void *old;
 
-	down_write(&f->map_sem);
+	lockdep_assert_held_write(&f->map_sem);
 	for (i = 0; i < bytes >> PAGE_SHIFT; i++) {
 		p = alloc_page(GFP_KERNEL);
 		if (!p)
@@ -163,7 +165,6 @@ static void snvme_freeze(struct snvme_file *f, u64 off, const void *src, u64 byt
 		if (old)
 			__free_page(old);
 	}
-	up_write(&f->map_sem);
 }
 
 static void snvme_free_frozen(struct snvme_file *f)
@@ -236,22 +237,30 @@ static void snvme_group_destroy(struct snvme_file *f, struct snvme_qgroup *g)
 	if (READ_ONCE(ctrl->failed))
 		flush_work(&ctrl->fail_work);	/* controller disabled: no DMA */
 
-	/* From here on snvme_mmap cannot find the rings it frees. */
-	if (g->id) {
-		down_write(&f->map_sem);
+	/*
+	 * From here on neither snvme_mmap nor snvme_vm_fault finds the rings it
+	 * frees; a fault finds their copies instead once the file has
+	 * stand-ins (stored in the same hold of map_sem, so none finds
+	 * neither). The zap that follows then removes every page table entry
+	 * of the rings (the argument is at snvme_vm_fault).
+	 */
+	down_write(&f->map_sem);
+	if (g->id)
 		idr_remove(&f->groups, g->id);
-		up_write(&f->map_sem);
-		snvme_count(ctrl, 0, 0, -1);
+	for (i = 0; i < g->nr && f->stand_ins; i++) {
+		struct snvme_uq *uq = &g->q[i];
+
+		if (uq->sq)
+			snvme_freeze(f, snvme_sq_offset(uq->qid), uq->sq, uq->sq_bytes);
+		if (uq->cq)
+			snvme_freeze(f, snvme_cq_offset(uq->qid), uq->cq, uq->cq_bytes);
 	}
+	up_write(&f->map_sem);
+	if (g->id)
+		snvme_count(ctrl, 0, 0, -1);
 	for (i = 0; i < g->nr; i++) {
 		struct snvme_uq *uq = &g->q[i];
 
-		if (f->stand_ins) {
-			if (uq->sq)
-				snvme_freeze(f, snvme_sq_offset(uq->qid), uq->sq, uq->sq_bytes);
-			if (uq->cq)
-				snvme_freeze(f, snvme_cq_offset(uq->qid), uq->cq, uq->cq_bytes);
-		}
 		snvme_zap(f, snvme_sq_offset(uq->qid), uq->sq_bytes);
 		snvme_zap(f, snvme_cq_offset(uq->qid), uq->cq_bytes);
 		if (uq->sq)
@@ -1258,11 +1267,59 @@ free:
 }
 
 /*
- * The doorbell window is mapped on demand, as vfio-pci maps BARs: the real
- * doorbells while the file is live, its sink page once it has stand-ins or
- * the controller is gone. A zapped ring faults in its stand-in (REVOKE,
- * removal: snvme_freeze), or SIGBUS after DESTROY_QUEUE_GROUP (the process
- * asked for it).
+ * The page frame of the ring page at file offset off, if the group a ring
+ * VMA was mapped from (its serial, in vm_private_data) still holds that
+ * ring; with map_sem held. The serial keeps a mapping of a destroyed group
+ * from reaching a later group's ring at the same offset (QIDs are reused).
+ * The rings are coherent allocations: in the linear map, or pages vmapped
+ * by the IOMMU's allocator.
+ */
+static bool snvme_ring_pfn(struct snvme_file *f, struct vm_area_struct *vma, u64 off,
+			   unsigned long *pfn)
+{
+	struct snvme_qgroup *g;
+	const void *va;
+	int id, i;
+
+	idr_for_each_entry(&f->groups, g, id) {
+		if ((unsigned long)g->serial != (unsigned long)vma->vm_private_data)
+			continue;
+		for (i = 0; i < g->nr; i++) {
+			struct snvme_uq *uq = &g->q[i];
+			u64 sq = snvme_sq_offset(uq->qid), cq = snvme_cq_offset(uq->qid);
+
+			if (off >= sq && off < sq + uq->sq_bytes)
+				va = uq->sq + (off - sq);
+			else if (off >= cq && off < cq + uq->cq_bytes)
+				va = uq->cq + (off - cq);
+			else
+				continue;
+			*pfn = is_vmalloc_addr(va) ? vmalloc_to_pfn(va) :
+						     page_to_pfn(virt_to_page(va));
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * Every mapping but the status page is filled in here, page by page, as
+ * vfio-pci maps BARs: the doorbell window gets the real doorbells while the
+ * file is live and its sink page once it has stand-ins or the controller is
+ * gone; a ring gets its pages while its group is in f->groups, then its
+ * stand-in (REVOKE, removal: snvme_freeze), or SIGBUS after
+ * DESTROY_QUEUE_GROUP (the process asked for it).
+ *
+ * Why no page table entry outlives a ring: ->mmap installs none, so every
+ * entry of a ring page is made here, with map_sem held for reading and the
+ * ring found in f->groups. A fault runs on a VMA the kernel has already
+ * linked into the file's address_space (it does so under the mmap lock held
+ * for writing, before any fault can see the VMA), so the unmap_mapping_range
+ * of snvme_group_destroy, which comes after the group left f->groups with
+ * map_sem held for writing, finds every entry a fault made before that, and
+ * every fault after it finds no ring. Only then are the rings freed. (Once
+ * ->mmap itself mapped the rings, and a destroy or REVOKE between ->mmap
+ * and that linking freed them under a VMA the zap could not see.)
  */
 static vm_fault_t snvme_vm_fault(struct vm_fault *vmf)
 {
@@ -1270,27 +1327,27 @@ static vm_fault_t snvme_vm_fault(struct vm_fault *vmf)
 	struct snvme_file *f = vma->vm_file->private_data;
 	struct snvme_ctrl *ctrl = f->ctrl;
 	vm_fault_t ret = VM_FAULT_SIGBUS;
+	unsigned long pfn;
 	struct page *p;
 
 	down_read(&f->map_sem);
 	p = xa_load(&f->frozen, vmf->pgoff);
-	/* snvme_mmap maps the doorbell window only whole, at its offset. */
-	if (!p && vma->vm_pgoff == SNVME_MMAP_DOORBELLS >> PAGE_SHIFT &&
-	    vmf->pgoff - vma->vm_pgoff < (ctrl->db_bytes >> PAGE_SHIFT)) {
-		if (f->stand_ins || READ_ONCE(ctrl->dead)) {
-			p = f->sink_page;
-		} else {
-			phys_addr_t db = pci_resource_start(ctrl->pdev, 0) + SNVME_DB_OFFSET;
-
-			ret = vmf_insert_pfn(vma, vmf->address,
-					     (db >> PAGE_SHIFT) + vmf->pgoff - vma->vm_pgoff);
-		}
-	}
-	/* Rings mapped by dma_mmap_coherent() are VM_MIXEDMAP or VM_PFNMAP. */
-	if (p && (vma->vm_flags & VM_MIXEDMAP))
-		ret = vmf_insert_mixed(vma, vmf->address, page_to_pfn_t(p));
-	else if (p)
+	if (p) {
 		ret = vmf_insert_pfn(vma, vmf->address, page_to_pfn(p));
+	} else if (vma->vm_pgoff == SNVME_MMAP_DOORBELLS >> PAGE_SHIFT) {
+		/* snvme_mmap maps the doorbell window only whole, at its offset. */
+		unsigned long page = vmf->pgoff - vma->vm_pgoff;
+		phys_addr_t db = pci_resource_start(ctrl->pdev, 0) + SNVME_DB_OFFSET;
+
+		if (f->stand_ins || READ_ONCE(ctrl->dead))
+			pfn = page_to_pfn(f->sink_page);
+		else
+			pfn = (db >> PAGE_SHIFT) + page;
+		if (page < (ctrl->db_bytes >> PAGE_SHIFT))
+			ret = vmf_insert_pfn(vma, vmf->address, pfn);
+	} else if (snvme_ring_pfn(f, vma, (u64)vmf->pgoff << PAGE_SHIFT, &pfn)) {
+		ret = vmf_insert_pfn(vma, vmf->address, pfn);
+	}
 	up_read(&f->map_sem);
 	return ret;
 }
@@ -1307,14 +1364,15 @@ static const struct vm_operations_struct snvme_vm_ops = {
  * taken; a revocation that comes after the check does no more harm here
  * than to the mappings the file already has:
  *  - the status page is the file's for its whole life;
- *  - the doorbell window maps nothing here: its faults choose between the
- *    doorbells and the sink page under map_sem, and REVOKE and removal set
- *    stand_ins with map_sem held for writing (after publishing revoked, so
- *    a check after that reads it);
- *  - a ring is found in f->groups under map_sem, which a group enters and
- *    leaves with map_sem held for writing, before its rings are freed
- *    (snvme_group_destroy): what this maps stays allocated until then;
- *    a reset keeps the rings of a file it revoked mapped anyway.
+ *  - the doorbell window and the rings map nothing here: their faults
+ *    choose under map_sem (snvme_vm_fault), and REVOKE and removal set
+ *    stand_ins, take groups out of f->groups and store the rings' copies
+ *    with map_sem held for writing (after publishing revoked, so a check
+ *    after that reads it);
+ *  - a ring VMA records which group it maps (its serial), found in
+ *    f->groups under map_sem: a destroy after that leaves it faulting into
+ *    the copy or SIGBUS, never into freed memory or a later group's ring;
+ *    a reset keeps the rings of a file it revoked in f->groups anyway.
  * Every refusal is what it was with lifecycle held: ENODEV once the
  * controller is gone or failed, ESTALE once the file is revoked.
  */
@@ -1366,7 +1424,6 @@ static int snvme_mmap(struct file *filp, struct vm_area_struct *vma)
 			struct snvme_uq *uq = &g->q[i];
 			bool is_sq = off == snvme_sq_offset(uq->qid);
 			bool is_cq = off == snvme_cq_offset(uq->qid);
-			unsigned long pgoff = vma->vm_pgoff;
 			u32 bytes = is_sq ? uq->sq_bytes : uq->cq_bytes;
 
 			if (!is_sq && !is_cq)
@@ -1376,11 +1433,10 @@ static int snvme_mmap(struct file *filp, struct vm_area_struct *vma)
 						    off, bytes, len);
 				goto out;
 			}
-			/* dma_mmap_coherent reads vm_pgoff as an offset into the buffer. */
-			vma->vm_pgoff = 0;
-			ret = dma_mmap_coherent(ctrl->dev, vma, is_sq ? uq->sq : uq->cq,
-						is_sq ? uq->sq_dma : uq->cq_dma, bytes);
-			vma->vm_pgoff = pgoff;
+			/* Faulted in page by page (snvme_vm_fault), cached like the ring. */
+			vm_flags_set(vma, VM_IO | VM_PFNMAP);
+			vma->vm_private_data = (void *)(unsigned long)g->serial;
+			ret = 0;
 			goto out;
 		}
 	}

@@ -209,11 +209,11 @@ struct snvme_file {
 	 * window faults in sink_page and each ring of a group destroyed from
 	 * then on a copy of it (frozen). map_sem orders the decision against
 	 * faults: held for reading by snvme_vm_fault, for writing while
-	 * stand_ins is set or a copy stored, so that the zap that follows
-	 * removes every mapping of the real pages. snvme_mmap holds it for
-	 * reading too, instead of lock (chr.c, the lock order): a group
-	 * enters and leaves groups with map_sem held for writing, so the
-	 * rings it finds there stay allocated while it maps them.
+	 * stand_ins is set, a group enters or leaves groups or a copy is
+	 * stored, so that the zap that follows removes every mapping of the
+	 * real pages. Rings and doorbells are only ever mapped by faults,
+	 * never by snvme_mmap, which holds map_sem for reading too, instead
+	 * of lock (chr.c, the lock order), to find the group it records.
 	 */
 	struct rw_semaphore map_sem;
 	bool stand_ins;

@@ -52,7 +52,7 @@ readonly FORBIDDEN='DMAR: \[DMA|BUG:|WARNING:|Oops'
 # Every normal boot must report each of these as PASS: a test that silently
 # did not run fails the rig.
 readonly EXPECTED_TESTS=(param-range no-grab-on-load bind perms queue-flush-fua info
-	bad-ioctl seal revoke dma-map-mmap-revoke load-ext4 mkfs-mount-write fiemap-read fiemap-write wrap
+	bad-ioctl seal revoke dma-map-mmap-revoke ring-mmap-destroy-revoke load-ext4 mkfs-mount-write fiemap-read fiemap-write wrap
 	libnvm-snvme-controller local-nvme-snvme kill-9-mid-io leaks-after-kill close-with-queues-live
 	leaks-after-close umount-fsck rebind-50 remount-after-rebind controller-failure
 	leaks-final tuttid-bind-mount tuttid-lease-io tuttid-seal tuttid-kv-example tuttid-kv-example-corrupt

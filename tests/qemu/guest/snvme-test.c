@@ -2231,6 +2231,288 @@ static int cmd_dma_map_mmap_revoke(void)
 	return failures ? 1 : 0;
 }
 
+/* ---- mmap of a ring against the end of its group ----------------------- */
+
+/*
+ * ->mmap once mapped a ring's pages itself, and DESTROY_QUEUE_GROUP or a
+ * REVOKE between its return and the kernel linking the new mapping to the
+ * file freed the ring under a mapping its zap could not see: the process
+ * kept page table entries to freed pages, which the next group's ring could
+ * reuse. These cases race mmaps of a ring against the end of its group,
+ * round after round, then touch every mapping that succeeded: after a
+ * DESTROY each access is SIGBUS, after a REVOKE each reaches the ring's
+ * copy (no SIGBUS), and neither ever reaches the ring of a group made after.
+ */
+#define RING_RACE_MAPS 8
+#define RING_RACE_ENTRIES 256	/* a 16 KiB SQ, a 4 KiB CQ */
+
+struct ring_race {
+	int fd;
+	struct snvme_queue_desc d;
+	volatile bool stop;
+	volatile bool done;
+	volatile unsigned int n;	/* mmaps that succeeded */
+	void *map[RING_RACE_MAPS];	/* the latest of them, still mapped */
+	size_t len[RING_RACE_MAPS];
+	int bad_errno;			/* a refusal other than EINVAL (no such ring) or ESTALE */
+};
+
+/* mmap of the SQ and the CQ in turn, until one is refused or stop. */
+static void *ring_race_mmap(void *arg)
+{
+	struct ring_race *r = arg;
+
+	while (!r->stop) {
+		bool sq = r->n % 2 == 0;
+		size_t len = sq ? r->d.sq_bytes : r->d.cq_bytes;
+		unsigned int slot = r->n % RING_RACE_MAPS;
+		void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd,
+			       sq ? r->d.sq_offset : r->d.cq_offset);
+
+		if (p == MAP_FAILED) {
+			if (errno != EINVAL && errno != ESTALE)
+				r->bad_errno = errno;
+			break;
+		}
+		if (r->map[slot])
+			munmap(r->map[slot], r->len[slot]);
+		r->map[slot] = p;
+		r->len[slot] = len;
+		r->n++;
+	}
+	r->done = true;
+	return NULL;
+}
+
+static sigjmp_buf ring_jmp;
+
+static void ring_sigbus(int sig)
+{
+	(void)sig;
+	siglongjmp(ring_jmp, 1);
+}
+
+/* Reads, then writes pattern to, every word of p; true if all returned, false on SIGBUS. */
+static bool ring_touch(void *p, size_t len, uint32_t pattern)
+{
+	volatile uint32_t *w = p;
+	uint32_t sum = 0;
+	size_t i;
+
+	if (sigsetjmp(ring_jmp, 1))
+		return false;
+	for (i = 0; i < len / 4; i++)
+		sum += w[i];
+	for (i = 0; i < len / 4; i++)
+		w[i] = pattern;
+	(void)sum;
+	return true;
+}
+
+/* Words of the queue's SQ and CQ equal to pattern. */
+static size_t ring_count(const struct uq_queue *q, uint32_t pattern)
+{
+	const volatile uint32_t *sq = (const volatile uint32_t *)q->sq;
+	const volatile uint32_t *cq = (const volatile uint32_t *)q->cq;
+	size_t i, n = 0;
+
+	for (i = 0; i < q->d.sq_bytes / 4; i++)
+		n += sq[i] == pattern;
+	for (i = 0; i < q->d.cq_bytes / 4; i++)
+		n += cq[i] == pattern;
+	return n;
+}
+
+struct ring_tally {
+	int rounds;
+	long maps;		/* mappings made before the group's end, touched after */
+	long sigbus;		/* of those, touches that got SIGBUS */
+	long aliased;		/* words of a later group's rings written through them */
+	long copy_lost;		/* REVOKE: copies that did not keep what was written */
+	int bad_errno;
+	int revoke_failed;	/* REVOKE rounds whose child did not revoke in time */
+	bool stuck;
+};
+
+/* Starts the mmap thread on the group's first queue and waits (bounded) for its first mapping. */
+static void ring_race_start(struct ring_race *r, pthread_t *t, int fd, const struct snvme_queue_group *g)
+{
+	uint64_t t0 = uq_now_ns();
+
+	memset(r, 0, sizeof(*r));
+	r->fd = fd;
+	r->d = g->queues[0];
+	if (pthread_create(t, NULL, ring_race_mmap, r))
+		die("pthread_create");
+	while (!r->n && !r->done && uq_now_ns() - t0 < 5000000000ull)
+		usleep(10);
+}
+
+/* Stops the mmap thread, bounded; false if it did not stop within 5 s (then it is not joined). */
+static bool ring_race_stop(struct ring_race *r, pthread_t t, struct ring_tally *tl)
+{
+	r->stop = true;
+	if (!wait_until(&r->done, 5000)) {
+		tl->stuck = true;
+		return false;
+	}
+	pthread_join(t, NULL);
+	if (r->bad_errno && !tl->bad_errno)
+		tl->bad_errno = r->bad_errno;
+	return true;
+}
+
+static void ring_race_unmap(struct ring_race *r)
+{
+	int i;
+
+	for (i = 0; i < RING_RACE_MAPS; i++)
+		if (r->map[i])
+			munmap(r->map[i], r->len[i]);
+}
+
+/* Touches the race's mappings with pattern; adds them and their SIGBUSes to tl. */
+static void ring_race_touch(struct ring_race *r, uint32_t pattern, struct ring_tally *tl)
+{
+	int i;
+
+	for (i = 0; i < RING_RACE_MAPS; i++) {
+		if (!r->map[i])
+			continue;
+		tl->maps++;
+		tl->sigbus += !ring_touch(r->map[i], r->len[i], pattern);
+	}
+}
+
+/* A new group (on c) right after the race: the old mappings, written with pattern, must not reach its rings. */
+static void ring_race_alias(struct ring_race *r, struct uq_ctrl *c, uint32_t pattern, struct ring_tally *tl)
+{
+	struct snvme_queue_group g;
+	struct uq_queue q[1];
+	int i, ret;
+
+	ret = uq_group_create(c, 1, RING_RACE_ENTRIES, &g, q);
+	if (ret)
+		die("a group after the race: CREATE_QUEUE_GROUP: %s", strerror(-ret));
+	tl->aliased -= ring_count(q, pattern);	/* what it held before (none: rings are zeroed) */
+	for (i = 0; i < RING_RACE_MAPS; i++)
+		if (r->map[i])
+			ring_touch(r->map[i], r->len[i], pattern);
+	tl->aliased += ring_count(q, pattern);
+	uq_group_unmap(q, 1);
+	uq_group_destroy(c, g.group_id);
+}
+
+/* DESTROY_QUEUE_GROUP while another thread maps its rings, in the same file. */
+static void ring_destroy_round(struct uq_ctrl *c, int round, struct ring_tally *tl)
+{
+	struct snvme_queue_group g;
+	struct ring_race r;
+	struct uq_queue q[1];
+	pthread_t t;
+	int ret;
+
+	ret = uq_group_create(c, 1, RING_RACE_ENTRIES, &g, q);
+	if (ret)
+		die("round %d: CREATE_QUEUE_GROUP: %s", round, strerror(-ret));
+	uq_group_unmap(q, 1);
+	ring_race_start(&r, &t, c->fd, &g);
+	usleep(round % 16 * 25);	/* the destroy lands at varying points of an mmap */
+	ret = uq_group_destroy(c, g.group_id);
+	if (ret)
+		die("round %d: DESTROY_QUEUE_GROUP: %s", round, strerror(-ret));
+	if (!ring_race_stop(&r, t, tl))
+		return;
+	ring_race_touch(&r, 0x5a5a0000u | round, tl);
+	ring_race_alias(&r, c, 0xa5a50000u | round, tl);
+	ring_race_unmap(&r);
+	tl->rounds++;
+}
+
+/* REVOKE of the other files, from another process, while a thread of this one maps a ring of its own file. */
+static void ring_revoke_round(int round, struct ring_tally *tl)
+{
+	struct snvme_queue_group g;
+	struct uq_ctrl c, c2;
+	struct ring_race r;
+	struct uq_queue q[1];
+	uint32_t pattern = 0xc3c30000u | round;
+	pthread_t t;
+	uint64_t ms;
+	int i, ret, ex;
+
+	must_open(&c);
+	ret = uq_group_create(&c, 1, RING_RACE_ENTRIES, &g, q);
+	if (ret)
+		die("round %d: CREATE_QUEUE_GROUP: %s", round, strerror(-ret));
+	uq_group_unmap(q, 1);
+	ring_race_start(&r, &t, c.fd, &g);
+	usleep(round % 8 * 50);
+	ex = wait_child(revoke_others_child(), 10000, &ms);
+	if (ex)
+		tl->revoke_failed++;
+	if (!ring_race_stop(&r, t, tl))
+		return;
+	ring_race_touch(&r, pattern, tl);
+	/* The copies are the file's: each keeps what was written through it. */
+	for (i = 0; i < RING_RACE_MAPS; i++)
+		if (r.map[i] && *(volatile uint32_t *)r.map[i] != pattern)
+			tl->copy_lost++;
+	must_open(&c2);
+	ring_race_alias(&r, &c2, pattern ^ 0xffffu, tl);
+	uq_close(&c2);
+	ring_race_unmap(&r);
+	uq_close(&c);
+	tl->rounds++;
+}
+
+static int cmd_ring_mmap_destroy_revoke(void)
+{
+	struct ring_tally d = { 0 }, v = { 0 };
+	struct uq_ctrl c;
+	uint64_t t0 = uq_now_ns();
+	int round;
+
+	signal(SIGBUS, ring_sigbus);
+	must_open(&c);
+	for (round = 0; round < 300 && !d.stuck; round++)
+		ring_destroy_round(&c, round, &d);
+	uq_close(&c);
+	check(!d.stuck, "DESTROY: the mmap thread stopped within 5 s of every destroy");
+	check(d.rounds == 300 && d.maps >= d.rounds && d.sigbus == d.maps,
+	      "DESTROY_QUEUE_GROUP against mmap of its rings, %d rounds: each of the %ld mappings made before the destroy is SIGBUS after it (%ld)",
+	      d.rounds, d.maps, d.sigbus);
+	check(d.aliased == 0, "DESTROY: the rings of a group made after are not reached through the old mappings (%ld words written)",
+	      d.aliased);
+	check(!d.bad_errno, "DESTROY: mmaps refused with EINVAL once the group is gone, nothing else (%s)",
+	      d.bad_errno ? strerror(d.bad_errno) : "none");
+
+	for (round = 0; round < 100 && !v.stuck; round++)
+		ring_revoke_round(round, &v);
+	signal(SIGBUS, SIG_DFL);
+	check(!v.stuck && v.revoke_failed == 0,
+	      "REVOKE: the other process revoked within 10 s each round (%d did not) and the mmap thread stopped",
+	      v.revoke_failed);
+	check(v.rounds == 100 && v.maps >= v.rounds && v.sigbus == 0 && v.copy_lost == 0,
+	      "REVOKE of the other files against mmap of a ring, %d rounds: the %ld mappings made before it read and write the ring's copy, no SIGBUS (%ld), each keeps what was written (%ld did not)",
+	      v.rounds, v.maps, v.sigbus, v.copy_lost);
+	check(v.aliased == 0, "REVOKE: the rings of a group made after, in a new file, are not reached through the old mappings (%ld words written)",
+	      v.aliased);
+	check(!v.bad_errno, "REVOKE: mmaps refused with ESTALE once the file is revoked, nothing else (%s)",
+	      v.bad_errno ? strerror(v.bad_errno) : "none");
+
+	must_open(&c);
+	check(c.info.queue_groups == 0 && c.info.user_queues_free == c.info.user_queues,
+	      "after the closes: no group left, all %u user queues free (%u)", c.info.user_queues,
+	      c.info.user_queues_free);
+	uq_close(&c);
+	check(read_stat("pinned_pages") == 0 && read_stat("dma_maps") == 0 && read_stat("queue_groups") == 0,
+	      "after the closes: debugfs module totals zero (pinned_pages %d, dma_maps %d, queue_groups %d)",
+	      read_stat("pinned_pages"), read_stat("dma_maps"), read_stat("queue_groups"));
+	printf("%llu ms\n", (unsigned long long)((uq_now_ns() - t0) / 1000000));
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -2278,10 +2560,13 @@ int main(int argc, char **argv)
 		return cmd_revoke();
 	if (argc >= 2 && !strcmp(argv[1], "dma-map-mmap-revoke"))
 		return cmd_dma_map_mmap_revoke();
+	if (argc >= 2 && !strcmp(argv[1], "ring-mmap-destroy-revoke"))
+		return cmd_ring_mmap_destroy_revoke();
 	fprintf(stderr, "usage: %s bind ADDR | info LBA SERIAL | perms ADDR | fiemap-read FILE... |\n"
 		"  fiemap-write FILE | wrap | hold-io [READY] | leaks | close-live | bad-ioctl |\n"
 		"  rebind ADDR N | fail ADDR | timeout-poll FILE DIR | timeout-abort-reset FILE DIR |\n"
 		"  timeout-fail FILE DIR | reset-revoke | removal-holder [READY] |\n"
-		"  io-until-error PATH [READY] | bad-dma | seal | revoke | dma-map-mmap-revoke\n", argv[0]);
+		"  io-until-error PATH [READY] | bad-dma | seal | revoke | dma-map-mmap-revoke |\n"
+		"  ring-mmap-destroy-revoke\n", argv[0]);
 	return 2;
 }

@@ -115,6 +115,7 @@ t bad-ioctl $T bad-ioctl
 t seal $T seal
 t revoke $T revoke
 t dma-map-mmap-revoke $T dma-map-mmap-revoke
+t ring-mmap-destroy-revoke $T ring-mmap-destroy-revoke
 
 load_ext4() {
 	# crc32c-intel needs SSE4.2, which the emulated CPU may lack: optional.
