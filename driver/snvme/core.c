@@ -400,11 +400,23 @@ static void snvme_sync_irqs(struct snvme_ctrl *ctrl)
 }
 
 /*
+ * After a disable (CC.EN = 0), with admin_lock held: turns bus mastering
+ * off, so that even a controller that ignored CC.EN (the wait for
+ * CSTS.RDY = 0 may have timed out) cannot DMA any more, as Linux's
+ * nvme_dev_disable does with pci_disable_device(); then lets go whoever
+ * waits to free memory the controller could reach (ctrl->disabled).
+ */
+static void snvme_stop_dma(struct snvme_ctrl *ctrl)
+{
+	lockdep_assert_held(&ctrl->admin_lock);
+	pci_clear_master(ctrl->pdev);
+	complete_all(&ctrl->disabled);
+}
+
+/*
  * Takes the controller out of service: disables it (which deletes every
- * queue and stops its DMA) and turns its bus mastering off, so that even a
- * controller that ignores CC.EN (the wait for CSTS.RDY = 0 may time out)
- * cannot DMA any more, as Linux's nvme_dev_disable does with
- * pci_disable_device(). Then it revokes every open file and fails all block
+ * queue and stops its DMA) and turns its bus mastering off
+ * (snvme_stop_dma). Then it revokes every open file and fails all block
  * requests in flight. Userspace queue groups stay allocated until their
  * owners close; their pages stay pinned until then, which is safe because
  * the controller no longer runs. Bind sets bus mastering again.
@@ -415,13 +427,21 @@ static void snvme_fail_work(struct work_struct *work)
 
 	mutex_lock(&ctrl->admin_lock);
 	snvme_disable(ctrl);
-	pci_clear_master(ctrl->pdev);
+	snvme_stop_dma(ctrl);
 	mutex_unlock(&ctrl->admin_lock);
 	snvme_sync_irqs(ctrl);
 	snvme_chr_revoke(ctrl, SNVME_REVOKED_FAILED);
 	snvme_blk_cancel_all(ctrl);
 }
 
+/*
+ * Fails the controller: sets failed at once, then queues fail_work, which
+ * disables it. Does not sleep; a reset calls it with its locks held. Between
+ * the two, and until fail_work has run, failed is set while the controller
+ * still runs: so whoever frees memory because failed is set (no Delete
+ * needed) waits for snvme_ctrl_wait_disabled(), not for fail_work, which a
+ * flush_work() may find not queued yet.
+ */
 void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why)
 {
 	if (xchg(&ctrl->failed, true))
@@ -429,6 +449,25 @@ void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why)
 	dev_err(ctrl->dev, "controller failed (%s): disabled; unbind and bind to recover\n",
 		why);
 	queue_work(snvme_wq, &ctrl->fail_work);
+}
+
+/*
+ * Waits until a failed controller can DMA no more (ctrl->disabled) and
+ * returns true; false if that did not happen within the longest fail_work
+ * can take: admin_lock may be held by an admin command (admin_timeout_ms)
+ * or by a disable or remove()'s shutdown (CAP.TO each for shutdown and
+ * disable), then fail_work's own disable waits up to CAP.TO, plus
+ * SNVME_DISABLED_SLACK_MS for the workqueue and the console. On false the
+ * controller may still DMA into what its queues name: the caller must keep
+ * that memory (leak it, and say so) instead of freeing it. Sleeps; the
+ * caller may hold any lock but admin_lock (fail_work takes only that).
+ */
+bool snvme_ctrl_wait_disabled(struct snvme_ctrl *ctrl)
+{
+	unsigned long ms = snvme_admin_timeout_ms + 3ul * ctrl->timeout_ms +
+			   SNVME_DISABLED_SLACK_MS;
+
+	return wait_for_completion_timeout(&ctrl->disabled, msecs_to_jiffies(ms));
 }
 
 /* ---- bring-up ---------------------------------------------------------- */
@@ -810,7 +849,10 @@ static int snvme_debugfs_fail_set(void *data, u64 val)
 	if (val != 1)
 		return -EINVAL;
 	snvme_ctrl_fail(ctrl, "injected through debugfs");
-	flush_work(&ctrl->fail_work);
+	/* Another failure may have set failed and not queued fail_work yet. */
+	if (!snvme_ctrl_wait_disabled(ctrl))
+		return -ETIMEDOUT;
+	flush_work(&ctrl->fail_work);	/* and its revocation after the disable */
 	return 0;
 }
 DEFINE_DEBUGFS_ATTRIBUTE(snvme_debugfs_fail_fops, NULL, snvme_debugfs_fail_set, "%llu\n");
@@ -903,6 +945,7 @@ static int snvme_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	init_rwsem(&ctrl->lifecycle);
 	mutex_init(&ctrl->admin_lock);
 	init_completion(&ctrl->admin_done);
+	init_completion(&ctrl->disabled);
 	mutex_init(&ctrl->files_lock);
 	spin_lock_init(&ctrl->files_spin);
 	INIT_LIST_HEAD(&ctrl->files);
@@ -1023,6 +1066,7 @@ delete_io_queues:
 disable_ctrl:
 	mutex_lock(&ctrl->admin_lock);
 	snvme_disable(ctrl);
+	snvme_stop_dma(ctrl);
 	ctrl->failed = true;
 	mutex_unlock(&ctrl->admin_lock);
 	cancel_work_sync(&ctrl->fail_work);
@@ -1069,6 +1113,12 @@ static void snvme_remove(struct pci_dev *pdev)
 	snvme_delete_io_queues(ctrl);
 	mutex_lock(&ctrl->admin_lock);
 	snvme_shutdown(ctrl);
+	/*
+	 * The cancel below may take fail_work before it completed disabled:
+	 * this does it instead, and turns bus mastering off before the kernel's
+	 * rings are freed even if the shutdown's disable timed out.
+	 */
+	snvme_stop_dma(ctrl);
 	ctrl->failed = true;
 	mutex_unlock(&ctrl->admin_lock);
 	cancel_work_sync(&ctrl->fail_work);
