@@ -849,11 +849,13 @@ static void snvme_status_revoke(struct snvme_file *f, u32 why)
 }
 
 /*
- * Revokes every open file of the controller: a reset deleted its queues, a
- * failure disabled the controller, or it is being removed. A later, graver
- * reason replaces an earlier one (snvme_revoke_rank). Takes no
+ * Revokes every open file of the controller: a reset is deleting its
+ * queues, a failure disabled the controller, or it is being removed. A
+ * later, graver reason replaces an earlier one (snvme_revoke_rank). Takes no
  * sleeping lock, so fail_work may call it while ioctls and release hold
- * theirs; a reset calls it with files_lock held, so no teardown runs then.
+ * theirs; a reset calls it with files_lock held, so no teardown runs then,
+ * before its disable: that the queues are gone it says only once the disable
+ * succeeded (snvme_chr_queues_gone).
  */
 void snvme_chr_revoke(struct snvme_ctrl *ctrl, u32 why)
 {
@@ -862,8 +864,6 @@ void snvme_chr_revoke(struct snvme_ctrl *ctrl, u32 why)
 
 	spin_lock(&ctrl->files_spin);
 	list_for_each_entry(f, &ctrl->files, node) {
-		if (why == SNVME_REVOKED_RESET)
-			f->queues_gone = true;
 		if (snvme_revoke_rank(f->revoked) >= snvme_revoke_rank(why))
 			continue;
 		snvme_status_revoke(f, why);
@@ -875,6 +875,25 @@ void snvme_chr_revoke(struct snvme_ctrl *ctrl, u32 why)
 			 ctrl->instance, why == SNVME_REVOKED_RESET ? "reset" :
 			 why == SNVME_REVOKED_FAILED ? "controller failed" : "removed");
 	wake_up_all(&ctrl->revoke_wait);
+}
+
+/*
+ * A reset's disable succeeded (CSTS.RDY = 0): the controller deleted every
+ * queue, so the files open now (all revoked, RESET) need no Delete at
+ * close. Called by the reset with lifecycle (write) and files_lock held,
+ * which every reader of queues_gone holds one of, so no teardown runs
+ * between the disable and this. Never called after a disable that failed:
+ * then the queues may still run, and the reset fails the controller instead.
+ */
+void snvme_chr_queues_gone(struct snvme_ctrl *ctrl)
+{
+	struct snvme_file *f;
+
+	lockdep_assert_held(&ctrl->files_lock);
+	spin_lock(&ctrl->files_spin);
+	list_for_each_entry(f, &ctrl->files, node)
+		f->queues_gone = true;
+	spin_unlock(&ctrl->files_spin);
 }
 
 /*

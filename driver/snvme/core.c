@@ -757,7 +757,11 @@ static int snvme_restart(struct snvme_ctrl *ctrl)
  * it held (each is retried or failed by snvme_complete_rq), restart, and
  * release the block queues. Only then may the retried requests be issued.
  * Lock order: lifecycle, files_lock, admin_lock (as ioctls and release).
- * A reset that fails fails the controller.
+ * A reset that fails fails the controller, before it drops files_lock: a
+ * close waiting for that lock must find either its queues gone (the disable
+ * succeeded: snvme_chr_queues_gone) or the controller failed (and then waits
+ * for the failure's disable), never a controller still running its queues
+ * and neither flag.
  */
 static void snvme_reset_work(struct work_struct *work)
 {
@@ -773,16 +777,22 @@ static void snvme_reset_work(struct work_struct *work)
 	ret = ctrl->failed ? -ENODEV : snvme_disable(ctrl);
 	mutex_unlock(&ctrl->admin_lock);
 	if (!ret) {
+		/* Only now are the user queues gone: CSTS.RDY = 0 (the disable). */
+		snvme_chr_queues_gone(ctrl);
 		snvme_sync_irqs(ctrl);
 		snvme_blk_cancel_all(ctrl);
 		ret = snvme_restart(ctrl);
 	}
+	/*
+	 * Before the block queues run again (what they hold must fail, not
+	 * retry), and before files_lock is dropped (the comment above). It does
+	 * not sleep; fail_work takes none of the locks held here.
+	 */
+	if (ret)
+		snvme_ctrl_fail(ctrl, "reset failed");
 	mutex_unlock(&ctrl->files_lock);
 	up_write(&ctrl->lifecycle);
-	if (ret) {
-		/* Before the queues run again: what they hold must fail, not retry. */
-		snvme_ctrl_fail(ctrl, "reset failed");
-	} else {
+	if (!ret) {
 		atomic_inc(&ctrl->recovery.resets);
 		dev_warn(ctrl->dev, "reset complete\n");
 	}

@@ -214,7 +214,7 @@ struct snvme_file {
 	u64 serial;			/* counts the groups and maps made, under lock */
 	bool torn_down;			/* remove() has released everything */
 	u32 revoked;			/* 0 or SNVME_REVOKED_*, the gravest so far */
-	bool queues_gone;		/* a reset deleted its queues on the controller */
+	bool queues_gone;		/* a reset's disable deleted its queues (it succeeded) */
 	bool dma_kept;			/* the controller may still reach its memory: never unpin */
 	bool sealed;			/* SNVME_IOC_SEAL: no new groups, DMA capped */
 	u64 max_dma_bytes;		/* the seal's cap on dma_bytes */
@@ -269,6 +269,7 @@ void snvme_chr_module_exit(void);
 int snvme_chr_add(struct snvme_ctrl *ctrl);
 void snvme_chr_remove(struct snvme_ctrl *ctrl);
 void snvme_chr_revoke(struct snvme_ctrl *ctrl, u32 why);
+void snvme_chr_queues_gone(struct snvme_ctrl *ctrl);
 
 /* p2p.c (nv-p2p builds) or stubs */
 struct snvme_dmamap;
