@@ -111,12 +111,50 @@ static int snvme_wait_csts(struct snvme_ctrl *ctrl, u32 mask, u32 want,
 	}
 }
 
+#ifdef SNVME_FAULT_INJECTION
+/*
+ * stuck_disables (debugfs): the next N disables leave CC.EN at 1 and fail
+ * as a controller whose CSTS.RDY stays 1 past CAP.TO makes them fail, at
+ * once: its queues keep running.
+ */
+static bool snvme_inject_stuck_disable(struct snvme_ctrl *ctrl)
+{
+	if (!atomic_add_unless(&ctrl->inject_stuck_disables, -1, 0))
+		return false;
+	dev_err(ctrl->dev, "injected: CC.EN left 1, as if CSTS.RDY stayed 1 past CAP.TO\n");
+	return true;
+}
+
+/*
+ * fail_delay_ms (debugfs): the next failure waits that long between setting
+ * failed and queueing fail_work, as a slow console does in its dev_err.
+ */
+static void snvme_inject_fail_delay(struct snvme_ctrl *ctrl)
+{
+	int ms = atomic_xchg(&ctrl->inject_fail_delay_ms, 0);
+
+	if (ms > 0)
+		msleep(ms);
+}
+#else
+static bool snvme_inject_stuck_disable(struct snvme_ctrl *ctrl)
+{
+	return false;
+}
+
+static void snvme_inject_fail_delay(struct snvme_ctrl *ctrl)
+{
+}
+#endif
+
 static int snvme_disable(struct snvme_ctrl *ctrl)
 {
 	u32 cc = snvme_readl(ctrl, NVME_REG_CC);
 
 	if (cc == ~0u)
 		return -ENODEV;
+	if (snvme_inject_stuck_disable(ctrl))
+		return -ETIMEDOUT;
 	if (cc & NVME_CC_ENABLE)
 		snvme_writel(ctrl, cc & ~NVME_CC_ENABLE, NVME_REG_CC);
 	return snvme_wait_csts(ctrl, NVME_CSTS_RDY, 0, "CSTS.RDY=0");
@@ -436,7 +474,8 @@ static void snvme_fail_work(struct work_struct *work)
 
 /*
  * Fails the controller: sets failed at once, then queues fail_work, which
- * disables it. Does not sleep; a reset calls it with its locks held. Between
+ * disables it. Does not sleep (but in the test build's fail_delay_ms); a
+ * reset calls it with its locks held. Between
  * the two, and until fail_work has run, failed is set while the controller
  * still runs: so whoever frees memory because failed is set (no Delete
  * needed) waits for snvme_ctrl_wait_disabled(), not for fail_work, which a
@@ -448,6 +487,7 @@ void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why)
 		return;
 	dev_err(ctrl->dev, "controller failed (%s): disabled; unbind and bind to recover\n",
 		why);
+	snvme_inject_fail_delay(ctrl);
 	queue_work(snvme_wq, &ctrl->fail_work);
 }
 
@@ -851,6 +891,10 @@ DEFINE_SHOW_ATTRIBUTE(snvme_recovery);
  *  skip_interrupts   the next N I/O interrupts that find a completion leave
  *                    it in the CQ: a lost interrupt, which the ladder's poll
  *                    finds
+ *  stuck_disables    the next N disables leave CC.EN = 1 and fail as if
+ *                    CSTS.RDY stayed 1 (snvme_inject_stuck_disable)
+ *  fail_delay_ms     the next failure sleeps that long between setting
+ *                    failed and queueing fail_work (snvme_inject_fail_delay)
  */
 static int snvme_debugfs_fail_set(void *data, u64 val)
 {
@@ -899,6 +943,26 @@ static int snvme_debugfs_skip_set(void *data, u64 val)
 DEFINE_DEBUGFS_ATTRIBUTE(snvme_debugfs_skip_fops, snvme_debugfs_skip_get,
 			 snvme_debugfs_skip_set, "%llu\n");
 
+/* A counter knob of 0..INT_MAX over an atomic_t of struct snvme_ctrl. */
+#define SNVME_INJECT_KNOB(name, field)					\
+static int snvme_debugfs_##name##_get(void *data, u64 *val)		\
+{									\
+	*val = atomic_read(&((struct snvme_ctrl *)data)->field);	\
+	return 0;							\
+}									\
+static int snvme_debugfs_##name##_set(void *data, u64 val)		\
+{									\
+	if (val > INT_MAX)						\
+		return -EINVAL;						\
+	atomic_set(&((struct snvme_ctrl *)data)->field, val);		\
+	return 0;							\
+}									\
+DEFINE_DEBUGFS_ATTRIBUTE(snvme_debugfs_##name##_fops, snvme_debugfs_##name##_get, \
+			 snvme_debugfs_##name##_set, "%llu\n")
+
+SNVME_INJECT_KNOB(stuck, inject_stuck_disables);
+SNVME_INJECT_KNOB(fail_delay, inject_fail_delay_ms);
+
 static void snvme_debugfs_add_injection(struct snvme_ctrl *ctrl)
 {
 	debugfs_create_file_unsafe("fail", 0200, ctrl->debugfs, ctrl,
@@ -907,6 +971,10 @@ static void snvme_debugfs_add_injection(struct snvme_ctrl *ctrl)
 				   &snvme_debugfs_drop_fops);
 	debugfs_create_file_unsafe("skip_interrupts", 0600, ctrl->debugfs, ctrl,
 				   &snvme_debugfs_skip_fops);
+	debugfs_create_file_unsafe("stuck_disables", 0600, ctrl->debugfs, ctrl,
+				   &snvme_debugfs_stuck_fops);
+	debugfs_create_file_unsafe("fail_delay_ms", 0600, ctrl->debugfs, ctrl,
+				   &snvme_debugfs_fail_delay_fops);
 }
 #else
 static void snvme_debugfs_add_injection(struct snvme_ctrl *ctrl)

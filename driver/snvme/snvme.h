@@ -153,6 +153,8 @@ struct snvme_ctrl {
 #ifdef SNVME_FAULT_INJECTION
 	atomic_t inject_drop_cqes;	/* I/O completions still to discard */
 	atomic_t inject_skip_irqs;	/* I/O interrupts still to ignore */
+	atomic_t inject_stuck_disables;	/* disables still to leave CC.EN = 1 */
+	atomic_t inject_fail_delay_ms;	/* the next failure's wait before fail_work */
 #endif
 
 	/* Admin queue: one command in flight, serialised by admin_lock. */
