@@ -26,8 +26,10 @@
  * revocation. The kernel holds the mmap lock around ->mmap and ->fault,
  * which therefore take map_sem only (snvme_mmap argues why that is enough).
  * A teardown on a failed controller waits for its disable with files_lock
- * and f->lock held (snvme_ctrl_wait_disabled): fail_work, which completes
- * it, takes admin_lock only, so the wait adds no edge to this order.
+ * and f->lock held, and lifecycle read in an ioctl (snvme_ctrl_wait_disabled):
+ * fail_work, which completes it, takes admin_lock only, so the wait adds no
+ * edge to this order; its deadline is the controller's, so all the waits
+ * under these locks together last at most one of it.
  *
  * Nothing touches user memory while holding lifecycle, files_lock, f->lock
  * or map_sem: no copy_{from,to}_user, no pin or unpin of user pages, no

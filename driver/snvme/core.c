@@ -501,13 +501,27 @@ void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why)
  * controller may still DMA into what its queues name: the caller must keep
  * that memory (leak it, and say so) instead of freeing it. Sleeps; the
  * caller may hold any lock but admin_lock (fail_work takes only that).
+ *
+ * The deadline is the controller's, not each caller's: a teardown waits
+ * once per queue group with files_lock held, and every close, REVOKE and
+ * remove() of the controller queues behind that lock, so a wait per group
+ * would hold them all for as many deadlines as there are groups. Once one
+ * wait ran out (fail_work is stuck past its own bound), later ones only
+ * look: they free what a disable that came late made safe, and keep the rest.
  */
 bool snvme_ctrl_wait_disabled(struct snvme_ctrl *ctrl)
 {
 	unsigned long ms = snvme_admin_timeout_ms + 3ul * ctrl->timeout_ms +
 			   SNVME_DISABLED_SLACK_MS;
 
-	return wait_for_completion_timeout(&ctrl->disabled, msecs_to_jiffies(ms));
+	if (READ_ONCE(ctrl->disable_overdue))
+		return completion_done(&ctrl->disabled);
+	if (wait_for_completion_timeout(&ctrl->disabled, msecs_to_jiffies(ms)))
+		return true;
+	WRITE_ONCE(ctrl->disable_overdue, true);
+	dev_err(ctrl->dev, "the failed controller was not disabled within %lu ms: what it may still reach is kept from now on\n",
+		ms);
+	return false;
 }
 
 /* ---- bring-up ---------------------------------------------------------- */

@@ -137,6 +137,7 @@ struct snvme_ctrl {
 	 * (snvme_ctrl_wait_disabled).
 	 */
 	struct completion disabled;
+	bool disable_overdue;		/* a wait for disabled ran out: later ones only look */
 
 	/*
 	 * Reset (the timeout ladder's third step, or debugfs): resetting is
