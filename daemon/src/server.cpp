@@ -31,7 +31,7 @@
 #include <tutti/core/clock.hpp>
 
 #include "controllers.hpp"
-#include "counted.hpp"
+#include <tutti/core/counted.hpp>
 #include "protocol.hpp"
 
 namespace tutti::daemon {

@@ -17,16 +17,11 @@
 #include <fmt/format.h>
 
 #include <tutti/core/clock.hpp>
+#include <tutti/core/counted.hpp>
 
 namespace layerwise {
 
-/// "1 tensor", "0 tensors", "2 queues": `n` and its noun, singular for exactly one. `plural` is
-/// `singular` + "s" unless given.
-inline std::string counted(std::uint64_t n, std::string_view singular, std::string_view plural = {}) {
-  if (n == 1) return fmt::format("1 {}", singular);
-  if (plural.empty()) return fmt::format("{} {}s", n, singular);
-  return fmt::format("{} {}", n, plural);
-}
+using tutti::counted;  // "1 tensor", "2 tensors" (tutti/core/counted.hpp)
 
 /// "512 KiB", "1.25 GiB", "960.0 MiB": bytes in binary units (KiB = 1024 bytes), three significant
 /// digits above KiB; whole bytes below 1 KiB ("1 byte", "512 bytes").

@@ -7,6 +7,7 @@
 //   - writes from GPU memory verified against the file's bytes;
 //   - batches of 1 to 8192 requests, thousands of commands in flight across 64 queue pairs;
 //   - SQ/CQ wrap-around on a shallow queue;
+//   - command credits taken by warps: the lane-order prefix a queue pair covers, never more than exist;
 //   - the poll kernel polling on %globaltimer: one launch for a batch of many waves with a
 //     budget, one launch per pass without (poll_kernel_launches);
 //   - an injected NVMe error (DEVICE_ERROR with its status), a lost completion (TIMEOUT after an
@@ -422,6 +423,69 @@ TEST_CASE("a shallow queue pair wraps its SQ and CQ many times") {
   CHECK(stats.completions_reaped == 256);
   CHECK(stats.stale_completions == 0);
   CHECK(stats.invalid_completions == 0);
+}
+
+TEST_CASE("credits on the GPU: a warp takes the lane-order prefix its queue pair covers, warps never over-take") {
+  Path::Options o;
+  o.queue_pairs = 1;
+  o.queue_depth = 8;  // 7 credits
+  o.request_window = 4;
+  Rig rig(o);
+  const std::vector<local_file::Extent> extents = reversed_extents(1024, 1);  // every block its own extent
+  auto target = rig.open(extents, 1024 * 4096);
+  DeviceMemory memory(1024 * 4096);
+  auto registration = rig.map(memory);
+  std::vector<RequestCompletion> completions;
+  const auto submit = [&](std::uint64_t requests, std::uint64_t bytes, std::vector<Status>& states) {
+    std::vector<PathRequest<Path>> rs;
+    for (std::uint64_t i = 0; i < requests; ++i)
+      rs.push_back(rig.request(Direction::READ, registration, memory, i * bytes, target, i * bytes, bytes));
+    states.assign(requests, Status{});
+    completions.assign(requests, RequestCompletion{});
+    const auto reads_before = rig.device->counters().read_commands;
+    auto b = rig.path->submit(rs, states);
+    REQUIRE(rig.path->progress(b, completions, 60 * kSecond).is_ok());
+    return rig.device->counters().read_commands - reads_before;
+  };
+  SUBCASE("one warp, 8 requests of 2 commands each against 7 credits: lanes 0 to 2 run, the rest are refused") {
+    // The group's CAS takes the prefix 0..2 (6 credits); lane 3's 2 do not fit the 1 left: it and
+    // every later lane are refused (first come, first served within the warp).
+    std::vector<Status> states;
+    CHECK(submit(8, 8192, states) == 6);
+    for (std::uint64_t i = 0; i < 8; ++i) {
+      INFO("request ", i);
+      if (i < 3) {
+        CHECK(states[i].is_ok());
+        CHECK(completions[i].confirmed_bytes == 8192);
+      } else {
+        CHECK(states[i].code() == StatusCode::RESOURCE_EXHAUSTED);
+      }
+    }
+    CHECK(memory.read(0, 3 * 8192) == rig.expected(extents, 0, 3 * 8192));
+  }
+  SUBCASE("eight warps of single-command requests against 7 credits: exactly 7 run") {
+    // The warps' CASes on the one credit word race: one takes 7, the others find 0. No credit is
+    // lost to the race and none is granted twice.
+    std::vector<Status> states;
+    const auto reads = submit(256, 4096, states);
+    std::uint64_t accepted = 0;
+    for (std::uint64_t i = 0; i < 256; ++i) {
+      if (states[i].is_ok()) {
+        ++accepted;
+        CHECK(completions[i].confirmed_bytes == 4096);
+        CHECK(memory.read(i * 4096, 4096) == rig.expected(extents, i * 4096, 4096));
+      } else {
+        CHECK(states[i].code() == StatusCode::RESOURCE_EXHAUSTED);
+      }
+    }
+    CHECK(accepted == 7);
+    CHECK(reads == accepted);
+  }
+  // Whatever ran above, all 7 credits came back: 7 single-command requests in one warp all run.
+  std::vector<Status> states;
+  CHECK(submit(7, 4096, states) == 7);
+  for (const Status& s : states) CHECK(s.is_ok());
+  CHECK(memory.read(0, 7 * 4096) == rig.expected(extents, 0, 7 * 4096));
 }
 
 TEST_CASE("an injected NVMe error becomes DEVICE_ERROR with its status; the other requests succeed") {
