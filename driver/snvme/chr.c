@@ -25,6 +25,11 @@
  * what one file holds; map_sem orders the fault handler's choices against
  * revocation. The kernel holds the mmap lock around ->mmap and ->fault,
  * which therefore take map_sem only (snvme_mmap argues why that is enough).
+ * A teardown on a failed controller waits for its disable with files_lock
+ * and f->lock held, and lifecycle read in an ioctl (snvme_ctrl_wait_disabled):
+ * fail_work, which completes it, takes admin_lock only, so the wait adds no
+ * edge to this order; its deadline is the controller's, so all the waits
+ * under these locks together last at most one of it.
  *
  * Nothing touches user memory while holding lifecycle, files_lock, f->lock
  * or map_sem: no copy_{from,to}_user, no pin or unpin of user pages, no
@@ -202,17 +207,21 @@ static void snvme_release_qid(struct snvme_ctrl *ctrl, u16 qid)
 
 /*
  * Deletes the group's queues on the controller, then revokes userspace
- * mappings of the rings, frees them and returns the QIDs.
+ * mappings of the rings, frees them and returns the QIDs. If the controller
+ * failed and was not disabled in time (snvme_ctrl_wait_disabled), it may
+ * still DMA into the rings and into the file's DMA maps: the rings are then
+ * kept, never freed, and so are the maps from now on (f->dma_kept).
  */
 static void snvme_group_destroy(struct snvme_file *f, struct snvme_qgroup *g)
 {
 	struct snvme_ctrl *ctrl = f->ctrl;
-	bool bad = false;
+	bool bad = false, dma_off = true;
 	int i, ret;
 
 	/*
 	 * A failed controller is disabled (or about to be), and a reset deleted
-	 * the queues of every file it revoked: then there is nothing to delete.
+	 * the queues of every file it revoked, with a disable that succeeded:
+	 * then there is nothing to delete.
 	 */
 	for (i = 0; i < g->nr && !READ_ONCE(ctrl->failed) && !f->queues_gone; i++) {
 		struct snvme_uq *uq = &g->q[i];
@@ -234,8 +243,17 @@ static void snvme_group_destroy(struct snvme_file *f, struct snvme_qgroup *g)
 	}
 	if (bad)
 		snvme_ctrl_fail(ctrl, "queue delete failed");
-	if (READ_ONCE(ctrl->failed))
-		flush_work(&ctrl->fail_work);	/* controller disabled: no DMA */
+	/*
+	 * failed is set before fail_work is queued (snvme_ctrl_fail), so wait
+	 * for the disable itself: a flush_work() may find nothing queued yet
+	 * and return while the controller still runs these queues.
+	 */
+	if (READ_ONCE(ctrl->failed) && !snvme_ctrl_wait_disabled(ctrl)) {
+		dev_warn(ctrl->dev, "the failed controller was not disabled in time: the rings of queue group %u (%u queue pair(s), QID %u first) and the DMA maps of its file are kept, never freed\n",
+			 g->id, g->nr, g->q[0].qid);
+		dma_off = false;
+		f->dma_kept = true;
+	}
 
 	/*
 	 * From here on neither snvme_mmap nor snvme_vm_fault finds the rings it
@@ -263,9 +281,9 @@ static void snvme_group_destroy(struct snvme_file *f, struct snvme_qgroup *g)
 
 		snvme_zap(f, snvme_sq_offset(uq->qid), uq->sq_bytes);
 		snvme_zap(f, snvme_cq_offset(uq->qid), uq->cq_bytes);
-		if (uq->sq)
+		if (uq->sq && dma_off)
 			dma_free_coherent(ctrl->dev, uq->sq_bytes, uq->sq, uq->sq_dma);
-		if (uq->cq)
+		if (uq->cq && dma_off)
 			dma_free_coherent(ctrl->dev, uq->cq_bytes, uq->cq, uq->cq_dma);
 		snvme_release_qid(ctrl, uq->qid);
 	}
@@ -456,6 +474,18 @@ static void snvme_dmamap_put(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
 static void snvme_dmamap_release(struct snvme_file *f, struct snvme_dmamap *m,
 				 struct list_head *later)
 {
+	if (f->dma_kept) {
+		/*
+		 * The controller may still DMA into it (snvme_group_destroy): it
+		 * stays pinned and mapped for good, its counters say so, and a
+		 * GPU map's free callback (which gets m) finds the controller.
+		 */
+		idr_remove(&f->maps, m->id);
+		m->id = 0;
+		if (m->kind == SNVME_DMA_GPU)
+			kref_get(&f->ctrl->ref);
+		return;
+	}
 	snvme_dmamap_unmap(f, m);
 	list_add_tail(&m->later, later);
 }
@@ -821,11 +851,13 @@ static void snvme_status_revoke(struct snvme_file *f, u32 why)
 }
 
 /*
- * Revokes every open file of the controller: a reset deleted its queues, a
- * failure disabled the controller, or it is being removed. A later, graver
- * reason replaces an earlier one (snvme_revoke_rank). Takes no
+ * Revokes every open file of the controller: a reset is deleting its
+ * queues, a failure disabled the controller, or it is being removed. A
+ * later, graver reason replaces an earlier one (snvme_revoke_rank). Takes no
  * sleeping lock, so fail_work may call it while ioctls and release hold
- * theirs; a reset calls it with files_lock held, so no teardown runs then.
+ * theirs; a reset calls it with files_lock held, so no teardown runs then,
+ * before its disable: that the queues are gone it says only once the disable
+ * succeeded (snvme_chr_queues_gone).
  */
 void snvme_chr_revoke(struct snvme_ctrl *ctrl, u32 why)
 {
@@ -834,8 +866,6 @@ void snvme_chr_revoke(struct snvme_ctrl *ctrl, u32 why)
 
 	spin_lock(&ctrl->files_spin);
 	list_for_each_entry(f, &ctrl->files, node) {
-		if (why == SNVME_REVOKED_RESET)
-			f->queues_gone = true;
 		if (snvme_revoke_rank(f->revoked) >= snvme_revoke_rank(why))
 			continue;
 		snvme_status_revoke(f, why);
@@ -847,6 +877,25 @@ void snvme_chr_revoke(struct snvme_ctrl *ctrl, u32 why)
 			 ctrl->instance, why == SNVME_REVOKED_RESET ? "reset" :
 			 why == SNVME_REVOKED_FAILED ? "controller failed" : "removed");
 	wake_up_all(&ctrl->revoke_wait);
+}
+
+/*
+ * A reset's disable succeeded (CSTS.RDY = 0): the controller deleted every
+ * queue, so the files open now (all revoked, RESET) need no Delete at
+ * close. Called by the reset with lifecycle (write) and files_lock held,
+ * which every reader of queues_gone holds one of, so no teardown runs
+ * between the disable and this. Never called after a disable that failed:
+ * then the queues may still run, and the reset fails the controller instead.
+ */
+void snvme_chr_queues_gone(struct snvme_ctrl *ctrl)
+{
+	struct snvme_file *f;
+
+	lockdep_assert_held(&ctrl->files_lock);
+	spin_lock(&ctrl->files_spin);
+	list_for_each_entry(f, &ctrl->files, node)
+		f->queues_gone = true;
+	spin_unlock(&ctrl->files_spin);
 }
 
 /*

@@ -111,12 +111,50 @@ static int snvme_wait_csts(struct snvme_ctrl *ctrl, u32 mask, u32 want,
 	}
 }
 
+#ifdef SNVME_FAULT_INJECTION
+/*
+ * stuck_disables (debugfs): the next N disables leave CC.EN at 1 and fail
+ * as a controller whose CSTS.RDY stays 1 past CAP.TO makes them fail, at
+ * once: its queues keep running.
+ */
+static bool snvme_inject_stuck_disable(struct snvme_ctrl *ctrl)
+{
+	if (!atomic_add_unless(&ctrl->inject_stuck_disables, -1, 0))
+		return false;
+	dev_err(ctrl->dev, "injected: CC.EN left 1, as if CSTS.RDY stayed 1 past CAP.TO\n");
+	return true;
+}
+
+/*
+ * fail_delay_ms (debugfs): the next failure waits that long between setting
+ * failed and queueing fail_work, as a slow console does in its dev_err.
+ */
+static void snvme_inject_fail_delay(struct snvme_ctrl *ctrl)
+{
+	int ms = atomic_xchg(&ctrl->inject_fail_delay_ms, 0);
+
+	if (ms > 0)
+		msleep(ms);
+}
+#else
+static bool snvme_inject_stuck_disable(struct snvme_ctrl *ctrl)
+{
+	return false;
+}
+
+static void snvme_inject_fail_delay(struct snvme_ctrl *ctrl)
+{
+}
+#endif
+
 static int snvme_disable(struct snvme_ctrl *ctrl)
 {
 	u32 cc = snvme_readl(ctrl, NVME_REG_CC);
 
 	if (cc == ~0u)
 		return -ENODEV;
+	if (snvme_inject_stuck_disable(ctrl))
+		return -ETIMEDOUT;
 	if (cc & NVME_CC_ENABLE)
 		snvme_writel(ctrl, cc & ~NVME_CC_ENABLE, NVME_REG_CC);
 	return snvme_wait_csts(ctrl, NVME_CSTS_RDY, 0, "CSTS.RDY=0");
@@ -400,11 +438,23 @@ static void snvme_sync_irqs(struct snvme_ctrl *ctrl)
 }
 
 /*
+ * After a disable (CC.EN = 0), with admin_lock held: turns bus mastering
+ * off, so that even a controller that ignored CC.EN (the wait for
+ * CSTS.RDY = 0 may have timed out) cannot DMA any more, as Linux's
+ * nvme_dev_disable does with pci_disable_device(); then lets go whoever
+ * waits to free memory the controller could reach (ctrl->disabled).
+ */
+static void snvme_stop_dma(struct snvme_ctrl *ctrl)
+{
+	lockdep_assert_held(&ctrl->admin_lock);
+	pci_clear_master(ctrl->pdev);
+	complete_all(&ctrl->disabled);
+}
+
+/*
  * Takes the controller out of service: disables it (which deletes every
- * queue and stops its DMA) and turns its bus mastering off, so that even a
- * controller that ignores CC.EN (the wait for CSTS.RDY = 0 may time out)
- * cannot DMA any more, as Linux's nvme_dev_disable does with
- * pci_disable_device(). Then it revokes every open file and fails all block
+ * queue and stops its DMA) and turns its bus mastering off
+ * (snvme_stop_dma). Then it revokes every open file and fails all block
  * requests in flight. Userspace queue groups stay allocated until their
  * owners close; their pages stay pinned until then, which is safe because
  * the controller no longer runs. Bind sets bus mastering again.
@@ -415,20 +465,63 @@ static void snvme_fail_work(struct work_struct *work)
 
 	mutex_lock(&ctrl->admin_lock);
 	snvme_disable(ctrl);
-	pci_clear_master(ctrl->pdev);
+	snvme_stop_dma(ctrl);
 	mutex_unlock(&ctrl->admin_lock);
 	snvme_sync_irqs(ctrl);
 	snvme_chr_revoke(ctrl, SNVME_REVOKED_FAILED);
 	snvme_blk_cancel_all(ctrl);
 }
 
+/*
+ * Fails the controller: sets failed at once, then queues fail_work, which
+ * disables it. Does not sleep (but in the test build's fail_delay_ms); a
+ * reset calls it with its locks held. Between
+ * the two, and until fail_work has run, failed is set while the controller
+ * still runs: so whoever frees memory because failed is set (no Delete
+ * needed) waits for snvme_ctrl_wait_disabled(), not for fail_work, which a
+ * flush_work() may find not queued yet.
+ */
 void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why)
 {
 	if (xchg(&ctrl->failed, true))
 		return;
 	dev_err(ctrl->dev, "controller failed (%s): disabled; unbind and bind to recover\n",
 		why);
+	snvme_inject_fail_delay(ctrl);
 	queue_work(snvme_wq, &ctrl->fail_work);
+}
+
+/*
+ * Waits until a failed controller can DMA no more (ctrl->disabled) and
+ * returns true; false if that did not happen within the longest fail_work
+ * can take: admin_lock may be held by an admin command (admin_timeout_ms)
+ * or by a disable or remove()'s shutdown (CAP.TO each for shutdown and
+ * disable), then fail_work's own disable waits up to CAP.TO, plus
+ * SNVME_DISABLED_SLACK_MS for the workqueue and the console. On false the
+ * controller may still DMA into what its queues name: the caller must keep
+ * that memory (leak it, and say so) instead of freeing it. Sleeps; the
+ * caller may hold any lock but admin_lock (fail_work takes only that).
+ *
+ * The deadline is the controller's, not each caller's: a teardown waits
+ * once per queue group with files_lock held, and every close, REVOKE and
+ * remove() of the controller queues behind that lock, so a wait per group
+ * would hold them all for as many deadlines as there are groups. Once one
+ * wait ran out (fail_work is stuck past its own bound), later ones only
+ * look: they free what a disable that came late made safe, and keep the rest.
+ */
+bool snvme_ctrl_wait_disabled(struct snvme_ctrl *ctrl)
+{
+	unsigned long ms = snvme_admin_timeout_ms + 3ul * ctrl->timeout_ms +
+			   SNVME_DISABLED_SLACK_MS;
+
+	if (READ_ONCE(ctrl->disable_overdue))
+		return completion_done(&ctrl->disabled);
+	if (wait_for_completion_timeout(&ctrl->disabled, msecs_to_jiffies(ms)))
+		return true;
+	WRITE_ONCE(ctrl->disable_overdue, true);
+	dev_err(ctrl->dev, "the failed controller was not disabled within %lu ms: what it may still reach is kept from now on\n",
+		ms);
+	return false;
 }
 
 /* ---- bring-up ---------------------------------------------------------- */
@@ -718,7 +811,11 @@ static int snvme_restart(struct snvme_ctrl *ctrl)
  * it held (each is retried or failed by snvme_complete_rq), restart, and
  * release the block queues. Only then may the retried requests be issued.
  * Lock order: lifecycle, files_lock, admin_lock (as ioctls and release).
- * A reset that fails fails the controller.
+ * A reset that fails fails the controller, before it drops files_lock: a
+ * close waiting for that lock must find either its queues gone (the disable
+ * succeeded: snvme_chr_queues_gone) or the controller failed (and then waits
+ * for the failure's disable), never a controller still running its queues
+ * and neither flag.
  */
 static void snvme_reset_work(struct work_struct *work)
 {
@@ -734,16 +831,22 @@ static void snvme_reset_work(struct work_struct *work)
 	ret = ctrl->failed ? -ENODEV : snvme_disable(ctrl);
 	mutex_unlock(&ctrl->admin_lock);
 	if (!ret) {
+		/* Only now are the user queues gone: CSTS.RDY = 0 (the disable). */
+		snvme_chr_queues_gone(ctrl);
 		snvme_sync_irqs(ctrl);
 		snvme_blk_cancel_all(ctrl);
 		ret = snvme_restart(ctrl);
 	}
+	/*
+	 * Before the block queues run again (what they hold must fail, not
+	 * retry), and before files_lock is dropped (the comment above). It does
+	 * not sleep; fail_work takes none of the locks held here.
+	 */
+	if (ret)
+		snvme_ctrl_fail(ctrl, "reset failed");
 	mutex_unlock(&ctrl->files_lock);
 	up_write(&ctrl->lifecycle);
-	if (ret) {
-		/* Before the queues run again: what they hold must fail, not retry. */
-		snvme_ctrl_fail(ctrl, "reset failed");
-	} else {
+	if (!ret) {
 		atomic_inc(&ctrl->recovery.resets);
 		dev_warn(ctrl->dev, "reset complete\n");
 	}
@@ -802,6 +905,10 @@ DEFINE_SHOW_ATTRIBUTE(snvme_recovery);
  *  skip_interrupts   the next N I/O interrupts that find a completion leave
  *                    it in the CQ: a lost interrupt, which the ladder's poll
  *                    finds
+ *  stuck_disables    the next N disables leave CC.EN = 1 and fail as if
+ *                    CSTS.RDY stayed 1 (snvme_inject_stuck_disable)
+ *  fail_delay_ms     the next failure sleeps that long between setting
+ *                    failed and queueing fail_work (snvme_inject_fail_delay)
  */
 static int snvme_debugfs_fail_set(void *data, u64 val)
 {
@@ -810,7 +917,10 @@ static int snvme_debugfs_fail_set(void *data, u64 val)
 	if (val != 1)
 		return -EINVAL;
 	snvme_ctrl_fail(ctrl, "injected through debugfs");
-	flush_work(&ctrl->fail_work);
+	/* Another failure may have set failed and not queued fail_work yet. */
+	if (!snvme_ctrl_wait_disabled(ctrl))
+		return -ETIMEDOUT;
+	flush_work(&ctrl->fail_work);	/* and its revocation after the disable */
 	return 0;
 }
 DEFINE_DEBUGFS_ATTRIBUTE(snvme_debugfs_fail_fops, NULL, snvme_debugfs_fail_set, "%llu\n");
@@ -847,6 +957,26 @@ static int snvme_debugfs_skip_set(void *data, u64 val)
 DEFINE_DEBUGFS_ATTRIBUTE(snvme_debugfs_skip_fops, snvme_debugfs_skip_get,
 			 snvme_debugfs_skip_set, "%llu\n");
 
+/* A counter knob of 0..INT_MAX over an atomic_t of struct snvme_ctrl. */
+#define SNVME_INJECT_KNOB(name, field)					\
+static int snvme_debugfs_##name##_get(void *data, u64 *val)		\
+{									\
+	*val = atomic_read(&((struct snvme_ctrl *)data)->field);	\
+	return 0;							\
+}									\
+static int snvme_debugfs_##name##_set(void *data, u64 val)		\
+{									\
+	if (val > INT_MAX)						\
+		return -EINVAL;						\
+	atomic_set(&((struct snvme_ctrl *)data)->field, val);		\
+	return 0;							\
+}									\
+DEFINE_DEBUGFS_ATTRIBUTE(snvme_debugfs_##name##_fops, snvme_debugfs_##name##_get, \
+			 snvme_debugfs_##name##_set, "%llu\n")
+
+SNVME_INJECT_KNOB(stuck, inject_stuck_disables);
+SNVME_INJECT_KNOB(fail_delay, inject_fail_delay_ms);
+
 static void snvme_debugfs_add_injection(struct snvme_ctrl *ctrl)
 {
 	debugfs_create_file_unsafe("fail", 0200, ctrl->debugfs, ctrl,
@@ -855,6 +985,10 @@ static void snvme_debugfs_add_injection(struct snvme_ctrl *ctrl)
 				   &snvme_debugfs_drop_fops);
 	debugfs_create_file_unsafe("skip_interrupts", 0600, ctrl->debugfs, ctrl,
 				   &snvme_debugfs_skip_fops);
+	debugfs_create_file_unsafe("stuck_disables", 0600, ctrl->debugfs, ctrl,
+				   &snvme_debugfs_stuck_fops);
+	debugfs_create_file_unsafe("fail_delay_ms", 0600, ctrl->debugfs, ctrl,
+				   &snvme_debugfs_fail_delay_fops);
 }
 #else
 static void snvme_debugfs_add_injection(struct snvme_ctrl *ctrl)
@@ -903,6 +1037,7 @@ static int snvme_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	init_rwsem(&ctrl->lifecycle);
 	mutex_init(&ctrl->admin_lock);
 	init_completion(&ctrl->admin_done);
+	init_completion(&ctrl->disabled);
 	mutex_init(&ctrl->files_lock);
 	spin_lock_init(&ctrl->files_spin);
 	INIT_LIST_HEAD(&ctrl->files);
@@ -1023,6 +1158,7 @@ delete_io_queues:
 disable_ctrl:
 	mutex_lock(&ctrl->admin_lock);
 	snvme_disable(ctrl);
+	snvme_stop_dma(ctrl);
 	ctrl->failed = true;
 	mutex_unlock(&ctrl->admin_lock);
 	cancel_work_sync(&ctrl->fail_work);
@@ -1069,6 +1205,12 @@ static void snvme_remove(struct pci_dev *pdev)
 	snvme_delete_io_queues(ctrl);
 	mutex_lock(&ctrl->admin_lock);
 	snvme_shutdown(ctrl);
+	/*
+	 * The cancel below may take fail_work before it completed disabled:
+	 * this does it instead, and turns bus mastering off before the kernel's
+	 * rings are freed even if the shutdown's disable timed out.
+	 */
+	snvme_stop_dma(ctrl);
 	ctrl->failed = true;
 	mutex_unlock(&ctrl->admin_lock);
 	cancel_work_sync(&ctrl->fail_work);

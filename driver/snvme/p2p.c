@@ -27,8 +27,13 @@ static void snvme_p2p_free_cb(void *data)
 	/*
 	 * The disable must finish before the pages can be reused; the callback
 	 * runs in process context (GDRCopy and nvidia-peermem sleep in theirs).
+	 * Wait for the disable, not for fail_work: another failure may have set
+	 * failed and not queued it yet. The pages go when this returns, whatever
+	 * it does: past the deadline all it can do is say so.
 	 */
-	flush_work(&m->ctrl->fail_work);
+	if (!snvme_ctrl_wait_disabled(m->ctrl))
+		dev_err(m->ctrl->dev, "GPU memory at 0x%llx (%llu bytes) freed while the failed controller, not disabled in time, may still DMA into it\n",
+			m->vaddr, m->length);
 	if (m->p2p_mapping)
 		nvidia_p2p_free_dma_mapping(m->p2p_mapping);
 	nvidia_p2p_free_page_table(m->p2p_table);

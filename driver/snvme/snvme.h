@@ -29,6 +29,12 @@
 #define SNVME_MAX_USER_QUEUES 1024
 #define SNVME_ADMIN_DEPTH 32		/* admin SQ/CQ entries */
 #define SNVME_NVME_PAGE 4096u		/* CC.MPS = 0: NVMe Base Spec 2.0, 3.1.3.5 */
+/*
+ * Slack on top of the admin and CAP.TO deadlines for fail_work to be
+ * scheduled and print (snvme_ctrl_wait_disabled); a guess, generous for a
+ * console at 115200 baud.
+ */
+#define SNVME_DISABLED_SLACK_MS 5000u
 #define SNVME_DB_OFFSET 0x1000		/* SQ0TDBL, NVMe Base Spec 2.0, 3.1.3 (Figure 33) */
 #define SNVME_MAX_KERNEL_XFER (128u * 1024) /* bytes per block-layer request */
 #define SNVME_MAX_SEGS (SNVME_MAX_KERNEL_XFER / SNVME_NVME_PAGE + 1)
@@ -120,8 +126,18 @@ struct snvme_ctrl {
 	 */
 	struct rw_semaphore lifecycle;
 	bool dead;			/* unbound or failed: no more commands */
-	bool failed;			/* controller disabled after an error */
+	bool failed;			/* failed after an error; disabled once disabled completes */
 	struct work_struct fail_work;
+	/*
+	 * Completed (for good) once a failed controller can DMA no more: CC.EN
+	 * written 0 and bus mastering off, by fail_work, by remove() after its
+	 * shutdown, or by probe's unwinding. failed is set before fail_work is
+	 * even queued, so whoever frees memory the controller may reach
+	 * because failed is set waits for this, never for fail_work
+	 * (snvme_ctrl_wait_disabled).
+	 */
+	struct completion disabled;
+	bool disable_overdue;		/* a wait for disabled ran out: later ones only look */
 
 	/*
 	 * Reset (the timeout ladder's third step, or debugfs): resetting is
@@ -138,6 +154,8 @@ struct snvme_ctrl {
 #ifdef SNVME_FAULT_INJECTION
 	atomic_t inject_drop_cqes;	/* I/O completions still to discard */
 	atomic_t inject_skip_irqs;	/* I/O interrupts still to ignore */
+	atomic_t inject_stuck_disables;	/* disables still to leave CC.EN = 1 */
+	atomic_t inject_fail_delay_ms;	/* the next failure's wait before fail_work */
 #endif
 
 	/* Admin queue: one command in flight, serialised by admin_lock. */
@@ -199,7 +217,8 @@ struct snvme_file {
 	u64 serial;			/* counts the groups and maps made, under lock */
 	bool torn_down;			/* remove() has released everything */
 	u32 revoked;			/* 0 or SNVME_REVOKED_*, the gravest so far */
-	bool queues_gone;		/* a reset deleted its queues on the controller */
+	bool queues_gone;		/* a reset's disable deleted its queues (it succeeded) */
+	bool dma_kept;			/* the controller may still reach its memory: never unpin */
 	bool sealed;			/* SNVME_IOC_SEAL: no new groups, DMA capped */
 	u64 max_dma_bytes;		/* the seal's cap on dma_bytes */
 	u64 dma_bytes;			/* bytes of the maps in maps */
@@ -231,6 +250,7 @@ int snvme_create_sq(struct snvme_ctrl *ctrl, u16 qid, dma_addr_t dma,
 int snvme_delete_queue(struct snvme_ctrl *ctrl, u8 opcode, u16 qid);
 int snvme_abort_cmd(struct snvme_ctrl *ctrl, u16 sqid, u16 cid, u32 *result);
 void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why);
+bool snvme_ctrl_wait_disabled(struct snvme_ctrl *ctrl);
 bool snvme_ctrl_schedule_reset(struct snvme_ctrl *ctrl, const char *why);
 bool snvme_ctrl_resetting(struct snvme_ctrl *ctrl);
 void snvme_ctrl_put(struct snvme_ctrl *ctrl);
@@ -252,6 +272,7 @@ void snvme_chr_module_exit(void);
 int snvme_chr_add(struct snvme_ctrl *ctrl);
 void snvme_chr_remove(struct snvme_ctrl *ctrl);
 void snvme_chr_revoke(struct snvme_ctrl *ctrl, u32 why);
+void snvme_chr_queues_gone(struct snvme_ctrl *ctrl);
 
 /* p2p.c (nv-p2p builds) or stubs */
 struct snvme_dmamap;

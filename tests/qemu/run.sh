@@ -55,7 +55,7 @@ readonly EXPECTED_TESTS=(param-range no-grab-on-load bind perms queue-flush-fua 
 	bad-ioctl seal revoke dma-map-mmap-revoke ring-mmap-destroy-revoke load-ext4 mkfs-mount-write fiemap-read fiemap-write wrap
 	libnvm-snvme-controller local-nvme-snvme kill-9-mid-io leaks-after-kill close-with-queues-live
 	leaks-after-close umount-fsck rebind-50 remount-after-rebind controller-failure
-	leaks-final tuttid-bind-mount tuttid-lease-io tuttid-seal tuttid-kv-example tuttid-kv-example-corrupt
+	close-waits-for-fail-disable close-waits-for-stuck-reset-disable leaks-final tuttid-bind-mount tuttid-lease-io tuttid-seal tuttid-kv-example tuttid-kv-example-corrupt
 	tuttid-kill-mid-io leaks-after-tuttid-kill tuttid-reset tuttid-restart-adopt tuttid-submit-after-revoke
 	tuttid-verified-stop tuttid-sigterm bind-after-tuttid ladder-setup timeout-poll timeout-abort-reset timeout-fail
 	reset-revoke

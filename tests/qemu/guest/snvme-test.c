@@ -1079,6 +1079,120 @@ static void set_knob(const char *name, long value)
 		die("write %s to %s: %s", text, path, strerror(-ret));
 }
 
+/*
+ * A close that frees what a failed controller may still run must wait for
+ * its disable. The test build's fail_delay_ms holds the failure open: the
+ * failure sets failed, then waits DISABLE_RACE_MS before it queues the work
+ * that disables the controller. how names the failure:
+ *  "fail"   through debugfs fail. The bug: the close saw failed, skipped the
+ *           Deletes, found no work queued to flush, and freed the rings.
+ *  "reset"  a debugfs reset whose disable is stuck (stuck_disables 1: CC.EN
+ *           stays 1, the queues run). The bug: the reset marked the queues
+ *           gone before its disable and failed the controller only after it
+ *           dropped files_lock, so a close waiting for that lock skipped the
+ *           Deletes, did not wait, and freed the rings.
+ * The file A is closed (its last reference, so the close frees its rings and
+ * pins) as soon as the failure or the reset has begun; the close must take
+ * about DISABLE_RACE_MS. Then an SQE left in A's freed SQ is rung through the
+ * doorbell window of another file B: a controller still running that queue
+ * would fetch it from freed memory, which the IOMMU faults and the rig rejects
+ * ("DMAR: [DMA"); a disabled one does nothing. Unbind and bind recover.
+ */
+#define DISABLE_RACE_MS 1000
+
+struct disable_race {
+	const char *knob;
+	int ret;
+};
+
+static void *disable_race_trigger(void *arg)
+{
+	struct disable_race *r = arg;
+	char path[128];
+
+	snprintf(path, sizeof(path), DEBUGFS_CTRL "%s", r->knob);
+	r->ret = write_file(path, "1\n");
+	return NULL;
+}
+
+static int cmd_close_waits_for_disable(const char *addr, const char *how)
+{
+	bool reset = !strcmp(how, "reset");
+	struct disable_race r = { .knob = reset ? "reset" : "fail" };
+	struct uq_sqe sqe = { .opc = UQ_OPC_READ, .nsid = 1 };
+	volatile struct snvme_status *st, *stb;
+	struct snvme_queue_group g;
+	struct uq_queue q[2];
+	struct uq_ctrl a, b;
+	struct snvme_info in;
+	struct uq_buf buf;
+	uint32_t db_off, tail;
+	uint64_t t0, ms;
+	pthread_t th;
+	int ret, inst;
+
+	if (!reset && strcmp(how, "fail"))
+		die("close-waits-for-disable: how is fail or reset, not %s", how);
+	must_open(&a);
+	must_open(&b);
+	if (uq_group_create(&a, 2, 8, &g, q) || uq_buf_alloc(&a, &buf, 64 * 1024))
+		die("setup: %s", strerror(errno));
+	st = map_status(a.fd);
+	stb = map_status(b.fd);
+	(void)b.doorbells[0];	/* B's doorbell page is mapped now, before the failure */
+	uq_set_dptr(&sqe, &buf, 0, 4096, NULL, false);
+	sqe.cdw12 = 4096 / a.lba_size - 1;
+	uq_push(&q[0], &sqe);	/* in A's SQ, never rung by A */
+	db_off = q[0].d.sq_doorbell;
+	tail = q[0].tail;
+
+	if (reset)
+		set_knob("stuck_disables", 1);
+	set_knob("fail_delay_ms", DISABLE_RACE_MS);
+	if (pthread_create(&th, NULL, disable_race_trigger, &r))
+		die("pthread_create");
+	/* Begun: the reset revoked A (under files_lock), or failed is set. No ioctl
+	 * in the reset case: the reset holds lifecycle, and the wait would be the ioctl's. */
+	t0 = uq_now_ns();
+	while (reset ? !st->revoked : uq_get_info(a.fd, &in) != -ENODEV) {
+		if (uq_now_ns() - t0 > 10000000000ull)
+			die("the %s did not begin within 10 s", how);
+		usleep(1000);
+	}
+	munmap((void *)st, SNVME_STATUS_BYTES);
+	uq_group_unmap(q, 2);
+	t0 = uq_now_ns();
+	uq_close(&a);	/* the last reference: release frees A's rings and pins */
+	ms = (uq_now_ns() - t0) / 1000000;
+	check(ms >= DISABLE_RACE_MS / 2 && ms < 60000,
+	      "%s: the close of a file with live queues returned after %llu ms, once the controller was disabled (its disable was held %d ms)",
+	      how, (unsigned long long)ms, DISABLE_RACE_MS);
+	*(volatile uint32_t *)(b.doorbells + db_off) = tail;	/* A's QID, rung through B */
+	usleep(300 * 1000);
+	pthread_join(th, NULL);
+	check(r.ret == (reset ? -EIO : 0), "the debugfs %s returned %s (%s expected)", r.knob,
+	      r.ret ? strerror(-r.ret) : "0", reset ? "EIO: the reset failed the controller" : "0");
+	t0 = uq_now_ns();
+	while (stb->revoked != SNVME_REVOKED_FAILED && uq_now_ns() - t0 < 10000000000ull)
+		usleep(1000);
+	check(stb->csts == 0xffffffffu && stb->revoked == SNVME_REVOKED_FAILED,
+	      "the other file's status page: csts 0x%x, revoked %u (FAILED)", stb->csts, stb->revoked);
+	munmap((void *)stb, SNVME_STATUS_BYTES);
+	uq_close(&b);
+	munmap(buf.va, buf.len);
+	free(buf.bus);
+	check(read_stat("pinned_pages") == 0 && read_stat("dma_maps") == 0 &&
+	      read_stat("queue_groups") == 0, "the closes released pins, maps and groups");
+	ret = control(SNVME_IOC_UNBIND, addr, SNVME_ABI_VERSION, NULL);
+	check(ret == 0 && wait_node(CTRL_PATH, false, 5000) == 0, "UNBIND of the failed controller");
+	ret = control(SNVME_IOC_BIND, addr, SNVME_ABI_VERSION, &inst);
+	check(ret == 0 && wait_node(CTRL_PATH, true, 5000) == 0, "BIND brings it back (instance %d)", inst);
+	must_open(&a);
+	check(a.info.user_queues_free == a.info.user_queues, "fresh controller has its whole budget");
+	uq_close(&a);
+	return failures ? 1 : 0;
+}
+
 #define LADDER_FILE_BYTES (1u << 20)
 #define LADDER_SEED 0x1add3au
 
@@ -2540,6 +2654,8 @@ int main(int argc, char **argv)
 		return cmd_rebind(argv[2], atoi(argv[3]));
 	if (argc >= 3 && !strcmp(argv[1], "fail"))
 		return cmd_fail(argv[2]);
+	if (argc >= 4 && !strcmp(argv[1], "close-waits-for-disable"))
+		return cmd_close_waits_for_disable(argv[2], argv[3]);
 	if (argc >= 4 && !strcmp(argv[1], "timeout-poll"))
 		return cmd_timeout_poll(argv[2], argv[3]);
 	if (argc >= 4 && !strcmp(argv[1], "timeout-abort-reset"))
@@ -2564,7 +2680,8 @@ int main(int argc, char **argv)
 		return cmd_ring_mmap_destroy_revoke();
 	fprintf(stderr, "usage: %s bind ADDR | info LBA SERIAL | perms ADDR | fiemap-read FILE... |\n"
 		"  fiemap-write FILE | wrap | hold-io [READY] | leaks | close-live | bad-ioctl |\n"
-		"  rebind ADDR N | fail ADDR | timeout-poll FILE DIR | timeout-abort-reset FILE DIR |\n"
+		"  rebind ADDR N | fail ADDR | close-waits-for-disable ADDR fail|reset |\n"
+		"  timeout-poll FILE DIR | timeout-abort-reset FILE DIR |\n"
 		"  timeout-fail FILE DIR | reset-revoke | removal-holder [READY] |\n"
 		"  io-until-error PATH [READY] | bad-dma | seal | revoke | dma-map-mmap-revoke |\n"
 		"  ring-mmap-destroy-revoke\n", argv[0]);

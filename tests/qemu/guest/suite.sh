@@ -179,6 +179,8 @@ remount() {
 }
 t remount-after-rebind remount
 t controller-failure $T fail "$ADDR"
+t close-waits-for-fail-disable $T close-waits-for-disable "$ADDR" fail
+t close-waits-for-stuck-reset-disable $T close-waits-for-disable "$ADDR" reset
 t leaks-final $T leaks
 
 # tuttid on this PCI controller (docs/daemon.md, "PCI controllers"): a real tuttid binds the controller
