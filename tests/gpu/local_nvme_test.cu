@@ -187,6 +187,23 @@ std::vector<local_file::Extent> reversed_extents(std::uint64_t blocks, std::uint
   return out;
 }
 
+/// One queue pair of depth 8 (7 commands in flight, 7 credits), request window 4, over a 4 MiB
+/// file whose every block is its own extent (reversed_extents(1024, 1)), read into 4 MiB of GPU memory.
+struct ShallowRig {
+  static Path::Options options() {
+    Path::Options o;
+    o.queue_pairs = 1;
+    o.queue_depth = 8;
+    o.request_window = 4;
+    return o;
+  }
+  Rig rig{options()};
+  std::vector<local_file::Extent> extents = reversed_extents(1024, 1);
+  Path::open_target target = rig.open(extents, 1024 * 4096);
+  DeviceMemory memory{1024 * 4096};
+  Path::registered_memory registration = rig.map(memory);
+};
+
 void check_all_ok(const std::vector<Status>& states, const std::vector<RequestCompletion>& completions,
                   const std::vector<std::uint64_t>& lengths) {
   for (std::size_t i = 0; i < states.size(); ++i) {
@@ -399,16 +416,7 @@ TEST_CASE("batches of 1 to 8192 requests across 64 queue pairs complete and land
   CHECK(rig.path->queue_statistics(63).completions_reaped > 0);  // every queue pair carried commands
 }
 
-TEST_CASE("a shallow queue pair wraps its SQ and CQ many times") {
-  Path::Options o;
-  o.queue_pairs = 1;
-  o.queue_depth = 8;  // 7 commands in flight at most
-  o.request_window = 4;
-  Rig rig(o);
-  const std::vector<local_file::Extent> extents = reversed_extents(1024, 1);  // every block its own extent
-  auto target = rig.open(extents, 1024 * 4096);
-  DeviceMemory memory(1024 * 4096);
-  auto registration = rig.map(memory);
+TEST_CASE_FIXTURE(ShallowRig, "a shallow queue pair wraps its SQ and CQ many times") {
   // 16 KiB requests of 4 one-block extents each: 4 commands per request, window 4; one request
   // per batch (a second would exceed the 7 credits), 64 batches: 256 commands, 32 passes of the
   // 8-entry rings.
@@ -425,16 +433,8 @@ TEST_CASE("a shallow queue pair wraps its SQ and CQ many times") {
   CHECK(stats.invalid_completions == 0);
 }
 
-TEST_CASE("credits on the GPU: a warp takes the lane-order prefix its queue pair covers, warps never over-take") {
-  Path::Options o;
-  o.queue_pairs = 1;
-  o.queue_depth = 8;  // 7 credits
-  o.request_window = 4;
-  Rig rig(o);
-  const std::vector<local_file::Extent> extents = reversed_extents(1024, 1);  // every block its own extent
-  auto target = rig.open(extents, 1024 * 4096);
-  DeviceMemory memory(1024 * 4096);
-  auto registration = rig.map(memory);
+TEST_CASE_FIXTURE(
+    ShallowRig, "credits on the GPU: a warp takes the lane-order prefix its queue pair covers, warps never over-take") {
   std::vector<RequestCompletion> completions;
   const auto submit = [&](std::uint64_t requests, std::uint64_t bytes, std::vector<Status>& states) {
     std::vector<PathRequest<Path>> rs;
