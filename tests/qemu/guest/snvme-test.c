@@ -950,6 +950,24 @@ static int poll_revents(int fd)
 	return poll(&p, 1, 0) < 0 ? -errno : p.revents;
 }
 
+/* After every file of a failed controller closed: no pin, DMA map or queue group is left, and
+ * UNBIND then BIND bring the controller back with its whole queue budget. */
+static void expect_released_and_rebound(const char *addr)
+{
+	struct uq_ctrl c;
+	int ret, inst = -1;
+
+	check(read_stat("pinned_pages") == 0 && read_stat("dma_maps") == 0 &&
+	      read_stat("queue_groups") == 0, "the closes released pins, maps and groups of the failed controller");
+	ret = control(SNVME_IOC_UNBIND, addr, SNVME_ABI_VERSION, NULL);
+	check(ret == 0 && wait_node(CTRL_PATH, false, 5000) == 0, "UNBIND of the failed controller");
+	ret = control(SNVME_IOC_BIND, addr, SNVME_ABI_VERSION, &inst);
+	check(ret == 0 && wait_node(CTRL_PATH, true, 5000) == 0, "BIND brings it back (instance %d)", inst);
+	must_open(&c);
+	check(c.info.user_queues_free == c.info.user_queues, "fresh controller has its whole budget");
+	uq_close(&c);
+}
+
 static int cmd_fail(const char *addr)
 {
 	volatile struct snvme_status *st;
@@ -960,7 +978,7 @@ static int cmd_fail(const char *addr)
 	struct snvme_info in;
 	uint64_t t0;
 	void *p, *blk;
-	int fd, ret, inst;
+	int fd, ret;
 
 	must_open(&c);
 	if (uq_group_create(&c, 2, 8, &g, q) || uq_buf_alloc(&c, &buf, 64 * 1024))
@@ -994,15 +1012,7 @@ static int cmd_fail(const char *addr)
 	uq_buf_free(&c, &buf);	/* DMA_UNMAP fails with ENODEV; the pages go at close */
 	munmap((void *)st, SNVME_STATUS_BYTES);
 	uq_close(&c);
-	check(read_stat("pinned_pages") == 0 && read_stat("dma_maps") == 0 &&
-	      read_stat("queue_groups") == 0, "close released pins, maps and groups of the failed controller");
-	ret = control(SNVME_IOC_UNBIND, addr, SNVME_ABI_VERSION, NULL);
-	check(ret == 0 && wait_node(CTRL_PATH, false, 5000) == 0, "UNBIND of the failed controller");
-	ret = control(SNVME_IOC_BIND, addr, SNVME_ABI_VERSION, &inst);
-	check(ret == 0 && wait_node(CTRL_PATH, true, 5000) == 0, "BIND brings it back (instance %d)", inst);
-	must_open(&c);
-	check(c.info.user_queues_free == c.info.user_queues, "fresh controller has its whole budget");
-	uq_close(&c);
+	expect_released_and_rebound(addr);
 	return failures ? 1 : 0;
 }
 
@@ -1129,7 +1139,6 @@ static int cmd_close_waits_for_disable(const char *addr, const char *how)
 	uint32_t db_off, tail;
 	uint64_t t0, ms;
 	pthread_t th;
-	int ret, inst;
 
 	if (!reset && strcmp(how, "fail"))
 		die("close-waits-for-disable: how is fail or reset, not %s", how);
@@ -1181,15 +1190,7 @@ static int cmd_close_waits_for_disable(const char *addr, const char *how)
 	uq_close(&b);
 	munmap(buf.va, buf.len);
 	free(buf.bus);
-	check(read_stat("pinned_pages") == 0 && read_stat("dma_maps") == 0 &&
-	      read_stat("queue_groups") == 0, "the closes released pins, maps and groups");
-	ret = control(SNVME_IOC_UNBIND, addr, SNVME_ABI_VERSION, NULL);
-	check(ret == 0 && wait_node(CTRL_PATH, false, 5000) == 0, "UNBIND of the failed controller");
-	ret = control(SNVME_IOC_BIND, addr, SNVME_ABI_VERSION, &inst);
-	check(ret == 0 && wait_node(CTRL_PATH, true, 5000) == 0, "BIND brings it back (instance %d)", inst);
-	must_open(&a);
-	check(a.info.user_queues_free == a.info.user_queues, "fresh controller has its whole budget");
-	uq_close(&a);
+	expect_released_and_rebound(addr);
 	return failures ? 1 : 0;
 }
 
