@@ -156,6 +156,7 @@ struct snvme_ctrl {
 	atomic_t inject_skip_irqs;	/* I/O interrupts still to ignore */
 	atomic_t inject_stuck_disables;	/* disables still to leave CC.EN = 1 */
 	atomic_t inject_fail_delay_ms;	/* the next failure's wait before fail_work */
+	atomic_t inject_prefail_delay_ms; /* the next failure's wait before failed is set */
 #endif
 
 	/* Admin queue: one command in flight, serialised by admin_lock. */
