@@ -477,13 +477,24 @@ static void snvme_dmamap_release(struct snvme_file *f, struct snvme_dmamap *m,
 	if (f->dma_kept) {
 		/*
 		 * The controller may still DMA into it (snvme_group_destroy): it
-		 * stays pinned and mapped for good, its counters say so, and a
-		 * GPU map's free callback (which gets m) finds the controller.
+		 * stays pinned and mapped for good, and its counters say so. A
+		 * GPU map's free callback may still run after this file and the
+		 * controller are gone, and uses m->ctrl: the map holds a reference
+		 * to the controller for it, which the callback drops
+		 * (snvme_p2p_free_cb). Only if the callback has not claimed the
+		 * map yet: the cmpxchg and the callback's claim are one atomic
+		 * word, so either the callback sees CTRL_REF and puts it, or this
+		 * sees REVOKED (it ran or runs now) and puts its own at once.
+		 * That put is never the last: this file holds one until
+		 * snvme_release ends. No lock is taken, the order is unchanged.
 		 */
 		idr_remove(&f->maps, m->id);
 		m->id = 0;
-		if (m->kind == SNVME_DMA_GPU)
+		if (m->kind == SNVME_DMA_GPU) {
 			kref_get(&f->ctrl->ref);
+			if (atomic_cmpxchg(&m->p2p_state, 0, SNVME_P2P_CTRL_REF))
+				snvme_ctrl_put(f->ctrl);
+		}
 		return;
 	}
 	snvme_dmamap_unmap(f, m);

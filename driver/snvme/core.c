@@ -136,6 +136,25 @@ static void snvme_inject_fail_delay(struct snvme_ctrl *ctrl)
 	if (ms > 0)
 		msleep(ms);
 }
+
+/*
+ * prefail_delay_ms (debugfs): the next failure of a controller not failed
+ * yet waits that long before it sets failed: its caller has decided to
+ * fail the controller (a reset whose disable is stuck), and nobody can see
+ * that yet. Whatever the caller still holds is held as long, so a close
+ * that runs in this window, outside those locks, finds a controller still
+ * running its queues with failed false.
+ */
+static void snvme_inject_prefail_delay(struct snvme_ctrl *ctrl)
+{
+	int ms;
+
+	if (READ_ONCE(ctrl->failed))
+		return;
+	ms = atomic_xchg(&ctrl->inject_prefail_delay_ms, 0);
+	if (ms > 0)
+		msleep(ms);
+}
 #else
 static bool snvme_inject_stuck_disable(struct snvme_ctrl *ctrl)
 {
@@ -143,6 +162,10 @@ static bool snvme_inject_stuck_disable(struct snvme_ctrl *ctrl)
 }
 
 static void snvme_inject_fail_delay(struct snvme_ctrl *ctrl)
+{
+}
+
+static void snvme_inject_prefail_delay(struct snvme_ctrl *ctrl)
 {
 }
 #endif
@@ -474,8 +497,8 @@ static void snvme_fail_work(struct work_struct *work)
 
 /*
  * Fails the controller: sets failed at once, then queues fail_work, which
- * disables it. Does not sleep (but in the test build's fail_delay_ms); a
- * reset calls it with its locks held. Between
+ * disables it. Does not sleep (but in the test build's prefail_delay_ms and
+ * fail_delay_ms); a reset calls it with its locks held. Between
  * the two, and until fail_work has run, failed is set while the controller
  * still runs: so whoever frees memory because failed is set (no Delete
  * needed) waits for snvme_ctrl_wait_disabled(), not for fail_work, which a
@@ -483,6 +506,7 @@ static void snvme_fail_work(struct work_struct *work)
  */
 void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why)
 {
+	snvme_inject_prefail_delay(ctrl);
 	if (xchg(&ctrl->failed, true))
 		return;
 	dev_err(ctrl->dev, "controller failed (%s): disabled; unbind and bind to recover\n",
@@ -840,7 +864,8 @@ static void snvme_reset_work(struct work_struct *work)
 	/*
 	 * Before the block queues run again (what they hold must fail, not
 	 * retry), and before files_lock is dropped (the comment above). It does
-	 * not sleep; fail_work takes none of the locks held here.
+	 * not sleep (but for the test build's delays, these locks held);
+	 * fail_work takes none of the locks held here.
 	 */
 	if (ret)
 		snvme_ctrl_fail(ctrl, "reset failed");
@@ -909,6 +934,9 @@ DEFINE_SHOW_ATTRIBUTE(snvme_recovery);
  *                    CSTS.RDY stayed 1 (snvme_inject_stuck_disable)
  *  fail_delay_ms     the next failure sleeps that long between setting
  *                    failed and queueing fail_work (snvme_inject_fail_delay)
+ *  prefail_delay_ms  the next failure sleeps that long before it sets
+ *                    failed, its caller's locks held
+ *                    (snvme_inject_prefail_delay)
  */
 static int snvme_debugfs_fail_set(void *data, u64 val)
 {
@@ -976,6 +1004,7 @@ DEFINE_DEBUGFS_ATTRIBUTE(snvme_debugfs_##name##_fops, snvme_debugfs_##name##_get
 
 SNVME_INJECT_KNOB(stuck, inject_stuck_disables);
 SNVME_INJECT_KNOB(fail_delay, inject_fail_delay_ms);
+SNVME_INJECT_KNOB(prefail_delay, inject_prefail_delay_ms);
 
 static void snvme_debugfs_add_injection(struct snvme_ctrl *ctrl)
 {
@@ -989,6 +1018,8 @@ static void snvme_debugfs_add_injection(struct snvme_ctrl *ctrl)
 				   &snvme_debugfs_stuck_fops);
 	debugfs_create_file_unsafe("fail_delay_ms", 0600, ctrl->debugfs, ctrl,
 				   &snvme_debugfs_fail_delay_fops);
+	debugfs_create_file_unsafe("prefail_delay_ms", 0600, ctrl->debugfs, ctrl,
+				   &snvme_debugfs_prefail_delay_fops);
 }
 #else
 static void snvme_debugfs_add_injection(struct snvme_ctrl *ctrl)

@@ -16,14 +16,24 @@
  * The GPU memory is being freed while mapped (the owner skipped DMA_UNMAP).
  * The controller may still DMA into it, so fail the controller (disable =
  * no DMA) before the pages go; the mapping is then only freed here.
+ *
+ * A map kept at close (f->dma_kept, snvme_dmamap_release) holds a reference
+ * to the controller for this callback (SNVME_P2P_CTRL_REF), since the file
+ * whose reference kept the controller is closed: it is dropped last, after
+ * every use of the controller, and may be the last one (snvme_ctrl_release: process context,
+ * no lock of ours held, so the lock order is unchanged). The claim reads
+ * CTRL_REF in the same atomic step that sets REVOKED, so a close racing
+ * with this either gave its reference to this callback or kept none.
  */
 static void snvme_p2p_free_cb(void *data)
 {
 	struct snvme_dmamap *m = data;
+	struct snvme_ctrl *ctrl = m->ctrl;
+	int old = atomic_fetch_or(SNVME_P2P_REVOKED, &m->p2p_state);
 
-	if (xchg(&m->p2p_revoked, true))
+	if (old & SNVME_P2P_REVOKED)
 		return;
-	snvme_ctrl_fail(m->ctrl, "GPU memory freed while DMA-mapped");
+	snvme_ctrl_fail(ctrl, "GPU memory freed while DMA-mapped");
 	/*
 	 * The disable must finish before the pages can be reused; the callback
 	 * runs in process context (GDRCopy and nvidia-peermem sleep in theirs).
@@ -31,12 +41,14 @@ static void snvme_p2p_free_cb(void *data)
 	 * failed and not queued it yet. The pages go when this returns, whatever
 	 * it does: past the deadline all it can do is say so.
 	 */
-	if (!snvme_ctrl_wait_disabled(m->ctrl))
-		dev_err(m->ctrl->dev, "GPU memory at 0x%llx (%llu bytes) freed while the failed controller, not disabled in time, may still DMA into it\n",
+	if (!snvme_ctrl_wait_disabled(ctrl))
+		dev_err(ctrl->dev, "GPU memory at 0x%llx (%llu bytes) freed while the failed controller, not disabled in time, may still DMA into it\n",
 			m->vaddr, m->length);
 	if (m->p2p_mapping)
 		nvidia_p2p_free_dma_mapping(m->p2p_mapping);
 	nvidia_p2p_free_page_table(m->p2p_table);
+	if (old & SNVME_P2P_CTRL_REF)
+		snvme_ctrl_put(ctrl);
 }
 
 int snvme_gpu_map(struct snvme_ctrl *ctrl, struct snvme_dmamap *m, u64 vaddr,
@@ -88,7 +100,7 @@ put_pages:
 
 void snvme_gpu_unmap(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
 {
-	if (!m->p2p_table || xchg(&m->p2p_revoked, true))
+	if (!m->p2p_table || (atomic_fetch_or(SNVME_P2P_REVOKED, &m->p2p_state) & SNVME_P2P_REVOKED))
 		return;
 	if (m->p2p_mapping)
 		nvidia_p2p_dma_unmap_pages(ctrl->pdev, m->p2p_table, m->p2p_mapping);

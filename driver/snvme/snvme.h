@@ -156,6 +156,7 @@ struct snvme_ctrl {
 	atomic_t inject_skip_irqs;	/* I/O interrupts still to ignore */
 	atomic_t inject_stuck_disables;	/* disables still to leave CC.EN = 1 */
 	atomic_t inject_fail_delay_ms;	/* the next failure's wait before fail_work */
+	atomic_t inject_prefail_delay_ms; /* the next failure's wait before failed is set */
 #endif
 
 	/* Admin queue: one command in flight, serialised by admin_lock. */
@@ -300,7 +301,16 @@ struct snvme_dmamap {
 	struct snvme_ctrl *ctrl;
 	void *p2p_table;
 	void *p2p_mapping;
-	bool p2p_revoked;
+	atomic_t p2p_state;		/* SNVME_P2P_*, changed atomically (p2p.c) */
 };
+
+/*
+ * snvme_dmamap.p2p_state. REVOKED: the free callback or DMA_UNMAP has
+ * claimed the mapping (only the first does anything). CTRL_REF: the map was
+ * kept at close (f->dma_kept) before the callback claimed it, and holds a
+ * reference to the controller for the callback, which drops it when done.
+ */
+#define SNVME_P2P_REVOKED	0x1
+#define SNVME_P2P_CTRL_REF	0x2
 
 #endif /* SNVME_H */

@@ -1091,16 +1091,23 @@ static void set_knob(const char *name, long value)
 
 /*
  * A close that frees what a failed controller may still run must wait for
- * its disable. The test build's fail_delay_ms holds the failure open: the
- * failure sets failed, then waits DISABLE_RACE_MS before it queues the work
- * that disables the controller. how names the failure:
- *  "fail"   through debugfs fail. The bug: the close saw failed, skipped the
- *           Deletes, found no work queued to flush, and freed the rings.
+ * its disable. A test-build delay of DISABLE_RACE_MS holds open the window
+ * of the bug; how names the failure:
+ *  "fail"   through debugfs fail, with fail_delay_ms: the failure sets
+ *           failed, then waits before it queues the work that disables the
+ *           controller. The bug: the close saw failed, skipped the Deletes,
+ *           found no work queued to flush, and freed the rings.
  *  "reset"  a debugfs reset whose disable is stuck (stuck_disables 1: CC.EN
- *           stays 1, the queues run). The bug: the reset marked the queues
- *           gone before its disable and failed the controller only after it
- *           dropped files_lock, so a close waiting for that lock skipped the
- *           Deletes, did not wait, and freed the rings.
+ *           stays 1, the queues run), with prefail_delay_ms: the reset has
+ *           decided to fail the controller and waits before failed is set.
+ *           The bug: the reset marked the queues gone before its disable and
+ *           failed the controller only after it dropped files_lock, so a close
+ *           waiting for that lock ran in this window, saw the queues gone and
+ *           failed not set, skipped the Deletes, did not wait, and freed the
+ *           rings. Fixed, the reset fails the controller before it drops
+ *           files_lock, so the close stays blocked through the delay and then
+ *           waits for the disable. (fail_delay_ms would not do here: it runs
+ *           after failed is set, which the close almost always saw.)
  * The file A is closed (its last reference, so the close frees its rings and
  * pins) as soon as the failure or the reset has begun; the close must take
  * about DISABLE_RACE_MS. Then an SQE left in A's freed SQ is rung through the
@@ -1155,9 +1162,12 @@ static int cmd_close_waits_for_disable(const char *addr, const char *how)
 	db_off = q[0].d.sq_doorbell;
 	tail = q[0].tail;
 
-	if (reset)
+	if (reset) {
 		set_knob("stuck_disables", 1);
-	set_knob("fail_delay_ms", DISABLE_RACE_MS);
+		set_knob("prefail_delay_ms", DISABLE_RACE_MS);
+	} else {
+		set_knob("fail_delay_ms", DISABLE_RACE_MS);
+	}
 	if (pthread_create(&th, NULL, disable_race_trigger, &r))
 		die("pthread_create");
 	/* Begun: the reset revoked A (under files_lock), or failed is set. No ioctl
@@ -1174,8 +1184,9 @@ static int cmd_close_waits_for_disable(const char *addr, const char *how)
 	uq_close(&a);	/* the last reference: release frees A's rings and pins */
 	ms = (uq_now_ns() - t0) / 1000000;
 	check(ms >= DISABLE_RACE_MS / 2 && ms < 60000,
-	      "%s: the close of a file with live queues returned after %llu ms, once the controller was disabled (its disable was held %d ms)",
-	      how, (unsigned long long)ms, DISABLE_RACE_MS);
+	      "%s: the close of a file with live queues returned after %llu ms, once the controller was disabled (%s held %d ms)",
+	      how, (unsigned long long)ms, reset ? "the failure was" : "its disable was",
+	      DISABLE_RACE_MS);
 	*(volatile uint32_t *)(b.doorbells + db_off) = tail;	/* A's QID, rung through B */
 	usleep(300 * 1000);
 	pthread_join(th, NULL);
