@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include <tutti/core/counted.hpp>
+
 #include "protocol.hpp"
 #include "snvme_controller.hpp"  // libnvm's controller over /dev/snvme<C> (PCI leases)
 

@@ -16,9 +16,9 @@
 #include <fmt/format.h>
 
 #include <tutti/core/clock.hpp>
+#include <tutti/core/counted.hpp>
 #include <uapi/snvme.h>  // the driver's ABI (libnvm's include directories reach driver/snvme/include)
 
-#include <tutti/core/counted.hpp>
 #include "mounts.hpp"          // mount_table: the one mountinfo parser; ImageLock
 #include "snvme_argument.hpp"  // libnvm/snvme: the ioctl header filled in one place
 

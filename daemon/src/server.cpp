@@ -29,9 +29,9 @@
 #include <nlohmann/json.hpp>
 
 #include <tutti/core/clock.hpp>
+#include <tutti/core/counted.hpp>
 
 #include "controllers.hpp"
-#include <tutti/core/counted.hpp>
 #include "protocol.hpp"
 
 namespace tutti::daemon {

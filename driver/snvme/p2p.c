@@ -20,10 +20,11 @@
  * A map kept at close (f->dma_kept, snvme_dmamap_release) holds a reference
  * to the controller for this callback (SNVME_P2P_CTRL_REF), since the file
  * whose reference kept the controller is closed: it is dropped last, after
- * every use of the controller, and may be the last one (snvme_ctrl_release: process context,
- * no lock of ours held, so the lock order is unchanged). The claim reads
- * CTRL_REF in the same atomic step that sets REVOKED, so a close racing
- * with this either gave its reference to this callback or kept none.
+ * every use of the controller, and may be the last one (snvme_ctrl_release:
+ * process context, no lock of ours held, so the lock order is unchanged).
+ * The claim reads CTRL_REF in the same atomic step that sets REVOKED, so
+ * a close racing with this either gave its reference to this callback or
+ * kept none.
  */
 static void snvme_p2p_free_cb(void *data)
 {

@@ -950,8 +950,11 @@ static int poll_revents(int fd)
 	return poll(&p, 1, 0) < 0 ? -errno : p.revents;
 }
 
-/* After every file of a failed controller closed: no pin, DMA map or queue group is left, and
- * UNBIND then BIND bring the controller back with its whole queue budget. */
+/*
+ * After every file of a failed controller closed: no pin, DMA map or queue
+ * group is left, and UNBIND then BIND bring the controller back with its
+ * whole queue budget.
+ */
 static void expect_released_and_rebound(const char *addr)
 {
 	struct uq_ctrl c;
