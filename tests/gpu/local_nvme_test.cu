@@ -25,7 +25,10 @@
 //   - a host-compiled unit of the same program (local_nvme_host_unit.cpp) submitting through the
 //     same DataPath runs the GPU kernels too (one launch definition: libtutti_cuda);
 //   - the target handle cache: 12 targets through 4 L1 entries in rotating order (hit, miss and
-//     eviction counters checked), pinned entries forcing a read from the L2 (mapped) copy, close.
+//     eviction counters checked), pinned entries forcing a read from the L2 (mapped) copy, close;
+//   - the targets' change words in device memory: set() lands beside a running kernel, which sees
+//     it; a target whose file changed is refused by the kernel's admission with DATA_LOSS while
+//     another target of the batch reads byte for byte.
 // The soft controller emulates the device: figures from here say nothing about an SSD.
 #include <fcntl.h>
 #include <unistd.h>
@@ -35,6 +38,7 @@
 #include <cstdlib>
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -877,4 +881,100 @@ TEST_CASE("the target handle cache: more targets than L1 holds, read in rotating
     CHECK(rig.path->unregister_memory(registration).is_ok());
   }
   CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
+/// Writes 1 to started[0], then spins until *word reads nonzero or `budget_ns` passes on
+/// %globaltimer, and writes what it read last to started[1] (mapped host memory).
+static __global__ void wait_for_change_word(std::uint32_t* word, std::uint64_t budget_ns, std::uint32_t* started) {
+  accel::SystemAtomicRef<std::uint32_t>(started[0]).store(1, accel::MemoryOrder::release);
+  const std::uint64_t deadline = accel::timer_ns() + budget_ns;
+  std::uint32_t seen = 0;
+  while ((seen = accel::DeviceAtomicRef<std::uint32_t>(*word).load(accel::MemoryOrder::relaxed)) == 0 &&
+         accel::timer_ns() < deadline)
+    __nanosleep(1000);
+  accel::SystemAtomicRef<std::uint32_t>(started[1]).store(seen + 1, accel::MemoryOrder::release);
+}
+
+TEST_CASE("change words on the GPU: set() lands in device memory beside a running kernel, which sees the 1") {
+  // A kernel on its own stream spins on a fresh word for up to 10 s. set() copies on the pool's
+  // stream: were that copy queued behind the kernel, the kernel would time out reading 0.
+  auto made = local_nvme::ChangeWords::create(5 * kSecond);
+  REQUIRE_MESSAGE(made.is_ok(), made.status().to_string());
+  auto& words = *made.value();
+  auto word = words.acquire();
+  REQUIRE_MESSAGE(word.is_ok(), word.status().to_string());
+  auto flags = local_nvme::kernel_array<std::uint32_t>(2, 0);
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  wait_for_change_word<<<1, 1, 0, stream>>>(*word, 10 * kSecond, flags.data());
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (accel::SystemAtomicRef<std::uint32_t>(flags[0]).load(accel::MemoryOrder::acquire) == 0 &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(flags[0] == 1);  // the kernel runs
+  const Status set = words.set(*word);
+  CHECK_MESSAGE(set.is_ok(), set.to_string());
+  REQUIRE(accel::synchronize(stream, 20 * kSecond).is_ok());
+  CHECK(flags[1] == 2);  // it read 1 (seen + 1), not 0 after its budget
+  words.release(*word);
+  // The recycled word is 0 again, read by a kernel that then times out at once.
+  auto again = words.acquire();
+  REQUIRE(again.is_ok());
+  CHECK(*again == *word);
+  flags[0] = flags[1] = 0;
+  wait_for_change_word<<<1, 1, 0, stream>>>(*again, 0, flags.data());
+  REQUIRE(accel::synchronize(stream, 20 * kSecond).is_ok());
+  CHECK(flags[1] == 1);  // read 0
+  words.release(*again);
+  CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
+TEST_CASE("a target whose file changed is refused by the GPU's admission with DATA_LOSS; another target still reads") {
+  Rig rig;
+  const std::vector<local_file::Extent> extents{{0, 0, 64 * 4096}};
+  // The change guard of a real file watches it (watch only: no immutable flag), standing for the
+  // file the hand-built extents describe.
+  const std::string watched = make_backing(7, 4096);
+  const auto open_watched = [&] {
+    local_file::Target t;
+    t.path = watched;
+    t.extents = extents;
+    t.file_size = 64 * 4096;
+    t.lba_size = rig.controller->identity().lba_size;
+    t.nsid = rig.controller->identity().nsid;
+    const int fd = ::open(watched.c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    auto guard = local_file::ChangeGuard::create(fd, watched, local_file::ChangeProtection::watch_only);
+    ::close(fd);
+    REQUIRE_MESSAGE(guard.is_ok(), guard.status().to_string());
+    t.guard = std::move(guard.value());
+    return rig.open_or_fail(std::move(t));
+  };
+  auto changing = open_watched();
+  auto other = rig.open(extents, 64 * 4096);
+  DeviceMemory memory(128 * 4096);
+  auto registration = rig.map(memory);
+  const auto read_both = [&] {
+    return rig.run({rig.request(Direction::READ, registration, memory, 0, changing, 0, 64 * 4096),
+                    rig.request(Direction::READ, registration, memory, 64 * 4096, other, 0, 64 * 4096)});
+  };
+  {
+    auto [states, completions] = read_both();
+    check_all_ok(states, completions, {64 * 4096, 64 * 4096});
+  }
+  const int fd = ::open(watched.c_str(), O_WRONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::pwrite(fd, "x", 1, 0) == 1);  // IN_MODIFY
+  ::close(fd);
+  memory.write(0, std::vector<std::uint8_t>(128 * 4096, 0x11));
+  auto [states, completions] = read_both();
+  CHECK(states[0].code() == StatusCode::DATA_LOSS);
+  CHECK(states[0].message().find(watched) != std::string::npos);
+  REQUIRE_MESSAGE(states[1].is_ok(), states[1].to_string());
+  REQUIRE_MESSAGE(completions[1].status.is_ok(), completions[1].status.to_string());
+  CHECK(memory.read(0, 64 * 4096) == std::vector<std::uint8_t>(64 * 4096, 0x11));  // nothing moved for it
+  CHECK(memory.read(64 * 4096, 64 * 4096) == rig.expected(extents, 0, 64 * 4096));
+  CHECK(rig.path->unregister_memory(registration).is_ok());
+  ::unlink(watched.c_str());
 }

@@ -1,11 +1,13 @@
 // local_nvme Path against a soft controller backed by a plain file, with hand-built extents
 // (no root needed): splitting at extents and MDTS, prebuilt PRP lists (both variants, scattered
 // bus pages), writes, flush, injected NVMe errors, lost completions (TIMEOUT + Abort), zombie
-// commands keeping memory mapped, backpressure, concurrent submitters, null mode, defaults, and the
-// target handle cache (hits, misses, LRU eviction, pinning, fallbacks to L2, close, the L2 bound).
+// commands keeping memory mapped, backpressure, concurrent submitters, null mode, defaults, the
+// target handle cache (hits, misses, LRU eviction, pinning, fallbacks to L2, close, the L2 bound),
+// and the pool of the targets' change words.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <stdexcept>
@@ -1454,4 +1456,37 @@ TEST_CASE(
   CHECK(admitted.outcome == local_nvme::RequestOutcome::ok);
   CHECK(local_nvme::detail::plan_commands(polled, sqes, record_of, planned) == 0);
   CHECK(polled.outcome == local_nvme::RequestOutcome::target_changed);
+}
+
+TEST_CASE(
+    "change words: a fresh word reads 0, set makes it 1, a released word comes back as 0, the pool grows by "
+    "chunks") {
+  auto made = local_nvme::ChangeWords::create(kSecond);
+  REQUIRE_MESSAGE(made.is_ok(), made.status().to_string());
+  auto& words = *made.value();
+  CHECK(words.chunks() == 0);  // nothing allocated until the first open target
+  auto first = words.acquire();
+  REQUIRE(first.is_ok());
+  CHECK(**first == 0);
+  REQUIRE(words.set(*first).is_ok());
+  CHECK(**first == 1);
+  // Recycled: the word of a closed target is handed to the next one, zeroed.
+  words.release(*first);
+  auto again = words.acquire();
+  REQUIRE(again.is_ok());
+  CHECK(*again == *first);
+  CHECK(**again == 0);
+  // One chunk holds kChangeWordsPerChunk words; one more open target takes a second chunk.
+  std::vector<std::uint32_t*> held{*again};
+  for (std::uint32_t i = 1; i <= local_nvme::kChangeWordsPerChunk; ++i) {
+    auto w = words.acquire();
+    REQUIRE(w.is_ok());
+    held.push_back(*w);
+  }
+  CHECK(words.chunks() == 2);
+  std::sort(held.begin(), held.end());
+  CHECK(std::adjacent_find(held.begin(), held.end()) == held.end());  // no word handed out twice
+  for (auto* w : held) words.release(w);
+  CHECK_FALSE(local_nvme::ChangeWords::create(0).is_ok());
+  CHECK(local_nvme::ChangeWords::create(0).status().message().find("write_timeout_ns is 0") != std::string::npos);
 }

@@ -63,6 +63,7 @@
 #include <tutti/path/local_nvme/queues.hpp>        // Queue: the I/O queue pairs and their credits
 #include <tutti/path/local_nvme/registration.hpp>  // Mapping, RegisteredMemory: DMA map + PRP lists
 #include <tutti/path/local_nvme/target_cache.hpp>  // TargetCache: L1/L2 of the targets' extents
+#include <tutti/path/local_nvme/change_words.hpp>  // ChangeWords: the targets' change words (device memory)
 #include <tutti/path/local_nvme/targets.hpp>       // OpenTarget: payload + device-resident handle
 #include <tutti/path/local_nvme/zombies.hpp>       // ZombieList: commands never answered
 #include <tutti/path/local_nvme/batch_pool.hpp>    // BatchSlot, BatchPool, Batch: bounded batch state

@@ -145,7 +145,8 @@ class LocalNvmeDataPath {
   /// when the open targets' extents would exceed Options::host_target_cache_bytes, or the copy
   /// cannot be allocated.
   Result<open_target> open(local_file::Target&& target, const OpenOptions& options) {
-    return make_open_target(std::move(target), options, engine_->lba_size, engine_->target_cache);
+    return make_open_target(std::move(target), options, engine_->lba_size, engine_->target_cache,
+                            engine_->change_words);
   }
   /// The file size in bytes.
   std::uint64_t size_bytes(const open_target& t) const noexcept { return t.payload->file_size; }

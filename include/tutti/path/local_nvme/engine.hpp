@@ -23,6 +23,7 @@
 #include <tutti/core/status.hpp>
 #include <tutti/nvme/controller.hpp>
 #include <tutti/path/local_nvme/batch_pool.hpp>
+#include <tutti/path/local_nvme/change_words.hpp>
 #include <tutti/path/local_nvme/kernel_array.hpp>
 #include <tutti/path/local_nvme/kernels.hpp>
 #include <tutti/path/local_nvme/launch.hpp>
@@ -65,6 +66,8 @@ struct Engine {
   std::atomic<std::uint64_t> timed_submits{0}, submit_staging_ns{0}, submit_device_ns{0};
   std::shared_ptr<BatchPool> pool = std::make_shared<BatchPool>();
   std::shared_ptr<TargetCache> target_cache;  ///< shared with open targets and live batches
+  /// The open targets' change words (device memory in the CUDA profile), shared with them.
+  std::shared_ptr<ChangeWords> change_words;
   /// Held shared by every submit and progress step from its launch to the end of its wait, taken
   /// exclusively (try only, never waiting) by the host's zombie reaping: the host touches the
   /// queue words the kernels update (CQ head, CID slots, credits) only while no kernel of any
@@ -102,6 +105,9 @@ struct Engine {
                                                        options.host_target_cache_bytes});
     if (!cache) return cache.status().with_context("local_nvme: device_target_cache_entries");
     engine->target_cache = std::move(cache.value());
+    auto words = ChangeWords::create(options.command_timeout_ns);
+    if (!words) return words.status().with_context("local_nvme: create");
+    engine->change_words = std::move(words.value());
     try {
       engine->credits = kernel_array<Credits>(options.queue_pairs);
       engine->zero_word = kernel_array<std::uint64_t>(1, 0);
@@ -185,8 +191,10 @@ struct Engine {
     for (auto& q : queues)
       if (q && !controller->delete_io_queue_pair(q->info.qid).is_ok()) all_deleted = false;  // ends its commands
     if (!poller_stopped) {
-      // Everything the kernel may still read or write: the queues, their table, the credits and the zero word.
+      // Everything the kernel may still read or write: the queues, their table, the credits, the zero
+      // word and the change words.
       for (auto& q : queues) leak_on_purpose(q.release());
+      leak_on_purpose(new std::shared_ptr<ChangeWords>(change_words));
       leak_on_purpose(new accel::DeviceBuffer(std::move(queue_table)));
       leak_on_purpose(new KernelArray<Credits>(std::move(credits)));
       leak_on_purpose(new KernelArray<std::uint64_t>(std::move(zero_word)));

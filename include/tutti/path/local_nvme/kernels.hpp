@@ -15,9 +15,8 @@
 //    queue, one CAS per queue pair and warp (backpressure: RESOURCE_EXHAUSTED when other requests
 //    hold them), and admit_request records the outcome; then warp_issue_commands issues the warp's
 //    first commands through nvme::warp_submit (one SQ reservation and one doorbell write per queue
-//    pair and warp). The target's change word (mapped host memory: a PCIe read on a GPU) is read
-//    once, at admission; the first plan, microseconds later in the same thread, does not read it
-//    again;
+//    pair and warp). The target's change word (device memory: change_words.hpp) is read once, at
+//    admission; the first plan, microseconds later in the same thread, does not read it again;
 //  - PollKernel (the progress kernel): warp_reap (nvme::warp_reap) reaps the warp's CQs by Phase
 //    Tag; poll_request takes the request's completions, sends a command whose status is retryable
 //    (nvme::classify, DNR clear) again while it has attempts and time left (may_retry), fails the
@@ -64,8 +63,9 @@ struct DeviceTarget {
   std::uint64_t file_size = 0;  ///< bytes
   std::uint32_t lba_size = 0;   ///< bytes: 512 or 4096
   std::uint32_t nsid = 0;       ///< NVMe namespace of the extents' device offsets
-  /// The open target's "changed under local_nvme" word (kernel-reachable; the host sets it to 1
-  /// when the file changed, targets.hpp): once set, no command of the target is issued. Null: none.
+  /// The open target's "changed under local_nvme" word (a ChangeWords word: device memory in the
+  /// CUDA profile; the host sets it to 1 when the file changed, targets.hpp): once set, no command
+  /// of the target is issued. Null: none.
   std::uint32_t* changed = nullptr;
 };
 
@@ -230,10 +230,12 @@ TUTTI_HOST_DEVICE inline void return_credits(std::uint32_t* credits, std::uint32
   nvme::SubmitterAtomic<std::uint32_t>(*credits).fetch_add(n, accel::MemoryOrder::acq_rel);
 }
 
-/// The target's file changed under local_nvme (the host set DeviceTarget::changed): issue nothing more.
+/// The target's file changed under local_nvme (the host set DeviceTarget::changed): issue nothing
+/// more. The word is device memory (change_words.hpp), which the host writes with a copy it waits
+/// for: a device-scope load reads it from L2, never from a stale L1 line.
 TUTTI_HOST_DEVICE inline bool target_changed(const DeviceTarget& t) noexcept {
   return t.changed != nullptr &&
-         accel::SystemAtomicRef<std::uint32_t>(*t.changed).load(accel::MemoryOrder::relaxed) != 0;
+         accel::DeviceAtomicRef<std::uint32_t>(*t.changed).load(accel::MemoryOrder::relaxed) != 0;
 }
 
 /// One command's extent-bounded piece starting at file byte `offset` with `remaining` bytes
@@ -307,9 +309,10 @@ TUTTI_HOST_DEVICE inline std::uint32_t plan_commands(RequestState& r, nvme::Subm
   for (std::uint32_t k = 0; k < r.window && n < kMaxWindow; ++k) {
     if (r.records[k].phase != CommandPhase::free) continue;
     if (is_flush ? r.flush_issued || n > 0 : planned >= r.transfer_length) break;
-    // Read only when there is a command to plan (a mapped host word: a PCIe read on a GPU; leaving
-    // it out of the submit kernel's first plan took a 1024-request kernel from 98-105 to 68 us on
-    // the H200: docs/benchmarks.md, "Where submit's time goes").
+    // Read only when there is a command to plan: one dependent load less on the submit kernel's
+    // path (when the word was mapped host memory, leaving this read out of the first plan took a
+    // 1024-request kernel from 98-105 to 68 us on the H200: docs/benchmarks.md, "Where submit's
+    // time goes").
     if (n == 0 && !admitting && target_changed(r.target)) {
       r.outcome = RequestOutcome::target_changed;  // what is in flight drains; finish_if_idle ends the request
       return 0;

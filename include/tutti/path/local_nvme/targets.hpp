@@ -14,6 +14,7 @@
 // submits and progress steps read it, and raise its signal, concurrently.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -26,6 +27,7 @@
 #include <tutti/bind/local_file.hpp>
 #include <tutti/core/io.hpp>
 #include <tutti/core/status.hpp>
+#include <tutti/path/local_nvme/change_words.hpp>
 #include <tutti/path/local_nvme/kernel_array.hpp>
 #include <tutti/path/local_nvme/kernels.hpp>
 #include <tutti/path/local_nvme/target_cache.hpp>
@@ -47,16 +49,35 @@ struct CacheLease {
 };
 
 /// The "changed under local_nvme" state of one open target: the word the kernels read
-/// (DeviceTarget::changed) and the guard's view of the file's change events. Owned by the open
-/// target (a stable address for the kernels); submit and progress raise it.
+/// (DeviceTarget::changed, a word of the DataPath's ChangeWords pool: device memory in the CUDA
+/// profile) and the guard's view of the file's change events. Owned by the open target (a stable
+/// address for the batches that point to it); submit and progress raise it, from any thread.
 struct ChangeSignal {
-  KernelArray<std::uint32_t> word;  ///< one word: 0 unchanged, 1 changed (the kernels issue nothing more)
+  std::shared_ptr<ChangeWords> words;  ///< the pool `word` comes from, and goes back to
+  std::uint32_t* word = nullptr;       ///< 0 unchanged, 1 changed (the kernels issue nothing more)
+  std::atomic<bool> raised{false};     ///< `word` is known to be 1 (ChangeWords::set returned OK)
   local_file::ChangeWatch watch;
   std::string path;
-  /// Sets the word once the file changed (read local_file::poll_changes first); true when it did.
+  ChangeSignal() = default;
+  ChangeSignal(const ChangeSignal&) = delete;
+  ChangeSignal& operator=(const ChangeSignal&) = delete;
+  ~ChangeSignal() {
+    if (words) words->release(word);
+  }
+  /// Whether the file changed (read local_file::poll_changes first). The first time it did, sets
+  /// the word and returns once every kernel admission from then on refuses the target
+  /// (ChangeWords::set). A write that failed (the GPU did not answer within the pool's timeout) is
+  /// tried again at the next call; the result is true either way, so the host still reports the
+  /// target's requests as DATA_LOSS.
   bool raise_if_changed() noexcept {
+    if (raised.load(std::memory_order_acquire)) return true;
     if (!watch.changed()) return false;
-    accel::SystemAtomicRef<std::uint32_t>(word[0]).store(1, accel::MemoryOrder::release);
+    bool set = false;
+    try {
+      set = words->set(word).is_ok();
+    } catch (...) {  // no memory for the error's text: not set, tried again next time
+    }
+    if (set) raised.store(true, std::memory_order_release);
     return true;
   }
   /// DATA_LOSS naming the file and what happened to it; `consequence` says what that means for
@@ -81,13 +102,15 @@ struct OpenTarget {
 };
 
 /// Builds the device-resident handle of `target` for a namespace of `lba_size`-byte LBAs: the L2
-/// copy of its extents in kernel-reachable memory, admitted to `cache`, and its change signal.
+/// copy of its extents in kernel-reachable memory, admitted to `cache`, and its change signal with
+/// a word of `words`.
 /// Errors: INVALID_ARGUMENT when the payload's LBA size is not `lba_size`, or its invariants
 /// (Target::validate) do not hold; DATA_LOSS when the file changed since it was resolved;
 /// RESOURCE_EXHAUSTED when the open targets' extents would exceed the cache's L2 bound
-/// (Options::host_target_cache_bytes), or the copy cannot be allocated.
+/// (Options::host_target_cache_bytes), or the copy cannot be allocated; ChangeWords::acquire's.
 inline Result<OpenTarget> make_open_target(local_file::Target&& target, const OpenOptions& options,
-                                           std::uint32_t lba_size, const std::shared_ptr<TargetCache>& cache) {
+                                           std::uint32_t lba_size, const std::shared_ptr<TargetCache>& cache,
+                                           const std::shared_ptr<ChangeWords>& words) {
   if (target.lba_size != lba_size)
     return error(StatusCode::INVALID_ARGUMENT,
                  "local_nvme: '{}' was resolved for {}-byte LBAs but the namespace uses {}-byte LBAs", target.path,
@@ -108,7 +131,6 @@ inline Result<OpenTarget> make_open_target(local_file::Target&& target, const Op
   t.cache_lease->extent_count = t.payload->extents.size();
   try {
     t.signal = std::make_unique<ChangeSignal>();
-    t.signal->word = kernel_array<std::uint32_t>(1, 0);
     t.signal->watch = t.payload->guard.watch();
     t.signal->path = t.payload->path;
     t.extents = KernelArray<local_file::Extent>(t.payload->extents.begin(), t.payload->extents.end(),
@@ -117,8 +139,12 @@ inline Result<OpenTarget> make_open_target(local_file::Target&& target, const Op
     return error(StatusCode::RESOURCE_EXHAUSTED, "local_nvme: no memory for the {} extents of '{}'",
                  t.payload->extents.size(), t.payload->path);
   }
+  auto word = words->acquire();
+  if (!word) return word.status().with_context(t.payload->path);
+  t.signal->words = words;
+  t.signal->word = *word;
   t.device_target = DeviceTarget{t.extents.data(),    t.extents.size(), t.payload->file_size,
-                                 t.payload->lba_size, t.payload->nsid,  t.signal->word.data()};
+                                 t.payload->lba_size, t.payload->nsid,  t.signal->word};
   return Result<OpenTarget>(std::move(t));  // explicit: nvcc's front end does not move implicitly here
 }
 

@@ -244,7 +244,7 @@ class StripedNvmeDataPath {
     shard_options.flush_on_close = false;  // the striped close flushes every shard in one batch
     for (std::size_t d = 0; d < target.shards.size(); ++d) {
       auto shard = local_nvme::make_open_target(std::move(target.shards[d]), shard_options, s.engines[d]->lba_size,
-                                                s.engines[d]->target_cache);
+                                                s.engines[d]->target_cache, s.engines[d]->change_words);
       if (!shard) {
         for (auto& opened : t.shards) (void)opened.payload->guard.release();
         return shard.status().with_context(fmt::format("striped_nvme: '{}' shard {}", t.name, d));
