@@ -28,7 +28,8 @@
 //     eviction counters checked), pinned entries forcing a read from the L2 (mapped) copy, close;
 //   - the targets' change words in device memory: set() lands beside a running kernel, which sees
 //     it; a target whose file changed is refused by the kernel's admission with DATA_LOSS while
-//     another target of the batch reads byte for byte.
+//     another target of the batch reads byte for byte; a request staged before the change and held
+//     on the stream until another thread raised it is refused by its kernel.
 // The soft controller emulates the device: figures from here say nothing about an SSD.
 #include <fcntl.h>
 #include <unistd.h>
@@ -884,7 +885,7 @@ TEST_CASE("the target handle cache: more targets than L1 holds, read in rotating
 }
 
 /// Writes 1 to started[0], then spins until *word reads nonzero or `budget_ns` passes on
-/// %globaltimer, and writes what it read last to started[1] (mapped host memory).
+/// %globaltimer, and writes what it read last, plus 1, to started[1] (mapped host memory).
 static __global__ void wait_for_change_word(std::uint32_t* word, std::uint64_t budget_ns, std::uint32_t* started) {
   accel::SystemAtomicRef<std::uint32_t>(started[0]).store(1, accel::MemoryOrder::release);
   const std::uint64_t deadline = accel::timer_ns() + budget_ns;
@@ -895,27 +896,43 @@ static __global__ void wait_for_change_word(std::uint32_t* word, std::uint64_t b
   accel::SystemAtomicRef<std::uint32_t>(started[1]).store(seen + 1, accel::MemoryOrder::release);
 }
 
+/// Holds its stream until *release reads nonzero (the host writes it; mapped host memory) or
+/// `budget_ns` passes on %globaltimer; then writes 1 (released) or 2 (budget spent) to *result.
+static __global__ void hold_stream(std::uint32_t* release, std::uint64_t budget_ns, std::uint32_t* result) {
+  const std::uint64_t deadline = accel::timer_ns() + budget_ns;
+  bool released = false;
+  while (!(released = accel::SystemAtomicRef<std::uint32_t>(*release).load(accel::MemoryOrder::acquire) != 0) &&
+         accel::timer_ns() < deadline)
+    __nanosleep(1000);
+  accel::SystemAtomicRef<std::uint32_t>(*result).store(released ? 1 : 2, accel::MemoryOrder::release);
+}
+
+/// Waits (bounded, on the host) until `flag` reads nonzero; whether it did.
+bool wait_for_flag(const std::uint32_t& flag, std::chrono::seconds bound) {
+  const auto until = std::chrono::steady_clock::now() + bound;
+  while (accel::SystemAtomicRef<std::uint32_t>(const_cast<std::uint32_t&>(flag)).load(accel::MemoryOrder::acquire) ==
+             0 &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return flag != 0;
+}
+
 TEST_CASE("change words on the GPU: set() lands in device memory beside a running kernel, which sees the 1") {
-  // A kernel on its own stream spins on a fresh word for up to 10 s. set() copies on the pool's
-  // stream: were that copy queued behind the kernel, the kernel would time out reading 0.
+  // A kernel on the legacy default stream (where submits run unless Options::stream names another)
+  // spins on a fresh word for up to 10 s. set() copies on the pool's own stream: were that copy
+  // queued behind the kernel, the kernel would time out reading 0.
   auto made = local_nvme::ChangeWords::create(5 * kSecond);
   REQUIRE_MESSAGE(made.is_ok(), made.status().to_string());
   auto& words = *made.value();
   auto word = words.acquire();
   REQUIRE_MESSAGE(word.is_ok(), word.status().to_string());
   auto flags = local_nvme::kernel_array<std::uint32_t>(2, 0);
-  cudaStream_t stream = nullptr;
-  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
-  wait_for_change_word<<<1, 1, 0, stream>>>(*word, 10 * kSecond, flags.data());
+  wait_for_change_word<<<1, 1, 0, nullptr>>>(*word, 10 * kSecond, flags.data());
   REQUIRE(cudaGetLastError() == cudaSuccess);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (accel::SystemAtomicRef<std::uint32_t>(flags[0]).load(accel::MemoryOrder::acquire) == 0 &&
-         std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  REQUIRE(flags[0] == 1);  // the kernel runs
+  REQUIRE(wait_for_flag(flags[0], std::chrono::seconds(10)));  // the kernel runs
   const Status set = words.set(*word);
   CHECK_MESSAGE(set.is_ok(), set.to_string());
-  REQUIRE(accel::synchronize(stream, 20 * kSecond).is_ok());
+  REQUIRE(accel::synchronize(nullptr, 20 * kSecond).is_ok());
   CHECK(flags[1] == 2);  // it read 1 (seen + 1), not 0 after its budget
   words.release(*word);
   // The recycled word is 0 again, read by a kernel that then times out at once.
@@ -923,35 +940,49 @@ TEST_CASE("change words on the GPU: set() lands in device memory beside a runnin
   REQUIRE(again.is_ok());
   CHECK(*again == *word);
   flags[0] = flags[1] = 0;
-  wait_for_change_word<<<1, 1, 0, stream>>>(*again, 0, flags.data());
-  REQUIRE(accel::synchronize(stream, 20 * kSecond).is_ok());
+  wait_for_change_word<<<1, 1, 0, nullptr>>>(*again, 0, flags.data());
+  REQUIRE(accel::synchronize(nullptr, 20 * kSecond).is_ok());
   CHECK(flags[1] == 1);  // read 0
   words.release(*again);
-  CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+  // The always-changed word reads 1 on the GPU.
+  flags[0] = flags[1] = 0;
+  wait_for_change_word<<<1, 1, 0, nullptr>>>(words.always_changed(), 0, flags.data());
+  REQUIRE(accel::synchronize(nullptr, 20 * kSecond).is_ok());
+  CHECK(flags[1] == 2);
+}
+
+/// Opens a target over `extents` whose change guard watches the real file `watched` (watch only:
+/// no immutable flag), standing for the file the hand-built extents describe.
+Path::open_target open_watched(Rig& rig, const std::string& watched, const std::vector<local_file::Extent>& extents,
+                               std::uint64_t size) {
+  local_file::Target t;
+  t.path = watched;
+  t.extents = extents;
+  t.file_size = size;
+  t.lba_size = rig.controller->identity().lba_size;
+  t.nsid = rig.controller->identity().nsid;
+  const int fd = ::open(watched.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  auto guard = local_file::ChangeGuard::create(fd, watched, local_file::ChangeProtection::watch_only);
+  ::close(fd);
+  REQUIRE_MESSAGE(guard.is_ok(), guard.status().to_string());
+  t.guard = std::move(guard.value());
+  return rig.open_or_fail(std::move(t));
+}
+
+/// Writes one byte into `path` (an IN_MODIFY event for its change guard).
+void modify(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::pwrite(fd, "x", 1, 0) == 1);
+  ::close(fd);
 }
 
 TEST_CASE("a target whose file changed is refused by the GPU's admission with DATA_LOSS; another target still reads") {
   Rig rig;
   const std::vector<local_file::Extent> extents{{0, 0, 64 * 4096}};
-  // The change guard of a real file watches it (watch only: no immutable flag), standing for the
-  // file the hand-built extents describe.
   const std::string watched = make_backing(7, 4096);
-  const auto open_watched = [&] {
-    local_file::Target t;
-    t.path = watched;
-    t.extents = extents;
-    t.file_size = 64 * 4096;
-    t.lba_size = rig.controller->identity().lba_size;
-    t.nsid = rig.controller->identity().nsid;
-    const int fd = ::open(watched.c_str(), O_RDONLY);
-    REQUIRE(fd >= 0);
-    auto guard = local_file::ChangeGuard::create(fd, watched, local_file::ChangeProtection::watch_only);
-    ::close(fd);
-    REQUIRE_MESSAGE(guard.is_ok(), guard.status().to_string());
-    t.guard = std::move(guard.value());
-    return rig.open_or_fail(std::move(t));
-  };
-  auto changing = open_watched();
+  auto changing = open_watched(rig, watched, extents, 64 * 4096);
   auto other = rig.open(extents, 64 * 4096);
   DeviceMemory memory(128 * 4096);
   auto registration = rig.map(memory);
@@ -963,10 +994,7 @@ TEST_CASE("a target whose file changed is refused by the GPU's admission with DA
     auto [states, completions] = read_both();
     check_all_ok(states, completions, {64 * 4096, 64 * 4096});
   }
-  const int fd = ::open(watched.c_str(), O_WRONLY);
-  REQUIRE(fd >= 0);
-  REQUIRE(::pwrite(fd, "x", 1, 0) == 1);  // IN_MODIFY
-  ::close(fd);
+  modify(watched);
   memory.write(0, std::vector<std::uint8_t>(128 * 4096, 0x11));
   auto [states, completions] = read_both();
   CHECK(states[0].code() == StatusCode::DATA_LOSS);
@@ -977,4 +1005,62 @@ TEST_CASE("a target whose file changed is refused by the GPU's admission with DA
   CHECK(memory.read(64 * 4096, 64 * 4096) == rig.expected(extents, 0, 64 * 4096));
   CHECK(rig.path->unregister_memory(registration).is_ok());
   ::unlink(watched.c_str());
+}
+
+TEST_CASE(
+    "a request staged before its file changed and admitted after another thread raised the change is refused by its "
+    "kernel") {
+  // Thread A's submit stages a read while the file is unchanged; its copy and AdmitKernel wait on
+  // the shared stream behind a kernel that holds it. The file changes; thread B's submit of the
+  // same target raises the change (its own request is refused through the always-changed word) and
+  // queues behind A. Only once the target's word is set is the stream let go: A's admission must
+  // read the 1 from device memory. A verdict staged with A's request would let it through.
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  {
+    Path::Options o;
+    o.stream = accel::StreamRef::from_cuda(stream);
+    o.command_timeout_ns = 30 * kSecond;  // A's submit waits behind the hold: well within its bound
+    Rig rig(o);
+    const std::vector<local_file::Extent> extents{{0, 0, 64 * 4096}};
+    const std::string watched = make_backing(9, 4096);
+    auto target = open_watched(rig, watched, extents, 64 * 4096);
+    DeviceMemory memory(128 * 4096);
+    auto registration = rig.map(memory);
+    auto flags =
+        local_nvme::kernel_array<std::uint32_t>(3, 0);  // [0] release the hold, [1] hold's result, [2] A started
+    hold_stream<<<1, 1, 0, stream>>>(&flags[0], 20 * kSecond, &flags[1]);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    const auto submit_on = [&](std::uint64_t memory_offset, std::vector<Status>& states) {
+      std::vector<PathRequest<Path>> requests{
+          rig.request(Direction::READ, registration, memory, memory_offset, target, 0, 64 * 4096)};
+      auto b = rig.path->submit(requests, states);
+      std::vector<RequestCompletion> completions(1);
+      (void)rig.path->progress(b, completions, 20 * kSecond);
+    };
+    std::vector<Status> a_states(1), b_states(1);
+    std::thread a([&] {
+      accel::SystemAtomicRef<std::uint32_t>(flags[2]).store(1, accel::MemoryOrder::release);
+      submit_on(0, a_states);
+    });
+    REQUIRE(wait_for_flag(flags[2], std::chrono::seconds(10)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // A stages and waits behind the hold
+    modify(watched);
+    std::thread b([&] { submit_on(64 * 4096, b_states); });
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (target.signal->state.load() != local_nvme::ChangeSignal::raised && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const auto raised = target.signal->state.load();
+    accel::SystemAtomicRef<std::uint32_t>(flags[0]).store(1, accel::MemoryOrder::release);  // let the stream go
+    a.join();
+    b.join();
+    CHECK(raised == local_nvme::ChangeSignal::raised);  // B's raise landed while the stream was held
+    CHECK(flags[1] == 1);                               // the hold ended on the release, not its budget
+    CHECK_MESSAGE(a_states[0].code() == StatusCode::DATA_LOSS, a_states[0].to_string());
+    CHECK_MESSAGE(b_states[0].code() == StatusCode::DATA_LOSS, b_states[0].to_string());
+    CHECK(memory.read(0, 128 * 4096) == std::vector<std::uint8_t>(128 * 4096, 0xEE));  // nothing moved
+    CHECK(rig.path->unregister_memory(registration).is_ok());
+    ::unlink(watched.c_str());
+  }
+  CHECK(cudaStreamDestroy(stream) == cudaSuccess);
 }

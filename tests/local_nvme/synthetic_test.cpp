@@ -1460,13 +1460,16 @@ TEST_CASE(
 
 TEST_CASE(
     "change words: a fresh word reads 0, set makes it 1, a released word comes back as 0, the pool grows by "
-    "chunks") {
+    "chunks, and the always-changed word reads 1") {
   auto made = local_nvme::ChangeWords::create(kSecond);
   REQUIRE_MESSAGE(made.is_ok(), made.status().to_string());
   auto& words = *made.value();
-  CHECK(words.chunks() == 0);  // nothing allocated until the first open target
+  CHECK(words.chunks() == 1);  // the first chunk holds the always-changed word
+  REQUIRE(words.always_changed() != nullptr);
+  CHECK(*words.always_changed() == 1);
   auto first = words.acquire();
   REQUIRE(first.is_ok());
+  CHECK(*first != words.always_changed());
   CHECK(**first == 0);
   REQUIRE(words.set(*first).is_ok());
   CHECK(**first == 1);
@@ -1476,7 +1479,8 @@ TEST_CASE(
   REQUIRE(again.is_ok());
   CHECK(*again == *first);
   CHECK(**again == 0);
-  // One chunk holds kChangeWordsPerChunk words; one more open target takes a second chunk.
+  // One chunk holds kChangeWordsPerChunk words, one of them the always-changed word: as many open
+  // targets again take a second chunk.
   std::vector<std::uint32_t*> held{*again};
   for (std::uint32_t i = 1; i <= local_nvme::kChangeWordsPerChunk; ++i) {
     auto w = words.acquire();
@@ -1484,9 +1488,54 @@ TEST_CASE(
     held.push_back(*w);
   }
   CHECK(words.chunks() == 2);
+  held.push_back(words.always_changed());
   std::sort(held.begin(), held.end());
   CHECK(std::adjacent_find(held.begin(), held.end()) == held.end());  // no word handed out twice
+  held.erase(std::find(held.begin(), held.end(), words.always_changed()));
   for (auto* w : held) words.release(w);
+  CHECK(*words.always_changed() == 1);
   CHECK_FALSE(local_nvme::ChangeWords::create(0).is_ok());
   CHECK(local_nvme::ChangeWords::create(0).status().message().find("write_timeout_ns is 0") != std::string::npos);
+}
+
+TEST_CASE(
+    "a change signal raised once: its word is set, staged requests point at the always-changed word, and "
+    "its word never goes back to the pool") {
+  auto made = local_nvme::ChangeWords::create(kSecond);
+  REQUIRE(made.is_ok());
+  const auto words = made.value();
+  char file[] = "/tmp/tutti-lnvme-signal-XXXXXX";
+  const int fd = ::mkstemp(file);
+  REQUIRE(fd >= 0);
+  auto guard = local_file::ChangeGuard::create(fd, file, local_file::ChangeProtection::watch_only);
+  REQUIRE_MESSAGE(guard.is_ok(), guard.status().to_string());
+  auto signal = std::make_unique<local_nvme::ChangeSignal>();
+  signal->words = words;
+  auto acquired = words->acquire();
+  REQUIRE(acquired.is_ok());
+  signal->word = *acquired;
+  signal->watch = guard->watch();
+  std::uint32_t* const word = signal->word;
+  local_nvme::DeviceTarget staged;
+  staged.changed = word;
+  local_file::poll_changes();
+  signal->stage(staged);  // unchanged: the staged handle keeps the target's word
+  CHECK(staged.changed == word);
+  CHECK(*word == 0);
+  REQUIRE(::pwrite(fd, "x", 1, 0) == 1);  // IN_MODIFY
+  local_file::poll_changes();
+  signal->stage(staged);
+  CHECK(staged.changed == words->always_changed());
+  CHECK(signal->state.load() == local_nvme::ChangeSignal::raised);
+  CHECK(*word == 1);
+  CHECK(signal->raise_if_changed());  // raised once; later calls only report it
+  signal.reset();
+  // Kept out of the pool: the next open target gets another word.
+  auto next = words->acquire();
+  REQUIRE(next.is_ok());
+  CHECK(*next != word);
+  CHECK(*word == 1);
+  words->release(*next);
+  ::close(fd);
+  ::unlink(file);
 }

@@ -263,7 +263,7 @@ class LocalNvmeDataPath {
       stage_request(slot.staged[i], p, e, static_cast<std::uint32_t>((base + i / lanes) % e.queues.size()), target,
                     device_records + i * window, slot.mappings[i]);
       slot.signals[i] = p.target->signal.get();
-      (void)slot.signals[i]->raise_if_changed();
+      slot.signals[i]->stage(slot.staged[i].target);
     }
     const std::uint64_t staged = accel::timer_ns();
     std::shared_lock gate(e.kernel_gate);  // no zombie reaping while this batch's kernel may run

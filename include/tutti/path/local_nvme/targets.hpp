@@ -53,32 +53,47 @@ struct CacheLease {
 /// profile) and the guard's view of the file's change events. Owned by the open target (a stable
 /// address for the batches that point to it); submit and progress raise it, from any thread.
 struct ChangeSignal {
-  std::shared_ptr<ChangeWords> words;  ///< the pool `word` comes from, and goes back to
+  /// What the host did about a change: nothing yet; setting the word (one thread, the first to
+  /// see the change); set (the word is 1); or the set failed (not tried again: the copy stays
+  /// enqueued and lands when the device gets to it).
+  enum State : std::uint8_t { unraised = 0, raising = 1, raised = 2, raise_failed = 3 };
+  std::shared_ptr<ChangeWords> words;  ///< the pool `word` comes from
   std::uint32_t* word = nullptr;       ///< 0 unchanged, 1 changed (the kernels issue nothing more)
-  std::atomic<bool> raised{false};     ///< `word` is known to be 1 (ChangeWords::set returned OK)
+  std::atomic<std::uint8_t> state{unraised};
   local_file::ChangeWatch watch;
   std::string path;
   ChangeSignal() = default;
   ChangeSignal(const ChangeSignal&) = delete;
   ChangeSignal& operator=(const ChangeSignal&) = delete;
+  /// A word that was never set goes back to the pool; one that was (or may be) set is kept out of
+  /// it, so no kernel that outlived this target reads a later target's 0 in it.
   ~ChangeSignal() {
-    if (words) words->release(word);
+    if (words && state.load(std::memory_order_acquire) == unraised) words->release(word);
   }
-  /// Whether the file changed (read local_file::poll_changes first). The first time it did, sets
-  /// the word and returns once every kernel admission from then on refuses the target
-  /// (ChangeWords::set). A write that failed (the GPU did not answer within the pool's timeout) is
-  /// tried again at the next call; the result is true either way, so the host still reports the
-  /// target's requests as DATA_LOSS.
+  /// Whether the file changed (read local_file::poll_changes first). The first caller that sees
+  /// the change sets the word (ChangeWords::set) and returns once every kernel admission from
+  /// then on refuses the target; callers meanwhile and afterwards return at once. A set that
+  /// failed (the copy did not land within the pool's timeout) is not tried again: the requests
+  /// staged from then on are refused anyway (stage), and the host reports the target's requests
+  /// in flight as DATA_LOSS.
   bool raise_if_changed() noexcept {
-    if (raised.load(std::memory_order_acquire)) return true;
+    if (state.load(std::memory_order_acquire) != unraised) return true;
     if (!watch.changed()) return false;
+    std::uint8_t expected = unraised;
+    if (!state.compare_exchange_strong(expected, raising, std::memory_order_acq_rel)) return true;
     bool set = false;
     try {
       set = words->set(word).is_ok();
-    } catch (...) {  // no memory for the error's text: not set, tried again next time
+    } catch (...) {  // no memory for the error's text: counted as failed
     }
-    if (set) raised.store(true, std::memory_order_release);
+    state.store(set ? raised : raise_failed, std::memory_order_release);
     return true;
+  }
+  /// Stages a request of this target: raises the signal if the file changed, and then points the
+  /// staged handle at the pool's always-1 word, so the request's kernel refuses it whether or not
+  /// this target's own word has landed.
+  void stage(DeviceTarget& staged) noexcept {
+    if (raise_if_changed()) staged.changed = words->always_changed();
   }
   /// DATA_LOSS naming the file and what happened to it; `consequence` says what that means for
   /// the caller's request.
@@ -97,7 +112,7 @@ struct OpenTarget {
   KernelArray<local_file::Extent> extents;
   DeviceTarget device_target;
   std::unique_ptr<CacheLease> cache_lease;  ///< the id the cache knows the target by
-  std::unique_ptr<ChangeSignal> signal;     ///< device_target.changed points into it
+  std::unique_ptr<ChangeSignal> signal;     ///< device_target.changed is its word
   bool flush_on_close = false;              ///< OpenOptions::flush_on_close: close() issues an NVMe Flush first
 };
 

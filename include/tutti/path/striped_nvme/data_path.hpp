@@ -471,7 +471,7 @@ class StripedNvmeDataPath {
                                 device_records + j * s.window, slot.mappings[j]);
       slot.staged[j].max_window = s.window;
       slot.signals[j] = shard.signal.get();
-      (void)slot.signals[j]->raise_if_changed();
+      slot.signals[j]->stage(slot.staged[j].target);
     }
     for (std::size_t i = 0; i < n; ++i) f.remaining[i] = f.first_piece[i + 1] - f.first_piece[i];
     void* stream = s.options.stream.native_handle();
