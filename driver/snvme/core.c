@@ -125,16 +125,22 @@ static bool snvme_inject_stuck_disable(struct snvme_ctrl *ctrl)
 	return true;
 }
 
+/* Sleeps for a delay knob's milliseconds, once: the knob is cleared. */
+static void snvme_inject_sleep(atomic_t *delay_ms)
+{
+	int ms = atomic_xchg(delay_ms, 0);
+
+	if (ms > 0)
+		msleep(ms);
+}
+
 /*
  * fail_delay_ms (debugfs): the next failure waits that long between setting
  * failed and queueing fail_work, as a slow console does in its dev_err.
  */
 static void snvme_inject_fail_delay(struct snvme_ctrl *ctrl)
 {
-	int ms = atomic_xchg(&ctrl->inject_fail_delay_ms, 0);
-
-	if (ms > 0)
-		msleep(ms);
+	snvme_inject_sleep(&ctrl->inject_fail_delay_ms);
 }
 
 /*
@@ -147,13 +153,8 @@ static void snvme_inject_fail_delay(struct snvme_ctrl *ctrl)
  */
 static void snvme_inject_prefail_delay(struct snvme_ctrl *ctrl)
 {
-	int ms;
-
-	if (READ_ONCE(ctrl->failed))
-		return;
-	ms = atomic_xchg(&ctrl->inject_prefail_delay_ms, 0);
-	if (ms > 0)
-		msleep(ms);
+	if (!READ_ONCE(ctrl->failed))
+		snvme_inject_sleep(&ctrl->inject_prefail_delay_ms);
 }
 #else
 static bool snvme_inject_stuck_disable(struct snvme_ctrl *ctrl)
@@ -512,7 +513,27 @@ void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why)
 	dev_err(ctrl->dev, "controller failed (%s): disabled; unbind and bind to recover\n",
 		why);
 	snvme_inject_fail_delay(ctrl);
-	queue_work(snvme_wq, &ctrl->fail_work);
+	spin_lock(&ctrl->state_lock);
+	if (!ctrl->fail_work_retired)
+		queue_work(snvme_wq, &ctrl->fail_work);
+	spin_unlock(&ctrl->state_lock);
+}
+
+/*
+ * For remove() and probe's unwind, once they disabled the controller
+ * themselves: fail_work never runs again. A failure that set failed before
+ * they did may still be on its way to queue_work (its dev_err, the test
+ * build's fail_delay_ms; the nv-p2p free callback takes no lock of ours):
+ * the flag, set under the lock that queue_work is called under, makes that
+ * a no-op, so this cancel is the last word and fail_work cannot run on an
+ * unmapped BAR.
+ */
+static void snvme_retire_fail_work(struct snvme_ctrl *ctrl)
+{
+	spin_lock(&ctrl->state_lock);
+	ctrl->fail_work_retired = true;
+	spin_unlock(&ctrl->state_lock);
+	cancel_work_sync(&ctrl->fail_work);
 }
 
 /*
@@ -1192,7 +1213,7 @@ disable_ctrl:
 	snvme_stop_dma(ctrl);
 	ctrl->failed = true;
 	mutex_unlock(&ctrl->admin_lock);
-	cancel_work_sync(&ctrl->fail_work);
+	snvme_retire_fail_work(ctrl);
 	snvme_blk_free(ctrl);
 	snvme_free_io_queues(ctrl);
 free_admin_irq:
@@ -1244,7 +1265,7 @@ static void snvme_remove(struct pci_dev *pdev)
 	snvme_stop_dma(ctrl);
 	ctrl->failed = true;
 	mutex_unlock(&ctrl->admin_lock);
-	cancel_work_sync(&ctrl->fail_work);
+	snvme_retire_fail_work(ctrl);
 	snvme_blk_free(ctrl);
 	snvme_free_io_queues(ctrl);
 	free_irq(pci_irq_vector(pdev, 0), ctrl);

@@ -13,6 +13,16 @@
 #define SNVME_GPU_PAGE (64u * 1024)	/* NVIDIA_P2P_PAGE_SIZE_64KB */
 
 /*
+ * Claims the teardown of a GPU map: sets REVOKED and returns the state
+ * before it. Of the free callback and DMA_UNMAP (or the close that unmaps),
+ * exactly one finds REVOKED clear, and that one frees the pages.
+ */
+static int snvme_p2p_claim(struct snvme_dmamap *m)
+{
+	return atomic_fetch_or(SNVME_P2P_REVOKED, &m->p2p_state);
+}
+
+/*
  * The GPU memory is being freed while mapped (the owner skipped DMA_UNMAP).
  * The controller may still DMA into it, so fail the controller (disable =
  * no DMA) before the pages go; the mapping is then only freed here.
@@ -30,7 +40,7 @@ static void snvme_p2p_free_cb(void *data)
 {
 	struct snvme_dmamap *m = data;
 	struct snvme_ctrl *ctrl = m->ctrl;
-	int old = atomic_fetch_or(SNVME_P2P_REVOKED, &m->p2p_state);
+	int old = snvme_p2p_claim(m);
 
 	if (old & SNVME_P2P_REVOKED)
 		return;
@@ -101,7 +111,7 @@ put_pages:
 
 void snvme_gpu_unmap(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
 {
-	if (!m->p2p_table || (atomic_fetch_or(SNVME_P2P_REVOKED, &m->p2p_state) & SNVME_P2P_REVOKED))
+	if (!m->p2p_table || (snvme_p2p_claim(m) & SNVME_P2P_REVOKED))
 		return;
 	if (m->p2p_mapping)
 		nvidia_p2p_dma_unmap_pages(ctrl->pdev, m->p2p_table, m->p2p_mapping);

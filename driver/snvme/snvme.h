@@ -148,6 +148,11 @@ struct snvme_ctrl {
 	spinlock_t state_lock;
 	bool resetting;
 	bool reset_allowed;
+	/*
+	 * Set (under state_lock) by remove() or probe's unwind right before
+	 * their last cancel of fail_work: snvme_ctrl_fail() queues it no more.
+	 */
+	bool fail_work_retired;
 	const char *reset_why;
 	struct work_struct reset_work;
 	struct snvme_recovery_counters recovery;
