@@ -448,9 +448,15 @@ static void snvme_dmamap_unmap(struct snvme_file *f, struct snvme_dmamap *m)
 	}
 }
 
-/* The second half, with no lock held: the pins and the RLIMIT_MEMLOCK charge. */
+/*
+ * The second half, with no lock held: the pins and the RLIMIT_MEMLOCK
+ * charge; for a GPU map whose free callback claimed it, the end of the
+ * callback (it reads m until then).
+ */
 static void snvme_dmamap_put(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
 {
+	if (m->kind == SNVME_DMA_GPU && !snvme_gpu_callback_done(ctrl, m))
+		return;	/* kept: the callback may still read it */
 	if (m->kind == SNVME_DMA_HOST) {
 		if (m->pages && m->nr_pinned) {
 			/* The device may have written any page. */
@@ -655,6 +661,7 @@ static int snvme_ioc_dma_map(struct snvme_file *f, struct snvme_dma_map *a,
 	if (!m)
 		return -ENOMEM;
 	m->kind = a->kind;
+	init_completion(&m->p2p_done);
 	m->vaddr = a->vaddr;
 	m->length = a->length;
 	m->nr_pages = a->length / PAGE_SIZE;

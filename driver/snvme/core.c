@@ -498,8 +498,12 @@ static void snvme_fail_work(struct work_struct *work)
 
 /*
  * Fails the controller: sets failed at once, then queues fail_work, which
- * disables it. Does not sleep (but in the test build's prefail_delay_ms and
- * fail_delay_ms); a reset calls it with its locks held. Between
+ * disables it, unless remove() or probe's unwind retired it
+ * (snvme_retire_fail_work). Takes state_lock with a plain spin_lock: every
+ * caller runs in process context and none holds state_lock (an interrupt
+ * context caller would need it irqsave). Does not sleep (but in the test
+ * build's prefail_delay_ms and fail_delay_ms); a reset calls it with its
+ * locks held. Between
  * the two, and until fail_work has run, failed is set while the controller
  * still runs: so whoever frees memory because failed is set (no Delete
  * needed) waits for snvme_ctrl_wait_disabled(), not for fail_work, which a

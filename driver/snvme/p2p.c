@@ -15,7 +15,9 @@
 /*
  * Claims the teardown of a GPU map: sets REVOKED and returns the state
  * before it. Of the free callback and DMA_UNMAP (or the close that unmaps),
- * exactly one finds REVOKED clear, and that one frees the pages.
+ * exactly one finds REVOKED clear, and that one frees the pages. The map
+ * itself is always freed by the unmap side, after the callback is done with
+ * it (p2p_done, snvme_gpu_callback_done).
  */
 static int snvme_p2p_claim(struct snvme_dmamap *m)
 {
@@ -58,6 +60,8 @@ static void snvme_p2p_free_cb(void *data)
 	if (m->p2p_mapping)
 		nvidia_p2p_free_dma_mapping(m->p2p_mapping);
 	nvidia_p2p_free_page_table(m->p2p_table);
+	/* The last use of m: a DMA_UNMAP or close that lost the claim frees it now. */
+	complete_all(&m->p2p_done);
 	if (old & SNVME_P2P_CTRL_REF)
 		snvme_ctrl_put(ctrl);
 }
@@ -111,11 +115,42 @@ put_pages:
 
 void snvme_gpu_unmap(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
 {
-	if (!m->p2p_table || (snvme_p2p_claim(m) & SNVME_P2P_REVOKED))
+	if (!m->p2p_table)
 		return;
+	if (snvme_p2p_claim(m) & SNVME_P2P_REVOKED) {
+		/*
+		 * The free callback claimed it first (DMA_UNMAP, close and
+		 * remove() unmap a map once, under f->lock) and may still be
+		 * failing the controller and reading m.
+		 */
+		m->p2p_callback_owns = true;
+		return;
+	}
 	if (m->p2p_mapping)
 		nvidia_p2p_dma_unmap_pages(ctrl->pdev, m->p2p_table, m->p2p_mapping);
 	nvidia_p2p_put_pages(0, 0, m->vaddr, m->p2p_table);
+}
+
+/*
+ * Before a GPU map is freed, with no lock of ours held: when the free
+ * callback claimed it (p2p_callback_owns), waits until the callback is done
+ * with it. The callback's own waits are bounded (snvme_ctrl_wait_disabled),
+ * so this waits at most that long plus SNVME_DISABLED_SLACK_MS; false if the
+ * callback is still not done then: the caller must keep the map (leak it)
+ * rather than free memory the callback reads.
+ */
+bool snvme_gpu_callback_done(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
+{
+	unsigned long ms = snvme_admin_timeout_ms + 3ul * ctrl->timeout_ms +
+			   2 * SNVME_DISABLED_SLACK_MS;
+
+	if (!m->p2p_callback_owns)
+		return true;
+	if (wait_for_completion_timeout(&m->p2p_done, msecs_to_jiffies(ms)))
+		return true;
+	dev_err(ctrl->dev, "the free callback of GPU map 0x%llx (%llu bytes) did not end within %lu ms: its handle is kept\n",
+		m->vaddr, m->length, ms);
+	return false;
 }
 
 #else /* !SNVME_HAVE_NV_P2P */
@@ -129,6 +164,11 @@ int snvme_gpu_map(struct snvme_ctrl *ctrl, struct snvme_dmamap *m, u64 vaddr,
 
 void snvme_gpu_unmap(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
 {
+}
+
+bool snvme_gpu_callback_done(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
+{
+	return true;
 }
 
 #endif

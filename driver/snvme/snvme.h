@@ -143,7 +143,8 @@ struct snvme_ctrl {
 	 * Reset (the timeout ladder's third step, or debugfs): resetting is
 	 * set when reset_work is queued and cleared when it ends;
 	 * reset_allowed holds from the end of probe until remove() begins (a
-	 * timeout outside that fails the controller). Both under state_lock.
+	 * timeout outside that fails the controller). All three fields below
+	 * under state_lock.
 	 */
 	spinlock_t state_lock;
 	bool resetting;
@@ -285,6 +286,7 @@ struct snvme_dmamap;
 int snvme_gpu_map(struct snvme_ctrl *ctrl, struct snvme_dmamap *m, u64 vaddr,
 		  u64 length);
 void snvme_gpu_unmap(struct snvme_ctrl *ctrl, struct snvme_dmamap *m);
+bool snvme_gpu_callback_done(struct snvme_ctrl *ctrl, struct snvme_dmamap *m);
 
 /* A DMA_MAP handle. */
 struct snvme_dmamap {
@@ -307,6 +309,13 @@ struct snvme_dmamap {
 	void *p2p_table;
 	void *p2p_mapping;
 	atomic_t p2p_state;		/* SNVME_P2P_*, changed atomically (p2p.c) */
+	/*
+	 * The unmap found the map claimed by the free callback, which may
+	 * still read it: the map is freed only once p2p_done says the
+	 * callback is done with it (snvme_gpu_callback_done).
+	 */
+	bool p2p_callback_owns;
+	struct completion p2p_done;
 };
 
 /*
