@@ -10,7 +10,8 @@
 # local-nvme-snvme-test, tuttid, tuttictl, tuttid-snvme-test, the KV example layerwise_kv_overlap) and an
 # initramfs, then boots qemu-system-x86_64
 # (q35, emulated Intel IOMMU, emulated NVMe behind a pcie-root-port, a QMP
-# socket) once per LBA format (512 and 4096 bytes) and runs
+# socket) once per LBA format (512 and 4096 bytes; one each with
+# TUTTI_QEMU_MATRIX=pairwise) and runs
 # tests/qemu/guest/suite.sh. When the guest prints TUTTI-HOTPLUG-REQUEST,
 # the rig removes the NVMe with QMP device_del (the hot-removal test).
 #
@@ -24,10 +25,11 @@
 #   TUTTI_QEMU_LINES      kernel lines to test (default "bookworm bookworm-backports")
 #   TUTTI_QEMU_LBAS       LBA sizes in bytes (default "512 4096")
 #   TUTTI_QEMU_MATRIX     full (default): every kernel line boots at every LBA size;
-#                         pairwise: the n-th line boots at the n-th LBA size only
-#                         (cycling), so each line and each size boots once: bookworm at
-#                         512, bookworm-backports at 4096 (.ci/run sets it: each boot
-#                         takes about 7 minutes of a 2-core CI machine)
+#                         pairwise: boot k (k = 0 .. max(lines, sizes) - 1) is line
+#                         k mod lines at size k mod sizes, so every line and every
+#                         size boots at least once: bookworm at 512, bookworm-backports
+#                         at 4096 by default (.ci/run sets it: 2 boots instead of 4,
+#                         each 60 to 90 s on 2 cores)
 #   TUTTI_QEMU_TIMEOUT    seconds one guest may run before it is killed (default 900)
 #   TUTTI_QEMU_INIT_TIMEOUT  seconds a guest may take to reach /init (default 180); a
 #                         boot that hangs before it (no Tutti code has run yet: seen
@@ -67,15 +69,33 @@ readonly EXPECTED_TESTS=(param-range no-grab-on-load bind perms queue-flush-fua 
 	reset-revoke
 	libnvm-reset local-nvme-reset leaks-after-reset ladder-fsck hot-removal)
 
-case $MATRIX in
-full | pairwise) ;;
-*) echo "TUTTI_QEMU_MATRIX is '$MATRIX': must be full or pairwise" >&2; exit 2 ;;
-esac
+# check_matrix: TUTTI_QEMU_MATRIX, TUTTI_QEMU_LINES and TUTTI_QEMU_LBAS are
+# usable (a list that names nothing would boot nothing and pass).
+check_matrix() {
+	local lines sizes size
+	read -ra lines <<<"$LINES"
+	read -ra sizes <<<"$LBAS"
+	[[ $MATRIX == full || $MATRIX == pairwise ]] ||
+		die "TUTTI_QEMU_MATRIX is '$MATRIX': must be full or pairwise"
+	((${#lines[@]} > 0)) || die "TUTTI_QEMU_LINES is empty: name at least one kernel line"
+	((${#sizes[@]} > 0)) || die "TUTTI_QEMU_LBAS is empty: name at least one LBA size"
+	for size in "${sizes[@]}"; do
+		[[ $size == 512 || $size == 4096 ]] || die "TUTTI_QEMU_LBAS has '$size': sizes are 512 or 4096"
+	done
+}
 
 # lbas_of_line N: the LBA sizes the N-th kernel line (from 0) boots at.
 lbas_of_line() {
-	local sizes=($LBAS)
-	if [[ $MATRIX == full ]]; then echo "${sizes[@]}"; else echo "${sizes[$(($1 % ${#sizes[@]}))]}"; fi
+	local lines sizes k out=()
+	read -ra lines <<<"$LINES"
+	read -ra sizes <<<"$LBAS"
+	if [[ $MATRIX == full ]]; then
+		echo "${sizes[@]}"
+		return
+	fi
+	local boots=$((${#lines[@]} > ${#sizes[@]} ? ${#lines[@]} : ${#sizes[@]}))
+	for ((k = $1; k < boots; k += ${#lines[@]})); do out+=("${sizes[$((k % ${#sizes[@]}))]}"); done
+	echo "${out[@]}"
 }
 
 MODE=normal
@@ -420,6 +440,7 @@ verdict() {
 }
 
 main() {
+	check_matrix
 	install_host_packages
 	setup_apt
 	mkdir -p "$CACHE"
