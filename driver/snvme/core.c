@@ -1442,6 +1442,14 @@ static int __init snvme_init(void)
 {
 	int ret;
 
+	/*
+	 * CPU pages are used as NVMe memory pages (CC.MPS = 0, 4 KiB): a DMA
+	 * map's addrs[] holds one PRP entry per CPU page, and the rings and the
+	 * doorbell window are mapped to userspace a CPU page at a time. A
+	 * kernel with larger pages (arm64 64K, ppc64) would need them split.
+	 */
+	BUILD_BUG_ON(PAGE_SIZE != SNVME_NVME_PAGE);
+
 	snvme_wq = alloc_workqueue(SNVME_NAME, WQ_UNBOUND | WQ_MEM_RECLAIM, 0);
 	if (!snvme_wq)
 		return -ENOMEM;
