@@ -541,15 +541,25 @@ static void snvme_retire_fail_work(struct snvme_ctrl *ctrl)
 }
 
 /*
+ * The longest fail_work can take to disable a failed controller, in ms:
+ * admin_lock may be held by an admin command (admin_timeout_ms) or by a
+ * disable or remove()'s shutdown (CAP.TO each for shutdown and disable),
+ * then fail_work's own disable waits up to CAP.TO, plus
+ * SNVME_DISABLED_SLACK_MS for the workqueue and the console.
+ */
+unsigned long snvme_ctrl_disable_bound_ms(struct snvme_ctrl *ctrl)
+{
+	return snvme_admin_timeout_ms + 3ul * ctrl->timeout_ms +
+	       SNVME_DISABLED_SLACK_MS;
+}
+
+/*
  * Waits until a failed controller can DMA no more (ctrl->disabled) and
  * returns true; false if that did not happen within the longest fail_work
- * can take: admin_lock may be held by an admin command (admin_timeout_ms)
- * or by a disable or remove()'s shutdown (CAP.TO each for shutdown and
- * disable), then fail_work's own disable waits up to CAP.TO, plus
- * SNVME_DISABLED_SLACK_MS for the workqueue and the console. On false the
- * controller may still DMA into what its queues name: the caller must keep
- * that memory (leak it, and say so) instead of freeing it. Sleeps; the
- * caller may hold any lock but admin_lock (fail_work takes only that).
+ * can take (snvme_ctrl_disable_bound_ms). On false the controller may still
+ * DMA into what its queues name: the caller must keep that memory (leak it,
+ * and say so) instead of freeing it. Sleeps; the caller may hold any lock
+ * but admin_lock (fail_work takes only that).
  *
  * The deadline is the controller's, not each caller's: a teardown waits
  * once per queue group with files_lock held, and every close, REVOKE and
@@ -560,8 +570,7 @@ static void snvme_retire_fail_work(struct snvme_ctrl *ctrl)
  */
 bool snvme_ctrl_wait_disabled(struct snvme_ctrl *ctrl)
 {
-	unsigned long ms = snvme_admin_timeout_ms + 3ul * ctrl->timeout_ms +
-			   SNVME_DISABLED_SLACK_MS;
+	unsigned long ms = snvme_ctrl_disable_bound_ms(ctrl);
 
 	if (READ_ONCE(ctrl->disable_overdue))
 		return completion_done(&ctrl->disabled);

@@ -134,15 +134,16 @@ void snvme_gpu_unmap(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
 /*
  * Before a GPU map is freed, with no lock of ours held: when the free
  * callback claimed it (p2p_callback_owns), waits until the callback is done
- * with it. The callback's own waits are bounded (snvme_ctrl_wait_disabled),
- * so this waits at most that long plus SNVME_DISABLED_SLACK_MS; false if the
- * callback is still not done then: the caller must keep the map (leak it)
- * rather than free memory the callback reads.
+ * with it. The callback's own waits are bounded (snvme_ctrl_wait_disabled:
+ * snvme_ctrl_disable_bound_ms), so this waits at most that long plus
+ * SNVME_DISABLED_SLACK_MS; false if the callback is still not done then:
+ * the caller must keep the map (leak it) rather than free memory the
+ * callback reads.
  */
 bool snvme_gpu_callback_done(struct snvme_ctrl *ctrl, struct snvme_dmamap *m)
 {
-	unsigned long ms = snvme_admin_timeout_ms + 3ul * ctrl->timeout_ms +
-			   2 * SNVME_DISABLED_SLACK_MS;
+	unsigned long ms = snvme_ctrl_disable_bound_ms(ctrl) +
+			   SNVME_DISABLED_SLACK_MS;
 
 	if (!m->p2p_callback_owns)
 		return true;

@@ -257,6 +257,7 @@ int snvme_create_sq(struct snvme_ctrl *ctrl, u16 qid, dma_addr_t dma,
 int snvme_delete_queue(struct snvme_ctrl *ctrl, u8 opcode, u16 qid);
 int snvme_abort_cmd(struct snvme_ctrl *ctrl, u16 sqid, u16 cid, u32 *result);
 void snvme_ctrl_fail(struct snvme_ctrl *ctrl, const char *why);
+unsigned long snvme_ctrl_disable_bound_ms(struct snvme_ctrl *ctrl);
 bool snvme_ctrl_wait_disabled(struct snvme_ctrl *ctrl);
 bool snvme_ctrl_schedule_reset(struct snvme_ctrl *ctrl, const char *why);
 bool snvme_ctrl_resetting(struct snvme_ctrl *ctrl);
