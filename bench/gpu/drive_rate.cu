@@ -10,7 +10,8 @@
 // Rows (each runs --seconds after a warm-up batch per submitter):
 //   iops      4 KiB random reads, namespace in GPU memory (no PCIe crossing: the figure is the
 //             path's command rate), --iops-batch requests per submit, --submitters threads per
-//             controller, closed loop; 1..4 controllers x each latency.
+//             controller, each keeping --in-flight batches submitted (closed loop); 1..4
+//             controllers x each latency.
 //   gbps      512 KiB random reads, namespace in pinned host memory (the bytes cross PCIe into GPU
 //             memory as a drive's DMA would), --gbps-batch requests per submit.
 //   latency   one submitter on one controller (namespace in GPU memory, latency --latency-row-us):
@@ -28,7 +29,7 @@
 // row), 4-controller rows at 70 us / targets (13 M IOPS, 50 GB/s), gbps rows / pinned copy.
 //
 // Usage: tutti-bench-gpu-drive [--controllers 1,2,3,4] [--latencies-us 0,70] [--seconds S]
-//   [--submitters T] [--queues Q] [--depth D] [--iops-batch B] [--gbps-batch B] [--cap-gbps G]
+//   [--submitters T] [--in-flight F] [--queues Q] [--depth D] [--iops-batch B] [--gbps-batch B] [--cap-gbps G]
 //   [--latency-row-us L] [--latency-batches N] [--queue-state device|mapped-host] [--warps-per-queue W]
 //   [--submit-poll-us U] [--poll-kernel-us P] [--poll-stream-per-batch 0|1] [--persistent-poller-warps W]
 //   [--persistent-poller-idle-us I]
@@ -82,6 +83,7 @@ struct Options {
   std::vector<std::uint32_t> latencies_us{0, 70};
   double seconds = 1.0;
   std::uint32_t submitters = 2;  ///< per controller
+  std::uint32_t in_flight = 1;   ///< --in-flight: batches each iops / gbps submitter keeps submitted
   std::uint32_t queues = 16;     ///< per controller
   std::uint32_t depth = 1024;
   std::uint32_t iops_batch = 1024;
@@ -146,11 +148,13 @@ __global__ void verify_kernel(const std::uint64_t* dest, std::uint32_t n, std::u
 
 // ----- one drive: controller, DataPath, runtime, target, per-submitter buffers -----------------
 
+/// One submitter thread's destinations: one buffer per batch it keeps in flight, plus one being
+/// verified; `verified[k]` is recorded after buffer k's verification kernel.
 struct Submitter {
-  accel::DeviceBuffer buffers[2];
-  MemoryHandle memory[2];
+  std::vector<accel::DeviceBuffer> buffers;
+  std::vector<MemoryHandle> memory;
   cudaStream_t verify_stream = nullptr;
-  cudaEvent_t verified[2] = {nullptr, nullptr};
+  std::vector<cudaEvent_t> verified;
 };
 
 struct Drive {
@@ -183,7 +187,7 @@ local_nvme::Options path_options(const Options& o, cudaStream_t stream) {
   return options;
 }
 
-/// Brings up a drive with `submitters` buffer pairs of `buffer_bytes` each.
+/// Brings up a drive with `submitters` sets of o.in_flight + 1 buffers of `buffer_bytes` each.
 Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_host, std::uint64_t seed,
                                           std::uint32_t submitters, std::uint64_t buffer_bytes) {
   auto d = std::make_unique<Drive>();
@@ -198,7 +202,7 @@ Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_ho
   TUTTI_RETURN_IF_ERROR(cuda(cudaDeviceSynchronize(), "namespace fill"));
   TUTTI_RETURN_IF_ERROR(cuda(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   local_nvme::Options options = path_options(o, d->stream);
-  options.max_batches_in_flight = std::max<std::uint32_t>(4, 2 * submitters);
+  options.max_batches_in_flight = std::max<std::uint32_t>(4, 2 * submitters * o.in_flight);
   // Every slot made now, before the service's persistent kernel starts (Options::prepared_batches).
   options.prepared_batches = options.max_batches_in_flight;
   options.prepared_batch_requests = std::max({o.iops_batch, o.gbps_batch, 1024u});
@@ -210,14 +214,15 @@ Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_ho
   d->target = *t;
   d->submitters.resize(submitters);
   for (Submitter& s : d->submitters) {
-    for (int k = 0; k < 2; ++k) {
+    for (std::uint32_t k = 0; k <= o.in_flight; ++k) {
       auto b = accel::DeviceBuffer::allocate(buffer_bytes);
       if (!b) return b.status();
-      s.buffers[k] = std::move(b.value());
-      auto m = d->runtime->register_memory({s.buffers[k].data(), buffer_bytes, MemoryKind::DEVICE, 0});
+      auto m = d->runtime->register_memory({b.value().data(), buffer_bytes, MemoryKind::DEVICE, 0});
       if (!m) return m.status();
-      s.memory[k] = *m;
-      TUTTI_RETURN_IF_ERROR(cuda(cudaEventCreateWithFlags(&s.verified[k], cudaEventDisableTiming), "cudaEventCreate"));
+      s.buffers.push_back(std::move(b.value()));
+      s.memory.push_back(*m);
+      TUTTI_RETURN_IF_ERROR(
+          cuda(cudaEventCreateWithFlags(&s.verified.emplace_back(), cudaEventDisableTiming), "cudaEventCreate"));
     }
     TUTTI_RETURN_IF_ERROR(cuda(cudaStreamCreateWithFlags(&s.verify_stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   }
@@ -277,11 +282,13 @@ void finish_verified_row(Row& row, const unsigned long long* counters, const cha
   row.gbps = row.seconds > 0 ? static_cast<double>(row.bytes) / row.seconds / 1e9 : 0;
 }
 
-/// Closed loop on drives[0..controllers): each submitter thread runs batches of `batch` reads of
-/// `bytes` for `seconds` (or `max_batches`), verified on the GPU. Counters in device memory.
+/// Closed loop on drives[0..controllers): each submitter thread keeps `in_flight` batches of `batch`
+/// reads of `bytes` submitted (StorageRuntime::submit, then wait on the oldest) for `seconds` (or
+/// `max_batches`), each verified on the GPU. Counters in device memory. A batch's latency is its
+/// submit to its wait's return, so with more than one in flight it includes the wait behind older ones.
 Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controllers, std::uint32_t submitters,
-            std::uint32_t batch, std::uint64_t bytes, double seconds, std::uint64_t max_batches,
-            std::uint32_t warps_per_queue, Row row) {
+            std::uint32_t in_flight, std::uint32_t batch, std::uint64_t bytes, double seconds,
+            std::uint64_t max_batches, std::uint32_t warps_per_queue, Row row) {
   row.controllers = controllers;
   row.batch = batch;
   row.request_bytes = bytes;
@@ -317,28 +324,43 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
     while (!go.load()) std::this_thread::yield();
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     const double cpu0 = thread_cpu_us();
-    for (std::uint64_t b = 0; b < max_batches && std::chrono::steady_clock::now() < end; ++b) {
-      const int k = static_cast<int>(b % 2);
-      if (b >= 2) cudaEventSynchronize(s.verified[k]);  // the buffer's previous batch is verified
-      for (std::uint32_t i = 0; i < batch; ++i)
-        requests[i] =
-            IoRequest{Direction::READ, s.memory[k], i * bytes, d.target, request_offset(who, b, i, bytes), bytes};
-      const auto began = std::chrono::steady_clock::now();
-      auto outcome = d.runtime->submit(requests);
-      me.submit_ns.push_back(static_cast<std::uint64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - began).count()));
+    struct Pending {
+      std::uint64_t number = 0;  ///< the submitter's batch number (its offsets and pattern)
+      IoHandle io;
       bool accepted = true;
-      for (const Status& st : outcome.initial_states)
-        if (!st.is_ok()) {
-          note(me.row, st.to_string());
-          accepted = false;
-          break;
-        }
-      auto result = d.runtime->wait(outcome.io, 10 * kSecond);
+      std::chrono::steady_clock::time_point began;
+    };
+    std::deque<Pending> flight;  // oldest first
+    const auto buffers = static_cast<std::uint64_t>(s.buffers.size());
+    for (std::uint64_t next = 0;;) {
+      while (flight.size() < in_flight && next < max_batches && std::chrono::steady_clock::now() < end) {
+        Pending& p = flight.emplace_back();
+        p.number = next++;
+        const std::uint64_t k = p.number % buffers;
+        if (p.number >= buffers) cudaEventSynchronize(s.verified[k]);  // the buffer's previous batch is verified
+        for (std::uint32_t i = 0; i < batch; ++i)
+          requests[i] = IoRequest{
+              Direction::READ, s.memory[k], i * bytes, d.target, request_offset(who, p.number, i, bytes), bytes};
+        p.began = std::chrono::steady_clock::now();
+        auto outcome = d.runtime->submit(requests);
+        me.submit_ns.push_back(static_cast<std::uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - p.began).count()));
+        p.io = outcome.io;
+        for (const Status& st : outcome.initial_states)
+          if (!st.is_ok()) {
+            note(me.row, st.to_string());
+            p.accepted = false;
+            break;
+          }
+      }
+      if (flight.empty()) break;
+      const Pending& p = flight.front();
+      const std::uint64_t k = p.number % buffers;
+      auto result = d.runtime->wait(p.io, 10 * kSecond);
       const auto ended = std::chrono::steady_clock::now();
       if (!result) {
         note(me.row, result.status().to_string());
-      } else if (accepted) {
+      } else if (p.accepted) {
         const IoResult& io = *result;
         if (!io.status.is_ok() || io.requests != batch || io.confirmed_bytes != batch * bytes)
           note(me.row, fmt::format("IoResult: {}, {} requests, {} bytes", io.status.to_string(), io.requests,
@@ -347,15 +369,16 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
           me.row.requests += batch;
           me.row.bytes += batch * bytes;
           verify_kernel<<<std::min<std::uint32_t>(batch, 1024), 256, 0, s.verify_stream>>>(
-              static_cast<const std::uint64_t*>(s.buffers[k].data()), batch, bytes, d.seed, who, b, counters,
+              static_cast<const std::uint64_t*>(s.buffers[k].data()), batch, bytes, d.seed, who, p.number, counters,
               counters + 1);
           cudaEventRecord(s.verified[k], s.verify_stream);
         }
       }
-      (void)d.runtime->release(outcome.io);
+      (void)d.runtime->release(p.io);
       ++me.row.batches;
       me.latencies.push_back(
-          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(ended - began).count()));
+          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(ended - p.began).count()));
+      flight.pop_front();
     }
     me.cpu_us = thread_cpu_us() - cpu0;
     cudaStreamSynchronize(s.verify_stream);
@@ -803,6 +826,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 10000));
   app.add_option("--seconds", o.seconds, "measured seconds per row")->check(CLI::Range(0.05, 30.0));
   app.add_option("--submitters", o.submitters, "submitter threads per controller")->check(CLI::Range(1, 16));
+  app.add_option("--in-flight", o.in_flight,
+                 "batches each iops / gbps submitter keeps submitted, 1..4 (submit, then wait on the oldest; each "
+                 "into its own destination); the latency rows keep 1")
+      ->check(CLI::Range(1, 4));
   app.add_option("--queues", o.queues, "queue pairs per controller")->check(CLI::Range(1, 64));
   app.add_option("--depth", o.depth, "queue depth")->check(CLI::Range(64, 4096));
   app.add_option("--iops-batch", o.iops_batch, "4 KiB requests per submit")->check(CLI::Range(1, 4096));
@@ -868,6 +895,7 @@ int main(int argc, char** argv) {
               o.poll_kernel_us < 0 ? " (the default)" : "");
   std::printf("persistent poller: %u warps%s\n", o.persistent_poller_warps,
               o.persistent_poller_warps == 0 ? " (none)" : "");
+  std::printf("batches in flight per submitter: %u\n", o.in_flight);
   std::printf("drive service: %u warps per queue\n",
               o.warps_per_queue != 0 ? o.warps_per_queue : DriveService::kDefaultWarpsPerQueue);
   std::printf("copy    pinned host-to-device GB/s=%.2f\n", copy_gbps);
@@ -895,8 +923,10 @@ int main(int argc, char** argv) {
         row.kind = kind;
         row.latency_us = lat;
         row.namespace_memory = in_host ? "pinned-host" : "gpu";
-        (void)run_row(drives, c, o.submitters, batch, bytes, 0.05, 2, o.warps_per_queue, row);  // warm-up (slots grow)
-        row = run_row(drives, c, o.submitters, batch, bytes, o.seconds, ~std::uint64_t{0}, o.warps_per_queue, row);
+        (void)run_row(drives, c, o.submitters, o.in_flight, batch, bytes, 0.05, 2 * o.in_flight, o.warps_per_queue,
+                      row);  // warm-up (slots grow)
+        row = run_row(drives, c, o.submitters, o.in_flight, batch, bytes, o.seconds, ~std::uint64_t{0},
+                      o.warps_per_queue, row);
         print(row);
         failed = failed || row.errors != 0;
         rows.push_back(row);
@@ -915,7 +945,7 @@ int main(int argc, char** argv) {
         row.kind = "latency";
         row.latency_us = o.latency_row_us;
         row.namespace_memory = "gpu";
-        row = run_row(drives, 1, 1, n, bytes, 30.0, o.latency_batches, o.warps_per_queue, row);
+        row = run_row(drives, 1, 1, 1, n, bytes, 30.0, o.latency_batches, o.warps_per_queue, row);
         print(row);
         failed = failed || row.errors != 0;
         rows.push_back(row);
@@ -951,6 +981,7 @@ int main(int argc, char** argv) {
     j["poll_stream_per_batch"] = o.poll_stream_per_batch;
     j["persistent_poller_warps"] = o.persistent_poller_warps;
     j["persistent_poller_idle_us"] = o.persistent_poller_idle_us;
+    j["in_flight"] = o.in_flight;
     j["pinned_copy_gbps"] = copy_gbps;
     j["raw_queue_commands_per_second"] = raw;
     j["rows"] = nlohmann::json::array();
