@@ -24,8 +24,9 @@
 // entries and lists with chaining; NVM Command Set 1.0, 3.2.4 Read, 3.2.6 Write, 3.2.3 Flush):
 //   fetch    warp 0 reads the SQ tail doorbell, takes up to 32 announced SQEs (at most depth - 1
 //            fetched and not completed), and gives each a due time: max(fetch + latency_ns, the
-//            end of its transfer on the controller's link), the link being reserved by a CAS on
-//            the controller's busy-until word at bytes_per_second (0: no cap).
+//            end of its transfer on the controller's link), the link being reserved at
+//            bytes_per_second (0: no cap) by one CAS per fetch step on the controller's busy-until
+//            word, for the step's transfers one after the other in SQ order.
 //   complete in SQ order, the due commands (as many as the CQ has free slots, from the CQ head
 //            doorbell): the block's warps copy the commands' bytes, each warp every W-th PRP
 //            segment (16-byte vectors where both sides are 16-byte aligned), then warp 0 posts
@@ -255,10 +256,11 @@ __device__ inline std::uint32_t service(const DriveQueueView& q, DriveStep& step
     count = __shfl_sync(0xffffffffu, count, 0);
     __syncwarp();
     const std::uint64_t now = accel::timer_ns();
+    const std::uint64_t position = fetched + lane;
+    DriveCommand c{};
+    unsigned long long transfer = 0;  // this lane's time on the controller's link, ns (0: none)
     if (lane < count) {
-      const std::uint64_t position = fetched + lane;
       const volatile nvme::SubmissionQueueEntry& e = q.sq[position % q.depth];
-      DriveCommand c{};
       c.opcode = e.opcode;
       c.cid = e.command_identifier;
       c.prp1 = e.data_pointer.prp.prp1;
@@ -276,19 +278,34 @@ __device__ inline std::uint32_t service(const DriveQueueView& q, DriveStep& step
         c.status = 0x80;  // LBA Out of Range
       if (position == s.fail_command) c.status = static_cast<std::uint16_t>(s.fail_status);
       c.drop = position == s.drop_command ? 1 : 0;
-      std::uint64_t due = now + ctl.latency_ns;
-      if (data && c.status == 0 && ctl.bytes_per_second != 0) {
-        const unsigned long long transfer = bytes * 1'000'000'000ull / ctl.bytes_per_second;
-        unsigned long long old = atomicAdd(&ctl.busy_until_ns, 0ull), next = 0;
-        for (;;) {
-          next = (old > now ? old : now) + transfer;
-          const unsigned long long seen = atomicCAS(&ctl.busy_until_ns, old, next);
-          if (seen == old) break;
-          old = seen;
-        }
-        if (next > due) due = next;
+      if (data && c.status == 0 && ctl.bytes_per_second != 0)
+        transfer = bytes * 1'000'000'000ull / ctl.bytes_per_second;
+    }
+    // The link: the step's transfers, in SQ order, follow each other and whatever the controller's
+    // other queues reserved before (busy_until_ns). One reservation per warp step (lane 0's CAS loop
+    // for the sum; each lane ends at its inclusive prefix), not one per command: 32 lanes of each of
+    // 16 queues contending for one word capped the controller near 2.5 M commands/s whatever the
+    // cap's value (docs/benchmarks.md, "The drive controller's link reservation").
+    unsigned long long link_end = transfer;  // inclusive prefix of the warp's transfers, then its end
+    for (std::uint32_t d = 1; d < 32; d <<= 1) {
+      const unsigned long long below = __shfl_up_sync(0xffffffffu, link_end, d);
+      if (lane >= d) link_end += below;
+    }
+    const unsigned long long reserved = __shfl_sync(0xffffffffu, link_end, 31);
+    unsigned long long link_start = 0;
+    if (lane == 0 && reserved != 0) {
+      unsigned long long old = atomicAdd(&ctl.busy_until_ns, 0ull);
+      for (;;) {
+        link_start = old > now ? old : now;
+        const unsigned long long seen = atomicCAS(&ctl.busy_until_ns, old, link_start + reserved);
+        if (seen == old) break;
+        old = seen;
       }
-      c.due_ns = due;
+    }
+    link_end += __shfl_sync(0xffffffffu, link_start, 0);
+    if (lane < count) {
+      const std::uint64_t due = now + ctl.latency_ns;
+      c.due_ns = transfer != 0 && link_end > due ? link_end : due;
       q.commands[position % q.depth] = c;
     }
     __syncwarp();
