@@ -462,6 +462,19 @@ static void snvme_sync_irqs(struct snvme_ctrl *ctrl)
 }
 
 /*
+ * Once the controller stopped (snvme_stop_dma, admin_lock released): waits
+ * for running interrupt handlers, revokes every open file and fails the
+ * block requests in flight, so that nobody waits for a completion that
+ * cannot come.
+ */
+static void snvme_release_users(struct snvme_ctrl *ctrl)
+{
+	snvme_sync_irqs(ctrl);
+	snvme_chr_revoke(ctrl, SNVME_REVOKED_FAILED);
+	snvme_blk_cancel_all(ctrl);
+}
+
+/*
  * After a disable (CC.EN = 0), with admin_lock held: turns bus mastering
  * off, so that even a controller that ignored CC.EN (the wait for
  * CSTS.RDY = 0 may have timed out) cannot DMA any more, as Linux's
@@ -491,9 +504,7 @@ static void snvme_fail_work(struct work_struct *work)
 	snvme_disable(ctrl);
 	snvme_stop_dma(ctrl);
 	mutex_unlock(&ctrl->admin_lock);
-	snvme_sync_irqs(ctrl);
-	snvme_chr_revoke(ctrl, SNVME_REVOKED_FAILED);
-	snvme_blk_cancel_all(ctrl);
+	snvme_release_users(ctrl);
 }
 
 /*
@@ -1294,12 +1305,33 @@ static void snvme_remove(struct pci_dev *pdev)
 	snvme_ctrl_put(ctrl);
 }
 
+/*
+ * System shutdown, reboot and kexec (device_shutdown() calls it under the
+ * device lock, so never beside remove()): the controller must not DMA once
+ * the next kernel or the firmware owns memory. Nothing is freed. No reset
+ * from now on, and a running one finishes first; the normal shutdown and
+ * disable run under admin_lock, so no admin command, reset or fail_work
+ * interleaves its register writes; bus mastering goes off; failed is set,
+ * so later submissions fail at once; fail_work is retired; then open files
+ * are revoked and block requests in flight failed, as fail_work would.
+ */
 static void snvme_pci_shutdown(struct pci_dev *pdev)
 {
 	struct snvme_ctrl *ctrl = pci_get_drvdata(pdev);
 
-	if (ctrl)
-		snvme_shutdown(ctrl);
+	if (!ctrl)
+		return;
+	spin_lock(&ctrl->state_lock);
+	ctrl->reset_allowed = false;
+	spin_unlock(&ctrl->state_lock);
+	flush_work(&ctrl->reset_work);
+	mutex_lock(&ctrl->admin_lock);
+	snvme_shutdown(ctrl);
+	snvme_stop_dma(ctrl);
+	WRITE_ONCE(ctrl->failed, true);
+	mutex_unlock(&ctrl->admin_lock);
+	snvme_retire_fail_work(ctrl);
+	snvme_release_users(ctrl);
 }
 
 /* Empty: snvme binds only devices whose driver_override names it. */
