@@ -258,8 +258,9 @@ int main(int argc, char** argv) {
   if (const int status = tutti::bench::gpu::parse_local_nvme_read_options(argc, argv, options); status != -1)
     return status;
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "no CUDA device: skipping (exit 77)\n");
+  if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "tutti-bench-gpu-local-nvme: no CUDA device (%s): nothing measured (exit 77)\n",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
     return 77;
   }
   cudaDeviceProp properties{};

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# bench_options_test.sh SUBMIT_BENCH [LOCAL_NVME_BENCH]: the GPU benchmarks refuse nonsense flags
-# with exit status 2 and a message naming the flag, before any GPU or file work (so this needs no
-# GPU), and answer --help with 0. LOCAL_NVME_BENCH exists in the cuda profile only.
+# bench_options_test.sh SUBMIT_BENCH [LOCAL_NVME_BENCH], with DRIVE_BENCH optionally in the environment:
+# the GPU benchmarks refuse nonsense flags with exit status 2 and a message naming the flag, before any
+# GPU or file work (so this needs no GPU), and answer --help with 0. LOCAL_NVME_BENCH and DRIVE_BENCH
+# exist in the cuda profile only.
 set -euo pipefail
 submit=$1 local_nvme=${2:-}
 out=$(mktemp)
@@ -36,6 +37,15 @@ expect 2 "--queues" "$submit" --queues 0
 expect 2 "unknown\|--bogus\|extraneous" "$submit" --bogus 1
 expect 0 "--batch-sizes" "$submit" --help
 expect 2 "--commands" "$submit" --commands +4096
+# DRIVE_BENCH (the environment; cuda profile): tutti-bench-gpu-drive.
+if [ -n "${DRIVE_BENCH:-}" ]; then
+  expect 2 "--in-flight" "$DRIVE_BENCH" --in-flight 0
+  expect 2 "--in-flight" "$DRIVE_BENCH" --in-flight 5
+  expect 2 "--controllers" "$DRIVE_BENCH" --controllers 1,5
+  expect 2 "--submitters" "$DRIVE_BENCH" --submitters 0
+  expect 2 "--cap-gbps" "$DRIVE_BENCH" --cap-gbps -1
+  expect 0 "--in-flight" "$DRIVE_BENCH" --help
+fi
 [ -n "$local_nvme" ] || { [ "$failures" -eq 0 ] || { echo "FAIL: $failures case(s)"; exit 1; }; echo "all nonsense refused"; exit 0; }
 expect 2 "--batch" "$local_nvme" --batch -1
 expect 2 "--queues" "$local_nvme" --queues 4294967298
