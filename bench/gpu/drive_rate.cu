@@ -7,7 +7,7 @@
 // serves them all. A per-command latency (--latencies-us) and a per-controller link cap
 // (--cap-gbps, default 14 GB/s: one PCIe Gen5 x4 drive) make each behave like one drive.
 //
-// Rows (each runs --seconds after a warm-up batch per submitter):
+// Rows (each runs --seconds after 2 x --in-flight warm-up batches per submitter):
 //   iops      4 KiB random reads, namespace in GPU memory (no PCIe crossing: the figure is the
 //             path's command rate), --iops-batch requests per submit, --submitters threads per
 //             controller, each keeping --in-flight batches submitted (closed loop); 1..4
@@ -234,6 +234,7 @@ Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_ho
 struct Row {
   std::string kind;  ///< iops, gbps, latency
   std::uint32_t controllers = 0, latency_us = 0, batch = 0, submitters = 0;
+  std::uint32_t in_flight = 1;  ///< batches each submitter kept submitted
   std::uint64_t request_bytes = 0;
   std::string namespace_memory;
   double seconds = 0;
@@ -293,6 +294,7 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
   row.batch = batch;
   row.request_bytes = bytes;
   row.submitters = submitters * controllers;
+  row.in_flight = in_flight;
   unsigned long long* counters = nullptr;  // mismatches, verified bytes
   if (cudaMalloc(&counters, 2 * sizeof(unsigned long long)) != cudaSuccess ||
       cudaMemset(counters, 0, 2 * sizeof(unsigned long long)) != cudaSuccess) {
@@ -332,8 +334,11 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
     };
     std::deque<Pending> flight;  // oldest first
     const auto buffers = static_cast<std::uint64_t>(s.buffers.size());
+    // After any error the thread submits nothing more and only waits for what it has in flight: a
+    // batch that did not finish may still write its buffer, which must not be handed out again.
+    bool stopped = false;
     for (std::uint64_t next = 0;;) {
-      while (flight.size() < in_flight && next < max_batches && std::chrono::steady_clock::now() < end) {
+      while (!stopped && flight.size() < in_flight && next < max_batches && std::chrono::steady_clock::now() < end) {
         Pending& p = flight.emplace_back();
         p.number = next++;
         const std::uint64_t k = p.number % buffers;
@@ -350,8 +355,10 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
           if (!st.is_ok()) {
             note(me.row, st.to_string());
             p.accepted = false;
+            stopped = true;
             break;
           }
+        if (outcome.accepted == 0) flight.pop_back();  // nothing to wait for
       }
       if (flight.empty()) break;
       const Pending& p = flight.front();
@@ -360,6 +367,7 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
       const auto ended = std::chrono::steady_clock::now();
       if (!result) {
         note(me.row, result.status().to_string());
+        stopped = true;
       } else if (p.accepted) {
         const IoResult& io = *result;
         if (!io.status.is_ok() || io.requests != batch || io.confirmed_bytes != batch * bytes)
@@ -491,6 +499,7 @@ Row run_striped_row(const Options& o, std::vector<std::unique_ptr<DriveNvmeContr
   row.request_bytes = bytes;
   row.submitters = 1;
   const std::uint32_t in_flight = o.striped_in_flight;
+  row.in_flight = in_flight;
   constexpr std::uint32_t kMostBuffers = 5;  // --striped-in-flight is at most 4
   const std::uint32_t buffer_count = in_flight + 1;
   // Released on every return, after the path (declared below, destroyed first) that uses the stream.
@@ -714,6 +723,7 @@ nlohmann::json to_json(const Row& r) {
           {"batch", r.batch},
           {"request_bytes", r.request_bytes},
           {"submitters", r.submitters},
+          {"in_flight", r.in_flight},
           {"seconds", r.seconds},
           {"batches", r.batches},
           {"requests", r.requests},
@@ -883,6 +893,19 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  // Every batch a controller's submitters keep in flight needs a command slot of its queue pairs (a
+  // 4 KiB or 512 KiB read is one command); more would be refused at submit as RESOURCE_EXHAUSTED.
+  const std::uint64_t commands = std::uint64_t{o.submitters} * o.in_flight * std::max(o.iops_batch, o.gbps_batch);
+  const std::uint64_t slots = std::uint64_t{o.queues} * (o.depth - 1);
+  if (commands > slots) {
+    std::fprintf(stderr,
+                 "--submitters %u x --in-flight %u x %u requests per batch (--iops-batch, --gbps-batch) = %llu "
+                 "commands in flight per controller exceed its --queues %u x (--depth %u - 1) = %llu command "
+                 "slots: lower one of them\n",
+                 o.submitters, o.in_flight, std::max(o.iops_batch, o.gbps_batch),
+                 static_cast<unsigned long long>(commands), o.queues, o.depth, static_cast<unsigned long long>(slots));
+    return 2;
   }
   int devices = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {

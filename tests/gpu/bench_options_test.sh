@@ -44,6 +44,8 @@ if [ -n "${DRIVE_BENCH:-}" ]; then
   expect 2 "--controllers" "$DRIVE_BENCH" --controllers 1,5
   expect 2 "--submitters" "$DRIVE_BENCH" --submitters 0
   expect 2 "--cap-gbps" "$DRIVE_BENCH" --cap-gbps -1
+  expect 2 "command slots" "$DRIVE_BENCH" --submitters 4 --in-flight 4
+  expect 2 "command slots" "$DRIVE_BENCH" --iops-batch 4096 --submitters 4
   expect 0 "--in-flight" "$DRIVE_BENCH" --help
 fi
 [ -n "$local_nvme" ] || { [ "$failures" -eq 0 ] || { echo "FAIL: $failures case(s)"; exit 1; }; echo "all nonsense refused"; exit 0; }

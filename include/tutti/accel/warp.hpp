@@ -81,6 +81,18 @@ TUTTI_HOST_DEVICE TUTTI_FORCEINLINE std::uint32_t warp_inclusive_sum(std::uint32
   return sum;
 }
 
+/// The same for 64-bit values (byte counts): five `shfl.sync.up` steps on each half. Host: `value`.
+TUTTI_HOST_DEVICE TUTTI_FORCEINLINE std::uint64_t warp_inclusive_sum(std::uint64_t value) noexcept {
+  std::uint64_t sum = value;
+  TUTTI_IF_DEVICE(
+      (const std::uint32_t lane = lane_id(); for (std::uint32_t offset = 1; offset < kDeviceWarpSize; offset *= 2) {
+        const std::uint64_t below = __shfl_up_sync(0xffffffffu, sum, offset);
+        if (lane >= offset) sum += below;
+      }),
+      ());
+  return sum;
+}
+
 /// Index of the lowest / highest set bit of a non-zero ballot. Device: `brev` + `bfind` / `bfind`.
 TUTTI_HOST_DEVICE TUTTI_FORCEINLINE std::uint32_t lowest_lane(std::uint32_t bits) noexcept {
   std::uint32_t lane = 0;

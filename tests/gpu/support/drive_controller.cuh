@@ -258,7 +258,7 @@ __device__ inline std::uint32_t service(const DriveQueueView& q, DriveStep& step
     const std::uint64_t now = accel::timer_ns();
     const std::uint64_t position = fetched + lane;
     DriveCommand c{};
-    unsigned long long transfer = 0;  // this lane's time on the controller's link, ns (0: none)
+    std::uint64_t link_bytes = 0;  // the bytes this lane's command moves over the controller's link
     if (lane < count) {
       const volatile nvme::SubmissionQueueEntry& e = q.sq[position % q.depth];
       c.opcode = e.opcode;
@@ -278,34 +278,39 @@ __device__ inline std::uint32_t service(const DriveQueueView& q, DriveStep& step
         c.status = 0x80;  // LBA Out of Range
       if (position == s.fail_command) c.status = static_cast<std::uint16_t>(s.fail_status);
       c.drop = position == s.drop_command ? 1 : 0;
-      if (data && c.status == 0 && ctl.bytes_per_second != 0)
-        transfer = bytes * 1'000'000'000ull / ctl.bytes_per_second;
+      if (data && c.status == 0) link_bytes = bytes;
     }
     // The link: the step's transfers, in SQ order, follow each other and whatever the controller's
     // other queues reserved before (busy_until_ns). One reservation per warp step (lane 0's CAS loop
     // for the sum; each lane ends at its inclusive prefix), not one per command: 32 lanes of each of
     // 16 queues contending for one word capped the controller near 2.5 M commands/s whatever the
-    // cap's value (docs/benchmarks.md, "The drive controller's link reservation").
-    unsigned long long link_end = transfer;  // inclusive prefix of the warp's transfers, then its end
-    for (std::uint32_t d = 1; d < 32; d <<= 1) {
-      const unsigned long long below = __shfl_up_sync(0xffffffffu, link_end, d);
-      if (lane >= d) link_end += below;
-    }
-    const unsigned long long reserved = __shfl_sync(0xffffffffu, link_end, 31);
-    unsigned long long link_start = 0;
-    if (lane == 0 && reserved != 0) {
-      unsigned long long old = atomicAdd(&ctl.busy_until_ns, 0ull);
-      for (;;) {
-        link_start = old > now ? old : now;
-        const unsigned long long seen = atomicCAS(&ctl.busy_until_ns, old, link_start + reserved);
-        if (seen == old) break;
-        old = seen;
+    // cap's value (docs/benchmarks.md, "The drive controller's link reservation"). Bytes are summed
+    // and rounded up to ns once per prefix, so the link never runs faster than its cap (a step's
+    // bytes are at most 32 x 256 MiB: the product with 1e9 fits in 64 bits).
+    std::uint64_t link_end = 0;  // when this lane's transfer ends (timer_ns)
+    const std::uint64_t bytes_per_second = ctl.bytes_per_second;
+    if (count != 0 && bytes_per_second != 0) {  // the same in every lane: the warp stays converged
+      const auto link_ns = [bytes_per_second](std::uint64_t b) {
+        return (b * 1'000'000'000ull + bytes_per_second - 1) / bytes_per_second;
+      };
+      const std::uint64_t prefix = accel::warp_inclusive_sum(link_bytes);
+      const std::uint64_t step_bytes = __shfl_sync(0xffffffffu, prefix, 31);
+      unsigned long long start = 0;
+      if (lane == 0 && step_bytes != 0) {
+        const unsigned long long reserved = link_ns(step_bytes);
+        unsigned long long old = atomicAdd(&ctl.busy_until_ns, 0ull);
+        for (;;) {
+          start = old > now ? old : now;
+          const unsigned long long seen = atomicCAS(&ctl.busy_until_ns, old, start + reserved);
+          if (seen == old) break;
+          old = seen;
+        }
       }
+      link_end = __shfl_sync(0xffffffffu, start, 0) + link_ns(prefix);
     }
-    link_end += __shfl_sync(0xffffffffu, link_start, 0);
     if (lane < count) {
       const std::uint64_t due = now + ctl.latency_ns;
-      c.due_ns = transfer != 0 && link_end > due ? link_end : due;
+      c.due_ns = link_bytes != 0 && link_end > due ? link_end : due;
       q.commands[position % q.depth] = c;
     }
     __syncwarp();
