@@ -106,7 +106,8 @@ inline void remove_stale_layer_files(const Shape& shape, const fs::path& dir) {
 /// each file is preallocated to its full size (fallocate(2), so a disk without room fails at once and
 /// not gigabytes later; skipped where the file system has no fallocate), then every tensor is written
 /// with its content (fill_tensor, salt 0) and the file fsynced; the manifest is written last, so an
-/// interrupted preparation is redone by the next run. Progress goes to stderr.
+/// interrupted preparation is redone by the next run. Progress, or a line saying the data set is reused,
+/// goes to stderr.
 /// Striped (shape.stripe_devices N > 1): writes shard `shard` (0 to N-1) of every layer instead, the
 /// tensors striped_file::place puts on it at their shard offsets and zeros in its units past the layer.
 /// Errors (naming the file): those of open, fallocate, pwrite and fsync as tutti::status_from_errno
@@ -116,15 +117,19 @@ inline tutti::Status prepare_files(const Shape& shape, const fs::path& dir, std:
   const std::uint32_t devices = std::max(1u, shape.stripe_devices);
   if (shard >= devices)
     return tutti::error(tutti::StatusCode::INVALID_ARGUMENT, "shard = {}; expected 0 to {}", shard, devices - 1);
-  if (data_set_complete(shape, dir, shard)) return tutti::Status::success();
+  const std::string label =
+      devices == 1 ? std::string("the data set") : fmt::format("shard {} of {} of the data set", shard, devices);
+  if (data_set_complete(shape, dir, shard)) {
+    fmt::print(stderr, "reusing {} in '{}': its manifest matches this shape (remove the folder to write it again)\n",
+               label, dir.string());
+    return tutti::Status::success();
+  }
   std::error_code ec;
   fs::remove(dir / "manifest.json", ec);
   remove_stale_layer_files(shape, dir);
   const std::uint64_t file_bytes = shape.shard_file_bytes();
   const unsigned __int128 all = static_cast<unsigned __int128>(shape.layers) * file_bytes;
   const std::uint64_t total = all > UINT64_MAX ? UINT64_MAX : static_cast<std::uint64_t>(all);
-  const std::string label =
-      devices == 1 ? std::string("the data set") : fmt::format("shard {} of {} of the data set", shard, devices);
   fmt::print(stderr, "writing {}: {} of {} ({}) in '{}'\n", label, counted(shape.layers, "layer file"),
              format_bytes(file_bytes), format_bytes(total), dir.string());
   Progress progress("writing " + label, total, Progress::Unit::bytes);
