@@ -368,6 +368,44 @@ tuttid_sigterm() {
 	[ ! -e /sys/bus/pci/devices/$ADDR/driver ] && [ ! -e /dev/snvme0 ] || { echo "$ADDR still bound"; return 1; }
 }
 t tuttid-sigterm tuttid_sigterm
+tuttid_two_at_once() {
+	# Two tuttids started at once on the unbound controller, each with its own socket and state file (docs/daemon.md,
+	# "PCI controllers", step 3). Whichever BINDs first and whichever adopts, exactly one takes the flock and comes up;
+	# the other's bring-up fails BUSY naming the node, and its stop leaves the controller bound under the first one's
+	# leases ("never held the flock"), even when it is the one whose BIND bound it; the holder's stop then unbinds.
+	for n in 1 2; do
+		sed -e "s|$TSOCK|$TD/two$n.sock|" -e "s|$TD/tuttid.state|$TD/two$n.state|" $TD/tuttid.json >$TD/two$n.json
+		rm -f $TD/two$n.state
+		: >$TD/two$n.log
+	done
+	/bin/tuttid --config $TD/two1.json >>$TD/two1.log 2>&1 &
+	p1=$!
+	/bin/tuttid --config $TD/two2.json >>$TD/two2.log 2>&1 &
+	p2=$!
+	state() { /bin/tuttictl --socket $TD/two$1.sock --json devices 2>/dev/null | sed -n 's/.*"state": *"\([a-z]*\)".*/\1/p'; }
+	settled() { s1=$(state 1) && s2=$(state 2) && [ -n "$s1" ] && [ -n "$s2" ] && [ "$s1" != down ] && [ "$s2" != down ]; }
+	wait_for 30 settled || { echo "the two tuttids did not settle within 30 s: '$(state 1)' '$(state 2)'"; cat $TD/two1.log $TD/two2.log; kill -9 $p1 $p2; return 1; }
+	if [ "$s1" = up ] && [ "$s2" = failed ]; then w=1 l=2 wp=$p1 lp=$p2
+	elif [ "$s1" = failed ] && [ "$s2" = up ]; then w=2 l=1 wp=$p2 lp=$p1
+	else echo "want one up and one failed, got '$s1' and '$s2'"; cat $TD/two1.log $TD/two2.log; kill -9 $p1 $p2; return 1; fi
+	ok=0
+	grep -q "bound PCI $ADDR to snvme" $TD/two$l.log && echo "the one whose BIND bound the controller lost the flock"
+	grep -q "bound PCI $ADDR to snvme" $TD/two$w.log && echo "the one whose BIND bound the controller won the flock"
+	grep -q "/dev/snvme0' is locked (flock) by another process" $TD/two$l.log || { echo "the loser does not name the lock"; ok=1; }
+	$TC seal $TD/two$w.sock nvme0 || { echo "the winner leases nothing"; ok=1; }
+	kill -TERM $lp
+	wait $lp || { echo "the loser exited $?"; ok=1; }
+	grep -q "left $ADDR bound: this tuttid never held the flock of /dev/snvme0" $TD/two$l.log || { echo "the loser's stop does not say why it left the controller bound"; ok=1; }
+	[ -e /dev/snvme0 ] && [ "$(state $w)" = up ] || { echo "the loser's stop took the controller from the winner"; ok=1; }
+	$TC seal $TD/two$w.sock nvme0 || { echo "the winner leases nothing after the loser's stop"; ok=1; }
+	kill -TERM $wp
+	wait $wp || { echo "the winner exited $?"; ok=1; }
+	! grep -q " /mnt/tuttid " /proc/mounts || { echo "/mnt/tuttid still mounted"; ok=1; }
+	[ ! -e /sys/bus/pci/devices/$ADDR/driver ] && [ ! -e /dev/snvme0 ] || { echo "$ADDR still bound after the winner's stop"; ok=1; }
+	tail -n 2 $TD/two$l.log $TD/two$w.log
+	return $ok
+}
+t tuttid-two-at-once tuttid_two_at_once
 t bind-after-tuttid $T bind "$ADDR"
 
 # The timeout ladder (docs/driver.md): a mounted file system, 1 s deadlines,
