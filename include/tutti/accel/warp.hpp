@@ -68,25 +68,16 @@ TUTTI_HOST_DEVICE TUTTI_FORCEINLINE std::uint32_t popcount32(std::uint32_t bits)
   return count;
 }
 
-/// Sum of `value` over lanes 0..lane_id() (inclusive prefix sum). Collective. Device: five
-/// `shfl.sync.up.b32` steps (Kogge-Stone). Host: `value`.
-TUTTI_HOST_DEVICE TUTTI_FORCEINLINE std::uint32_t warp_inclusive_sum(std::uint32_t value) noexcept {
-  std::uint32_t sum = value;
+/// Sum of `value` over lanes 0..lane_id() (inclusive prefix sum). Collective. T: a 4-byte integer
+/// (counts) or an 8-byte one (byte counts). Device: five `shfl.sync.up` steps (Kogge-Stone; twice each
+/// for 8 bytes). Host: `value`.
+template <class T>
+TUTTI_HOST_DEVICE TUTTI_FORCEINLINE T warp_inclusive_sum(T value) noexcept {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "warp_inclusive_sum takes 4- or 8-byte integers");
+  T sum = value;
   TUTTI_IF_DEVICE(
       (const std::uint32_t lane = lane_id(); for (std::uint32_t offset = 1; offset < kDeviceWarpSize; offset *= 2) {
-        const std::uint32_t below = __shfl_up_sync(0xffffffffu, sum, offset);
-        if (lane >= offset) sum += below;
-      }),
-      ());
-  return sum;
-}
-
-/// The same for 64-bit values (byte counts): five `shfl.sync.up` steps on each half. Host: `value`.
-TUTTI_HOST_DEVICE TUTTI_FORCEINLINE std::uint64_t warp_inclusive_sum(std::uint64_t value) noexcept {
-  std::uint64_t sum = value;
-  TUTTI_IF_DEVICE(
-      (const std::uint32_t lane = lane_id(); for (std::uint32_t offset = 1; offset < kDeviceWarpSize; offset *= 2) {
-        const std::uint64_t below = __shfl_up_sync(0xffffffffu, sum, offset);
+        const T below = __shfl_up_sync(0xffffffffu, sum, offset);
         if (lane >= offset) sum += below;
       }),
       ());
