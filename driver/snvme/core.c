@@ -552,6 +552,24 @@ static void snvme_retire_fail_work(struct snvme_ctrl *ctrl)
 }
 
 /*
+ * The controller's last stop, for remove() and the shutdown hook once no
+ * reset can run: a normal shutdown and disable under admin_lock (no admin
+ * command, reset or fail_work interleaves its register writes), bus
+ * mastering off even if the disable timed out, failed set (later
+ * submissions fail at once), then fail_work retired. The cancel may take
+ * fail_work before it disabled the controller: this has done it instead.
+ */
+static void snvme_ctrl_stop(struct snvme_ctrl *ctrl)
+{
+	mutex_lock(&ctrl->admin_lock);
+	snvme_shutdown(ctrl);
+	snvme_stop_dma(ctrl);
+	WRITE_ONCE(ctrl->failed, true);
+	mutex_unlock(&ctrl->admin_lock);
+	snvme_retire_fail_work(ctrl);
+}
+
+/*
  * The longest fail_work can take to disable a failed controller, in ms:
  * admin_lock may be held by an admin command (admin_timeout_ms) or by a
  * disable or remove()'s shutdown (CAP.TO each for shutdown and disable),
@@ -1279,17 +1297,7 @@ static void snvme_remove(struct pci_dev *pdev)
 	snvme_blk_remove(ctrl);
 	snvme_chr_remove(ctrl);
 	snvme_delete_io_queues(ctrl);
-	mutex_lock(&ctrl->admin_lock);
-	snvme_shutdown(ctrl);
-	/*
-	 * The cancel below may take fail_work before it completed disabled:
-	 * this does it instead, and turns bus mastering off before the kernel's
-	 * rings are freed even if the shutdown's disable timed out.
-	 */
-	snvme_stop_dma(ctrl);
-	ctrl->failed = true;
-	mutex_unlock(&ctrl->admin_lock);
-	snvme_retire_fail_work(ctrl);
+	snvme_ctrl_stop(ctrl);
 	snvme_blk_free(ctrl);
 	snvme_free_io_queues(ctrl);
 	free_irq(pci_irq_vector(pdev, 0), ctrl);
@@ -1309,11 +1317,9 @@ static void snvme_remove(struct pci_dev *pdev)
  * System shutdown, reboot and kexec (device_shutdown() calls it under the
  * device lock, so never beside remove()): the controller must not DMA once
  * the next kernel or the firmware owns memory. Nothing is freed. No reset
- * from now on, and a running one finishes first; the normal shutdown and
- * disable run under admin_lock, so no admin command, reset or fail_work
- * interleaves its register writes; bus mastering goes off; failed is set,
- * so later submissions fail at once; fail_work is retired; then open files
- * are revoked and block requests in flight failed, as fail_work would.
+ * from now on, and a running one finishes first; then the controller's last
+ * stop, as in remove() (snvme_ctrl_stop); then open files are revoked and
+ * block requests in flight failed, as fail_work would.
  */
 static void snvme_pci_shutdown(struct pci_dev *pdev)
 {
@@ -1325,12 +1331,7 @@ static void snvme_pci_shutdown(struct pci_dev *pdev)
 	ctrl->reset_allowed = false;
 	spin_unlock(&ctrl->state_lock);
 	flush_work(&ctrl->reset_work);
-	mutex_lock(&ctrl->admin_lock);
-	snvme_shutdown(ctrl);
-	snvme_stop_dma(ctrl);
-	WRITE_ONCE(ctrl->failed, true);
-	mutex_unlock(&ctrl->admin_lock);
-	snvme_retire_fail_work(ctrl);
+	snvme_ctrl_stop(ctrl);
 	snvme_release_users(ctrl);
 }
 
