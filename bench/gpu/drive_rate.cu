@@ -21,6 +21,13 @@
 //   striped   (--striped, instead of the rows above) one striped_nvme DataPath over N controllers
 //             (--stripe-controllers), one submitter keeping --striped-in-flight batches submitted:
 //             512 KiB reads from pinned namespaces (GB/s) and 4 KiB reads from GPU ones (IOPS).
+// Targets: without --files, the whole namespace of each controller (drive://, one extent). With
+// --files DIR, N files of M MiB written into a new directory under DIR (a real file system with
+// FIEMAP and O_DIRECT), located by the product's FIEMAP resolver (local_file::LocalFileResolver), and
+// each controller holds exactly their LBAs through its LBA map, filled from the block device at the
+// offsets FIEMAP gave (from the files when the device cannot be opened; the output says which): the
+// iops, gbps and latency rows then read random files through drive:///PATH targets, so the
+// DataPath's extent search over real extents is in the measured path (tests/gpu/support/drive_files.hpp).
 // Every byte counted is verified: after each batch a kernel compares every destination byte with
 // the namespace's pattern (double-buffered, off the measured thread's critical path); a row with
 // any mismatch, any failed request or a verified-byte count different from the confirmed bytes is
@@ -35,11 +42,15 @@
 //   [--persistent-poller-idle-us I]
 //   [--striped [--stripe-controllers 1,2,3,4]
 //   [--striped-in-flight F]]
+//   [--files DIR [--file-count N] [--file-mib M] [--file-chunk-kib K]]
 //   [--raw-json FILE] [--json FILE]
 // Exits 77 without a CUDA device, 2 on bad flags, 1 when any row had errors.
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -64,10 +75,12 @@
 #include <tutti/path/striped_nvme.hpp>
 
 #include "drive_controller.cuh"  // tests/gpu/support
+#include "drive_files.hpp"       // tests/gpu/support
 
 namespace {
 
 using namespace tutti;
+using gpu_test::DriveFiles;
 using gpu_test::DriveNamespaceResolver;
 using gpu_test::DriveNvmeController;
 using gpu_test::DriveService;
@@ -102,6 +115,10 @@ struct Options {
   bool striped = false;                         ///< --striped: the striped rows only
   std::uint32_t striped_in_flight = 1;          ///< --striped-in-flight: batches the striped submitter keeps in flight
   std::vector<std::uint32_t> stripe_controllers{1, 2, 3, 4};
+  std::string files_dir;                ///< --files: read files made here, located by FIEMAP (empty: drive:// targets)
+  std::uint32_t file_count = 16;        ///< --file-count
+  std::uint32_t file_mib = 64;          ///< --file-mib: each file's size
+  std::uint32_t file_chunk_kib = 1024;  ///< --file-chunk-kib: the round robin's write size (sets the extents)
   std::string raw_json, json;
 };
 
@@ -117,11 +134,26 @@ __host__ __device__ inline std::uint64_t mix(std::uint64_t x) {
 __host__ __device__ inline std::uint64_t pattern_word(std::uint64_t seed, std::uint64_t w) {
   return mix(w ^ (seed << 56));
 }
-/// Target offset of request i of batch b of a submitter (stream `who`): a random multiple of
-/// `bytes` inside the namespace.
+/// What a drive's requests read: `count` targets of `bytes` each, word w of target t being
+/// pattern_word(first_seed + t, w). Without --files one target, the whole namespace (drive://,
+/// one extent); with --files the files (drive:///PATH, FIEMAP's extents), the same on every drive.
+struct TargetSet {
+  std::uint32_t count = 1;
+  std::uint64_t bytes = kNamespaceBytes;
+  std::uint64_t first_seed = 0;
+};
+constexpr std::uint64_t kFileSeed = 100;  ///< TargetSet::first_seed of the --files set
+
+/// Target of request i of batch b of a submitter (stream `who`): one of the set at random.
+__host__ __device__ inline std::uint32_t request_target(std::uint64_t who, std::uint64_t b, std::uint64_t i,
+                                                        const TargetSet& set) {
+  return set.count == 1 ? 0 : static_cast<std::uint32_t>(mix(~((who << 40) ^ (b << 16) ^ i)) % set.count);
+}
+/// Offset of request i of batch b of a submitter (stream `who`) in its target: a random multiple
+/// of `bytes`.
 __host__ __device__ inline std::uint64_t request_offset(std::uint64_t who, std::uint64_t b, std::uint64_t i,
-                                                        std::uint64_t bytes) {
-  return mix((who << 40) ^ (b << 16) ^ i) % (kNamespaceBytes / bytes) * bytes;
+                                                        std::uint64_t bytes, const TargetSet& set) {
+  return mix((who << 40) ^ (b << 16) ^ i) % (set.bytes / bytes) * bytes;
 }
 
 __global__ void fill_kernel(std::uint64_t* ns, std::uint64_t words, std::uint64_t seed) {
@@ -130,15 +162,16 @@ __global__ void fill_kernel(std::uint64_t* ns, std::uint64_t words, std::uint64_
     ns[w] = pattern_word(seed, w);
 }
 
-/// Checks request i's `bytes` at dest + i * bytes against the pattern at its target offset;
+/// Checks request i's `bytes` at dest + i * bytes against its target's pattern at its offset;
 /// counts mismatching words and verified bytes.
-__global__ void verify_kernel(const std::uint64_t* dest, std::uint32_t n, std::uint64_t bytes, std::uint64_t seed,
+__global__ void verify_kernel(const std::uint64_t* dest, std::uint32_t n, std::uint64_t bytes, TargetSet set,
                               std::uint64_t who, std::uint64_t b, unsigned long long* mismatches,
                               unsigned long long* verified) {
   const std::uint64_t words = bytes / 8;
   unsigned long long bad = 0;
   for (std::uint32_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const std::uint64_t first = request_offset(who, b, i, bytes) / 8;
+    const std::uint64_t seed = set.first_seed + request_target(who, b, i, set);
+    const std::uint64_t first = request_offset(who, b, i, bytes, set) / 8;
     for (std::uint64_t w = threadIdx.x; w < words; w += blockDim.x)
       if (dest[i * words + w] != pattern_word(seed, first + w)) ++bad;
     if (threadIdx.x == 0) atomicAdd(verified, static_cast<unsigned long long>(bytes));
@@ -161,9 +194,9 @@ struct Drive {
   std::unique_ptr<DriveNvmeController> controller;
   cudaStream_t stream = nullptr;
   std::unique_ptr<DriveRuntime> runtime;
-  TargetHandle target;
+  std::vector<TargetHandle> targets;  ///< by TargetSet index
   std::vector<Submitter> submitters;
-  std::uint64_t seed = 0;
+  TargetSet set;
 };
 
 Status cuda(cudaError_t e, const char* what) {
@@ -187,19 +220,34 @@ local_nvme::Options path_options(const Options& o, cudaStream_t stream) {
   return options;
 }
 
-/// Brings up a drive with `submitters` sets of o.in_flight + 1 buffers of `buffer_bytes` each.
+/// Brings up a drive with `submitters` sets of o.in_flight + 1 buffers of `buffer_bytes` each. Its
+/// targets: the whole namespace, filled with pattern_word(seed, ...) (one extent); or, with
+/// `files`, the files, their LBAs held through the controller's LBA map and copied in by
+/// DriveFiles::fill.
 Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_host, std::uint64_t seed,
-                                          std::uint32_t submitters, std::uint64_t buffer_bytes) {
+                                          std::uint32_t submitters, std::uint64_t buffer_bytes, DriveFiles* files) {
   auto d = std::make_unique<Drive>();
-  d->seed = seed;
   DriveSettings settings;
   settings.namespace_bytes = kNamespaceBytes;
   settings.namespace_in_host = namespace_in_host;
+  DriveNamespaceResolver resolver;
+  if (files != nullptr) {
+    d->set = TargetSet{static_cast<std::uint32_t>(files->paths().size()), files->file_bytes(), kFileSeed};
+    settings.namespace_bytes = files->namespace_bytes();
+    settings.lba_map = files->lba_map();
+    resolver.files = files->resolver();
+  } else {
+    d->set = TargetSet{1, kNamespaceBytes, seed};
+  }
   d->controller = std::make_unique<DriveNvmeController>(settings);
   TUTTI_RETURN_IF_ERROR(d->controller->bring_up({}));
-  fill_kernel<<<1024, 256>>>(reinterpret_cast<std::uint64_t*>(d->controller->namespace_data()), kNamespaceBytes / 8,
-                             seed);
-  TUTTI_RETURN_IF_ERROR(cuda(cudaDeviceSynchronize(), "namespace fill"));
+  if (files != nullptr) {
+    TUTTI_RETURN_IF_ERROR(files->fill(*d->controller));
+  } else {
+    fill_kernel<<<1024, 256>>>(reinterpret_cast<std::uint64_t*>(d->controller->namespace_data()), kNamespaceBytes / 8,
+                               seed);
+    TUTTI_RETURN_IF_ERROR(cuda(cudaDeviceSynchronize(), "namespace fill"));
+  }
   TUTTI_RETURN_IF_ERROR(cuda(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   local_nvme::Options options = path_options(o, d->stream);
   options.max_batches_in_flight = std::max<std::uint32_t>(4, 2 * submitters * o.in_flight);
@@ -208,10 +256,13 @@ Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_ho
   options.prepared_batch_requests = std::max({o.iops_batch, o.gbps_batch, 1024u});
   auto path = local_nvme::LocalNvmeDataPath::create(*d->controller, options);
   if (!path) return path.status();
-  d->runtime = std::make_unique<DriveRuntime>(DriveBackend{DriveNamespaceResolver{}, std::move(path.value())});
-  auto t = d->runtime->open(fmt::format("drive://ns?bytes={}&at=0", kNamespaceBytes));
-  if (!t) return t.status();
-  d->target = *t;
+  d->runtime = std::make_unique<DriveRuntime>(DriveBackend{std::move(resolver), std::move(path.value())});
+  for (std::uint32_t t = 0; t < d->set.count; ++t) {
+    auto opened =
+        d->runtime->open(files != nullptr ? files->uri(t) : fmt::format("drive://ns?bytes={}&at=0", kNamespaceBytes));
+    if (!opened) return opened.status();
+    d->targets.push_back(*opened);
+  }
   d->submitters.resize(submitters);
   for (Submitter& s : d->submitters) {
     for (std::uint32_t k = 0; k <= o.in_flight; ++k) {
@@ -344,8 +395,12 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
         const std::uint64_t k = p.number % buffers;
         if (p.number >= buffers) cudaEventSynchronize(s.verified[k]);  // the buffer's previous batch is verified
         for (std::uint32_t i = 0; i < batch; ++i)
-          requests[i] = IoRequest{
-              Direction::READ, s.memory[k], i * bytes, d.target, request_offset(who, p.number, i, bytes), bytes};
+          requests[i] = IoRequest{Direction::READ,
+                                  s.memory[k],
+                                  i * bytes,
+                                  d.targets[request_target(who, p.number, i, d.set)],
+                                  request_offset(who, p.number, i, bytes, d.set),
+                                  bytes};
         p.began = std::chrono::steady_clock::now();
         auto outcome = d.runtime->submit(requests);
         me.submit_ns.push_back(static_cast<std::uint64_t>(
@@ -377,7 +432,7 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
           me.row.requests += batch;
           me.row.bytes += batch * bytes;
           verify_kernel<<<std::min<std::uint32_t>(batch, 1024), 256, 0, s.verify_stream>>>(
-              static_cast<const std::uint64_t*>(s.buffers[k].data()), batch, bytes, d.seed, who, p.number, counters,
+              static_cast<const std::uint64_t*>(s.buffers[k].data()), batch, bytes, d.set, who, p.number, counters,
               counters + 1);
           cudaEventRecord(s.verified[k], s.verify_stream);
         }
@@ -438,7 +493,7 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
     submits.insert(submits.end(), p.submit_ns.begin(), p.submit_ns.end());
     cpu += p.cpu_us;
   }
-  finish_verified_row(row, counters, "the namespace");
+  finish_verified_row(row, counters, drives[0]->set.count == 1 ? "the namespace" : "the files");
   cudaFree(counters);
   row.p50_us = percentile_us(all, 0.50);
   row.p99_us = percentile_us(all, 0.99);
@@ -887,6 +942,18 @@ int main(int argc, char** argv) {
   app.add_option("--striped-in-flight", o.striped_in_flight,
                  "batches the striped rows' one submitter keeps in flight, 1..4 (each into its own destination)")
       ->check(CLI::Range(1, 4));
+  app.add_option("--files", o.files_dir,
+                 "read files instead of the whole namespace: --file-count files of --file-mib MiB are written into a "
+                 "new directory under this one (a file system with FIEMAP and O_DIRECT: ext4, xfs; a loop-mounted "
+                 "image works), located by the product's FIEMAP resolver, and each controller holds exactly their "
+                 "LBAs (its LBA map); the iops, gbps and latency rows read them through drive:///PATH targets. "
+                 "Removed at exit");
+  app.add_option("--file-count", o.file_count, "files of --files")->check(CLI::Range(1, 1024));
+  app.add_option("--file-mib", o.file_mib, "size of each file of --files, MiB")->check(CLI::Range(1, 4096));
+  app.add_option("--file-chunk-kib", o.file_chunk_kib,
+                 "the files are written round robin in pieces of this size with O_DIRECT, so they interleave on the "
+                 "device: smaller pieces, more extents per file; a multiple of 4")
+      ->check(CLI::Range(4, 1 << 20));
   app.add_option("--raw-json", o.raw_json, "tutti-bench-gpu-submit --json output, for the raw-queue ratio");
   app.add_option("--json", o.json, "write the rows as JSON");
   try {
@@ -906,6 +973,37 @@ int main(int argc, char** argv) {
                  o.submitters, o.in_flight, std::max(o.iops_batch, o.gbps_batch),
                  static_cast<unsigned long long>(commands), o.queues, o.depth, static_cast<unsigned long long>(slots));
     return 2;
+  }
+  if (!o.files_dir.empty() && o.striped) {
+    std::fprintf(stderr, "--files applies to the iops, gbps and latency rows, not to --striped\n");
+    return 2;
+  }
+  if (o.file_chunk_kib % 4 != 0) {
+    std::fprintf(stderr, "--file-chunk-kib %u is not a multiple of 4 (KiB: whole 4096-byte LBAs)\n", o.file_chunk_kib);
+    return 2;
+  }
+  if (!o.files_dir.empty() && std::uint64_t{o.file_count} * o.file_mib > 16384) {
+    std::fprintf(stderr,
+                 "--file-count %u x --file-mib %u = %llu MiB exceed 16384 MiB: every controller holds all the files' "
+                 "bytes, in GPU memory and in pinned host memory\n",
+                 o.file_count, o.file_mib, static_cast<unsigned long long>(std::uint64_t{o.file_count} * o.file_mib));
+    return 2;
+  }
+  if (!o.files_dir.empty()) {  // what can be told before any file or GPU work (DriveFiles::make checks the rest)
+    struct stat st {};
+    const int found = ::stat(o.files_dir.c_str(), &st) == 0 ? 0 : errno;
+    if (found != 0 || !S_ISDIR(st.st_mode)) {
+      std::fprintf(stderr, "--files %s: not a directory (%s)\n", o.files_dir.c_str(),
+                   found != 0 ? std::strerror(found) : "another kind of file");
+      return 2;
+    }
+    if (major(st.st_dev) == 0) {
+      std::fprintf(stderr,
+                   "--files %s: its file system has no block device (tmpfs, overlayfs, procfs ...), so FIEMAP gives "
+                   "no LBAs: use a directory on ext4 or xfs (a loop-mounted image works)\n",
+                   o.files_dir.c_str());
+      return 2;
+    }
   }
   int devices = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {
@@ -927,16 +1025,35 @@ int main(int argc, char** argv) {
   std::printf("drive service: %u warps per queue\n",
               o.warps_per_queue != 0 ? o.warps_per_queue : DriveService::kDefaultWarpsPerQueue);
   std::printf("copy    pinned host-to-device GB/s=%.2f\n", copy_gbps);
+  if (o.striped) return run_striped(o, cap) ? 0 : 1;
+  // The files outlive every drive (their runtimes hold the files open and immutable).
+  std::unique_ptr<DriveFiles> files;
+  std::string targets =
+      fmt::format("the whole namespace of {} MiB per controller (drive://, one extent)", kNamespaceBytes >> 20);
+  if (!o.files_dir.empty()) {
+    const auto began = std::chrono::steady_clock::now();
+    auto made = DriveFiles::make(o.files_dir, o.file_count, std::uint64_t{o.file_mib} << 20,
+                                 std::uint64_t{o.file_chunk_kib} << 10,
+                                 [](std::uint32_t f, std::uint64_t w) { return pattern_word(kFileSeed + f, w); });
+    if (!made) {
+      std::fprintf(stderr, "--files %s: %s\n", o.files_dir.c_str(), made.status().to_string().c_str());
+      return 2;
+    }
+    files = std::move(made.value());
+    targets =
+        fmt::format("files located by FIEMAP (drive:///PATH): {}; written and located in {:.1f} s", files->describe(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
+  }
+  std::printf("targets: %s\n", targets.c_str());
   std::vector<Row> rows;
   bool failed = false;
-  if (o.striped) return run_striped(o, cap) ? 0 : 1;
   const auto run_set = [&](bool in_host, std::uint32_t batch, std::uint64_t bytes, const char* kind) {
     std::vector<std::unique_ptr<Drive>> drives;
     // The iops set also serves the latency rows (up to 1024 x 4 KiB and 24 x 512 KiB).
     const bool iops = std::strcmp(kind, "iops") == 0;
     const std::uint64_t buffer = std::max<std::uint64_t>(std::uint64_t{batch} * bytes, iops ? 24u << 19 : 0);
     for (std::uint32_t c = 0; c < max_controllers; ++c) {
-      auto d = make_drive(o, in_host, 1 + c + (in_host ? 16 : 0), o.submitters, buffer);
+      auto d = make_drive(o, in_host, 1 + c + (in_host ? 16 : 0), o.submitters, buffer, files.get());
       if (!d) {
         std::fprintf(stderr, "%s rows: %s\n", kind, d.status().to_string().c_str());
         failed = true;
@@ -944,6 +1061,7 @@ int main(int argc, char** argv) {
       }
       drives.push_back(std::move(d.value()));
     }
+    if (files) std::printf("        %s rows: namespaces filled from %s\n", kind, files->source().c_str());
     for (std::uint32_t lat : o.latencies_us)
       for (std::uint32_t c : o.controllers) {
         for (auto& d : drives) (void)d->controller->set_timing(std::uint64_t{lat} * 1000, cap);
@@ -1010,6 +1128,7 @@ int main(int argc, char** argv) {
     j["persistent_poller_warps"] = o.persistent_poller_warps;
     j["persistent_poller_idle_us"] = o.persistent_poller_idle_us;
     j["in_flight"] = o.in_flight;
+    j["targets"] = targets;
     j["pinned_copy_gbps"] = copy_gbps;
     j["raw_queue_commands_per_second"] = raw;
     j["rows"] = nlohmann::json::array();

@@ -46,6 +46,11 @@ if [ -n "${DRIVE_BENCH:-}" ]; then
   expect 2 "--cap-gbps" "$DRIVE_BENCH" --cap-gbps -1
   expect 2 "command slots" "$DRIVE_BENCH" --submitters 4 --in-flight 4
   expect 2 "command slots" "$DRIVE_BENCH" --iops-batch 4096 --submitters 4
+  expect 2 "--files" "$DRIVE_BENCH" --files /nonexistent/tutti-bench-files
+  expect 2 "block device" "$DRIVE_BENCH" --files /proc
+  expect 2 "--striped" "$DRIVE_BENCH" --files / --striped
+  expect 2 "--file-chunk-kib" "$DRIVE_BENCH" --file-chunk-kib 6
+  expect 2 "16384 MiB" "$DRIVE_BENCH" --files /proc --file-count 1024 --file-mib 4096
   expect 0 "--in-flight" "$DRIVE_BENCH" --help
 fi
 [ -n "$local_nvme" ] || { [ "$failures" -eq 0 ] || { echo "FAIL: $failures case(s)"; exit 1; }; echo "all nonsense refused"; exit 0; }

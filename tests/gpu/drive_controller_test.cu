@@ -16,6 +16,11 @@
 //   - one striped_nvme DataPath over three controllers: requests that cross units land byte for
 //     byte, one submit launch for all controllers, also with the submit kernel polling
 //     (Options::submit_poll_budget_ns: then progress launches nothing).
+//   - the LBA map (DriveSettings::lba_map): reads inside its ranges land from their namespace
+//     blocks, one outside them or across a range's end is LBA Out of Range, bad maps are refused;
+//   - files on a real file system ($TUTTI_TEST_FILES_DIR, else /var/tmp), located by the product's
+//     FIEMAP resolver and held through the LBA map (support/drive_files.hpp), read back whole
+//     through drive:/// targets, byte for byte.
 // Suite gpu; exits 77 without a GPU.
 #include <doctest/doctest.h>
 
@@ -24,6 +29,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -38,8 +45,11 @@
 #include <tutti/path/striped_nvme.hpp>
 
 #include "drive_controller.cuh"
+#include "drive_files.hpp"
 
 using namespace tutti;
+using gpu_test::DriveFiles;
+using gpu_test::DriveLbaRange;
 using gpu_test::DriveNamespaceResolver;
 using gpu_test::DriveNvmeController;
 using gpu_test::DriveService;
@@ -64,7 +74,7 @@ std::uint8_t pattern(std::uint64_t seed, std::uint64_t at) {
 /// DEVICE memory registered, one target over the whole namespace.
 struct Drive {
   Drive(DriveSettings settings, std::uint64_t seed, std::uint32_t queue_pairs, std::uint64_t command_timeout_ns,
-        void* stream, std::uint32_t persistent_poller_warps = 0)
+        void* stream, std::uint32_t persistent_poller_warps = 0, DriveNamespaceResolver resolver = {})
       : controller(std::make_unique<DriveNvmeController>(settings)), seed(seed) {
     REQUIRE(controller->bring_up({}).is_ok());
     std::vector<std::uint8_t> bytes(settings.namespace_bytes);
@@ -84,7 +94,7 @@ struct Drive {
     options.persistent_poller_warps = persistent_poller_warps;
     auto path = local_nvme::LocalNvmeDataPath::create(*controller, options);
     REQUIRE_MESSAGE(path.is_ok(), path.status().to_string());
-    runtime = std::make_unique<DriveRuntime>(DriveBackend{DriveNamespaceResolver{}, std::move(path.value())});
+    runtime = std::make_unique<DriveRuntime>(DriveBackend{std::move(resolver), std::move(path.value())});
     auto t = runtime->open(fmt::format("drive://all?bytes={}&at=0", settings.namespace_bytes), {.writable = true});
     REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
     target = *t;
@@ -567,6 +577,148 @@ TEST_CASE("the link cap paces a controller: a batch takes at least its bytes ove
     const std::uint64_t length = requests[i].length, slot = 128 << 10;
     CHECK(drive.memory_bytes_at(i * slot, length) == drive.expected(i * (256 << 10), length));
     CHECK(drive.memory_bytes_at(i * slot + length, slot - length) == std::vector<std::uint8_t>(slot - length, 0xEE));
+  }
+}
+
+TEST_CASE(
+    "an LBA map holds the host's LBAs in the namespace: reads inside a range land, outside or across are LBA Out "
+    "of Range") {
+  if (!have_gpu()) return;
+  Stream stream;
+  DriveSettings settings;
+  settings.namespace_bytes = kNamespaceBytes;  // 8192 blocks
+  settings.latency_ns = 1'000;
+  // LBAs 1 000 000 .. 1 002 047 at namespace block 4096; LBAs 5 000 000 .. 5 004 095 at block 0.
+  settings.lba_map = {DriveLbaRange{1'000'000, 2048, 4096}, DriveLbaRange{5'000'000, 4096, 0}};
+  Drive drive(settings, 31, 1, 5 * kSecond, stream.stream);
+  CHECK(drive.controller->identity().namespace_size_lbas == 5'004'096);  // NSZE reaches the last mapped LBA
+  const auto open = [&](std::uint64_t lba, std::uint64_t blocks) {
+    auto t = drive.runtime->open(fmt::format("drive://range?bytes={}&at={}", blocks * 4096, lba * 4096));
+    REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
+    return *t;
+  };
+  const TargetHandle low = open(1'000'000, 2048), high = open(5'000'000, 4096);
+  const TargetHandle beyond = open(1'001'000, 2048);  // its second half is outside every range
+  // (target, target offset, length, namespace byte expected or ~0 for LBA Out of Range)
+  struct Read {
+    TargetHandle target;
+    std::uint64_t offset, length, namespace_at;
+  };
+  constexpr std::uint64_t kOutside = ~std::uint64_t{0};
+  const std::vector<Read> reads{{low, 0, 4096, 4096 * 4096ull},
+                                {low, (2048 - 3) * 4096ull, 12288, (4096 + 2045) * 4096ull},  // the range's end
+                                {high, 0, 512 << 10, 0},
+                                {high, 4095 * 4096ull, 4096, 4095 * 4096ull},
+                                {beyond, 1047 * 4096ull, 4096, (4096 + 2047) * 4096ull},  // LBA 1 002 047
+                                {beyond, 1048 * 4096ull, 4096, kOutside},                 // LBA 1 002 048
+                                {beyond, 1046 * 4096ull, 12288, kOutside}};               // across the end
+  std::vector<IoRequest> requests;
+  for (std::size_t i = 0; i < reads.size(); ++i)
+    requests.push_back(
+        IoRequest{Direction::READ, drive.memory, i << 20, reads[i].target, reads[i].offset, reads[i].length});
+  DriveService service;
+  REQUIRE(service.start({drive.controller.get()}, 0, 20 * kSecond).is_ok());
+  auto outcome = drive.runtime->submit(requests);
+  for (const Status& s : outcome.initial_states) REQUIRE_MESSAGE(s.is_ok(), s.to_string());
+  auto result = drive.runtime->wait(outcome.io, 10 * kSecond);
+  REQUIRE_MESSAGE(result.is_ok(), result.status().to_string());
+  REQUIRE(result->completions.size() == reads.size());
+  for (const RequestCompletion& c : result->completions) {
+    const Read& r = reads[c.request_index];
+    CAPTURE(c.request_index);
+    if (r.namespace_at == kOutside) {
+      CHECK(c.status.code() == StatusCode::DEVICE_ERROR);
+      CHECK(c.device_status == 0x080u);  // SCT 0, SC 80h: LBA Out of Range
+      CHECK(c.confirmed_bytes == 0);
+      CHECK(drive.memory_bytes_at(c.request_index << 20, r.length) == std::vector<std::uint8_t>(r.length, 0xEE));
+    } else {
+      CHECK_MESSAGE(c.status.is_ok(), c.status.to_string());
+      CHECK(c.confirmed_bytes == r.length);
+      CHECK(drive.memory_bytes_at(c.request_index << 20, r.length) == drive.expected(r.namespace_at, r.length));
+    }
+  }
+  (void)drive.runtime->release(outcome.io);
+  CHECK(service.stop() == 0);
+  for (const TargetHandle t : {low, high, beyond}) CHECK(drive.runtime->close(t).is_ok());
+
+  // Maps the controller refuses at bring-up, naming the range.
+  for (const auto& bad : {std::vector<DriveLbaRange>{{10, 4, 0}, {12, 4, 100}},  // overlapping
+                          std::vector<DriveLbaRange>{{20, 4, 0}, {10, 4, 100}},  // not sorted
+                          std::vector<DriveLbaRange>{{10, 0, 0}},                // empty
+                          std::vector<DriveLbaRange>{{10, 16, 8190}}}) {         // beyond the namespace
+    DriveSettings wrong = settings;
+    wrong.lba_map = bad;
+    DriveNvmeController controller(wrong);
+    const Status up = controller.bring_up({});
+    CHECK(up.code() == StatusCode::INVALID_ARGUMENT);
+    CHECK_MESSAGE(up.message().find("lba_map[") != std::string::npos, up.to_string());
+  }
+}
+
+TEST_CASE("files on a real file system, located by FIEMAP and held through the LBA map, read back byte for byte") {
+  // The files go to $TUTTI_TEST_FILES_DIR, else /var/tmp: a file system with FIEMAP and O_DIRECT
+  // (ext4, xfs), not tmpfs. Written in 64 KiB chunks round robin, so each file has several extents.
+  if (!have_gpu()) return;
+  const char* chosen = std::getenv("TUTTI_TEST_FILES_DIR");
+  const std::string directory = chosen != nullptr ? chosen : "/var/tmp";
+  constexpr std::uint32_t kFiles = 3;
+  constexpr std::uint64_t kFileBytes = std::uint64_t{2} << 20;
+  const auto word = [](std::uint32_t file, std::uint64_t w) {
+    return (std::uint64_t{file + 1} << 56) ^ (w * 0x9E3779B97F4A7C15ull);
+  };
+  auto files = DriveFiles::make(directory, kFiles, kFileBytes, 64 << 10, word);
+  REQUIRE_MESSAGE(files.is_ok(), files.status().to_string(),
+                  " (set TUTTI_TEST_FILES_DIR to a directory on ext4 or xfs)");
+  DriveFiles& set = *files.value();
+  MESSAGE(set.describe());
+  CHECK(set.namespace_bytes() == kFiles * kFileBytes);
+  CHECK(set.extents() >= kFiles);
+  Stream stream;
+  DriveSettings settings;
+  settings.namespace_bytes = set.namespace_bytes();
+  settings.lba_map = set.lba_map();
+  settings.latency_ns = 1'000;
+  {
+    Drive drive(settings, 41, 2, 5 * kSecond, stream.stream, 0, DriveNamespaceResolver{set.resolver()});
+    REQUIRE_MESSAGE(set.fill(*drive.controller).is_ok(), set.source());
+    MESSAGE(set.source());
+    // Every target opened before the service starts and closed after it stops: an open may grow
+    // the target cache's device memory, and a cudaFree would wait for the service's kernel.
+    std::vector<TargetHandle> targets;
+    for (std::uint32_t f = 0; f < kFiles; ++f) {
+      auto target = drive.runtime->open(set.uri(f));
+      REQUIRE_MESSAGE(target.is_ok(), target.status().to_string());
+      targets.push_back(*target);
+    }
+    DriveService service;
+    REQUIRE(service.start({drive.controller.get()}, 0, 20 * kSecond).is_ok());
+    // Each file whole, in pieces of 4 KiB, 60 KiB, 192 KiB and 12 KiB: some cross the extents'
+    // boundaries (the DataPath splits them), each lands at its file offset in memory.
+    constexpr std::array<std::uint64_t, 4> kPieces{4096, 61440, 196608, 12288};
+    std::vector<std::vector<std::uint8_t>> expected(kFiles, std::vector<std::uint8_t>(kFileBytes));
+    for (std::uint32_t f = 0; f < kFiles; ++f) {
+      for (std::uint64_t w = 0; w < kFileBytes / 8; ++w) {
+        const std::uint64_t v = word(f, w);
+        std::memcpy(expected[f].data() + 8 * w, &v, 8);
+      }
+      std::vector<IoRequest> requests;
+      for (std::uint64_t at = 0, k = 0; at < kFileBytes; ++k) {
+        const std::uint64_t length = std::min(kPieces[k % kPieces.size()], kFileBytes - at);
+        requests.push_back(IoRequest{Direction::READ, drive.memory, f * kFileBytes + at, targets[f], at, length});
+        at += length;
+      }
+      REQUIRE(requests.size() <= 64);  // the batch slots the Drive prepared
+      auto outcome = drive.runtime->submit(requests);
+      for (const Status& s : outcome.initial_states) REQUIRE_MESSAGE(s.is_ok(), s.to_string());
+      auto result = drive.runtime->wait(outcome.io, 10 * kSecond);
+      REQUIRE_MESSAGE(result.is_ok(), result.status().to_string());
+      CHECK_MESSAGE(result->status.is_ok(), result->status.to_string());
+      CHECK(result->confirmed_bytes == kFileBytes);
+      (void)drive.runtime->release(outcome.io);
+      CHECK(drive.memory_bytes_at(f * kFileBytes, kFileBytes) == expected[f]);
+    }
+    CHECK(service.stop() == 0);
+    for (const TargetHandle t : targets) CHECK(drive.runtime->close(t).is_ok());
   }
 }
 

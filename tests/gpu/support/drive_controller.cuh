@@ -23,7 +23,8 @@
 // Per command (NVMe Base Specification 2.0: 3.3.1 queues, 4.2 CQE and Phase Tag, 4.3.1 PRP
 // entries and lists with chaining; NVM Command Set 1.0, 3.2.4 Read, 3.2.6 Write, 3.2.3 Flush):
 //   fetch    warp 0 reads the SQ tail doorbell, takes up to 32 announced SQEs (at most depth - 1
-//            fetched and not completed), and gives each a due time: max(fetch + latency_ns, the
+//            fetched and not completed), finds each data command's namespace block (its SLBA itself,
+//            or through DriveSettings::lba_map), and gives each a due time: max(fetch + latency_ns, the
 //            end of its transfer on the controller's link), the link being reserved at
 //            bytes_per_second (0: no cap) by one CAS per fetch step on the controller's busy-until
 //            word, for the step's transfers one after the other in SQ order.
@@ -31,9 +32,9 @@
 //            doorbell): the block's warps copy the commands' bytes, each warp every W-th PRP
 //            segment (16-byte vectors where both sides are 16-byte aligned), then warp 0 posts
 //            their CQEs (dwords 0-2, then dword 3 with the Phase Tag by one release store). Read: namespace -> memory;
-//            Write: memory -> namespace; Flush: nothing. LBA Out of Range (SCT 0, SC 80h, DNR) beyond the namespace,
-//            Invalid Opcode (SC 01h, DNR) for other opcodes, Invalid Field (SC 02h, DNR) for a namespace other than 1
-//            or SGL data pointers.
+//            Write: memory -> namespace; Flush: nothing. LBA Out of Range (SCT 0, SC 80h, DNR) beyond the namespace or
+//            the map, Invalid Opcode (SC 01h, DNR) for other opcodes, Invalid Field (SC 02h, DNR) for a namespace other
+//            than 1 or SGL data pointers.
 //   faults   DriveQueueState::fail_command (an absolute SQ position) completes with
 //            fail_status (SCT << 8 | SC, DNR set) and moves no data; drop_command is consumed and
 //            never completed (a lost completion; the data does not move).
@@ -48,12 +49,14 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -69,6 +72,7 @@
 #include <tutti/core/status.hpp>
 #include <tutti/nvme/commands.hpp>
 #include <tutti/nvme/controller.hpp>
+#include <tutti/resolve/local_file.hpp>
 
 #include "agent_nvme_controller.hpp"  // tests/support
 #include "null_controller.hpp"        // tests/support
@@ -78,12 +82,26 @@ namespace tutti::gpu_test {
 inline constexpr std::uint64_t kDriveNoFault = ~std::uint64_t{0};
 inline constexpr std::uint32_t kDriveLbaSize = 4096;
 
+/// One range of the LBA map (DriveSettings::lba_map): `blocks` LBAs from `starting_lba` (as the
+/// host addresses them) are held at namespace block `namespace_lba` onward. Units: 4096-byte LBAs.
+struct DriveLbaRange {
+  std::uint64_t starting_lba = 0;
+  std::uint64_t blocks = 0;
+  std::uint64_t namespace_lba = 0;
+};
+
 /// One drive's behaviour.
 struct DriveSettings {
   std::uint64_t namespace_bytes = std::uint64_t{64} << 20;  ///< multiple of 4096
   bool namespace_in_host = false;                           ///< mapped pinned host memory instead of GPU memory
   std::uint64_t latency_ns = 70'000;                        ///< per command, from fetch to completion (0: none)
   std::uint64_t bytes_per_second = 0;                       ///< the controller's link (0: no cap)
+  /// Empty: LBA n is namespace block n. Otherwise the drive holds only these LBAs (the ones FIEMAP
+  /// gave for a set of files on a real file system: drive_files.hpp), each range at its namespace
+  /// block, the way a drive's flash translation layer places LBAs: sorted by starting_lba, not
+  /// overlapping, each inside the namespace. A command's LBAs must lie in one range (LBA Out of
+  /// Range otherwise), and the reported namespace size (NSZE) reaches the last mapped LBA.
+  std::vector<DriveLbaRange> lba_map;
 };
 
 /// Per-controller state in GPU memory, shared by the warps of its queues.
@@ -92,15 +110,17 @@ struct DriveControllerState {
   std::uint64_t namespace_bytes = 0;
   std::uint64_t latency_ns = 0;
   std::uint64_t bytes_per_second = 0;
-  unsigned long long busy_until_ns = 0;  ///< the link's reservation (timer_ns)
+  unsigned long long busy_until_ns = 0;    ///< the link's reservation (timer_ns)
+  const DriveLbaRange* lba_map = nullptr;  ///< GPU memory, lba_map_ranges of them (none: identity)
+  std::uint64_t lba_map_ranges = 0;
 };
 
 /// A fetched command (controller-private copy of its SQE's fields).
 struct DriveCommand {
   std::uint64_t due_ns;
   std::uint64_t prp1, prp2;
-  std::uint64_t starting_lba;
-  std::uint32_t blocks;  ///< NLB + 1
+  std::uint64_t starting_lba;  ///< the namespace block (the SQE's SLBA through the LBA map)
+  std::uint32_t blocks;        ///< NLB + 1
   std::uint16_t cid;
   std::uint16_t status;  ///< SCT << 8 | SC decided at fetch (0: success so far)
   std::uint8_t opcode;
@@ -222,6 +242,26 @@ __device__ inline bool move_data(const DriveCommand& c, std::uint8_t* ns, std::u
   return true;
 }
 
+/// The namespace block holding LBAs [lba, lba + blocks) under the controller's LBA map (identity
+/// without one), or ~0 when a range of the map does not hold them all. A binary search over the
+/// sorted ranges: about log2(ranges) loads from L2 per command, at fetch. One lane, one command.
+__device__ inline std::uint64_t namespace_block(const DriveControllerState& ctl, std::uint64_t lba,
+                                                std::uint32_t blocks) {
+  if (ctl.lba_map_ranges == 0) return lba;
+  std::uint64_t low = 0, high = ctl.lba_map_ranges;  // the last range starting at or before lba is in [low, high)
+  while (high - low > 1) {
+    const std::uint64_t middle = low + (high - low) / 2;
+    if (ctl.lba_map[middle].starting_lba <= lba)
+      low = middle;
+    else
+      high = middle;
+  }
+  const DriveLbaRange r = ctl.lba_map[low];
+  if (lba < r.starting_lba || lba - r.starting_lba >= r.blocks || blocks > r.blocks - (lba - r.starting_lba))
+    return ~std::uint64_t{0};
+  return r.namespace_lba + (lba - r.starting_lba);
+}
+
 /// What warp 0 decided for one service step, for the block's other warps (shared memory).
 struct DriveStep {
   std::uint32_t fetched_now;  ///< SQEs fetched by this step
@@ -273,9 +313,12 @@ __device__ inline std::uint32_t service(const DriveQueueView& q, DriveStep& step
         c.status = 0x01;  // Invalid Command Opcode
       else if (e.nsid != 1 || (e.flags >> 6) != 0)
         c.status = 0x02;  // Invalid Field in Command
-      else if (data && (c.starting_lba > ctl.namespace_bytes / kDriveLbaSize ||
-                        c.blocks > ctl.namespace_bytes / kDriveLbaSize - c.starting_lba))
-        c.status = 0x80;  // LBA Out of Range
+      else if (data) {
+        c.starting_lba = namespace_block(ctl, c.starting_lba, c.blocks);  // from here on: the namespace block
+        if (c.starting_lba > ctl.namespace_bytes / kDriveLbaSize ||
+            c.blocks > ctl.namespace_bytes / kDriveLbaSize - c.starting_lba)
+          c.status = 0x80;  // LBA Out of Range (outside the map, or beyond the namespace)
+      }
       if (position == s.fail_command) c.status = static_cast<std::uint16_t>(s.fail_status);
       c.drop = position == s.drop_command ? 1 : 0;
       if (data && c.status == 0) link_bytes = bytes;
@@ -485,6 +528,17 @@ class DriveNvmeController final : public test::AgentNvmeController {
     auto state = test::AgentBuffer::allocate(sizeof(DriveControllerState));
     if (!state) return state.status().with_context("drive controller: state");
     state_ = std::move(*state);
+    std::uint64_t namespace_lbas = settings_.namespace_bytes / kDriveLbaSize;
+    if (!settings_.lba_map.empty()) {
+      auto mapped = check_lba_map();
+      if (!mapped) return mapped.status();
+      namespace_lbas = std::max(namespace_lbas, *mapped);
+      const std::size_t map_bytes = settings_.lba_map.size() * sizeof(DriveLbaRange);
+      auto map = test::AgentBuffer::allocate(map_bytes);
+      if (!map) return map.status().with_context("drive controller: LBA map");
+      lba_map_ = std::move(*map);
+      TUTTI_RETURN_IF_ERROR(accel::copy_to_device(lba_map_.as<void>(), settings_.lba_map.data(), map_bytes));
+    }
     TUTTI_RETURN_IF_ERROR(set_timing(settings_.latency_ns, settings_.bytes_per_second));
     // The diagnostics' staging memory and stream, made now: an allocation while a service runs
     // would keep later kernels from running beside it (debug_dump).
@@ -495,8 +549,7 @@ class DriveNvmeController final : public test::AgentNvmeController {
       debug_stream_ = nullptr;
       return error(StatusCode::DEVICE_ERROR, "drive controller: cudaStreamCreateWithFlags for diagnostics failed");
     }
-    set_identity(options.nsid, settings_.namespace_bytes / kDriveLbaSize,
-                 "GPU-resident drive controller (tests and benchmarks)");
+    set_identity(options.nsid, namespace_lbas, "GPU-resident drive controller (tests and benchmarks)");
     return Status::success();
   }
 
@@ -510,6 +563,8 @@ class DriveNvmeController final : public test::AgentNvmeController {
     s.namespace_bytes = settings_.namespace_bytes;
     s.latency_ns = latency_ns;
     s.bytes_per_second = bytes_per_second;
+    s.lba_map = lba_map_.as<DriveLbaRange>();
+    s.lba_map_ranges = settings_.lba_map.size();
     return accel::copy_to_device(state_.as<void>(), &s, sizeof(s));
   }
 
@@ -719,9 +774,32 @@ class DriveNvmeController final : public test::AgentNvmeController {
     return queues_.size();
   }
 
+  /// Checks DriveSettings::lba_map (sorted, not overlapping, no empty range, every range inside
+  /// the namespace); returns the LBA after the last mapped one. INVALID_ARGUMENT naming the range.
+  Result<std::uint64_t> check_lba_map() const {
+    const std::uint64_t namespace_lbas = settings_.namespace_bytes / kDriveLbaSize;
+    std::uint64_t end = 0;
+    for (std::size_t i = 0; i < settings_.lba_map.size(); ++i) {
+      const DriveLbaRange& r = settings_.lba_map[i];
+      if (r.blocks == 0 || r.namespace_lba > namespace_lbas || r.blocks > namespace_lbas - r.namespace_lba ||
+          r.starting_lba > ~std::uint64_t{0} - r.blocks)
+        return error(StatusCode::INVALID_ARGUMENT,
+                     "drive controller: lba_map[{}] = {} LBAs from {} at namespace block {}: must be non-empty and "
+                     "inside the namespace of {} blocks",
+                     i, r.blocks, r.starting_lba, r.namespace_lba, namespace_lbas);
+      if (i != 0 && r.starting_lba < end)
+        return error(StatusCode::INVALID_ARGUMENT,
+                     "drive controller: lba_map[{}] starts at LBA {}, before the end of lba_map[{}] (LBA {}): the "
+                     "ranges must be sorted and must not overlap",
+                     i, r.starting_lba, i - 1, end);
+      end = r.starting_lba + r.blocks;
+    }
+    return end;
+  }
+
   static constexpr std::size_t kDebugStagingBytes = 8192;  ///< the word page (4096) and the probe's clock
   DriveSettings settings_;
-  test::AgentBuffer namespace_, state_;
+  test::AgentBuffer namespace_, state_, lba_map_;
   test::AgentBuffer debug_staging_;  ///< mapped pinned host memory for debug_dump's reads
   cudaStream_t debug_stream_ = nullptr;
 };
@@ -853,12 +931,26 @@ class DriveService {
 };
 #endif  // __CUDACC__
 
-/// Resolves "drive://NAME?bytes=N&at=O" (N > 0 and O multiples of 4096) to one extent of N bytes
-/// at namespace byte O of namespace 1, 4096-byte LBAs, no file behind it (for DriveNvmeController).
+/// Resolves, for DriveNvmeController:
+///  - "drive://NAME?bytes=N&at=O" (N > 0 and O multiples of 4096) to one extent of N bytes at
+///    namespace byte O of namespace 1, 4096-byte LBAs, no file behind it;
+///  - "drive:///ABSOLUTE/PATH" to the extents of a file on a real file system, through the
+///    product's FIEMAP resolver (`files`, configured with that file system's block device: it is
+///    "file:///ABSOLUTE/PATH" to local_file::LocalFileResolver, every check and error its own);
+///    the controller holds those LBAs through its LBA map (DriveSettings::lba_map, drive_files.hpp).
+///    INVALID_ARGUMENT when `files` is not set.
 struct DriveNamespaceResolver {
   using target_type = local_file::Target;
   static constexpr std::string_view scheme = "drive";
+  std::optional<local_file::LocalFileResolver> files;
   Result<local_file::Target> resolve(std::string_view uri, const OpenOptions& options) const {
+    if (uri.substr(0, 9) == "drive:///") {
+      if (!files)
+        return error(StatusCode::INVALID_ARGUMENT,
+                     "'{}': a file target needs DriveNamespaceResolver::files (the file system's FIEMAP resolver)",
+                     uri);
+      return files->resolve(fmt::format("file://{}", uri.substr(8)), options);
+    }
     const auto number = [&](std::string_view key, std::uint64_t& out) {
       const std::size_t at = uri.find(key);
       if (at == std::string_view::npos) return false;
