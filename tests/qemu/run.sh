@@ -36,6 +36,10 @@
 #                         once as a TCG guest spinning after the kernel's MTRR
 #                         messages) is killed and booted again, once
 #   TUTTI_QEMU_SELFTEST   1 (default): also run the bad-DMA boot that must be caught
+#   TUTTI_QEMU_SHUTDOWN   1 (default): also run the shutdown boot (last kernel line,
+#                         LBA 4096): the controller bound and busy at poweroff -f, so the
+#                         PCI shutdown hook runs; its console line, the kernel's power-down
+#                         line and a clean log must follow
 #   TUTTI_QEMU_NVP2P      1 (default): also build the module against nv-p2p.h from
 #                         Debian non-free nvidia-kernel-source (build check only)
 #   TUTTI_QEMU_KEEP       1: keep the work folder for inspection
@@ -55,17 +59,18 @@ readonly GUEST_TIMEOUT=${TUTTI_QEMU_TIMEOUT:-900}
 readonly INIT_TIMEOUT=${TUTTI_QEMU_INIT_TIMEOUT:-180}
 readonly HUNG_BEFORE_INIT=125  # boot's status when the guest never reached /init
 readonly SELFTEST=${TUTTI_QEMU_SELFTEST:-1}
+readonly SHUTDOWN=${TUTTI_QEMU_SHUTDOWN:-1}
 readonly NVP2P=${TUTTI_QEMU_NVP2P:-1}
 readonly FORBIDDEN='DMAR: \[DMA|BUG:|WARNING:|Oops'
 # Every normal boot must report each of these as PASS: a test that silently
 # did not run fails the rig.
 readonly EXPECTED_TESTS=(param-range no-grab-on-load bind perms queue-flush-fua info
 	bad-ioctl seal revoke dma-map-mmap-revoke ring-mmap-destroy-revoke load-ext4 mkfs-mount-write fiemap-read fiemap-write wrap
-	libnvm-snvme-controller local-nvme-snvme kill-9-mid-io leaks-after-kill close-with-queues-live
+	libnvm-snvme-controller local-nvme-snvme kv-store-snvme kill-9-mid-io leaks-after-kill close-with-queues-live
 	leaks-after-close umount-fsck rebind-50 remount-after-rebind controller-failure
 	close-waits-for-fail-disable close-waits-for-stuck-reset-disable leaks-final tuttid-bind-mount tuttid-lease-io tuttid-seal tuttid-kv-example tuttid-kv-example-corrupt
 	tuttid-kill-mid-io leaks-after-tuttid-kill tuttid-reset tuttid-restart-adopt tuttid-submit-after-revoke
-	tuttid-verified-stop tuttid-sigterm bind-after-tuttid ladder-setup timeout-poll timeout-abort-reset timeout-fail
+	tuttid-verified-stop tuttid-sigterm tuttid-two-at-once bind-after-tuttid ladder-setup timeout-poll timeout-abort-reset timeout-fail
 	reset-revoke
 	libnvm-reset local-nvme-reset leaks-after-reset ladder-fsck hot-removal)
 
@@ -490,6 +495,32 @@ main() {
 					failed=$((failed + 1))
 				fi
 			done
+		fi
+		# The shutdown hook, once (last kernel line): the guest powers off with the
+		# controller bound, ext4 mounted and IO in flight; after TUTTI-SUITE the
+		# console must show the hook's line (CSTS.RDY 0: the controller disabled)
+		# and the kernel's "reboot: Power down", and qemu must exit by itself.
+		if [[ $MODE == normal && $SHUTDOWN == 1 && $abi == "${abis[-1]}" ]]; then
+			logf=$logs/$abi-shutdown.log
+			log "$abi: shutdown boot (the controller busy at poweroff)"
+			local t0=$SECONDS why rc=0
+			boot_retrying_hangs "$abi" "$initrd" 4096 shutdown "$logf" || rc=$?
+			runs=$((runs + 1))
+			if ! why=$(verdict "$logf"); then
+				log "shutdown boot: FAIL: $why"
+				failed=$((failed + 1))
+			elif ((rc != 0)); then
+				log "shutdown boot: FAIL: qemu exited with $rc (124: killed at the timeout)"
+				failed=$((failed + 1))
+			elif ! grep -aq '^TUTTI-TEST busy-at-shutdown PASS' "$logf" ||
+				! sed -n '/TUTTI-SUITE/,$p' "$logf" | grep -aq 'snvme0: stopped for system shutdown: CSTS.RDY 0' ||
+				! sed -n '/TUTTI-SUITE/,$p' "$logf" | grep -aq 'reboot: Power down'; then
+				log "shutdown boot: FAIL: no busy-at-shutdown PASS, no hook line with CSTS.RDY 0 or no power-down after TUTTI-SUITE"
+				{ sed -n '/TUTTI-SUITE/,$p' "$logf" || true; } | tr -d '\r' | tail -20 >&2
+				failed=$((failed + 1))
+			else
+				log "shutdown boot: PASS (hook ran with the controller busy, $((SECONDS - t0)) s)"
+			fi
 		fi
 		# Negative control, once (first kernel line): a DMA to an unmapped IOVA
 		# must be caught by the same verdict, and through the IOMMU log only.

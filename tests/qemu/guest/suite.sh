@@ -5,6 +5,7 @@
 #   tutti.lba=<bytes>      LBA size QEMU was given, checked by "info"
 #   tutti.mode=normal      the full suite
 #   tutti.mode=bad-dma     only the negative control: a DMA to an unmapped IOVA
+#   tutti.mode=shutdown    only bind, make the controller busy, power off (the shutdown hook)
 # Prints "TUTTI-TEST <name> PASS|FAIL" per test, the kernel log between
 # TUTTI-DMESG-BEGIN/END, then "TUTTI-SUITE pass=<n> fail=<m>", and powers off.
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
@@ -45,6 +46,9 @@ t() {
 		FAIL=$((FAIL + 1))
 	fi
 }
+
+# The busy readers and the queue group of the shutdown boot and hot removal are ready.
+all_ready() { [ -e /tmp/r-raw ] && [ -e /tmp/r-file ] && [ -e /tmp/r-queues ]; }
 
 wait_for() {	# wait_for SECONDS TEST...: polls TEST every 0.1 s
 	n=$(($1 * 10))
@@ -98,6 +102,29 @@ t bind $T bind "$ADDR"
 
 if [ "$MODE" = bad-dma ]; then
 	t bad-dma $T bad-dma
+	finish
+fi
+
+# System shutdown with the controller bound and busy (the PCI shutdown hook):
+# ext4 mounted with a file being read, O_DIRECT reads of the disk and a
+# userspace queue group with commands in flight, then poweroff -f, which runs
+# every driver's shutdown hook. The rig checks the hook's line on the console
+# after TUTTI-SUITE, the kernel's power-down line, and a clean log.
+if [ "$MODE" = shutdown ]; then
+	busy_at_shutdown() {
+		while read -r m; do insmod "$m" 2>/dev/null; done </lib/modules.load
+		mkfs.ext4 -F -q -b 4096 -E nodiscard /dev/snvme0n1 61440 || return 1
+		mount -t ext4 /dev/snvme0n1 /mnt || return 1
+		head -c 4194304 /dev/urandom >/mnt/busy && sync || return 1
+		rm -f /tmp/r-*
+		$T io-until-error /dev/snvme0n1 /tmp/r-raw &
+		$T io-until-error /mnt/busy /tmp/r-file &
+		$T removal-holder /tmp/r-queues &
+		wait_for 120 all_ready || { echo "the I/O never got busy"; return 1; }
+		echo "busy: raw reads, file IO and a queue group in flight"
+	}
+	t busy-at-shutdown busy_at_shutdown
+	dmesg -n 8	# the hook's dev_info reaches the console during the power-off
 	finish
 fi
 
@@ -437,7 +464,6 @@ t ladder-fsck ladder_fsck
 # QMP device_del of the NVMe behind its pcie-root-port. Block readers, a file
 # writer and a userspace queue group are busy meanwhile; each must end with
 # an error, none may hang, and then rmmod must succeed.
-all_ready() { [ -e /tmp/r-raw ] && [ -e /tmp/r-file ] && [ -e /tmp/r-queues ]; }
 pci_gone() { [ ! -e /sys/bus/pci/devices/$ADDR ]; }
 hot_removal() {
 	mount -t ext4 -o noatime /dev/snvme0n1 /mnt || return 1
