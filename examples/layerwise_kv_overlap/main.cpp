@@ -11,8 +11,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <uriparser/Uri.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -31,6 +29,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <tutti/core/uri.hpp>
 #include <tutti/libnvm/soft_local_nvme.hpp>
 #include <tutti/libnvm/soft_striped_nvme.hpp>
 #include <tutti/tutti.hpp>
@@ -94,28 +93,14 @@ struct Options {
 #endif
 };
 
-/// An absolute path, each segment percent-encoded ("/a%20b/c%2Cd": a ',' too, as striped:// needs).
-std::string escaped_path(const fs::path& path) {
-  std::string out;
-  for (const auto& part : fs::absolute(path)) {
-    if (part == "/") continue;
-    const std::string segment = part.string();
-    std::string escaped(segment.size() * 3 + 1, '\0');
-    char* end = uriEscapeA(segment.c_str(), escaped.data(), URI_FALSE, URI_FALSE);
-    escaped.resize(static_cast<std::size_t>(end - escaped.data()));
-    out += "/" + escaped;
-  }
-  return out;
-}
-
 /// file:// URI of an absolute path, each segment percent-encoded.
-std::string file_uri(const fs::path& path) { return "file://" + escaped_path(path); }
+std::string file_uri(const fs::path& path) { return "file://" + tutti::escape_path(path); }
 
 /// striped:// URI of layer file `name` striped over `shard_dirs` (shard i is `shard_dirs[i] / name`) in
 /// units of `unit_bytes` (docs/striping.md): "striped://layer-00000?devs=/d0/layer-00000.kv,...&unit=...".
 std::string striped_uri(const std::string& name, const std::vector<fs::path>& shard_dirs, std::uint64_t unit_bytes) {
   std::string devs;
-  for (const auto& dir : shard_dirs) devs += (devs.empty() ? "" : ",") + escaped_path(dir / name);
+  for (const auto& dir : shard_dirs) devs += (devs.empty() ? "" : ",") + tutti::escape_path(dir / name);
   return fmt::format("striped://{}?devs={}&unit={}", fs::path(name).stem().string(), devs, unit_bytes);
 }
 

@@ -2,6 +2,7 @@
 
 #include <tutti/core/uri.hpp>
 
+using tutti::escape_path;
 using tutti::parse_uri;
 using tutti::StatusCode;
 
@@ -37,4 +38,18 @@ TEST_CASE("malformed URIs are INVALID_ARGUMENT with a message naming the problem
     CHECK(uri.code() == StatusCode::INVALID_ARGUMENT);
     CHECK(uri.status().message().find(c.words) != std::string::npos);
   }
+}
+
+TEST_CASE("escape_path percent-encodes each segment so that parse_uri gives the path back") {
+  for (const char* path : {"/mnt/kv/layer 17", "/a b%c/d#e?f,g", "/x/./y", "/"}) {
+    CAPTURE(path);
+    const std::string escaped = escape_path(path);
+    CHECK(escaped.find_first_of(" #?,") == std::string::npos);  // none survives unencoded
+    auto uri = parse_uri("file://" + escaped);
+    REQUIRE_MESSAGE(uri.is_ok(), uri.status().to_string());
+    CHECK(uri->path == path);
+  }
+  CHECK(escape_path("/a b/c,d") == "/a%20b/c%2Cd");
+  CHECK(escape_path("/a//b") == "/a/b");
+  CHECK(escape_path("relative").front() == '/');  // made absolute against the working directory
 }

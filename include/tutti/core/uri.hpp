@@ -7,10 +7,14 @@
 // no "//" authority marker; grammar errors such as bad percent-encoding ("%zz") with the offending
 // character position; a decoded path segment containing NUL or '/'.
 //
-// Thread-safety: a pure function; safe from any thread.
+// escape_path is the other direction for paths: "/mnt/kv/layer 17" -> "/mnt/kv/layer%2017", so that
+// "file://" + escape_path(p) parses back to p.
+//
+// Thread-safety: pure functions; safe from any thread.
 #pragma once
 
 #include <cstddef>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +58,28 @@ inline std::string unescape(std::string text) {
   return text;
 }
 }  // namespace detail
+
+/// The path part of a URI for `path`, made absolute (std::filesystem::absolute; left as given when
+/// that fails): every segment percent-encoded by uriparser (uriEscapeA: all but RFC 3986's unreserved
+/// characters, so ' ', '%', '#', '?' and ',' are encoded, as striped:// lists need) and joined with
+/// '/', e.g. "/a b/c,d" -> "/a%20b/c%2Cd"; empty segments ("//") are dropped, "." and ".." kept as
+/// they are (no normalization), the root gives "/". parse_uri decodes it back. Never fails;
+/// allocates the result.
+inline std::string escape_path(const std::filesystem::path& path) {
+  std::error_code ec;
+  std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  if (ec) absolute = path;
+  std::string out;
+  for (const auto& part : absolute) {
+    const std::string segment = part.string();
+    if (segment.empty() || segment == "/") continue;
+    std::string escaped(segment.size() * 3 + 1, '\0');
+    const char* end = uriEscapeA(segment.c_str(), escaped.data(), URI_FALSE, URI_FALSE);
+    escaped.resize(static_cast<std::size_t>(end - escaped.data()));
+    out += "/" + escaped;
+  }
+  return out.empty() ? std::string("/") : out;  // the root has no segment
+}
 
 /// Parses and percent-decodes an absolute URI of the form scheme://authority/path?query.
 inline Result<Uri> parse_uri(std::string_view text) {
