@@ -130,17 +130,22 @@ __host__ __device__ inline std::uint64_t mix(std::uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
-/// The namespace word at byte 8 * w of controller `seed`'s namespace.
+/// Word w (byte 8 * w) of pattern `seed`: of controller `seed`'s namespace, or of file `seed` -
+/// kFileSeed. mix is a bijection and w < 2^32 (a namespace or file of at most 32 GiB), so words of
+/// two seeds below 2^32 never coincide.
 __host__ __device__ inline std::uint64_t pattern_word(std::uint64_t seed, std::uint64_t w) {
-  return mix(w ^ (seed << 56));
+  return mix(w ^ (seed << 32));
 }
 /// What a drive's requests read: `count` targets of `bytes` each, word w of target t being
-/// pattern_word(first_seed + t, w). Without --files one target, the whole namespace (drive://,
-/// one extent); with --files the files (drive:///PATH, FIEMAP's extents), the same on every drive.
+/// pattern_word(first_seed + t, w) ^ mask. Without --files one target, the whole namespace
+/// (drive://, one extent), its seed the drive's own, mask 0; with --files the files (drive:///PATH,
+/// FIEMAP's extents), the same seeds on every drive, so each drive's namespace is XORed with its own
+/// mask after the fill: a read that another drive served fails the verification either way.
 struct TargetSet {
   std::uint32_t count = 1;
   std::uint64_t bytes = kNamespaceBytes;
   std::uint64_t first_seed = 0;
+  std::uint64_t mask = 0;
 };
 constexpr std::uint64_t kFileSeed = 100;  ///< TargetSet::first_seed of the --files set
 
@@ -162,6 +167,13 @@ __global__ void fill_kernel(std::uint64_t* ns, std::uint64_t words, std::uint64_
     ns[w] = pattern_word(seed, w);
 }
 
+/// XORs every namespace word with `mask` (TargetSet::mask).
+__global__ void mask_kernel(std::uint64_t* ns, std::uint64_t words, std::uint64_t mask) {
+  for (std::uint64_t w = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; w < words;
+       w += std::uint64_t{gridDim.x} * blockDim.x)
+    ns[w] ^= mask;
+}
+
 /// Checks request i's `bytes` at dest + i * bytes against its target's pattern at its offset;
 /// counts mismatching words and verified bytes.
 __global__ void verify_kernel(const std::uint64_t* dest, std::uint32_t n, std::uint64_t bytes, TargetSet set,
@@ -173,7 +185,7 @@ __global__ void verify_kernel(const std::uint64_t* dest, std::uint32_t n, std::u
     const std::uint64_t seed = set.first_seed + request_target(who, b, i, set);
     const std::uint64_t first = request_offset(who, b, i, bytes, set) / 8;
     for (std::uint64_t w = threadIdx.x; w < words; w += blockDim.x)
-      if (dest[i * words + w] != pattern_word(seed, first + w)) ++bad;
+      if (dest[i * words + w] != (pattern_word(seed, first + w) ^ set.mask)) ++bad;
     if (threadIdx.x == 0) atomicAdd(verified, static_cast<unsigned long long>(bytes));
   }
   if (bad != 0) atomicAdd(mismatches, bad);
@@ -191,6 +203,18 @@ struct Submitter {
 };
 
 struct Drive {
+  Drive() = default;
+  Drive(const Drive&) = delete;
+  Drive& operator=(const Drive&) = delete;
+  ~Drive() {
+    runtime.reset();  // first: its kernels run on `stream`, its registrations name the submitters' buffers
+    for (Submitter& s : submitters) {
+      for (cudaEvent_t e : s.verified)
+        if (e != nullptr) cudaEventDestroy(e);
+      if (s.verify_stream != nullptr) cudaStreamDestroy(s.verify_stream);
+    }
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
   std::unique_ptr<DriveNvmeController> controller;
   cudaStream_t stream = nullptr;
   std::unique_ptr<DriveRuntime> runtime;
@@ -232,17 +256,20 @@ Result<std::unique_ptr<Drive>> make_drive(const Options& o, bool namespace_in_ho
   settings.namespace_in_host = namespace_in_host;
   DriveNamespaceResolver resolver;
   if (files != nullptr) {
-    d->set = TargetSet{static_cast<std::uint32_t>(files->paths().size()), files->file_bytes(), kFileSeed};
+    d->set = TargetSet{static_cast<std::uint32_t>(files->paths().size()), files->file_bytes(), kFileSeed, mix(seed)};
     settings.namespace_bytes = files->namespace_bytes();
     settings.lba_map = files->lba_map();
     resolver.files = files->resolver();
   } else {
-    d->set = TargetSet{1, kNamespaceBytes, seed};
+    d->set = TargetSet{1, kNamespaceBytes, seed, 0};
   }
   d->controller = std::make_unique<DriveNvmeController>(settings);
   TUTTI_RETURN_IF_ERROR(d->controller->bring_up({}));
   if (files != nullptr) {
     TUTTI_RETURN_IF_ERROR(files->fill(*d->controller));
+    mask_kernel<<<1024, 256>>>(reinterpret_cast<std::uint64_t*>(d->controller->namespace_data()),
+                               files->namespace_bytes() / 8, d->set.mask);
+    TUTTI_RETURN_IF_ERROR(cuda(cudaDeviceSynchronize(), "namespace mask"));
   } else {
     fill_kernel<<<1024, 256>>>(reinterpret_cast<std::uint64_t*>(d->controller->namespace_data()), kNamespaceBytes / 8,
                                seed);
@@ -493,7 +520,7 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
     submits.insert(submits.end(), p.submit_ns.begin(), p.submit_ns.end());
     cpu += p.cpu_us;
   }
-  finish_verified_row(row, counters, drives[0]->set.count == 1 ? "the namespace" : "the files");
+  finish_verified_row(row, counters, drives[0]->set.mask == 0 ? "the namespace" : "the files");
   cudaFree(counters);
   row.p50_us = percentile_us(all, 0.50);
   row.p99_us = percentile_us(all, 0.99);
@@ -947,7 +974,8 @@ int main(int argc, char** argv) {
                  "new directory under this one (a file system with FIEMAP and O_DIRECT: ext4, xfs; a loop-mounted "
                  "image works), located by the product's FIEMAP resolver, and each controller holds exactly their "
                  "LBAs (its LBA map); the iops, gbps and latency rows read them through drive:///PATH targets. "
-                 "Removed at exit");
+                 "Removed on a normal exit (after a kill: remove DIR/tutti-drive-files-*, after chattr -i on its "
+                 "files)");
   app.add_option("--file-count", o.file_count, "files of --files")->check(CLI::Range(1, 1024));
   app.add_option("--file-mib", o.file_mib, "size of each file of --files, MiB")->check(CLI::Range(1, 4096));
   app.add_option("--file-chunk-kib", o.file_chunk_kib,
@@ -974,6 +1002,15 @@ int main(int argc, char** argv) {
                  static_cast<unsigned long long>(commands), o.queues, o.depth, static_cast<unsigned long long>(slots));
     return 2;
   }
+  if (app.count("--files") != 0 && o.files_dir.empty()) {
+    std::fprintf(stderr, "--files: give a directory (an empty value reads no files)\n");
+    return 2;
+  }
+  for (const char* flag : {"--file-count", "--file-mib", "--file-chunk-kib"})
+    if (app.count(flag) != 0 && o.files_dir.empty()) {
+      std::fprintf(stderr, "%s applies to --files DIR, which is not given\n", flag);
+      return 2;
+    }
   if (!o.files_dir.empty() && o.striped) {
     std::fprintf(stderr, "--files applies to the iops, gbps and latency rows, not to --striped\n");
     return 2;
@@ -1036,8 +1073,12 @@ int main(int argc, char** argv) {
                                  std::uint64_t{o.file_chunk_kib} << 10,
                                  [](std::uint32_t f, std::uint64_t w) { return pattern_word(kFileSeed + f, w); });
     if (!made) {
+      // A directory that cannot hold them is a bad option; a write or FIEMAP that failed is not.
+      const StatusCode code = made.status().code();
       std::fprintf(stderr, "--files %s: %s\n", o.files_dir.c_str(), made.status().to_string().c_str());
-      return 2;
+      return code == StatusCode::INVALID_ARGUMENT || code == StatusCode::NOT_FOUND || code == StatusCode::UNSUPPORTED
+                 ? 2
+                 : 1;
     }
     files = std::move(made.value());
     targets =
@@ -1069,10 +1110,11 @@ int main(int argc, char** argv) {
         row.kind = kind;
         row.latency_us = lat;
         row.namespace_memory = in_host ? "pinned-host" : "gpu";
-        (void)run_row(drives, c, o.submitters, o.in_flight, batch, bytes, 0.05, 2 * o.in_flight, o.warps_per_queue,
-                      row);  // warm-up (slots grow)
+        const Row warm = run_row(drives, c, o.submitters, o.in_flight, batch, bytes, 0.05, 2 * o.in_flight,
+                                 o.warps_per_queue, row);  // warm-up (slots grow)
         row = run_row(drives, c, o.submitters, o.in_flight, batch, bytes, o.seconds, ~std::uint64_t{0},
                       o.warps_per_queue, row);
+        if (warm.errors != 0) note(row, "warm-up: " + warm.first_error);  // the row fails with it
         print(row);
         failed = failed || row.errors != 0;
         rows.push_back(row);

@@ -49,7 +49,9 @@ if [ -n "${DRIVE_BENCH:-}" ]; then
   expect 2 "--files" "$DRIVE_BENCH" --files /nonexistent/tutti-bench-files
   expect 2 "block device" "$DRIVE_BENCH" --files /proc
   expect 2 "--striped" "$DRIVE_BENCH" --files / --striped
-  expect 2 "--file-chunk-kib" "$DRIVE_BENCH" --file-chunk-kib 6
+  expect 2 "--file-chunk-kib" "$DRIVE_BENCH" --files /proc --file-chunk-kib 6
+  expect 2 "--files" "$DRIVE_BENCH" --files ""
+  expect 2 "--file-count" "$DRIVE_BENCH" --file-count 2
   expect 2 "16384 MiB" "$DRIVE_BENCH" --files /proc --file-count 1024 --file-mib 4096
   expect 0 "--in-flight" "$DRIVE_BENCH" --help
 fi

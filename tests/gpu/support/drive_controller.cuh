@@ -774,25 +774,45 @@ class DriveNvmeController final : public test::AgentNvmeController {
     return queues_.size();
   }
 
-  /// Checks DriveSettings::lba_map (sorted, not overlapping, no empty range, every range inside
-  /// the namespace); returns the LBA after the last mapped one. INVALID_ARGUMENT naming the range.
+  /// Checks DriveSettings::lba_map: no empty range, no range whose LBAs overflow, every range inside
+  /// the namespace, sorted by starting_lba without overlap, and no two ranges on the same namespace
+  /// blocks (a drive places each LBA in one place); returns the LBA after the last mapped one.
+  /// INVALID_ARGUMENT naming the range and the limit.
   Result<std::uint64_t> check_lba_map() const {
     const std::uint64_t namespace_lbas = settings_.namespace_bytes / kDriveLbaSize;
+    const auto& map = settings_.lba_map;
     std::uint64_t end = 0;
-    for (std::size_t i = 0; i < settings_.lba_map.size(); ++i) {
-      const DriveLbaRange& r = settings_.lba_map[i];
-      if (r.blocks == 0 || r.namespace_lba > namespace_lbas || r.blocks > namespace_lbas - r.namespace_lba ||
-          r.starting_lba > ~std::uint64_t{0} - r.blocks)
+    for (std::size_t i = 0; i < map.size(); ++i) {
+      const DriveLbaRange& r = map[i];
+      if (r.blocks == 0)
+        return error(StatusCode::INVALID_ARGUMENT, "drive controller: lba_map[{}] has 0 blocks (from LBA {})", i,
+                     r.starting_lba);
+      if (r.starting_lba > ~std::uint64_t{0} - r.blocks)
         return error(StatusCode::INVALID_ARGUMENT,
-                     "drive controller: lba_map[{}] = {} LBAs from {} at namespace block {}: must be non-empty and "
-                     "inside the namespace of {} blocks",
-                     i, r.blocks, r.starting_lba, r.namespace_lba, namespace_lbas);
+                     "drive controller: lba_map[{}] = {} LBAs from {}: the last LBA overflows 64 bits", i, r.blocks,
+                     r.starting_lba);
+      if (r.namespace_lba > namespace_lbas || r.blocks > namespace_lbas - r.namespace_lba)
+        return error(StatusCode::INVALID_ARGUMENT,
+                     "drive controller: lba_map[{}] = {} LBAs at namespace block {}: beyond the namespace of {} blocks",
+                     i, r.blocks, r.namespace_lba, namespace_lbas);
       if (i != 0 && r.starting_lba < end)
         return error(StatusCode::INVALID_ARGUMENT,
                      "drive controller: lba_map[{}] starts at LBA {}, before the end of lba_map[{}] (LBA {}): the "
                      "ranges must be sorted and must not overlap",
                      i, r.starting_lba, i - 1, end);
       end = r.starting_lba + r.blocks;
+    }
+    std::vector<std::size_t> by_place(map.size());
+    for (std::size_t i = 0; i < map.size(); ++i) by_place[i] = i;
+    std::sort(by_place.begin(), by_place.end(),
+              [&](std::size_t a, std::size_t b) { return map[a].namespace_lba < map[b].namespace_lba; });
+    for (std::size_t k = 1; k < by_place.size(); ++k) {
+      const DriveLbaRange& before = map[by_place[k - 1]];
+      if (map[by_place[k]].namespace_lba < before.namespace_lba + before.blocks)
+        return error(StatusCode::INVALID_ARGUMENT,
+                     "drive controller: lba_map[{}] and lba_map[{}] share namespace blocks from {}: each LBA must have "
+                     "its own place",
+                     by_place[k - 1], by_place[k], map[by_place[k]].namespace_lba);
     }
     return end;
   }

@@ -6,14 +6,18 @@
 // (cuda profile; not library code).
 //
 //   DriveFiles::make(directory, count, file_bytes, chunk_bytes, word)
-//     1. makes DIRECTORY/tutti-drive-files-XXXXXX (mkdtemp) with `count` files file-NNNN of
+//     0. refuses, before writing anything, a DIRECTORY that is not one or whose file system has no
+//        block device (tmpfs, overlayfs: UNSUPPORTED);
+//     1. makes DIRECTORY/tutti-drive-files-XXXXXX (mkdtemp; DIRECTORY made absolute with realpath)
+//        with `count` files file-NNNN of
 //        file_bytes each, 64-bit word w of file f being word(f, w); written with O_DIRECT in
 //        chunk_bytes pieces, round robin over the files, then fsync'd. An O_DIRECT write allocates
 //        its blocks at once, so files written side by side interleave on the device and get
 //        several extents each (DriveFiles::extents says how many the file system gave);
 //     2. resolves each file with local_file::LocalFileResolver (FIEMAP; the block device of
-//        DIRECTORY's file system, its partition start from sysfs; ChangeProtection::watch_only: the
-//        runtimes that open the files later take the immutable flag);
+//        DIRECTORY's file system, its partition start from sysfs; ChangeProtection::watch_only here:
+//        resolver() has the default protection, so the runtimes that serve the files make them
+//        immutable while they hold them);
 //     3. sorts every extent by LBA (as the DataPath will address them: partition start included),
 //        joins those contiguous on the device, and places the ranges one after the other in the
 //        namespace: lba_map and namespace_bytes for DriveSettings.
@@ -24,7 +28,9 @@
 //     says which was used).
 //   The destructor unlinks the files and the directory. Destroy the runtimes that opened them
 //     first: their FS_IMMUTABLE_FL refuses the unlink (a leftover is named on stderr, with
-//     `chattr -i`).
+//     `chattr -i`). A process killed before it leaves them behind: remove
+//     DIRECTORY/tutti-drive-files-* (after `chattr -i` on its files if the kill came while a
+//     runtime held them).
 // Units: bytes, and 4096-byte LBAs (kDriveLbaSize: the file system's block size must be a multiple
 // of it). Errors: the resolver's (UNSUPPORTED on a file system without FIEMAP or O_DIRECT, such as
 // tmpfs or overlayfs), INVALID_ARGUMENT for sizes that are zero or not multiples of 4096, errno
@@ -38,6 +44,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -55,6 +62,7 @@
 #include <tutti/core/errno.hpp>
 #include <tutti/core/file_descriptor.hpp>
 #include <tutti/core/status.hpp>
+#include <tutti/core/uri.hpp>
 #include <tutti/resolve/local_file.hpp>
 
 #include "drive_controller.cuh"
@@ -76,11 +84,28 @@ class DriveFiles {
                    "drive files: count = {}, file_bytes = {}, chunk_bytes = {}: each must be positive, the sizes "
                    "multiples of {}",
                    count, file_bytes, chunk_bytes, kDriveLbaSize);
+    // Before any file is written: the directory must be one (made absolute, links resolved, so that
+    // the URIs name it) on a file system with a block device.
+    char* real = ::realpath(directory.c_str(), nullptr);
+    if (real == nullptr) {
+      const int e = errno;
+      return status_from_errno(e, fmt::format("drive files: directory '{}'", directory));
+    }
+    const std::string absolute(real);
+    std::free(real);
+    struct stat st {};
+    if (::stat(absolute.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return error(StatusCode::INVALID_ARGUMENT, "drive files: '{}' is not a directory", directory);
+    if (major(st.st_dev) == 0)
+      return error(StatusCode::UNSUPPORTED,
+                   "drive files: '{}' is on a file system without a block device (tmpfs, overlayfs ...): FIEMAP gives "
+                   "no LBAs there; use ext4 or xfs (a loop-mounted image works)",
+                   directory);
     std::unique_ptr<DriveFiles> set(new DriveFiles);
-    std::string made = directory + "/tutti-drive-files-XXXXXX";
+    std::string made = absolute + "/tutti-drive-files-XXXXXX";
     if (::mkdtemp(made.data()) == nullptr) {
       const int e = errno;
-      return status_from_errno(e, fmt::format("drive files: mkdtemp in '{}'", directory));
+      return status_from_errno(e, fmt::format("drive files: mkdtemp in '{}'", absolute));
     }
     set->directory_ = made;
     set->file_bytes_ = file_bytes;
@@ -97,15 +122,19 @@ class DriveFiles {
       if (::unlink(p.c_str()) != 0 && errno != ENOENT)
         std::fprintf(stderr, "drive files: cannot remove '%s' (%s); if it is immutable: chattr -i '%s'\n", p.c_str(),
                      std::strerror(errno), p.c_str());
-    if (!directory_.empty()) (void)::rmdir(directory_.c_str());
+    if (!directory_.empty() && ::rmdir(directory_.c_str()) != 0 && errno != ENOENT)
+      std::fprintf(stderr, "drive files: cannot remove the directory '%s' (%s)\n", directory_.c_str(),
+                   std::strerror(errno));
   }
 
-  /// The files, and their URIs for DriveNamespaceResolver ("drive:///...").
+  /// The files, and their URIs for DriveNamespaceResolver ("drive:///...", percent-encoded).
   const std::vector<std::string>& paths() const noexcept { return paths_; }
-  std::string uri(std::size_t file) const { return "drive://" + paths_.at(file); }
+  std::string uri(std::size_t file) const { return "drive://" + escape_path(paths_.at(file)); }
   std::uint64_t file_bytes() const noexcept { return file_bytes_; }
-  /// The FIEMAP resolver for DriveNamespaceResolver::files (the file system's block device).
-  const local_file::LocalFileResolver& resolver() const noexcept { return *resolver_; }
+  /// The FIEMAP resolver for DriveNamespaceResolver::files (the file system's block device), with
+  /// the product's default change protection: a runtime that opens the files makes them immutable
+  /// (where the process may) until it closes them.
+  const local_file::LocalFileResolver& resolver() const noexcept { return *serving_resolver_; }
   /// For DriveSettings: the ranges, and the namespace bytes they fill.
   const std::vector<DriveLbaRange>& lba_map() const noexcept { return lba_map_; }
   std::uint64_t namespace_bytes() const noexcept { return namespace_bytes_; }
@@ -119,11 +148,12 @@ class DriveFiles {
   const std::string& source() const noexcept { return source_; }
   /// One line: the files, their extents and ranges, and (after fill) the source.
   std::string describe() const {
-    return fmt::format("{} files of {} MiB in {} (block device {}), {} extents ({} to {} per file), {} LBA ranges, "
-                       "namespace {} MiB{}",
-                       paths_.size(), file_bytes_ >> 20, directory_, block_device_.empty() ? "?" : block_device_,
-                       extents_, fewest_extents_, most_extents_, lba_map_.size(), namespace_bytes_ >> 20,
-                       source_.empty() ? "" : ", filled from " + source_);
+    return fmt::format(
+        "{} files of {} MiB in {} (block device {}), {} extents ({} to {} per file), {} LBA ranges, "
+        "namespace {} MiB{}",
+        paths_.size(), file_bytes_ >> 20, directory_, block_device_.empty() ? "?" : block_device_, extents_,
+        fewest_extents_, most_extents_, lba_map_.size(), namespace_bytes_ >> 20,
+        source_.empty() ? "" : ", filled from " + source_);
   }
 
   /// Copies the mapped LBAs into `controller`'s namespace (made with namespace_bytes() and
@@ -175,8 +205,8 @@ class DriveFiles {
       for (const local_file::Extent& x : file_extents_[f])
         TUTTI_RETURN_IF_ERROR(copy_in(file.get(), x.file_offset, x.length, namespace_byte(x.device_offset)));
     }
-    source_ = fmt::format("the files (not the block device: {}; FIEMAP's offsets unchecked against the device)",
-                          why_not);
+    source_ =
+        fmt::format("the files (not the block device: {}; FIEMAP's offsets unchecked against the device)", why_not);
     return Status::success();
   }
 
@@ -198,7 +228,8 @@ class DriveFiles {
     }
     // Page aligned, as O_DIRECT needs (chunk_bytes is a multiple of 4096).
     const std::unique_ptr<void, decltype(&std::free)> buffer(std::aligned_alloc(4096, chunk_bytes), &std::free);
-    if (!buffer) return error(StatusCode::RESOURCE_EXHAUSTED, "drive files: no memory for a {}-byte chunk", chunk_bytes);
+    if (!buffer)
+      return error(StatusCode::RESOURCE_EXHAUSTED, "drive files: no memory for a {}-byte chunk", chunk_bytes);
     auto* words = static_cast<std::uint64_t*>(buffer.get());
     for (std::uint64_t at = 0; at < file_bytes_; at += chunk_bytes) {
       const std::uint64_t n = std::min(chunk_bytes, file_bytes_ - at);
@@ -228,24 +259,23 @@ class DriveFiles {
       const int e = errno;
       return status_from_errno(e, fmt::format("drive files: stat '{}'", directory_));
     }
-    if (major(st.st_dev) == 0)
-      return error(StatusCode::UNSUPPORTED,
-                   "drive files: '{}' is on a file system without a block device (tmpfs, overlayfs ...): FIEMAP gives "
-                   "no LBAs there; use ext4 or xfs (a loop-mounted image works)",
-                   directory_);
     local_file::LocalFileResolver::Options options;
     options.device = st.st_dev;
     options.lba_size = kDriveLbaSize;
+    auto serving = local_file::LocalFileResolver::create(options);
+    if (!serving) return serving.status().with_context(fmt::format("drive files in '{}'", directory_));
+    serving_resolver_ = std::make_unique<local_file::LocalFileResolver>(std::move(serving.value()));
+    // Locating them takes no immutable flag: the set only reads the extents, and the runtimes that
+    // serve the files take it.
     options.change_protection = local_file::ChangeProtection::watch_only;
     auto resolver = local_file::LocalFileResolver::create(options);
     if (!resolver) return resolver.status().with_context(fmt::format("drive files in '{}'", directory_));
-    resolver_ = std::make_unique<local_file::LocalFileResolver>(std::move(resolver.value()));
-    partition_start_ = *resolver_->options().partition_start_bytes;
+    partition_start_ = *resolver->options().partition_start_bytes;
     block_device_ = device_node(st.st_dev);
     std::vector<local_file::Extent> all;
     fewest_extents_ = ~std::uint64_t{0};
     for (const std::string& p : paths_) {
-      auto t = resolver_->resolve("file://" + p, {});
+      auto t = resolver->resolve("file://" + escape_path(p), {});
       if (!t) return t.status();
       file_extents_.push_back(t->extents);
       all.insert(all.end(), t->extents.begin(), t->extents.end());
@@ -272,7 +302,8 @@ class DriveFiles {
     const std::uint64_t lba = device_offset / kDriveLbaSize;
     auto r = std::upper_bound(lba_map_.begin(), lba_map_.end(), lba,
                               [](std::uint64_t l, const DriveLbaRange& range) { return l < range.starting_lba; });
-    --r;  // the range starting at or before lba (every extent's LBA is mapped)
+    assert(r != lba_map_.begin());  // every extent's LBA is mapped: a range starts at or before it
+    --r;
     return (r->namespace_lba + (lba - r->starting_lba)) * kDriveLbaSize;
   }
 
@@ -287,7 +318,7 @@ class DriveFiles {
   std::string directory_;
   std::vector<std::string> paths_;
   std::uint64_t file_bytes_ = 0;
-  std::unique_ptr<local_file::LocalFileResolver> resolver_;
+  std::unique_ptr<local_file::LocalFileResolver> serving_resolver_;
   std::uint64_t partition_start_ = 0;
   std::string block_device_, source_;
   std::vector<std::vector<local_file::Extent>> file_extents_;
