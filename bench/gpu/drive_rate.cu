@@ -520,7 +520,7 @@ Row run_row(std::vector<std::unique_ptr<Drive>>& drives, std::uint32_t controlle
     submits.insert(submits.end(), p.submit_ns.begin(), p.submit_ns.end());
     cpu += p.cpu_us;
   }
-  finish_verified_row(row, counters, drives[0]->set.mask == 0 ? "the namespace" : "the files");
+  finish_verified_row(row, counters, drives[0]->set.first_seed == kFileSeed ? "the files" : "the namespace");
   cudaFree(counters);
   row.p50_us = percentile_us(all, 0.50);
   row.p99_us = percentile_us(all, 0.99);

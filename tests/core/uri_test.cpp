@@ -41,7 +41,7 @@ TEST_CASE("malformed URIs are INVALID_ARGUMENT with a message naming the problem
 }
 
 TEST_CASE("escape_path percent-encodes each segment so that parse_uri gives the path back") {
-  for (const char* path : {"/mnt/kv/layer 17", "/a b%c/d#e?f,g", "/x/./y", "/"}) {
+  for (const char* path : {"/mnt/kv/layer 17", "/a b%c/d#e?f,g", "/x/./y", "/\xC3\xA9/../a&b=c", "/"}) {
     CAPTURE(path);
     const std::string escaped = escape_path(path);
     CHECK(escaped.find_first_of(" #?,") == std::string::npos);  // none survives unencoded
@@ -51,5 +51,7 @@ TEST_CASE("escape_path percent-encodes each segment so that parse_uri gives the 
   }
   CHECK(escape_path("/a b/c,d") == "/a%20b/c%2Cd");
   CHECK(escape_path("/a//b") == "/a/b");
-  CHECK(escape_path("relative").front() == '/');  // made absolute against the working directory
+  CHECK(escape_path("/a b/") == "/a%20b");                                                      // trailing '/' dropped
+  CHECK(escape_path("relative") == escape_path(std::filesystem::current_path() / "relative"));  // absolute
+  CHECK(escape_path("").empty());  // nothing to name: "file://" alone is refused by the resolvers
 }

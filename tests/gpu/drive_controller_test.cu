@@ -644,19 +644,24 @@ TEST_CASE(
   CHECK(service.stop() == 0);
   for (const TargetHandle t : {low, high, beyond, below}) CHECK(drive.runtime->close(t).is_ok());
 
-  // Maps the controller refuses at bring-up, naming the range.
-  for (const auto& bad : {std::vector<DriveLbaRange>{{10, 4, 0}, {12, 4, 100}},   // overlapping
-                          std::vector<DriveLbaRange>{{20, 4, 0}, {10, 4, 100}},   // not sorted
-                          std::vector<DriveLbaRange>{{10, 0, 0}},                 // empty
-                          std::vector<DriveLbaRange>{{10, 16, 8190}},             // beyond the namespace
-                          std::vector<DriveLbaRange>{{~0ull - 2, 4, 0}},          // the LBAs overflow
-                          std::vector<DriveLbaRange>{{10, 4, 0}, {20, 4, 2}}}) {  // the same namespace blocks
+  // Maps the controller refuses at bring-up, naming the range and the check that refused it.
+  struct BadMap {
+    std::vector<DriveLbaRange> map;
+    const char* words;
+  };
+  for (const BadMap& bad :
+       {BadMap{{{10, 4, 0}, {12, 4, 100}}, "starts at LBA 12, before the end"},  // overlapping
+        BadMap{{{20, 4, 0}, {10, 4, 100}}, "starts at LBA 10, before the end"},  // not sorted
+        BadMap{{{10, 0, 0}}, "has 0 blocks"}, BadMap{{{10, 16, 8190}}, "beyond the namespace of 8192 blocks"},
+        BadMap{{{~0ull - 2, 4, 0}}, "exceeds"},  // the LBAs overflow
+        BadMap{{{10, 4, 0}, {20, 4, 2}}, "starts at namespace block 2, before the end"}}) {
     DriveSettings wrong = settings;
-    wrong.lba_map = bad;
+    wrong.lba_map = bad.map;
     DriveNvmeController controller(wrong);
     const Status up = controller.bring_up({});
     CHECK(up.code() == StatusCode::INVALID_ARGUMENT);
     CHECK_MESSAGE(up.message().find("lba_map[") != std::string::npos, up.to_string());
+    CHECK_MESSAGE(up.message().find(bad.words) != std::string::npos, up.to_string(), " (want: ", bad.words, ")");
   }
 }
 

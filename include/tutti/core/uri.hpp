@@ -8,7 +8,7 @@
 // character position; a decoded path segment containing NUL or '/'.
 //
 // escape_path is the other direction for paths: "/mnt/kv/layer 17" -> "/mnt/kv/layer%2017", so that
-// "file://" + escape_path(p) parses back to p.
+// "file://" + escape_path(p) parses back to absolute(p) with empty segments and a trailing '/' dropped.
 //
 // Thread-safety: pure functions; safe from any thread.
 #pragma once
@@ -59,16 +59,20 @@ inline std::string unescape(std::string text) {
 }
 }  // namespace detail
 
-/// The path part of a URI for `path`, made absolute (std::filesystem::absolute; left as given when
-/// that fails): every segment percent-encoded by uriparser (uriEscapeA: all but RFC 3986's unreserved
-/// characters, so ' ', '%', '#', '?' and ',' are encoded, as striped:// lists need) and joined with
-/// '/', e.g. "/a b/c,d" -> "/a%20b/c%2Cd"; empty segments ("//") are dropped, "." and ".." kept as
-/// they are (no normalization), the root gives "/". parse_uri decodes it back. Never fails;
-/// allocates the result.
+/// The path part of a URI for `path`: made absolute (std::filesystem::absolute, against the working
+/// directory for a relative path), every segment percent-encoded by uriparser (uriEscapeA: all but
+/// RFC 3986's unreserved characters, so ' ', '%', '#', '?', ',' and bytes from 0x80 are encoded, as
+/// striped:// lists need) and joined with '/': "/a b/c,d" -> "/a%20b/c%2Cd". Empty segments ("//")
+/// and a trailing '/' are dropped, "." and ".." kept as they are (no normalization), the root gives
+/// "/"; a segment ends at its first NUL byte. parse_uri decodes the result back to that path.
+/// An empty path, or a relative one that cannot be made absolute (the working directory removed),
+/// gives "": the resolvers then refuse the URI ("file://" has an empty path) instead of opening
+/// another file. Allocates the result.
 inline std::string escape_path(const std::filesystem::path& path) {
+  if (path.empty()) return {};
   std::error_code ec;
-  std::filesystem::path absolute = std::filesystem::absolute(path, ec);
-  if (ec) absolute = path;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  if (ec || !absolute.is_absolute()) return {};
   std::string out;
   for (const auto& part : absolute) {
     const std::string segment = part.string();

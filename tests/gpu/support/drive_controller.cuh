@@ -789,8 +789,8 @@ class DriveNvmeController final : public test::AgentNvmeController {
                      r.starting_lba);
       if (r.starting_lba > ~std::uint64_t{0} - r.blocks)
         return error(StatusCode::INVALID_ARGUMENT,
-                     "drive controller: lba_map[{}] = {} LBAs from {}: the last LBA overflows 64 bits", i, r.blocks,
-                     r.starting_lba);
+                     "drive controller: lba_map[{}] = {} LBAs from {}: its end LBA (start + blocks) exceeds {}", i,
+                     r.blocks, r.starting_lba, ~std::uint64_t{0});
       if (r.namespace_lba > namespace_lbas || r.blocks > namespace_lbas - r.namespace_lba)
         return error(StatusCode::INVALID_ARGUMENT,
                      "drive controller: lba_map[{}] = {} LBAs at namespace block {}: beyond the namespace of {} blocks",
@@ -810,9 +810,10 @@ class DriveNvmeController final : public test::AgentNvmeController {
       const DriveLbaRange& before = map[by_place[k - 1]];
       if (map[by_place[k]].namespace_lba < before.namespace_lba + before.blocks)
         return error(StatusCode::INVALID_ARGUMENT,
-                     "drive controller: lba_map[{}] and lba_map[{}] share namespace blocks from {}: each LBA must have "
-                     "its own place",
-                     by_place[k - 1], by_place[k], map[by_place[k]].namespace_lba);
+                     "drive controller: lba_map[{}] starts at namespace block {}, before the end of lba_map[{}] "
+                     "(namespace block {}): each LBA must have its own place",
+                     by_place[k], map[by_place[k]].namespace_lba, by_place[k - 1],
+                     before.namespace_lba + before.blocks);
     }
     return end;
   }

@@ -44,7 +44,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cassert>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -94,12 +93,17 @@ class DriveFiles {
     const std::string absolute(real);
     std::free(real);
     struct stat st {};
-    if (::stat(absolute.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      return error(StatusCode::INVALID_ARGUMENT, "drive files: '{}' is not a directory", directory);
+    if (::stat(absolute.c_str(), &st) != 0) {
+      const int e = errno;
+      return status_from_errno(e, fmt::format("drive files: stat '{}' (from '{}')", absolute, directory));
+    }
+    if (!S_ISDIR(st.st_mode))
+      return error(StatusCode::INVALID_ARGUMENT, "drive files: '{}' ('{}') is not a directory", directory, absolute);
     if (major(st.st_dev) == 0)
       return error(StatusCode::UNSUPPORTED,
-                   "drive files: '{}' is on a file system without a block device (tmpfs, overlayfs ...): FIEMAP gives "
-                   "no LBAs there; use ext4 or xfs (a loop-mounted image works)",
+                   "drive files: '{}' is on a file system whose device number names no block device (tmpfs, "
+                   "overlayfs, btrfs ...): its FIEMAP offsets cannot be mapped to one device's LBAs; use ext4 or "
+                   "xfs (a loop-mounted image works)",
                    directory);
     std::unique_ptr<DriveFiles> set(new DriveFiles);
     std::string made = absolute + "/tutti-drive-files-XXXXXX";
@@ -174,16 +178,18 @@ class DriveFiles {
     auto staging = accel::MappedHostBuffer::allocate(kPiece);
     if (!staging) return staging.status().with_context("drive files: staging");
     auto* buffer = static_cast<std::uint8_t*>(staging.value().data());
-    const auto copy_in = [&](int fd, std::uint64_t at, std::uint64_t bytes, std::uint64_t namespace_at) -> Status {
+    const auto copy_in = [&](int fd, const std::string& name, std::uint64_t at, std::uint64_t bytes,
+                             std::uint64_t namespace_at) -> Status {
       for (std::uint64_t done = 0; done < bytes;) {
         const std::uint64_t n = std::min(kPiece, bytes - done);
         const ssize_t got = ::pread(fd, buffer, n, static_cast<off_t>(at + done));
         if (got < 0) {
           const int e = errno;
-          return status_from_errno(e, "drive files: pread");
+          return status_from_errno(e, fmt::format("drive files: pread of {} bytes at {} of '{}'", n, at + done, name));
         }
         if (static_cast<std::uint64_t>(got) != n)
-          return error(StatusCode::DATA_LOSS, "drive files: pread of {} bytes at {} returned {}", n, at + done, got);
+          return error(StatusCode::DATA_LOSS, "drive files: pread of {} bytes at {} of '{}' returned {}", n, at + done,
+                       name, got);
         TUTTI_RETURN_IF_ERROR(accel::copy_to_device(controller.namespace_data() + namespace_at + done, buffer, n));
         done += n;
       }
@@ -191,7 +197,7 @@ class DriveFiles {
     };
     if (device.valid()) {
       for (const DriveLbaRange& r : lba_map_)
-        TUTTI_RETURN_IF_ERROR(copy_in(device.get(), r.starting_lba * kDriveLbaSize - partition_start_,
+        TUTTI_RETURN_IF_ERROR(copy_in(device.get(), block_device_, r.starting_lba * kDriveLbaSize - partition_start_,
                                       r.blocks * kDriveLbaSize, r.namespace_lba * kDriveLbaSize));
       source_ = "block device " + block_device_;
       return Status::success();
@@ -202,8 +208,11 @@ class DriveFiles {
         const int e = errno;
         return status_from_errno(e, fmt::format("drive files: open '{}'", paths_[f]));
       }
-      for (const local_file::Extent& x : file_extents_[f])
-        TUTTI_RETURN_IF_ERROR(copy_in(file.get(), x.file_offset, x.length, namespace_byte(x.device_offset)));
+      for (const local_file::Extent& x : file_extents_[f]) {
+        auto at = namespace_byte(x.device_offset);
+        if (!at) return at.status();
+        TUTTI_RETURN_IF_ERROR(copy_in(file.get(), paths_[f], x.file_offset, x.length, *at));
+      }
     }
     source_ =
         fmt::format("the files (not the block device: {}; FIEMAP's offsets unchecked against the device)", why_not);
@@ -297,12 +306,15 @@ class DriveFiles {
     return Status::success();
   }
 
-  /// The namespace byte that holds device byte `device_offset` (inside a mapped range).
-  std::uint64_t namespace_byte(std::uint64_t device_offset) const {
+  /// The namespace byte that holds device byte `device_offset`. INTERNAL when no range holds it
+  /// (locate maps every extent, so that is a bug here, reported rather than read out of bounds).
+  Result<std::uint64_t> namespace_byte(std::uint64_t device_offset) const {
     const std::uint64_t lba = device_offset / kDriveLbaSize;
     auto r = std::upper_bound(lba_map_.begin(), lba_map_.end(), lba,
                               [](std::uint64_t l, const DriveLbaRange& range) { return l < range.starting_lba; });
-    assert(r != lba_map_.begin());  // every extent's LBA is mapped: a range starts at or before it
+    if (r == lba_map_.begin() || lba - (r - 1)->starting_lba >= (r - 1)->blocks)
+      return error(StatusCode::INTERNAL, "drive files: LBA {} (device byte {}) is in none of the {} mapped ranges", lba,
+                   device_offset, lba_map_.size());
     --r;
     return (r->namespace_lba + (lba - r->starting_lba)) * kDriveLbaSize;
   }
